@@ -1,0 +1,246 @@
+"""The public entry points: `matmul` and `dot_general`."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_gemm import primitive
+from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES,
+                                 SUPPORTED_INPUT_DTYPES,
+                                 SUPPORTED_OUTPUT_DTYPES, Epilogue,
+                                 apply_epilogue, dtype_name,
+                                 normalize_precision)
+
+
+def _as_array(x, name):
+  if x is None:
+    raise TypeError(f"{name} must be an array, got None")
+  if isinstance(x, jax.Array) or hasattr(x, "aval"):
+    return x
+  try:
+    return jnp.asarray(x)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{name} cannot be converted to an array: {e}") from None
+
+
+def _check_input_dtype(x, name):
+  name_of = dtype_name(x.dtype)
+  if name_of not in SUPPORTED_INPUT_DTYPES + FP8_DTYPES:
+    raise TypeError(
+        f"{name} has dtype {name_of}; pallas_gemm.matmul supports "
+        f"{', '.join(SUPPORTED_INPUT_DTYPES + FP8_DTYPES)}")
+
+
+def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
+           preferred_element_type=None, transpose_a: bool = False,
+           transpose_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
+           c=None, bias=None, activation: str | None = None):
+  """`jnp.matmul` on pallas_gemm kernels, with a fused BLAS-style epilogue.
+
+  Computes `activation(alpha * (op(a) @ op(b)) + beta * c + bias)`, where
+  op(x) is x, or x with its last two axes swapped when `transpose_a` /
+  `transpose_b` is set (the kernel then reads the operand as stored; nothing
+  is transposed in memory). Shapes follow `jnp.matmul`: 1-D operands are
+  vectors, leading batch dimensions broadcast.
+
+  Args:
+    a, b: float32, bfloat16 or float16 arrays (fp8 where a kernel takes it).
+      Mixed dtypes are promoted as `jnp.matmul` promotes them.
+    kernel: a name from `list_kernels()`, or None for the automatic choice.
+    config: the kernel's frozen config dataclass; None uses its heuristic or
+      the autotuning cache.
+    precision: for float32 inputs, `jax.lax.Precision.HIGHEST` asks for exact
+      fp32 products; anything else allows TF32, as `jnp.dot` does on a GPU.
+    preferred_element_type: the output dtype (default: the input dtype).
+      Accumulation is always float32.
+    alpha, beta: Python floats, compiled into the kernel.
+    c: an array broadcastable to the output, scaled by `beta`.
+    bias: a vector of length N added to every row.
+    activation: None or one of "relu", "gelu" (tanh form), "silu",
+      "sigmoid", "tanh".
+  """
+  a = _as_array(a, "a")
+  b = _as_array(b, "b")
+  if a.ndim == 0 or b.ndim == 0:
+    raise ValueError(
+        f"matmul needs operands of rank >= 1, got a.shape={a.shape}, "
+        f"b.shape={b.shape}")
+  _check_input_dtype(a, "a")
+  _check_input_dtype(b, "b")
+  for flag_name, flag in (("transpose_a", transpose_a),
+                          ("transpose_b", transpose_b)):
+    if not isinstance(flag, (bool, np.bool_)):
+      raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+  if activation is not None and activation not in ACTIVATIONS:
+    raise ValueError(
+        f"activation={activation!r} is not one of {sorted(ACTIVATIONS)} or None")
+
+  in_dtype = jnp.promote_types(a.dtype, b.dtype)
+  if dtype_name(in_dtype) not in SUPPORTED_INPUT_DTYPES + FP8_DTYPES:
+    raise TypeError(
+        f"a ({a.dtype}) and b ({b.dtype}) promote to {in_dtype}, which "
+        f"pallas_gemm.matmul does not support")
+  a, b = a.astype(in_dtype), b.astype(in_dtype)
+  if preferred_element_type is None:
+    out_dtype = in_dtype if dtype_name(in_dtype) in SUPPORTED_OUTPUT_DTYPES \
+        else jnp.dtype(jnp.float32)
+  else:
+    try:
+      out_dtype = jnp.dtype(preferred_element_type)
+    except TypeError:
+      raise TypeError(
+          f"preferred_element_type={preferred_element_type!r} is not a "
+          "dtype") from None
+    if dtype_name(out_dtype) not in SUPPORTED_OUTPUT_DTYPES:
+      raise TypeError(
+          f"preferred_element_type={out_dtype} is not one of "
+          f"{SUPPORTED_OUTPUT_DTYPES}")
+  precision_name = normalize_precision(precision, dtype_name(in_dtype))
+
+  # 1-D operands are vectors, as in jnp.matmul: lift, multiply, drop.
+  squeeze_m = a.ndim == 1
+  squeeze_n = b.ndim == 1
+  if squeeze_m:
+    a, transpose_a = a[None, :], False
+  if squeeze_n:
+    b, transpose_b = b[:, None], False
+
+  m, k = (a.shape[-1], a.shape[-2]) if transpose_a else a.shape[-2:]
+  k_b, n = (b.shape[-1], b.shape[-2]) if transpose_b else b.shape[-2:]
+  if k != k_b:
+    raise ValueError(
+        f"contraction sizes differ: a.shape={a.shape} "
+        f"(transpose_a={transpose_a}) gives k={k}, b.shape={b.shape} "
+        f"(transpose_b={transpose_b}) gives k={k_b}")
+  try:
+    batch_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+  except ValueError:
+    raise ValueError(
+        f"batch dimensions of a.shape={a.shape} and b.shape={b.shape} do not "
+        "broadcast") from None
+  out_shape = tuple(batch_shape) + (m, n)
+
+  if c is not None:
+    c = _as_array(c, "c")
+    if not jnp.issubdtype(c.dtype, jnp.floating):
+      raise TypeError(f"c has dtype {c.dtype}; it must be a float array")
+    c_target = out_shape
+    if squeeze_m or squeeze_n:  # c is given in the squeezed output's shape
+      c_target = _squeezed(out_shape, squeeze_m, squeeze_n)
+    try:
+      c = jnp.broadcast_to(c, c_target)
+    except ValueError:
+      raise ValueError(
+          f"c.shape={c.shape} does not broadcast to the output shape "
+          f"{c_target}") from None
+    c = c.reshape(out_shape)
+  if bias is not None:
+    bias = _as_array(bias, "bias")
+    if not jnp.issubdtype(bias.dtype, jnp.floating):
+      raise TypeError(f"bias has dtype {bias.dtype}; it must be a float array")
+    if bias.shape != (n,):
+      raise ValueError(f"bias.shape={bias.shape} must be ({n},), the output's N")
+  epilogue = Epilogue(alpha=float(alpha), beta=float(beta),
+                      has_c=c is not None and float(beta) != 0.0,
+                      has_bias=bias is not None, activation=activation)
+  if not epilogue.has_c:
+    c = None
+
+  if 0 in out_shape or k == 0:
+    out = _degenerate(out_shape, epilogue, c, bias, out_dtype)
+  else:
+    out = _matmul_nd(a, b, c, bias, batch_shape=tuple(batch_shape), m=m, n=n,
+                     kernel=kernel, config=config, transpose_a=transpose_a,
+                     transpose_b=transpose_b, precision=precision_name,
+                     epilogue=epilogue, out_dtype=out_dtype)
+  if squeeze_m or squeeze_n:
+    out = out.reshape(_squeezed(out_shape, squeeze_m, squeeze_n))
+  return out
+
+
+def _squeezed(out_shape, squeeze_m, squeeze_n):
+  batch, (m, n) = out_shape[:-2], out_shape[-2:]
+  return batch + ((m,) if not squeeze_m else ()) + ((n,) if not squeeze_n else ())
+
+
+def _degenerate(out_shape, epilogue, c, bias, out_dtype):
+  """Empty outputs, or k == 0 (the product is all zeros, as in jnp.matmul)."""
+  acc = jnp.zeros(out_shape, jnp.float32)
+  if 0 in out_shape:
+    return acc.astype(out_dtype)
+  return apply_epilogue(acc, epilogue, c, bias).astype(out_dtype)
+
+
+def _matmul_nd(a, b, c, bias, *, batch_shape, m, n, **params):
+  if not batch_shape:
+    return primitive.bind(a, b, c, bias, **params)
+  batch = math.prod(batch_shape)
+  if b.ndim == 2 and not params["transpose_a"]:
+    # B is shared by every batch entry: stack the rows of A into one tall
+    # problem (a free reshape) instead of broadcasting B.
+    a2 = jnp.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch * m, -1)
+    c2 = None if c is None else c.reshape(batch * m, n)
+    out = primitive.bind(a2, b, c2, bias, **params)
+    return out.reshape(batch_shape + (m, n))
+  a3 = jnp.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(
+      (batch,) + a.shape[-2:])
+  b3 = jnp.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(
+      (batch,) + b.shape[-2:])
+  c3 = None if c is None else c.reshape(batch, m, n)
+  out = primitive.bind(a3, b3, c3, bias, **params)
+  return out.reshape(batch_shape + (m, n))
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None,
+                preferred_element_type=None, **kwargs):
+  """A drop-in for `jax.lax.dot_general` (e.g. `flax.linen.Dense(dot_general=...)`).
+
+  Cases that map onto one GEMM, optionally batched over leading dimensions
+  that both operands share at the same positions, run on pallas_gemm:
+  one contracting dimension per operand, which must be one of the last two.
+  Anything else, and non-float dtypes, go to `jax.lax.dot_general`.
+  """
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+  lhs = _as_array(lhs, "lhs")
+  rhs = _as_array(rhs, "rhs")
+  mapped = _as_matmul(lhs.ndim, rhs.ndim, tuple(lhs_contract),
+                      tuple(rhs_contract), tuple(lhs_batch), tuple(rhs_batch))
+  floating = all(dtype_name(x.dtype) in SUPPORTED_INPUT_DTYPES for x in (lhs, rhs))
+  if mapped is None or not floating or kwargs.get("out_sharding") is not None:
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type,
+                               **kwargs)
+  transpose_a, transpose_b, lhs_free_dims = mapped
+  if lhs_free_dims > 1:
+    # (batch..., m1, m2, k) @ (k, n): flatten the free dims into M.
+    lhs_shape = lhs.shape
+    lhs = lhs.reshape(-1, lhs.shape[-1])
+    out = matmul(lhs, rhs, precision=precision, transpose_b=transpose_b,
+                 preferred_element_type=preferred_element_type)
+    return out.reshape(lhs_shape[:-1] + out.shape[-1:])
+  return matmul(lhs, rhs, precision=precision, transpose_a=transpose_a,
+                transpose_b=transpose_b,
+                preferred_element_type=preferred_element_type)
+
+
+def _as_matmul(lhs_ndim, rhs_ndim, lc, rc, lb, rb):
+  """Returns (transpose_a, transpose_b, lhs_free_dims) or None."""
+  if len(lc) != 1 or len(rc) != 1 or len(lb) != len(rb):
+    return None
+  nb = len(lb)
+  if lb != tuple(range(nb)) or rb != tuple(range(nb)):
+    return None
+  if nb == 0 and rhs_ndim == 2 and lhs_ndim > 2 and lc[0] == lhs_ndim - 1:
+    # A dense layer: contract the lhs's last axis with a 2-D kernel.
+    if rc[0] not in (0, 1):
+      return None
+    return False, rc[0] == 1, lhs_ndim - 1
+  if lhs_ndim != nb + 2 or rhs_ndim != nb + 2:
+    return None
+  if lc[0] not in (nb, nb + 1) or rc[0] not in (nb, nb + 1):
+    return None
+  return lc[0] == nb, rc[0] == nb + 1, 1

@@ -1,0 +1,92 @@
+"""What the kernels need to know about the device they will run on."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+  platform: str  # "cpu" or "gpu" (CUDA); other platforms are "other"
+  device_kind: str  # e.g. "NVIDIA H200", "cpu"
+  compute_capability: tuple[int, int] | None = None
+  num_sms: int = 1
+  # Opt-in shared memory per block, in bytes: what a config may use at most.
+  smem_per_block: int = 0
+
+  @property
+  def is_gpu(self) -> bool:
+    return self.platform == "gpu"
+
+  @property
+  def is_hopper(self) -> bool:
+    return self.compute_capability is not None and self.compute_capability[0] == 9
+
+  @property
+  def key(self) -> str:
+    """A filesystem- and cache-friendly name, e.g. "nvidia_h200"."""
+    return "".join(ch if ch.isalnum() else "_" for ch in self.device_kind.lower())
+
+
+# Opt-in shared memory per block by compute capability (CUDA programming guide
+# table "Technical Specifications per Compute Capability").
+_SMEM_PER_BLOCK = {
+    (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024,
+    (8, 9): 99 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024,
+    (12, 0): 99 * 1024,
+}
+
+
+def _parse_compute_capability(device) -> tuple[int, int] | None:
+  value = getattr(device, "compute_capability", None)
+  if not value:
+    return None
+  major, _, minor = str(value).partition(".")
+  try:
+    return int(major), int(minor or 0)
+  except ValueError:
+    return None
+
+
+@functools.cache
+def _info_for(platform: str, device_kind: str, cc, num_sms: int) -> DeviceInfo:
+  smem = _SMEM_PER_BLOCK.get(cc, 48 * 1024) if cc else 0
+  return DeviceInfo(platform, device_kind, cc, num_sms, smem)
+
+
+def device_info(device=None) -> DeviceInfo:
+  """Describes `device`, or JAX's default device."""
+  if device is None:
+    device = jax.devices()[0]
+  platform = device.platform
+  if platform in ("gpu", "cuda"):
+    cc = _parse_compute_capability(device)
+    num_sms = int(getattr(device, "core_count", 0) or 1)
+    return _info_for("gpu", device.device_kind, cc, num_sms)
+  if platform == "cpu":
+    return _info_for("cpu", "cpu", None, 1)
+  return _info_for("other", str(device.device_kind), None, 1)
+
+
+# Dense peak rates in TFLOP/s from the vendors' datasheets (SXM parts), used only
+# to print "% of peak" in benchmarks. Keys are substrings of device_kind.
+PEAK_TFLOPS = {
+    "H200": {"bfloat16": 989.0, "float16": 989.0, "tf32": 495.0,
+             "float32": 67.0, "float8_e4m3fn": 1979.0, "float8_e5m2": 1979.0},
+    "H100": {"bfloat16": 989.0, "float16": 989.0, "tf32": 495.0,
+             "float32": 67.0, "float8_e4m3fn": 1979.0, "float8_e5m2": 1979.0},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0,
+             "float32": 19.5},
+}
+
+
+def peak_tflops(device_kind: str, dtype: str, precision: str = "default"):
+  """The datasheet peak for this dtype, or None when we do not know it."""
+  key = "tf32" if dtype == "float32" and precision == "tf32" else dtype
+  for name, table in PEAK_TFLOPS.items():
+    if name in device_kind:
+      return table.get(key)
+  return None

@@ -1,0 +1,185 @@
+"""What one GEMM call asks for, as hashable data.
+
+Every backend receives the same normalised description of the work, a
+`GemmProblem`, and operands in one canonical form:
+
+  a     (batch, m, k), or (batch, k, m) when `transpose_a`
+  b     (batch, k, n), or (batch, n, k) when `transpose_b`
+  c     (batch, m, n) or None           (only when `epilogue.has_c`)
+  bias  (n,) or None                    (only when `epilogue.has_bias`)
+
+and returns `(batch, m, n)` in `out_dtype`, equal to
+
+  out = activation(alpha * (op(a) @ op(b)) + beta * c + bias)
+
+computed in float32 and rounded once to `out_dtype`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Input dtypes every backend is asked to handle (fp8 is opt-in per kernel).
+SUPPORTED_INPUT_DTYPES = ("float32", "bfloat16", "float16")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+SUPPORTED_OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _gelu_tanh(x):
+  return jax.nn.gelu(x, approximate=True)
+
+
+#: Epilogue activations by name. They are written with jnp so that the same
+#: function runs inside a Pallas kernel body and in the float64 reference.
+ACTIVATIONS: dict[str, Callable] = {
+    "relu": lambda x: jnp.maximum(x, 0),
+    "gelu": _gelu_tanh,
+    "silu": lambda x: x * (1 / (1 + jnp.exp(-x))),
+    "sigmoid": lambda x: 1 / (1 + jnp.exp(-x)),
+    "tanh": jnp.tanh,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+  """The fused tail `activation(alpha * acc + beta * c + bias)`.
+
+  The default is the identity: no extra work is compiled in.
+  """
+
+  alpha: float = 1.0
+  beta: float = 0.0
+  has_c: bool = False
+  has_bias: bool = False
+  activation: str | None = None
+
+  def __post_init__(self):
+    if self.activation is not None and self.activation not in ACTIVATIONS:
+      raise ValueError(
+          f"activation={self.activation!r} is not one of "
+          f"{sorted(ACTIVATIONS)} or None")
+    for name in ("alpha", "beta"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(
+            f"{name} must be a Python float (it is compiled into the kernel), "
+            f"got {type(value).__name__}")
+      if not math.isfinite(value):
+        raise ValueError(f"{name}={value} must be finite")
+
+  @property
+  def is_identity(self) -> bool:
+    return (self.alpha == 1.0 and not self.has_c and not self.has_bias
+            and self.activation is None)
+
+
+def apply_epilogue(acc, epilogue: Epilogue, c=None, bias=None):
+  """Applies the epilogue to a float32 accumulator tile (or whole matrix).
+
+  `c` is a tile of the same shape as `acc`; `bias` broadcasts along rows.
+  Terms that the epilogue does not ask for are never traced, so the identity
+  epilogue adds no operations.
+  """
+  out = acc
+  if epilogue.alpha != 1.0:
+    out = out * jnp.asarray(epilogue.alpha, out.dtype)
+  if epilogue.has_c and epilogue.beta != 0.0:
+    out = out + jnp.asarray(epilogue.beta, out.dtype) * c.astype(out.dtype)
+  if epilogue.has_bias:
+    out = out + bias.astype(out.dtype)
+  if epilogue.activation is not None:
+    out = ACTIVATIONS[epilogue.activation](out)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+  """A normalised GEMM request; see the module docstring for the layouts."""
+
+  batch: int
+  m: int
+  n: int
+  k: int
+  in_dtype: str
+  out_dtype: str
+  transpose_a: bool = False
+  transpose_b: bool = False
+  # "ieee" (exact fp32 products) or "tf32" for float32 inputs; "default" for
+  # 16-bit and fp8 inputs, whose products are exact in the f32 accumulator.
+  precision: str = "default"
+  epilogue: Epilogue = Epilogue()
+  c_dtype: str | None = None
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.batch * self.m * self.n * self.k
+
+  @property
+  def layout(self) -> str:
+    """Two letters, as in BLAS: N = as given, T = transposed (e.g. "NT")."""
+    return ("T" if self.transpose_a else "N") + ("T" if self.transpose_b else "N")
+
+  @property
+  def min_bytes(self) -> int:
+    """Bytes that must cross device memory at least once."""
+    in_size = np.dtype(jnp.dtype(self.in_dtype)).itemsize
+    out_size = np.dtype(jnp.dtype(self.out_dtype)).itemsize
+    total = self.batch * (self.m * self.k + self.k * self.n) * in_size
+    total += self.batch * self.m * self.n * out_size
+    if self.epilogue.has_c:
+      total += self.batch * self.m * self.n * np.dtype(
+          jnp.dtype(self.c_dtype)).itemsize
+    return total
+
+  def describe(self) -> str:
+    batch = f"{self.batch}x" if self.batch != 1 else ""
+    return (f"{batch}{self.m}x{self.n}x{self.k} {self.in_dtype}->"
+            f"{self.out_dtype} {self.layout} precision={self.precision}")
+
+
+def normalize_precision(precision, in_dtype: str) -> str:
+  """Maps a jax precision argument onto what the kernels distinguish.
+
+  Only float32 inputs have a choice: `HIGHEST` asks for exact fp32 products
+  ("ieee"); anything else allows the tensor cores' TF32 mode, which is what
+  `jnp.dot` does on a GPU at default precision.
+  """
+  if in_dtype != "float32":
+    return "default"
+  if precision is None:
+    config_value = jax.config.jax_default_matmul_precision
+    precision = config_value
+  if isinstance(precision, (tuple, list)):
+    if len(precision) != 2:
+      raise ValueError(f"precision={precision!r} must be one value or a pair")
+    precisions = [normalize_precision(p, in_dtype) for p in precision]
+    return "ieee" if "ieee" in precisions else "tf32"
+  if precision is None:
+    return "tf32"
+  if isinstance(precision, str):
+    name = precision.lower()
+    if name in ("highest", "float32", "fp32", "ieee"):
+      return "ieee"
+    if name in ("default", "high", "fastest", "bfloat16", "tensorfloat32",
+                "bfloat16_3x", "tf32"):
+      return "tf32"
+    raise ValueError(f"precision={precision!r} is not a known precision")
+  if isinstance(precision, jax.lax.Precision):
+    return "ieee" if precision == jax.lax.Precision.HIGHEST else "tf32"
+  raise TypeError(
+      f"precision must be None, a str or jax.lax.Precision, got "
+      f"{type(precision).__name__}")
+
+
+def dtype_name(dtype) -> str:
+  return jnp.dtype(dtype).name
+
+
+def cdiv(a: int, b: int) -> int:
+  return -(-a // b)

@@ -1,0 +1,131 @@
+"""The kernel registry and the automatic choice between kernels.
+
+Each backend registers its kernels here with `register`. A kernel is a
+function with the signature
+
+    fn(a, b, c, bias, *, problem: GemmProblem, config, interpret: bool) -> out
+
+over the canonical operands described in `pallas_gemm.problem`, plus a
+`supports(problem, device)` check that returns None when the kernel can run
+the problem, or a sentence saying why not.
+
+`kernel=None` walks `auto_order(device)` and takes the first kernel whose
+check passes. The order is explicit and ends in XLA's own dot, which supports
+everything:
+
+  Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
+  other CUDA GPUs:    triton/05_split_k (skinny) -> triton/06_tuned -> xla
+  CPU:                triton/06_tuned in interpret mode (small problems) -> xla
+
+Kernels that are not registered (say, a backend that failed to import) are
+skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from typing import Any, Callable
+
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.problem import GemmProblem
+
+SupportsFn = Callable[[GemmProblem, DeviceInfo], "str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelEntry:
+  name: str  # "<backend>/<kernel>", e.g. "triton/02_k_loop"
+  fn: Callable[..., Any]
+  supports: SupportsFn
+  # Returns the config to use when the caller gives none (heuristic or cache).
+  default_config: Callable[[GemmProblem, DeviceInfo], Any]
+  config_cls: type | None = None
+  # True if the kernel also runs on a CPU (Pallas interpret mode or plain XLA).
+  runs_on_cpu: bool = False
+  description: str = ""
+
+  @property
+  def backend(self) -> str:
+    return self.name.split("/", 1)[0]
+
+
+_REGISTRY: dict[str, KernelEntry] = {}
+
+# Interpret mode evaluates a Pallas kernel block by block with XLA ops on the
+# CPU; past about this many flops it takes minutes, so the automatic choice
+# leaves larger CPU problems to XLA.
+CPU_INTERPRET_FLOP_BUDGET = 2 * 512**3
+
+_AUTO_ORDER = {
+    "hopper": ("mosaic/small_m", "mosaic/ws_persistent", "triton/06_tuned", "xla"),
+    "gpu": ("triton/05_split_k", "triton/06_tuned", "xla"),
+    "cpu": ("triton/06_tuned", "xla"),
+}
+
+
+def register(entry: KernelEntry) -> KernelEntry:
+  if "/" not in entry.name and entry.name != "xla":
+    raise ValueError(f"kernel name {entry.name!r} must be '<backend>/<name>'")
+  _REGISTRY[entry.name] = entry
+  return entry
+
+
+def list_kernels(pattern: str | None = None) -> list[str]:
+  """Registered kernel names, sorted, optionally filtered by a glob."""
+  names = sorted(_REGISTRY)
+  if pattern is not None:
+    names = [n for n in names if fnmatch.fnmatch(n, pattern)]
+  return names
+
+
+def get_kernel(name: str) -> KernelEntry:
+  if not isinstance(name, str):
+    raise TypeError(f"kernel must be a str, got {type(name).__name__}")
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ValueError(
+        f"kernel={name!r} is not registered; choose one of "
+        f"{list_kernels()}") from None
+
+
+def auto_order(device: DeviceInfo) -> tuple[str, ...]:
+  if device.platform == "cpu":
+    return _AUTO_ORDER["cpu"]
+  if device.is_hopper:
+    return _AUTO_ORDER["hopper"]
+  if device.is_gpu:
+    return _AUTO_ORDER["gpu"]
+  return ("xla",)
+
+
+def why_unsupported(entry: KernelEntry, problem: GemmProblem,
+                    device: DeviceInfo) -> str | None:
+  if device.platform == "cpu" and not entry.runs_on_cpu:
+    return f"{entry.name} needs a CUDA GPU"
+  return entry.supports(problem, device)
+
+
+def select_kernel(problem: GemmProblem, device: DeviceInfo,
+                  requested: str | None = None) -> KernelEntry:
+  """The kernel that will run `problem`: the requested one, or the first
+  supported kernel in `auto_order(device)`."""
+  if requested is not None:
+    entry = get_kernel(requested)
+    reason = why_unsupported(entry, problem, device)
+    if reason is not None:
+      raise ValueError(
+          f"kernel={requested!r} cannot run {problem.describe()} on "
+          f"{device.device_kind}: {reason}")
+    return entry
+  for name in auto_order(device):
+    entry = _REGISTRY.get(name)
+    if entry is None:
+      continue
+    if device.platform == "cpu" and name != "xla" and (
+        problem.flops > CPU_INTERPRET_FLOP_BUDGET):
+      continue
+    if why_unsupported(entry, problem, device) is None:
+      return entry
+  return _REGISTRY["xla"]

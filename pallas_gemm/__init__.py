@@ -6,19 +6,42 @@
     pallas_gemm.list_kernels()                        # every registered kernel
 """
 
+import importlib as _importlib
+import warnings as _warnings
+
 from pallas_gemm import xla_backend  # noqa: F401  (registers "xla")
-from pallas_gemm import triton_backend  # noqa: F401
 from pallas_gemm.api import dot_general, matmul
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.primitive import pallas_gemm_p
 from pallas_gemm.problem import ACTIVATIONS, Epilogue, GemmProblem
 from pallas_gemm.registry import get_kernel, list_kernels, select_kernel
-from pallas_gemm.triton_backend.common import TritonConfig
+
+# Backends register their kernels on import. One that fails to import (a
+# missing optional dependency, a JAX without Mosaic GPU) must not take the
+# others down: its error is kept, warned about, and shown by backend_errors().
+_BACKENDS = ("pallas_gemm.triton_backend", "pallas_gemm.mosaic_backend",
+             "pallas_gemm.ffi")
+_BACKEND_ERRORS: dict[str, str] = {}
+for _name in _BACKENDS:
+  try:
+    _importlib.import_module(_name)
+  except Exception as _e:  # noqa: BLE001 - reported, not swallowed
+    _BACKEND_ERRORS[_name] = f"{type(_e).__name__}: {_e}"
+    _warnings.warn(f"pallas_gemm: backend {_name} failed to import: {_e}",
+                   RuntimeWarning, stacklevel=2)
+
+
+def backend_errors() -> dict[str, str]:
+  """Backends that failed to import, with their errors (empty when all load)."""
+  return dict(_BACKEND_ERRORS)
+
+
+from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "DeviceInfo", "Epilogue", "GemmProblem", "TritonConfig",
-    "device_info", "dot_general", "get_kernel", "list_kernels", "matmul",
-    "pallas_gemm_p", "select_kernel",
+    "backend_errors", "device_info", "dot_general", "get_kernel",
+    "list_kernels", "matmul", "pallas_gemm_p", "select_kernel",
 ]

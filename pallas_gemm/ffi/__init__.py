@@ -1,0 +1,1 @@
+"""Raw CUDA kernels bridged with jax.ffi."""

@@ -1,0 +1,1 @@
+"""Mosaic GPU (Hopper) backend: wgmma, TMA, warp specialisation."""

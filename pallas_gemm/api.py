@@ -144,6 +144,14 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       raise TypeError(f"bias has dtype {bias.dtype}; it must be a float array")
     if bias.shape != (n,):
       raise ValueError(f"bias.shape={bias.shape} must be ({n},), the output's N")
+  for scalar_name, scalar in (("alpha", alpha), ("beta", beta)):
+    if isinstance(scalar, jax.core.Tracer) or (
+        not isinstance(scalar, (int, float, np.number))
+        and not (hasattr(scalar, "shape") and scalar.shape == ())):
+      raise TypeError(
+          f"{scalar_name} must be a Python float: it is compiled into the "
+          f"kernel, so it cannot be a traced or array value (got "
+          f"{type(scalar).__name__})")
   epilogue = Epilogue(alpha=float(alpha), beta=float(beta),
                       has_c=c is not None and float(beta) != 0.0,
                       has_bias=bias is not None, activation=activation)

@@ -30,10 +30,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax._src import dispatch  # no public hook for "needs devices"
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
-from pallas_gemm import registry
+from pallas_gemm import registry, sharding
 from pallas_gemm.devices import device_info
 from pallas_gemm.problem import (ACTIVATIONS, Epilogue, GemmProblem,
                                  dtype_name)
@@ -193,6 +194,9 @@ def _run_kernel(*operands, platform, kernel, config, transpose_a, transpose_b,
 def _lowering_for(platform):
   def rule(ctx, *args, **params):
     impl = functools.partial(_run_kernel, platform=platform, **params)
+    if sharding.needs_partitioning(ctx):
+      impl = sharding.partitioned_kernel(sharding.GemmCall(
+          _run_kernel, platform, len(ctx.avals_in[0].shape), **params))
     return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
   return rule
 
@@ -202,6 +206,8 @@ mlir.register_lowering(pallas_gemm_p, _lowering_for("cpu"), platform="cpu")
 # Any other platform (ROCm, TPU) gets XLA's dot through the CPU path's
 # fallback: no Pallas-Triton or CUDA kernel here targets it.
 mlir.register_lowering(pallas_gemm_p, _lowering_for("cpu"))
+# The partitioned lowering needs the device assignment while lowering.
+dispatch.prim_requires_devices_during_lowering.add(pallas_gemm_p)
 
 
 def _impl(*operands, **params):
@@ -217,10 +223,10 @@ pallas_gemm_p.def_impl(_impl)
 def _batching_rule(operands, batch_dims, **params):
   epilogue: Epilogue = params["epilogue"]
   size = next(x.shape[d] for x, d in zip(operands, batch_dims)
-              if d is not batching.not_mapped)
-  moved = [x if d is batching.not_mapped else jnp.moveaxis(x, d, 0)
+              if d is not None)
+  moved = [x if d is None else jnp.moveaxis(x, d, 0)
            for x, d in zip(operands, batch_dims)]
-  mapped = [d is not batching.not_mapped for d in batch_dims]
+  mapped = [d is not None for d in batch_dims]
   a, b, c, bias = _split_operands(moved, epilogue)
   a_m, b_m, c_m, bias_m = _split_operands(mapped, epilogue)
   rank = a.ndim - 1 if a_m else a.ndim

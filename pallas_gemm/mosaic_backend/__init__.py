@@ -1,1 +1,11 @@
-"""Mosaic GPU (Hopper) backend: wgmma, TMA, warp specialisation."""
+"""Mosaic GPU (Hopper) backend: wgmma, TMA, warp specialisation.
+
+Importing this package registers `mosaic/ws_persistent` and `mosaic/small_m`.
+Nothing here needs a GPU at import time; Mosaic lowers only when a kernel is
+compiled for a CUDA device (on a CPU the kernels run in GPU interpret mode).
+"""
+
+from pallas_gemm.mosaic_backend import ws_persistent  # noqa: F401
+from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig
+
+__all__ = ["Dim", "MosaicConfig", "SmallMConfig"]

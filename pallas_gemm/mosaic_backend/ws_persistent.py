@@ -1,0 +1,393 @@
+"""`mosaic/ws_persistent`: the Hopper production GEMM on Pallas Mosaic GPU.
+
+Structure of one CTA (three warpgroups, one CTA per SM):
+
+  producer warpgroup   gives registers away (setmaxnreg 40) and only issues
+                       TMA loads of A and B tiles into a ring of
+                       `max_concurrent_steps` swizzled shared-memory stages.
+  2 consumer wgs       take the registers (setmaxnreg 232), run wgmma on each
+                       stage as soon as its TMA barrier fires and release the
+                       stage one step later (one wgmma group stays in flight),
+                       then run the fused epilogue and TMA-store the tile.
+
+The ring is indexed by a step counter that runs on across output tiles, so
+the producer starts loading tile t+1 while the consumers are still in tile
+t's epilogue: there is no pipeline drain or refill between tiles. Tiles are
+handed out round-robin over the persistent grid in a banded snake order.
+
+Ragged edges are left to the TMA: loads past the end of an array read
+zeros (zero rows/columns add nothing to the product) and stores past the end
+are dropped. Only misaligned row pitches need help; see `config.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm import registry
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.mosaic_backend import config as cfg
+from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig
+from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
+
+NAME = "mosaic/ws_persistent"
+
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+NUM_CONSUMERS = 2
+#: CTAs of the persistent grid in interpret mode: two, so that the
+#: round-robin tile hand-out and the cross-tile ring are exercised.
+INTERPRET_CTAS = 2
+
+
+def interpret_params(interpret):
+  """Maps the registry's `interpret` flag onto what `plgpu.kernel` takes.
+
+  Callers (tests) may also pass their own `plgpu.InterpretGPUParams`, e.g.
+  with `detect_races=True`.
+  """
+  if isinstance(interpret, plgpu.InterpretGPUParams):
+    return interpret
+  return plgpu.InterpretGPUParams() if interpret else None
+
+
+def tile_coordinates(linear, *, batch_tiles, m_tiles, n_tiles,
+                     band_dim: Dim, band: int):
+  """(batch, m, n) tile indices of the `linear`-th output tile.
+
+  Tiles are grouped into bands of `band` tiles along `band_dim`; inside a band
+  consecutive tiles walk across it, then step along the other dimension; odd
+  bands run backwards so that the turn between bands reuses operand tiles.
+  """
+  del batch_tiles
+  per_batch = m_tiles * n_tiles
+  batch_idx = lax.div(linear, per_batch)
+  within_batch = lax.rem(linear, per_batch)
+  across, along = (m_tiles, n_tiles) if band_dim == Dim.M else (n_tiles, m_tiles)
+  band_size = band * along
+  band_idx = lax.div(within_batch, band_size)
+  within_band = lax.rem(within_batch, band_size)
+  band_start = band_idx * band
+  height = jnp.minimum(band, across - band_start)
+  across_idx = band_start + lax.rem(within_band, height)
+  along_idx = lax.div(within_band, height)
+  along_idx = jnp.where(lax.rem(band_idx, 2) == 1, along - 1 - along_idx,
+                        along_idx)
+  if band_dim == Dim.M:
+    return batch_idx, across_idx, along_idx
+  return batch_idx, along_idx, across_idx
+
+
+def _tiled_transforms(minor_elems: int, dtype):
+  """Tiling + swizzle for a shared-memory tile whose minor dimension holds
+  `minor_elems` elements: the widest swizzle that the row allows."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor_elems * bits)
+  return (plgpu.TilingTransform((8, swizzle * 8 // bits)),
+          plgpu.SwizzleTransform(swizzle))
+
+
+def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
+                 k_iters: int, m_tiles: int, n_tiles: int):
+  has_c, has_bias = problem.epilogue.has_c, problem.epilogue.has_bias
+  refs = list(refs)
+  a_gmem, b_gmem = refs.pop(0), refs.pop(0)
+  c_gmem = refs.pop(0) if has_c else None
+  bias_gmem = refs.pop(0) if has_bias else None
+  (out_gmem,) = refs
+  transpose_a, transpose_b = _kernel_layout(problem)
+
+  in_dtype = a_gmem.dtype
+  out_dtype = out_gmem.dtype
+  tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
+  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+  stages = config.max_concurrent_steps
+  out_slots = config.out_slots
+  num_tiles = problem.batch * m_tiles * n_tiles
+
+  a_block = (tile_k, cta_m) if transpose_a else (cta_m, tile_k)
+  b_block = (cta_n, tile_k) if transpose_b else (tile_k, cta_n)
+  a_transforms = _tiled_transforms(a_block[1], in_dtype)
+  b_transforms = _tiled_transforms(b_block[1], in_dtype)
+  out_transforms = _tiled_transforms(epi_n, out_dtype)
+
+  def coords(linear):
+    return tile_coordinates(
+        linear, batch_tiles=problem.batch, m_tiles=m_tiles, n_tiles=n_tiles,
+        band_dim=config.band_dim, band=config.grid_band)
+
+  def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
+             c_loaded, bias_smem, bias_loaded):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        batch_idx, m_idx, n_idx = coords(info.index[0])
+        m_slice = pl.ds(m_idx * cta_m, cta_m)
+        n_slice = pl.ds(n_idx * cta_n, cta_n)
+        first_step = info.local_index * k_iters
+
+        def load_stage(kk, carry):
+          step = first_step + kk
+          slot = lax.rem(step, stages)
+
+          # The first pass over the ring finds every stage free.
+          @pl.when(step >= stages)
+          def _wait_free():
+            plgpu.barrier_wait(stage_consumed.at[slot])
+
+          k_slice = pl.ds(kk * tile_k, tile_k)
+          a_src = (a_gmem.at[batch_idx, k_slice, m_slice] if transpose_a
+                   else a_gmem.at[batch_idx, m_slice, k_slice])
+          b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
+                   else b_gmem.at[batch_idx, k_slice, n_slice])
+          plgpu.copy_gmem_to_smem(a_src, a_smem.at[slot],
+                                  stage_loaded.at[slot])
+          plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot],
+                                  stage_loaded.at[slot])
+          return carry
+
+        lax.fori_loop(0, k_iters, load_stage, None)
+
+      # The last `stages` releases were never awaited by a later load; await
+      # them so that no barrier is left with an unobserved phase.
+      cta = lax.axis_index("sm")
+      num_ctas = lax.axis_size("sm")
+      local_tiles = lax.div(num_tiles, num_ctas) + (
+          cta < lax.rem(num_tiles, num_ctas)).astype(jnp.int32)
+      total_steps = local_tiles * k_iters
+
+      def drain(step, carry):
+        plgpu.barrier_wait(stage_consumed.at[lax.rem(step, stages)])
+        return carry
+
+      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
+                    None)
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      if config.wg_dimension == Dim.M:
+        wg_m_offset, wg_n_offset = wg * tile_m, 0
+      else:
+        wg_m_offset, wg_n_offset = 0, wg * tile_n
+
+      def a_view(slot):
+        if transpose_a:
+          return a_smem.at[slot, :, pl.ds(wg_m_offset, tile_m)].T
+        return a_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
+
+      def b_view(slot):
+        if transpose_b:
+          return b_smem.at[slot, pl.ds(wg_n_offset, tile_n), :].T
+        return b_smem.at[slot, :, pl.ds(wg_n_offset, tile_n)]
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        batch_idx, m_idx, n_idx = coords(info.index[0])
+        first_step = info.local_index * k_iters
+
+        def mma_scope(acc_ref):
+          def mma_stage(kk, carry):
+            step = first_step + kk
+            slot = lax.rem(step, stages)
+            plgpu.barrier_wait(stage_loaded.at[slot])
+            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+            # One wgmma group stays in flight; the one before it has now
+            # finished reading its stage, which goes back to the producer.
+            plgpu.wgmma_wait(1)
+
+            @pl.when(kk > 0)
+            def _release_previous():
+              plgpu.barrier_arrive(
+                  stage_consumed.at[lax.rem(step - 1, stages)])
+            return carry
+
+          lax.fori_loop(0, k_iters, mma_stage, None)
+          plgpu.wgmma_wait(0)
+          plgpu.barrier_arrive(
+              stage_consumed.at[lax.rem(first_step + k_iters - 1, stages)])
+          return acc_ref[...]
+
+        acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
+
+        row0 = m_idx * cta_m + wg_m_offset
+        col0 = n_idx * cta_n + wg_n_offset
+        if has_bias:
+          plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
+                                  bias_smem.at[wg], bias_loaded.at[wg])
+          plgpu.barrier_wait(bias_loaded.at[wg])
+        epi_index = 0
+        for ei in range(tile_m // epi_m):
+          for ej in range(tile_n // epi_n):
+            slot = epi_index % out_slots
+            epi_index += 1
+            rows = pl.ds(row0 + ei * epi_m, epi_m)
+            cols = pl.ds(col0 + ej * epi_n, epi_n)
+            part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
+            c_part = bias_part = None
+            if has_c:
+              plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
+                                      c_smem.at[wg], c_loaded.at[wg])
+              plgpu.barrier_wait(c_loaded.at[wg])
+              c_part = c_smem[wg]
+            if has_bias:
+              bias_vec = plgpu.load(
+                  bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
+                  layout=plgpu.Layout.WGMMA.reduce(0))
+              bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
+            value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
+            # The TMA store that last read this slot must be done with it.
+            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+            out_smem[wg, slot] = value.astype(out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                    out_gmem.at[batch_idx, rows, cols])
+
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  c_dtype = c_gmem.dtype if has_c else None
+  pl.run_scoped(
+      scoped,
+      a_smem=plgpu.SMEM((stages, *a_block), in_dtype, transforms=a_transforms),
+      b_smem=plgpu.SMEM((stages, *b_block), in_dtype, transforms=b_transforms),
+      stage_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
+                                   num_barriers=stages),
+      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
+                          transforms=out_transforms),
+      c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
+                         transforms=_tiled_transforms(epi_n, c_dtype))
+              if has_c else None),
+      c_loaded=plgpu.Barrier(num_barriers=NUM_CONSUMERS) if has_c else None,
+      bias_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
+                 if has_bias else None),
+      bias_loaded=(plgpu.Barrier(num_barriers=NUM_CONSUMERS)
+                   if has_bias else None),
+      collective_axes="wg",
+  )
+
+
+def _kernel_layout(problem: GemmProblem) -> tuple[bool, bool]:
+  """(transpose_a, transpose_b) as the kernel sees its operands.
+
+  wgmma reads 16-bit operands in either major order, so those keep the
+  caller's layout. TF32 wgmma only takes K-major operands (A as (m, k),
+  B as (n, k)); float32 operands are transposed by XLA to get there.
+  """
+  if problem.in_dtype == "float32":
+    return False, True
+  return problem.transpose_a, problem.transpose_b
+
+
+def prepare_operands(a, b, c, bias, problem: GemmProblem):
+  """Brings operands into the layout the kernel reads and pads misaligned
+  row pitches (see `config.py`). Returns the operands and the padded N."""
+  transpose_a, transpose_b = _kernel_layout(problem)
+  if transpose_a != problem.transpose_a:
+    a = jnp.swapaxes(a, 1, 2)
+  if transpose_b != problem.transpose_b:
+    b = jnp.swapaxes(b, 1, 2)
+  a = cfg.pad_minor_to_alignment(a)
+  b = cfg.pad_minor_to_alignment(b)
+  n_out = cfg.aligned_length(problem.n, problem.out_dtype)
+  if c is not None:
+    c = cfg.pad_minor_to_alignment(c)
+  if bias is not None:
+    bias = cfg.pad_minor_to_alignment(bias.astype(jnp.float32))
+  return a, b, c, bias, n_out
+
+
+def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
+                         config: MosaicConfig | None, interpret=False):
+  if config is None:
+    config = cfg.ws_heuristic(problem)
+  if not isinstance(config, MosaicConfig):
+    raise TypeError(f"config must be a MosaicConfig, got {type(config).__name__}")
+  if problem.in_dtype == "float32" and config.tile_k * 4 % cfg.SWIZZLE_BYTES:
+    config = dataclasses.replace(config, tile_k=cfg.swizzle_elems("float32"))
+  if not config.fits(problem):
+    raise ValueError(
+        f"config={config} needs {config.smem_bytes(problem)} bytes of shared "
+        f"memory, more than the {cfg.HOPPER_SMEM_BYTES} an sm_90 block has")
+  a, b, c, bias, n_out = prepare_operands(a, b, c, bias, problem)
+  m_tiles = cdiv(problem.m, config.cta_tile_m)
+  n_tiles = cdiv(problem.n, config.cta_tile_n)
+  k_iters = cdiv(problem.k, config.tile_k)
+  num_tiles = problem.batch * m_tiles * n_tiles
+  params = interpret_params(interpret)
+  if params is not None:
+    num_ctas = min(INTERPRET_CTAS, num_tiles)
+  else:
+    num_ctas = min(_device_num_sms(), num_tiles)
+  semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
+               else plgpu.LoweringSemantics.Lane)
+  kernel = plgpu.kernel(
+      functools.partial(_kernel_body, problem=problem, config=config,
+                        k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
+      out_type=jax.ShapeDtypeStruct((problem.batch, problem.m, n_out),
+                                    jnp.dtype(problem.out_dtype)),
+      grid=(num_ctas,),
+      grid_names=("sm",),
+      num_threads=NUM_CONSUMERS + 1,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),
+      interpret=params,
+  )
+  operands = [a, b] + ([c] if c is not None else []) + (
+      [bias] if bias is not None else [])
+  out = kernel(*operands)
+  if n_out != problem.n:
+    out = out[:, :, :problem.n]
+  return out
+
+
+def _device_num_sms() -> int:
+  from pallas_gemm.devices import device_info
+  return max(device_info().num_sms, 1)
+
+
+def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  if problem.in_dtype not in cfg.MOSAIC_INPUT_DTYPES:
+    return f"input dtype {problem.in_dtype} is not one of {cfg.MOSAIC_INPUT_DTYPES}"
+  if problem.in_dtype == "float32" and problem.precision == "ieee":
+    return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
+  if problem.out_dtype not in ("float32", "bfloat16", "float16"):
+    return f"output dtype {problem.out_dtype} is not supported"
+  if problem.epilogue.has_c and problem.c_dtype not in (
+      "float32", "bfloat16", "float16"):
+    return f"c dtype {problem.c_dtype} is not supported"
+  return None
+
+
+def default_config(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
+  del device
+  return cfg.ws_heuristic(problem)
+
+
+registry.register(registry.KernelEntry(
+    name=NAME,
+    fn=ws_persistent_matmul,
+    supports=supports,
+    default_config=default_config,
+    config_cls=MosaicConfig,
+    runs_on_cpu=True,
+    description=("persistent warp-specialised wgmma GEMM: TMA ring across "
+                 "tiles, 2 consumer warpgroups, fused TMA-store epilogue"),
+))

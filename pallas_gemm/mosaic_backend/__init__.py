@@ -6,6 +6,7 @@ compiled for a CUDA device (on a CPU the kernels run in GPU interpret mode).
 """
 
 from pallas_gemm.mosaic_backend import ws_persistent  # noqa: F401
+from pallas_gemm.mosaic_backend import small_m  # noqa: F401
 from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig
 
 __all__ = ["Dim", "MosaicConfig", "SmallMConfig"]

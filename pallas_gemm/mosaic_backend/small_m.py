@@ -1,0 +1,228 @@
+"""`mosaic/small_m`: decode-shaped GEMMs (M <= 128), which are bandwidth-bound.
+
+With a handful of rows there are too few output tiles to occupy 132 SMs, yet
+the whole weight B has to stream through once. The grid therefore splits the
+work two ways: each CTA owns one `tile_n`-wide column strip of the output and
+one contiguous share of K, so `n_tiles * k_splits` CTAs stream disjoint parts
+of B at once. A single warpgroup per CTA runs a deep TMA pipeline into wgmma
+(64 or 128 rows; the TMA zero-fills the rows past M, which cost no memory
+traffic).
+
+When K is split, each CTA writes its f32 partial tile and XLA adds the
+partials in a fixed order, then applies the epilogue: deterministic, and
+the partials are tiny next to B (k_splits * M * N * 4 bytes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm import registry
+from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.mosaic_backend import config as cfg
+from pallas_gemm.mosaic_backend.config import SmallMConfig
+from pallas_gemm.mosaic_backend.ws_persistent import (_tiled_transforms,
+                                                      interpret_params)
+from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
+
+NAME = "mosaic/small_m"
+MAX_M = 128
+
+
+def _tile_m(problem: GemmProblem) -> int:
+  return 64 if problem.m <= 64 else 128
+
+
+def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
+                 tile_m: int, n_tiles: int, steps_per_split: int,
+                 fused_epilogue: bool):
+  has_c = problem.epilogue.has_c and fused_epilogue
+  has_bias = problem.epilogue.has_bias and fused_epilogue
+  refs = list(refs)
+  a_gmem, b_gmem = refs.pop(0), refs.pop(0)
+  c_gmem = refs.pop(0) if has_c else None
+  bias_gmem = refs.pop(0) if has_bias else None
+  (out_gmem,) = refs
+  transpose_b = problem.transpose_b
+  in_dtype = a_gmem.dtype
+  tile_n, tile_k = config.tile_n, config.tile_k
+
+  strip = lax.axis_index("strip")
+  split = lax.axis_index("split")
+  batch_idx = lax.div(strip, n_tiles)
+  n_idx = lax.rem(strip, n_tiles)
+  first_k_block = split * steps_per_split
+
+  a_block = (tile_m, tile_k)
+  b_block = (tile_n, tile_k) if transpose_b else (tile_k, tile_n)
+
+  def mma_scope(acc_ref):
+    def mma_step(_, a_smem, b_smem):
+      plgpu.wgmma(acc_ref, a_smem, b_smem.T if transpose_b else b_smem)
+      plgpu.wgmma_wait(1)
+
+    plgpu.emit_pipeline(
+        mma_step,
+        grid=(steps_per_split,),
+        in_specs=[
+            plgpu.BlockSpec(a_block, lambda kk: (0, first_k_block + kk),
+                            transforms=_tiled_transforms(tile_k, in_dtype),
+                            delay_release=1),
+            plgpu.BlockSpec(
+                b_block,
+                (lambda kk: (n_idx, first_k_block + kk)) if transpose_b else
+                (lambda kk: (first_k_block + kk, n_idx)),
+                transforms=_tiled_transforms(b_block[1], in_dtype),
+                delay_release=1),
+        ],
+        max_concurrent_steps=config.max_concurrent_steps,
+    )(a_gmem.at[batch_idx], b_gmem.at[batch_idx])
+    return acc_ref[...]
+
+  acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
+  cols = pl.ds(n_idx * tile_n, tile_n)
+  out_dtype = out_gmem.dtype
+
+  def store_scope(out_smem, c_smem, bias_smem, loaded):
+    c_tile = bias_tile = None
+    if has_c:
+      plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, pl.ds(0, tile_m), cols],
+                              c_smem, loaded.at[0])
+      plgpu.barrier_wait(loaded.at[0])
+      c_tile = c_smem[...]
+    if has_bias:
+      plgpu.copy_gmem_to_smem(bias_gmem.at[cols], bias_smem, loaded.at[1])
+      plgpu.barrier_wait(loaded.at[1])
+      bias_vec = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
+      bias_tile = lax.broadcast_in_dim(bias_vec, (tile_m, tile_n), (1,))
+    value = acc
+    if fused_epilogue:
+      value = apply_epilogue(acc, problem.epilogue, c_tile, bias_tile)
+    out_smem[...] = value.astype(out_dtype)
+    plgpu.commit_smem()
+    if fused_epilogue:
+      dst = out_gmem.at[batch_idx, pl.ds(0, tile_m), cols]
+    else:
+      dst = out_gmem.at[split, batch_idx, pl.ds(0, tile_m), cols]
+    plgpu.copy_smem_to_gmem(out_smem, dst)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  c_dtype = c_gmem.dtype if has_c else None
+  pl.run_scoped(
+      store_scope,
+      out_smem=plgpu.SMEM((tile_m, tile_n), out_dtype,
+                          transforms=_tiled_transforms(tile_n, out_dtype)),
+      c_smem=(plgpu.SMEM((tile_m, tile_n), c_dtype,
+                         transforms=_tiled_transforms(tile_n, c_dtype))
+              if has_c else None),
+      bias_smem=plgpu.SMEM((tile_n,), jnp.float32) if has_bias else None,
+      loaded=plgpu.Barrier(num_barriers=2) if (has_c or has_bias) else None,
+  )
+
+
+def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
+                   config: SmallMConfig | None, interpret=False):
+  params = interpret_params(interpret)
+  if config is None:
+    num_sms = 132 if params is not None else max(device_info().num_sms, 1)
+    config = cfg.small_m_heuristic(problem, num_sms)
+  if not isinstance(config, SmallMConfig):
+    raise TypeError(
+        f"config must be a SmallMConfig, got {type(config).__name__}")
+  tile_m = _tile_m(problem)
+  if config.smem_bytes(problem, tile_m) > cfg.HOPPER_SMEM_BYTES:
+    raise ValueError(
+        f"config={config} needs {config.smem_bytes(problem, tile_m)} bytes of "
+        f"shared memory, more than {cfg.HOPPER_SMEM_BYTES}")
+  if problem.transpose_a:
+    # A is at most 128 rows: putting it K-major costs next to nothing and
+    # keeps the TMA box legal however small M is.
+    a = jnp.swapaxes(a, 1, 2)
+  a = cfg.pad_minor_to_alignment(a)
+  b = cfg.pad_minor_to_alignment(b)
+  k_iters = cdiv(problem.k, config.tile_k)
+  k_splits = min(config.k_splits, k_iters)
+  steps_per_split = cdiv(k_iters, k_splits)
+  # Splits whose share would start past K have nothing to do.
+  k_splits = cdiv(k_iters, steps_per_split)
+  n_tiles = cdiv(problem.n, config.tile_n)
+  fused_epilogue = k_splits == 1
+  out_dtype = jnp.dtype(problem.out_dtype)
+  if fused_epilogue:
+    n_out = cfg.aligned_length(problem.n, out_dtype)
+    out_type = jax.ShapeDtypeStruct((problem.batch, problem.m, n_out),
+                                    out_dtype)
+  else:
+    n_out = cfg.aligned_length(problem.n, jnp.float32)
+    out_type = jax.ShapeDtypeStruct(
+        (k_splits, problem.batch, problem.m, n_out), jnp.float32)
+  operands = [a, b]
+  if fused_epilogue and problem.epilogue.has_c:
+    operands.append(cfg.pad_minor_to_alignment(c))
+  if fused_epilogue and problem.epilogue.has_bias:
+    operands.append(cfg.pad_minor_to_alignment(bias.astype(jnp.float32)))
+  kernel = plgpu.kernel(
+      functools.partial(_kernel_body, problem=problem, config=config,
+                        tile_m=tile_m, n_tiles=n_tiles,
+                        steps_per_split=steps_per_split,
+                        fused_epilogue=fused_epilogue),
+      out_type=out_type,
+      grid=(problem.batch * n_tiles, k_splits),
+      grid_names=("strip", "split"),
+      interpret=params,
+  )
+  out = kernel(*operands)
+  if fused_epilogue:
+    return out[:, :, :problem.n] if n_out != problem.n else out
+  acc = out[0]
+  for partial in out[1:]:
+    acc = acc + partial
+  acc = acc[:, :, :problem.n]
+  result = apply_epilogue(acc, problem.epilogue, c,
+                          None if bias is None else bias.astype(jnp.float32))
+  return result.astype(out_dtype)
+
+
+def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  if problem.m > MAX_M:
+    return f"m={problem.m} > {MAX_M}: not a decode shape (ws_persistent's job)"
+  if problem.in_dtype not in cfg.MOSAIC_INPUT_DTYPES:
+    return f"input dtype {problem.in_dtype} is not one of {cfg.MOSAIC_INPUT_DTYPES}"
+  if problem.in_dtype == "float32":
+    if problem.precision == "ieee":
+      return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
+    if not problem.transpose_b:
+      return ("TF32 wgmma needs B as (n, k); transposing the weight would "
+              "double the traffic of a bandwidth-bound kernel")
+  if problem.epilogue.has_c and problem.c_dtype not in (
+      "float32", "bfloat16", "float16"):
+    return f"c dtype {problem.c_dtype} is not supported"
+  if problem.n < 64 or problem.k < 64:
+    return "too small to be bandwidth-bound: nothing to stream"
+  return None
+
+
+def default_config(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:
+  return cfg.small_m_heuristic(problem, max(device.num_sms, 1))
+
+
+registry.register(registry.KernelEntry(
+    name=NAME,
+    fn=small_m_matmul,
+    supports=supports,
+    default_config=default_config,
+    config_cls=SmallMConfig,
+    runs_on_cpu=True,
+    description=("decode GEMM (M <= 128): N strips x K splits over all SMs, "
+                 "deep TMA->wgmma pipeline, deterministic split-K reduction"),
+))

@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.problem import (SUPPORTED_INPUT_DTYPES, GemmProblem,
+from pallas_gemm.problem import (SUPPORTED_INPUT_DTYPES, Epilogue, GemmProblem,
                                  apply_epilogue, cdiv)
 
 # The Pallas-Triton lowering is deprecated since JAX 0.11 (Mosaic GPU is its
@@ -128,41 +128,93 @@ def operand_specs(problem: GemmProblem, config: TritonConfig, *,
   return specs, out_spec
 
 
-def load_a_tile(a_ref, k_index, *, problem: GemmProblem, rows, bk: int):
+@dataclasses.dataclass(frozen=True)
+class EdgeMasks:
+  """Which edges of a tile may fall outside the operand.
+
+  A mask costs a compare and a select per element and can stop Triton from
+  vectorising a load, so a kernel that knows a dimension divides its block
+  (say K % block_k == 0) turns that mask off. The default masks everything,
+  which is always correct.
+  """
+
+  rows: bool = True
+  cols: bool = True
+  k: bool = True
+
+
+def edge_masks_for(problem: GemmProblem, config: TritonConfig) -> EdgeMasks:
+  """Only the masks this problem needs with this config's tiles."""
+  return EdgeMasks(rows=problem.m % config.block_m != 0,
+                   cols=problem.n % config.block_n != 0,
+                   k=problem.k % config.block_k != 0)
+
+
+def _and_masks(*masks):
+  present = [mask for mask in masks if mask is not None]
+  if not present:
+    return None
+  out = present[0]
+  for mask in present[1:]:
+    out = out & mask
+  return out
+
+
+def _k_offset(k_index, bk: int, hint: bool):
+  offset = k_index * bk
+  # Triton cannot always see through a loop-carried index that the offset is
+  # block aligned; the hint lets it issue wide, aligned loads.
+  return pl.multiple_of(offset, bk) if hint else offset
+
+
+def load_a_tile(a_ref, k_index, *, problem: GemmProblem, rows, bk: int,
+                masks: EdgeMasks = EdgeMasks(), hint: bool = False):
   """The (block_m, block_k) tile of op(a) for K step `k_index`, zero-masked."""
-  ks = k_index * bk + jnp.arange(bk)
-  k_ok = ks < problem.k
-  row_ok = rows < problem.m
+  start = _k_offset(k_index, bk, hint)
+  k_ok = (k_index * bk + jnp.arange(bk)) < problem.k if masks.k else None
+  row_ok = rows < problem.m if masks.rows else None
   if problem.transpose_a:
-    tile = pltriton.load(a_ref.at[pl.ds(k_index * bk, bk), :],
-                         mask=k_ok[:, None] & row_ok[None, :], other=0)
+    mask = _and_masks(None if k_ok is None else k_ok[:, None],
+                      None if row_ok is None else row_ok[None, :])
+    tile = pltriton.load(a_ref.at[pl.ds(start, bk), :], mask=mask,
+                         other=None if mask is None else 0)
     return tile.T
-  return pltriton.load(a_ref.at[:, pl.ds(k_index * bk, bk)],
-                       mask=row_ok[:, None] & k_ok[None, :], other=0)
+  mask = _and_masks(None if row_ok is None else row_ok[:, None],
+                    None if k_ok is None else k_ok[None, :])
+  return pltriton.load(a_ref.at[:, pl.ds(start, bk)], mask=mask,
+                       other=None if mask is None else 0)
 
 
-def load_b_tile(b_ref, k_index, *, problem: GemmProblem, cols, bk: int):
+def load_b_tile(b_ref, k_index, *, problem: GemmProblem, cols, bk: int,
+                masks: EdgeMasks = EdgeMasks(), hint: bool = False):
   """The (block_k, block_n) tile of op(b) for K step `k_index`, zero-masked."""
-  ks = k_index * bk + jnp.arange(bk)
-  k_ok = ks < problem.k
-  col_ok = cols < problem.n
+  start = _k_offset(k_index, bk, hint)
+  k_ok = (k_index * bk + jnp.arange(bk)) < problem.k if masks.k else None
+  col_ok = cols < problem.n if masks.cols else None
   if problem.transpose_b:
-    tile = pltriton.load(b_ref.at[:, pl.ds(k_index * bk, bk)],
-                         mask=col_ok[:, None] & k_ok[None, :], other=0)
+    mask = _and_masks(None if col_ok is None else col_ok[:, None],
+                      None if k_ok is None else k_ok[None, :])
+    tile = pltriton.load(b_ref.at[:, pl.ds(start, bk)], mask=mask,
+                         other=None if mask is None else 0)
     return tile.T
-  return pltriton.load(b_ref.at[pl.ds(k_index * bk, bk), :],
-                       mask=k_ok[:, None] & col_ok[None, :], other=0)
+  mask = _and_masks(None if k_ok is None else k_ok[:, None],
+                    None if col_ok is None else col_ok[None, :])
+  return pltriton.load(b_ref.at[pl.ds(start, bk), :], mask=mask,
+                       other=None if mask is None else 0)
 
 
 def accumulate_k_range(a_ref, b_ref, *, problem, config, rows, cols,
-                       k_start, k_stop):
+                       k_start, k_stop, masks: EdgeMasks = EdgeMasks(),
+                       hint: bool = False):
   """acc = Σ_{k in [k_start, k_stop)} A[rows, k-tile] · B[k-tile, cols]."""
   bk = config.block_k
   precision = dot_precision(problem)
 
   def body(k_index, acc):
-    a_tile = load_a_tile(a_ref, k_index, problem=problem, rows=rows, bk=bk)
-    b_tile = load_b_tile(b_ref, k_index, problem=problem, cols=cols, bk=bk)
+    a_tile = load_a_tile(a_ref, k_index, problem=problem, rows=rows, bk=bk,
+                         masks=masks, hint=hint)
+    b_tile = load_b_tile(b_ref, k_index, problem=problem, cols=cols, bk=bk,
+                         masks=masks, hint=hint)
     return acc + jnp.dot(a_tile, b_tile, precision=precision,
                          preferred_element_type=jnp.float32)
 
@@ -236,3 +288,115 @@ def small_problem_config(problem: GemmProblem, base: TritonConfig) -> TritonConf
       base, block_m=fit(base.block_m, problem.m),
       block_n=fit(base.block_n, problem.n),
       block_k=fit(base.block_k, problem.k))
+
+
+def grouped_tile_index(tile_id, *, grid_m: int, grid_n: int, group_m: int):
+  """Maps a linear program id to an output tile (i, j) in grouped order.
+
+  Programs are launched roughly in id order. Row-major order walks a whole
+  row of tiles before the next, so every program of a row re-reads all of B
+  while A's row block is the only thing reused. Grouped order walks `group_m`
+  rows down one column before moving right, so the tiles resident at one time
+  share both A row blocks and B column blocks in L2 (group_m = 3):
+
+      row-major ids          grouped ids
+      0  1  2  3  4         0  3  6  9 12
+      5  6  7  8  9         1  4  7 10 13
+     10 11 12 13 14         2  5  8 11 14
+     15 16 17 18 19        15 17 19 21 23
+                           16 18 20 22 24   <- last group may be short
+
+  Written with lax.div/rem on non-negative ints, which lower to one integer
+  op each in Triton (jnp's floor division would add sign fix-ups).
+  """
+  tiles_per_group = group_m * grid_n
+  group = jax.lax.div(tile_id, tiles_per_group)
+  first_row = group * group_m
+  rows_in_group = jnp.minimum(grid_m - first_row, group_m)
+  within = jax.lax.rem(tile_id, tiles_per_group)
+  i = first_row + jax.lax.rem(within, rows_in_group)
+  j = jax.lax.div(within, rows_in_group)
+  return i, j
+
+
+def without_epilogue(problem: GemmProblem) -> GemmProblem:
+  return dataclasses.replace(problem, epilogue=Epilogue(), c_dtype=None)
+
+
+def split_k_partials(a, b, *, problem: GemmProblem, config: TritonConfig,
+                     interpret: bool, name: str, grouped: bool,
+                     masks: EdgeMasks | None = None, hint: bool = False):
+  """f32 partial products, shape (split_k, batch, m, n).
+
+  Split s sums the K blocks [s·per_split, (s+1)·per_split): each program
+  writes its own slice of the buffer, so no two programs touch the same
+  output and no atomics are needed. The caller reduces over axis 0.
+  """
+  bare = without_epilogue(problem)
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  grid_m, grid_n = cdiv(problem.m, bm), cdiv(problem.n, bn)
+  k_blocks = cdiv(problem.k, bk)
+  per_split = cdiv(k_blocks, config.split_k)
+  masks = EdgeMasks() if masks is None else masks
+
+  if grouped:
+    def block_index(tile, split, batch):
+      del split
+      i, j = grouped_tile_index(tile, grid_m=grid_m, grid_n=grid_n,
+                                group_m=config.group_m)
+      return batch, i, j
+    grid = (grid_m * grid_n, config.split_k, problem.batch)
+  else:
+    def block_index(i, j, split, batch):
+      del split
+      return batch, i, j
+    grid = (grid_m, grid_n, config.split_k, problem.batch)
+
+  def kernel(a_ref, b_ref, o_ref):
+    ids = [pl.program_id(axis) for axis in range(len(grid))]
+    _, i, j = block_index(*ids)
+    split = ids[-2]
+    rows, cols = program_rows_cols(i, j, config)
+    k_start = split * per_split
+    k_stop = jnp.minimum(k_start + per_split, k_blocks)
+    acc = accumulate_k_range(a_ref, b_ref, problem=bare, config=config,
+                             rows=rows, cols=cols, k_start=k_start,
+                             k_stop=k_stop, masks=masks, hint=hint)
+    mask = (rows < problem.m)[:, None] & (cols < problem.n)[None, :]
+    pltriton.store(o_ref, acc, mask=mask)
+
+  in_specs, _ = operand_specs(bare, config, k_blocks=k_blocks,
+                              block_index=block_index)
+
+  def partial_map(*ids):
+    batch, i, j = block_index(*ids)
+    return ids[-2], batch, i, j
+
+  out_spec = pl.BlockSpec((None, None, bm, bn), partial_map)
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct(
+          (config.split_k, problem.batch, problem.m, problem.n), jnp.float32),
+      grid=grid,
+      in_specs=in_specs,
+      out_specs=out_spec,
+      compiler_params=pltriton.CompilerParams(
+          num_warps=config.num_warps, num_stages=config.num_stages),
+      interpret=interpret,
+      name=name,
+  )(a, b)
+
+
+def reduce_partials(partials, c, bias, *, problem: GemmProblem):
+  """Sums the split-K partials in a fixed order, then applies the epilogue.
+
+  A chain of adds over a static split count (not a tree reduce whose order
+  the compiler picks) gives the same bits on every run; XLA fuses the chain
+  and the epilogue into one elementwise pass over (batch, m, n).
+  """
+  total = partials[0]
+  for split in range(1, partials.shape[0]):
+    total = total + partials[split]
+  bias_row = None if bias is None else bias[None, None, :]
+  out = apply_epilogue(total, problem.epilogue, c, bias_row)
+  return out.astype(problem.out_dtype)

@@ -1,0 +1,166 @@
+"""Rung 6: the production Pallas-Triton kernel.
+
+What it adds over rungs 3-5, all of which it combines:
+
+  * grouped program order (rung 4) with a software-pipelined K loop
+    (rung 3), on tiles and stage counts chosen per device, dtype, layout,
+    precision and shape bucket by `pallas_gemm.autotune` (measured cache,
+    shipped defaults for the GPUs we have measured, else the heuristic in
+    `heuristic_config`);
+  * split-K (rung 5) when the output is too small to fill the GPU;
+  * only the edge masks the shape needs: when M, N or K divides its block
+    the compare-and-select on that edge is compiled out, and the K offset
+    carries a `pl.multiple_of` hint, so Triton can issue full-width
+    aligned loads in the common case of tile-multiple shapes.
+
+Loop nest (split_k = 1):
+
+    for t, batch in grid (cdiv(M, BM) * cdiv(N, BN), B):         # parallel
+      i, j = grouped(t, GROUP_M)
+      acc = zeros(BM, BN)                                         # f32
+      for kk in range(cdiv(K, BK)):            # pipelined, num_stages deep
+        k0 = multiple_of(kk * BK, BK)
+        acc += A[batch, i, k0:k0+BK] @ B[batch, k0:k0+BK, j]      # masks only
+      C[batch, i, j] = epilogue(acc)                              # if ragged
+
+It accepts every problem the primitive can ask of a Triton kernel: both
+transposes, f32 (exact "ieee" or TF32), bf16 and f16 with f32 accumulation,
+any batch, any M/N/K, the fused epilogue. This is the first kernel of the
+CPU auto order (interpret mode) and of the non-Hopper GPU order.
+
+Mosaic GPU kernels are faster on Hopper (wgmma + TMA + warp specialisation
+written out by hand); this kernel is for Ampere and Ada, where Triton's
+mma.sync path is what the hardware has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pallas_gemm import autotune, registry
+from pallas_gemm.devices import device_info
+from pallas_gemm.problem import cdiv
+from pallas_gemm.triton_backend import common, k04_grouped, k05_split_k
+
+NAME = "triton/06_tuned"
+TritonConfig = common.TritonConfig
+
+# Preferred untuned configs, best first; the first whose shared memory fits
+# the device wins. Chosen from the H200 sweep (experiments/triton_sweep.py);
+# the smaller fall-backs are for Ampere/Ada's 99-163 KiB of shared memory.
+_PREFERRED = {
+    "16bit": (
+        TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=8),
+        TritonConfig(128, 128, 64, num_warps=4, num_stages=4, group_m=8),
+        TritonConfig(128, 128, 32, num_warps=4, num_stages=4, group_m=8),
+        TritonConfig(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
+    ),
+    "tf32": (
+        TritonConfig(128, 128, 32, num_warps=8, num_stages=3, group_m=8),
+        TritonConfig(128, 64, 32, num_warps=4, num_stages=3, group_m=8),
+        TritonConfig(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
+    ),
+    "ieee": (
+        TritonConfig(128, 128, 16, num_warps=8, num_stages=3, group_m=8),
+        TritonConfig(64, 64, 16, num_warps=4, num_stages=3, group_m=8),
+    ),
+}
+# Interpret mode cost grows with the number of grid steps times K steps;
+# moderate tiles keep the CPU path quick without huge padded tiles.
+_INTERPRET_CONFIG = TritonConfig(64, 64, 32, num_warps=4, num_stages=1,
+                                 group_m=8)
+
+
+def _family(problem) -> str:
+  if problem.in_dtype != "float32":
+    return "16bit"
+  return "ieee" if problem.precision == "ieee" else "tf32"
+
+
+def heuristic_config(problem, device) -> TritonConfig:
+  """The untuned choice: split-K for skinny outputs, else the first
+  preferred tile that fits the device, shrunk for tiny dimensions."""
+  if not device.is_gpu:
+    return common.small_problem_config(problem, _INTERPRET_CONFIG)
+  skinny = k05_split_k.default_config(problem, device)
+  if skinny.split_k > 1 and problem.m <= k05_split_k.MAX_SKINNY_M:
+    return skinny
+  for config in _PREFERRED[_family(problem)]:
+    if autotune.fits_device(config, problem, device):
+      return common.small_problem_config(problem, config)
+  return common.small_problem_config(problem, _PREFERRED[_family(problem)][-1])
+
+
+def default_config(problem, device):
+  device = device or device_info()
+  return autotune.config_for(
+      problem, NAME, device, TritonConfig,
+      heuristic=lambda: heuristic_config(problem, device))
+
+
+def search_space(problem, device) -> list[TritonConfig]:
+  """Configs `autotune.tune` times for this kernel (before smem filtering)."""
+  family = _family(problem)
+  if family == "16bit":
+    tiles = [(128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 128, 32),
+             (64, 256, 64), (256, 64, 64)]
+  elif family == "tf32":
+    tiles = [(128, 128, 32), (128, 256, 32), (256, 128, 32), (128, 64, 32),
+             (64, 128, 32), (128, 128, 64)]
+  else:
+    tiles = [(128, 128, 16), (64, 128, 32), (128, 64, 32), (64, 64, 32),
+             (128, 128, 32), (64, 64, 16)]
+  space = [TritonConfig(bm, bn, bk, num_warps=warps, num_stages=stages,
+                        group_m=8)
+           for bm, bn, bk in tiles for warps in (4, 8) for stages in (3, 4)]
+  skinny = k05_split_k.default_config(problem, device)
+  if skinny.split_k > 1:
+    space += [dataclasses.replace(skinny, split_k=s)
+              for s in sorted({max(2, skinny.split_k // 2), skinny.split_k,
+                               min(2 * skinny.split_k, 32)})]
+  seen, unique = set(), []
+  for config in (common.small_problem_config(problem, c) for c in space):
+    if config not in seen:
+      seen.add(config)
+      unique.append(config)
+  return unique
+
+
+def tuned_matmul(a, b, c, bias, *, problem, config, interpret):
+  config = config or default_config(problem, None)
+  masks = common.edge_masks_for(problem, config)
+  if config.split_k > 1:
+    partials = common.split_k_partials(
+        a, b, problem=problem, config=config, interpret=interpret,
+        name="tuned_split_k", grouped=True, masks=masks, hint=True)
+    return common.reduce_partials(partials, c, bias, problem=problem)
+
+  def body(refs, rows, cols):
+    a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
+    acc = common.accumulate_k_range(
+        a_ref, b_ref, problem=problem, config=config, rows=rows, cols=cols,
+        k_start=0, k_stop=cdiv(problem.k, config.block_k), masks=masks,
+        hint=True)
+    common.store_output(o_ref, acc, problem=problem, rows=rows, cols=cols,
+                        c_ref=c_ref, bias_ref=bias_ref)
+
+  return k04_grouped.grouped_launch(body, a, b, c, bias, problem=problem,
+                                    config=config, interpret=interpret,
+                                    name="tuned")
+
+
+def supports(problem, device):
+  return common.triton_supports(problem, device,
+                                default_config(problem, device))
+
+
+autotune.register_search_space(NAME, search_space)
+registry.register(registry.KernelEntry(
+    name=NAME,
+    fn=tuned_matmul,
+    supports=supports,
+    default_config=default_config,
+    config_cls=TritonConfig,
+    runs_on_cpu=True,
+    description="grouped, pipelined, autotuned; split-K for skinny outputs",
+))

@@ -1,0 +1,198 @@
+"""The Pallas-Triton ladder (rungs 1 and 3-6) through the shared suite, plus
+what only this backend has: grouped order, split-K, edge-mask elision, smem
+filtering. Rung 2 has its own file (test_triton_k_loop.py).
+
+On a CPU every kernel runs in interpret mode; on a GPU the same tests run
+the compiled Triton kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+import pallas_gemm
+from kernel_test_base import KernelTestBase, check_matmul, make_operands
+from pallas_gemm import numerics, registry
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.problem import GemmProblem
+from pallas_gemm.triton_backend import (common, k01_naive, k05_split_k,
+                                        k06_tuned)
+
+warnings.filterwarnings("ignore", category=DeprecationWarning,
+                        message=".*[Tt]riton.*")
+
+H200_LIKE = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+ADA_LIKE = DeviceInfo("gpu", "NVIDIA L4", (8, 9), 58, 99 * 1024)
+
+
+class TestNaive(KernelTestBase):
+  KERNELS = ("triton/01_naive",)
+  SHAPES = ((1, 37, 53), (97, 61, 131), (130, 66, 70))
+
+
+class TestPipelined(KernelTestBase):
+  KERNELS = ("triton/03_pipelined",)
+  # The tile-shape logic is rung 2's; rungs 3-4 change compile options and
+  # program order, so a few odd shapes cover their masking.
+  SHAPES = ((1, 37, 53), (97, 61, 131), (130, 66, 70))
+
+
+class TestGrouped(KernelTestBase):
+  KERNELS = ("triton/04_grouped",)
+  SHAPES = ((1, 37, 53), (97, 61, 131), (130, 66, 70))
+
+
+class TestSplitK(KernelTestBase):
+  KERNELS = ("triton/05_split_k",)
+  # Split-K declines short K; these are long enough for two or more splits.
+  SHAPES = ((1, 96, 1100), (17, 33, 1031), (130, 20, 1600))
+  PROBE_SHAPE = (37, 45, 1100)
+
+
+class TestTuned(KernelTestBase):
+  KERNELS = ("triton/06_tuned",)
+
+
+@pytest.mark.parametrize("shape", [(16, 40, 2000), (1, 80, 1500)])
+def test_tuned_split_k_path(shape):
+  """06_tuned's split-K dispatch, with an explicit config (no GPU needed)."""
+  problem = GemmProblem(1, *shape, "bfloat16", "bfloat16")
+  config = k06_tuned.TritonConfig(16, 32, 64, split_k=3, group_m=4)
+  a, b = make_operands(shape, "bfloat16", batch=1)
+  out = k06_tuned.tuned_matmul(a, b, None, None, problem=problem,
+                               config=config, interpret=True)
+  ref = numerics.reference_matmul(a, b)
+  assert numerics.relative_error(out, ref) <= numerics.tolerance(
+      "bfloat16", "default")
+
+
+def test_split_k_is_deterministic():
+  shape = (17, 33, 1031)
+  a, b = make_operands(shape, "float32")
+  run = jax.jit(lambda a, b: pallas_gemm.matmul(
+      a, b, kernel="triton/05_split_k", precision="highest"))
+  first = np.asarray(run(a, b))
+  second = np.asarray(run(a, b))
+  assert first.tobytes() == second.tobytes()
+
+
+def test_split_k_epilogue_applied_once():
+  # beta·c and the bias must be added after the reduction, not per split.
+  check_matmul("triton/05_split_k", (9, 24, 1100), "bfloat16",
+               out_dtype="float32", alpha=2.0, beta=0.5, with_c=True,
+               with_bias=True, activation="silu")
+
+
+def test_split_k_declines_full_outputs():
+  problem = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  reason = k05_split_k.supports(problem, H200_LIKE)
+  assert reason is not None and "fill" in reason
+
+
+def test_split_k_accepts_skinny():
+  problem = GemmProblem(1, 16, 8192, 8192, "bfloat16", "bfloat16")
+  assert k05_split_k.supports(problem, H200_LIKE) is None
+  assert k05_split_k.default_config(problem, H200_LIKE).split_k >= 2
+
+
+def test_naive_declines_long_k_with_reason():
+  problem = GemmProblem(1, 64, 64, 8192, "float32", "float32",
+                        precision="ieee")
+  reason = k01_naive.supports(problem, H200_LIKE)
+  assert reason is not None and "k=8192" in reason
+
+
+@pytest.mark.parametrize("grid_m,grid_n,group_m",
+                         [(5, 7, 3), (1, 9, 8), (8, 1, 4), (6, 6, 1)])
+def test_grouped_order_is_a_permutation(grid_m, grid_n, group_m):
+  tiles = np.arange(grid_m * grid_n)
+  i, j = common.grouped_tile_index(tiles, grid_m=grid_m, grid_n=grid_n,
+                                   group_m=group_m)
+  pairs = set(zip(np.asarray(i).tolist(), np.asarray(j).tolist()))
+  assert pairs == {(r, c) for r in range(grid_m) for c in range(grid_n)}
+
+
+def test_grouped_order_walks_columns_within_group():
+  i, j = common.grouped_tile_index(np.arange(6), grid_m=4, grid_n=5,
+                                   group_m=3)
+  assert np.asarray(i).tolist() == [0, 1, 2, 0, 1, 2]
+  assert np.asarray(j).tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_edge_masks_only_where_ragged():
+  config = common.TritonConfig(64, 64, 32)
+  exact = GemmProblem(1, 128, 64, 96, "bfloat16", "bfloat16")
+  assert common.edge_masks_for(exact, config) == common.EdgeMasks(
+      False, False, False)
+  ragged = GemmProblem(1, 130, 64, 97, "bfloat16", "bfloat16")
+  assert common.edge_masks_for(ragged, config) == common.EdgeMasks(
+      True, False, True)
+
+
+def test_smem_bytes_counts_stages_and_dtype():
+  config = common.TritonConfig(128, 256, 64, num_stages=3)
+  assert config.smem_bytes("bfloat16") == (128 + 256) * 64 * 2 * 3
+  assert config.smem_bytes("float32") == 2 * config.smem_bytes("bfloat16")
+
+
+def test_supports_rejects_config_over_smem():
+  big = common.TritonConfig(256, 256, 128, num_warps=8, num_stages=4)
+  problem = GemmProblem(1, 4096, 4096, 4096, "float32", "float32",
+                        precision="ieee")
+  reason = common.triton_supports(problem, ADA_LIKE, big)
+  assert reason is not None and "shared memory" in reason
+
+
+def test_heuristic_fits_small_smem_devices():
+  problem = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  for device in (H200_LIKE, ADA_LIKE):
+    config = k06_tuned.heuristic_config(problem, device)
+    assert config.smem_bytes("bfloat16") <= device.smem_per_block
+  assert (k06_tuned.heuristic_config(problem, ADA_LIKE)
+          != k06_tuned.heuristic_config(problem, H200_LIKE))
+
+
+def test_search_space_is_filtered_by_smem():
+  from pallas_gemm import autotune
+  problem = GemmProblem(1, 4096, 4096, 4096, "float32", "float32",
+                        precision="tf32")
+  space = k06_tuned.search_space(problem, ADA_LIKE)
+  kept = [c for c in space if autotune.fits_device(c, problem, ADA_LIKE)]
+  assert 0 < len(kept) < len(space)
+
+
+@pytest.mark.parametrize("kernel", ["triton/01_naive", "triton/03_pipelined",
+                                    "triton/04_grouped", "triton/05_split_k",
+                                    "triton/06_tuned"])
+def test_registered_with_docstring(kernel):
+  entry = registry.get_kernel(kernel)
+  assert entry.runs_on_cpu and entry.config_cls is common.TritonConfig
+  module = __import__(entry.fn.__module__, fromlist=["_"])
+  assert "What it adds" in module.__doc__ or "Rung 1" in module.__doc__
+
+
+def test_bad_config_names_the_field():
+  with pytest.raises(ValueError, match="block_k"):
+    common.TritonConfig(64, 64, 24)
+  with pytest.raises(ValueError, match="split_k"):
+    dataclasses.replace(common.TritonConfig(), split_k=0)
+
+
+def test_cpu_auto_order_picks_tuned():
+  problem = GemmProblem(1, 31, 29, 37, "float32", "float32", precision="ieee")
+  device = pallas_gemm.device_info()
+  if device.platform != "cpu":
+    pytest.skip("checks the CPU auto order")
+  assert registry.select_kernel(problem, device).name == "triton/06_tuned"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8192, 8192), (128, 8192, 8192),
+                                   (4096, 4096, 4096)])
+def test_gpu_tuned_large(shape):
+  check_matmul("triton/06_tuned", shape, "bfloat16")

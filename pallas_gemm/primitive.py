@@ -197,7 +197,7 @@ def _lowering_for(platform):
     if sharding.needs_partitioning(ctx):
       impl = sharding.partitioned_kernel(sharding.GemmCall(
           _run_kernel, platform, len(ctx.avals_in[0].shape), **params))
-    return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
+    return sharding.lower_per_device(ctx, impl, *args)
   return rule
 
 

@@ -1,0 +1,409 @@
+"""Multi-device partitioning of `pallas_gemm_p`, the way XLA partitions a dot.
+
+XLA's SPMD partitioner cannot see inside a Pallas kernel, so by default it
+would replicate the call: every device gathers the whole of `a` and `b` and
+computes the whole product. Here the primitive's lowering wraps the kernel in
+`jax.experimental.custom_partitioning`, with
+
+  * a Shardy sharding rule in einsum form ("b m k, b k n, b m n, n -> b m n"
+    for the plain layout, K a reduction factor), which lets sharding
+    propagate through the call like through a dot;
+  * a `partition` callback that, given the shardings the partitioner settled
+    on, picks one consistent layout and returns the per-device program.
+
+Factors and what a sharded factor costs:
+
+  batch, M, N   each device runs the kernel on its own block; no collective.
+  K             each device forms a partial product of its K slice with the
+                identity epilogue, in float32; the partials are summed with
+                `psum` (or `psum_scatter` when the output is asked for sharded
+                along M or N over the same mesh axes as K), and only then is
+                the epilogue (alpha, beta·c, bias, activation) applied, once.
+
+Several factors may be sharded at once (a 2-D data × model mesh). A mesh
+axis can serve only one factor; when the operands disagree, a's sharding wins
+for batch, M and K and b's for N, and the partitioner reshards the other
+operand. A factor whose size is not a multiple of its shard count is
+replicated instead, with a warning (once per pattern).
+
+Single-device programs and bodies of `shard_map` (where the kernel already
+sees local shapes) skip all of this: the lowering calls the kernel directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pallas_gemm import registry
+from pallas_gemm.devices import device_info
+from pallas_gemm.problem import Epilogue, GemmProblem, apply_epilogue
+
+_BATCH, _M, _N, _K = "b", "m", "n", "k"
+_OUTPUT_FACTORS = (_BATCH, _M, _N)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmCall:
+  """The static part of one `pallas_gemm_p` equation, as the partitioner
+  callbacks receive it. `run_kernel(*operands, platform=..., **params)` is
+  the primitive's single-device lowering (its `_run_kernel`)."""
+
+  run_kernel: Callable[..., Any]
+  platform: str
+  rank: int
+  kernel: str
+  config: Any
+  transpose_a: bool
+  transpose_b: bool
+  precision: str
+  epilogue: Epilogue
+  out_dtype: str
+
+  @property
+  def params(self) -> dict[str, Any]:
+    return dict(kernel=self.kernel, config=self.config,
+                transpose_a=self.transpose_a, transpose_b=self.transpose_b,
+                precision=self.precision, epilogue=self.epilogue,
+                out_dtype=self.out_dtype)
+
+  @property
+  def out_factors(self) -> tuple[str, ...]:
+    return ((_BATCH,) if self.rank == 3 else ()) + (_M, _N)
+
+  @property
+  def operand_factors(self) -> list[tuple[str, ...]]:
+    """The factor of each dimension of each operand, in operand order."""
+    batch = (_BATCH,) if self.rank == 3 else ()
+    a = batch + ((_K, _M) if self.transpose_a else (_M, _K))
+    b = batch + ((_N, _K) if self.transpose_b else (_K, _N))
+    factors = [a, b]
+    if self.epilogue.has_c:
+      factors.append(self.out_factors)
+    if self.epilogue.has_bias:
+      factors.append((_N,))
+    return factors
+
+  def sharding_rule(self) -> str:
+    operands = ", ".join(" ".join(f) for f in self.operand_factors)
+    return f"{operands} -> {' '.join(self.out_factors)}"
+
+  def run(self, *operands, **overrides):
+    params = dict(self.params, **overrides)
+    return self.run_kernel(*operands, platform=self.platform, **params)
+
+
+def needs_partitioning(ctx) -> bool:
+  """True when this lowering is for a multi-device SPMD program.
+
+  False for one device, for fully manual bodies (`shard_map`), and for pmap:
+  there the kernel already receives the local shapes.
+  """
+  from jax._src import sharding_impls  # the lowering context types
+
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, sharding_impls.ShardingContext):
+    return axis_context.num_devices > 1
+  if isinstance(axis_context, sharding_impls.SPMDAxisContext):
+    manual = set(axis_context.manual_axes)
+    auto = set(axis_context.mesh.axis_names) - manual
+    if not auto:
+      return False
+    if manual:
+      # A partially manual shard_map: custom_partitioning cannot see the
+      # manual axes' devices, so the kernel runs replicated over the others.
+      _warn_once(("partially-manual",),
+                 "pallas_gemm: inside a shard_map that leaves mesh axes "
+                 f"{sorted(auto)} automatic, the kernel runs replicated over "
+                 "those axes")
+      return False
+    return math.prod(axis_context.mesh.shape.values()) > 1
+  return False
+
+
+def lower_per_device(ctx, impl: Callable[..., Any], *args):
+  """`mlir.lower_fun(impl)(ctx, *args)`, traced on plain array types.
+
+  The kernel is per-device code. The sharding and manual-axis annotations
+  that operand types carry under an explicit-axes mesh or inside a
+  `shard_map` describe the surrounding program; left on, Pallas refuses to
+  slice the refs (and asks for varying-axis annotations on its outputs).
+  """
+  from jax._src import config as jax_config
+  from jax._src import core as jax_core
+  from jax._src import mesh as mesh_lib
+  from jax.interpreters import mlir
+
+  plain = [jax_core.ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
+           for aval in ctx.avals_in]
+  ctx = ctx.replace(avals_in=plain)
+  with jax_config._check_vma(False), mesh_lib.use_abstract_mesh(  # noqa: SLF001
+      mesh_lib.empty_abstract_mesh):
+    return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
+
+
+def partitioned_kernel(call: GemmCall) -> Callable[..., Any]:
+  """The function the lowering traces instead of `call.run` when the
+  program is partitioned."""
+  def run(*operands):
+    return _partitioned_gemm(call, *operands)
+  return run
+
+
+# ------------------------------------------------------- factor assignment ---
+
+
+def _axes_of(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  if isinstance(entry, str):
+    return (entry,)
+  return tuple(entry)
+
+
+def _spec_by_factor(sharding, factors, mesh_shape) -> dict[str, tuple[str, ...]]:
+  """{factor: mesh axes} for one array; axes of size 1 are dropped."""
+  spec = tuple(sharding.spec) + (None,) * (len(factors) - len(sharding.spec))
+  return {factor: tuple(ax for ax in _axes_of(entry) if mesh_shape[ax] > 1)
+          for factor, entry in zip(factors, spec)}
+
+
+def _to_spec_entry(axes: tuple[str, ...]):
+  if not axes:
+    return None
+  return axes[0] if len(axes) == 1 else axes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """One consistent layout: mesh axes per factor, and how K is reduced."""
+
+  axes: dict[str, tuple[str, ...]]
+  # The output factor (M or N) that a K reduction scatters over, or None for
+  # an all-reduce. The output then carries K's axes after its own.
+  scatter: str | None = None
+
+  def out_axes(self, factor: str) -> tuple[str, ...]:
+    extra = self.axes[_K] if factor == self.scatter else ()
+    return self.axes[factor] + extra
+
+  def spec(self, factors, *, output_layout: bool) -> PartitionSpec:
+    get = self.out_axes if output_layout else self.axes.__getitem__
+    return PartitionSpec(*(_to_spec_entry(get(f)) for f in factors))
+
+
+def _factor_sizes(call: GemmCall, shapes) -> dict[str, int]:
+  sizes = {}
+  for factors, shape in zip(call.operand_factors, shapes):
+    for factor, size in zip(factors, shape):
+      sizes.setdefault(factor, size)
+  sizes.setdefault(_BATCH, 1)
+  return sizes
+
+
+def _plan(call: GemmCall, mesh: Mesh, arg_shapes,
+          result_sharding: NamedSharding | None) -> _Plan:
+  mesh_shape = dict(mesh.shape)
+  factor_lists = call.operand_factors
+  operand_specs = [_spec_by_factor(x.sharding, f, mesh_shape)
+                   for x, f in zip(arg_shapes, factor_lists)]
+  out_spec = _spec_by_factor(
+      result_sharding or NamedSharding(mesh, PartitionSpec()),
+      call.out_factors, mesh_shape)
+  a_spec, b_spec = operand_specs[0], operand_specs[1]
+  rest_specs = operand_specs[2:]  # c (output layout) and/or bias (n,)
+
+  used: set[str] = set()
+  axes = {f: () for f in (_BATCH, _M, _N, _K)}
+
+  def take(factor, candidates):
+    if axes[factor]:
+      return
+    for candidate in candidates:
+      free = tuple(ax for ax in candidate.get(factor, ()) if ax not in used)
+      if free:
+        axes[factor] = free
+        used.update(free)
+        return
+
+  # The operands' own shardings first: keeping them avoids moving a and b,
+  # the large arrays. Then the output's and c's, which a replicated operand
+  # can follow by slicing locally, at no communication cost.
+  take(_BATCH, [a_spec, b_spec])
+  take(_M, [a_spec])
+  take(_N, [b_spec])
+  take(_K, [a_spec, b_spec])
+  for factor in _OUTPUT_FACTORS:
+    take(factor, [out_spec] + rest_specs)
+
+  sizes = _factor_sizes(call, [x.shape for x in arg_shapes])
+  for factor, factor_axes in axes.items():
+    shards = math.prod(mesh_shape[ax] for ax in factor_axes)
+    if sizes[factor] % shards:
+      _warn_once(("uneven", factor, sizes[factor], factor_axes),
+                 f"pallas_gemm: {factor}={sizes[factor]} is not a multiple of "
+                 f"its {shards} shards over mesh axes {factor_axes}; that "
+                 "dimension is replicated instead")
+      axes[factor] = ()
+
+  scatter = None
+  if axes[_K]:
+    for factor in (_M, _N):
+      wanted = axes[factor] + axes[_K]
+      shards = math.prod(mesh_shape[ax] for ax in wanted)
+      others_match = all(out_spec[f] == axes[f]
+                         for f in call.out_factors if f != factor)
+      if (out_spec[factor] == wanted and others_match
+          and sizes[factor] % shards == 0):
+        scatter = factor
+        break
+  return _Plan(axes, scatter)
+
+
+# ------------------------------------------------------ partition callbacks ---
+
+
+_WARNED: set = set()
+
+
+def _warn_once(key, message):
+  if key not in _WARNED:
+    _WARNED.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _replicated_fallback(call: GemmCall, arg_shapes, reason: str):
+  """Everything replicated on a one-axis mesh of the same devices: always
+  correct, costs gathers."""
+  _warn_once(("replicated", reason),
+             f"pallas_gemm: {reason}; the GEMM runs replicated on every "
+             "device")
+  devices = arg_shapes[0].sharding._device_assignment  # noqa: SLF001
+  mesh = Mesh(np.asarray(devices), ("pallas_gemm_replicas",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return (mesh, lambda *operands: call.run(*operands), replicated,
+          tuple(replicated for _ in arg_shapes))
+
+
+def _local_params(call: GemmCall, local_shapes, dtypes, *, epilogue,
+                  out_dtype) -> dict[str, Any]:
+  """The kernel and config for one device's block.
+
+  The requested kernel keeps its config when it supports the smaller problem
+  (as `rebind` does for derived products); otherwise the automatic order
+  chooses, so a shard never fails where the whole problem would not.
+  """
+  a_shape, b_shape = local_shapes[0], local_shapes[1]
+  ta, tb = call.transpose_a, call.transpose_b
+  m = a_shape[-1] if ta else a_shape[-2]
+  k = a_shape[-2] if ta else a_shape[-1]
+  n = b_shape[-2] if tb else b_shape[-1]
+  problem = GemmProblem(
+      batch=a_shape[0] if call.rank == 3 else 1, m=m, n=n, k=k,
+      in_dtype=jnp.dtype(dtypes[0]).name, out_dtype=out_dtype,
+      transpose_a=ta, transpose_b=tb, precision=call.precision,
+      epilogue=epilogue,
+      c_dtype=jnp.dtype(dtypes[2]).name if epilogue.has_c else None)
+  device = device_info()
+  entry, config = registry.get_kernel(call.kernel), call.config
+  if registry.why_unsupported(entry, problem, device) is not None:
+    entry = registry.select_kernel(problem, device)
+    config = entry.default_config(problem, device)
+  return dict(kernel=entry.name, config=config, epilogue=epilogue,
+              out_dtype=out_dtype)
+
+
+def _partition(call: GemmCall, mesh: Mesh, arg_shapes, result_shape):
+  if not all(isinstance(x.sharding, NamedSharding) for x in arg_shapes) or (
+      not isinstance(result_shape.sharding, NamedSharding)):
+    return _replicated_fallback(
+        call, arg_shapes, "the operand shardings are not expressible on a "
+        "named mesh")
+  plan = _plan(call, mesh, arg_shapes, result_shape.sharding)
+  mesh_shape = dict(mesh.shape)
+
+  in_shardings = []
+  for index, factors in enumerate(call.operand_factors):
+    # c and bias live in the output's layout, K scatter axes included.
+    output_layout = index >= 2
+    in_shardings.append(NamedSharding(
+        mesh, plan.spec(factors, output_layout=output_layout)))
+  out_sharding = NamedSharding(
+      mesh, plan.spec(call.out_factors, output_layout=True))
+
+  def local_shape(shape, factors, output_layout):
+    get = plan.out_axes if output_layout else plan.axes.__getitem__
+    return tuple(size // math.prod(mesh_shape[ax] for ax in get(f))
+                 for size, f in zip(shape, factors))
+
+  local_shapes = [local_shape(x.shape, f, i >= 2)
+                  for i, (x, f) in enumerate(zip(arg_shapes,
+                                                 call.operand_factors))]
+  dtypes = [x.dtype for x in arg_shapes]
+  k_axes = plan.axes[_K]
+
+  if not k_axes:
+    params = _local_params(call, local_shapes, dtypes,
+                           epilogue=call.epilogue, out_dtype=call.out_dtype)
+
+    def per_device(*operands):
+      return call.run(*operands, **params)
+  else:
+    partial_params = _local_params(call, local_shapes[:2], dtypes,
+                                   epilogue=Epilogue(), out_dtype="float32")
+    scatter_dim = (None if plan.scatter is None
+                   else call.out_factors.index(plan.scatter))
+    epilogue = call.epilogue
+
+    def per_device(a, b, *extras):
+      partial = call.run(a, b, **partial_params)
+      if scatter_dim is None:
+        acc = jax.lax.psum(partial, k_axes)
+      else:
+        acc = jax.lax.psum_scatter(partial, k_axes,
+                                   scatter_dimension=scatter_dim, tiled=True)
+      extras = list(extras)
+      c = extras.pop(0) if epilogue.has_c else None
+      bias = extras.pop(0) if epilogue.has_bias else None
+      return apply_epilogue(acc, epilogue, c, bias).astype(call.out_dtype)
+
+  return mesh, per_device, out_sharding, tuple(in_shardings)
+
+
+def _infer_sharding_from_operands(call: GemmCall, mesh, arg_shapes,
+                                  result_shape):
+  """For the GSPMD propagation path (Shardy off): the output layout the
+  partition callback would choose for these operands."""
+  del result_shape
+  if not all(isinstance(x.sharding, NamedSharding) for x in arg_shapes):
+    devices = arg_shapes[0].sharding._device_assignment  # noqa: SLF001
+    return NamedSharding(Mesh(np.asarray(devices), ("pallas_gemm_replicas",)),
+                         PartitionSpec())
+  plan = _plan(call, mesh, arg_shapes, None)
+  return NamedSharding(mesh, plan.spec(call.out_factors, output_layout=True))
+
+
+def _sharding_rule(call: GemmCall, mesh, operand_types, result_types):
+  del mesh, operand_types, result_types
+  return call.sharding_rule(), {"reduction_factors": (_K,)}
+
+
+def _run_unpartitioned(call: GemmCall, *operands):
+  return call.run(*operands)
+
+
+_partitioned_gemm = custom_partitioning(_run_unpartitioned,
+                                        static_argnums=(0,))
+_partitioned_gemm.def_partition(
+    partition=_partition,
+    infer_sharding_from_operands=_infer_sharding_from_operands,
+    sharding_rule=_sharding_rule,
+)

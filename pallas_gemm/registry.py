@@ -71,6 +71,14 @@ def register(entry: KernelEntry) -> KernelEntry:
   return entry
 
 
+def unregister(name: str) -> None:
+  """Removes a kernel (tests register throwaway kernels); unknown names are
+  an error so that a typo does not pass silently."""
+  if name not in _REGISTRY:
+    raise ValueError(f"kernel={name!r} is not registered")
+  del _REGISTRY[name]
+
+
 def list_kernels(pattern: str | None = None) -> list[str]:
   """Registered kernel names, sorted, optionally filtered by a glob."""
   names = sorted(_REGISTRY)

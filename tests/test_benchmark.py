@@ -1,0 +1,252 @@
+"""The benchmark script: flags, a tiny CPU run, the pre-timing check, parsing,
+the ladder grouping and the README splicer. CPU only, well under a minute."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import benchmark, update_readme
+from pallas_gemm import registry
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = REPO_ROOT / "experiments" / "benchmark.py"
+OUR_FLAGS = ("kernels", "dtypes", "f32_precisions", "suite", "shapes",
+             "layouts", "iters", "warmup", "output_dir", "plot", "autotune",
+             "max_candidates", "interpret", "seed", "time_budget_s",
+             "max_seconds_per_measurement")
+
+
+def _run_script(*args, timeout=240):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO_ROOT,
+                        env=env, capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
+def test_helpfull_lists_every_flag():
+  done = _run_script("--helpfull", timeout=120)
+  text = done.stdout + done.stderr
+  # absl prints the help and exits with status 1 by design.
+  assert "Traceback" not in text, text[-2000:]
+  for name in OUR_FLAGS:
+    assert f"--{name}" in text or f"--[no]{name}" in text, name
+
+
+def _png_is_not_blank(path: pathlib.Path) -> None:
+  import matplotlib.image as mpimg  # noqa: PLC0415
+  pixels = mpimg.imread(str(path))
+  assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+  rgb = pixels[..., :3].reshape(-1, 3)
+  assert rgb.std() > 0.05
+  # Lines in several colours, not one flat fill with a frame.
+  assert len(np.unique(np.round(rgb * 255).astype(np.uint8), axis=0)) > 20
+
+
+def test_tiny_cpu_run_writes_csv_json_and_png(tmp_path):
+  done = _run_script(
+      "--kernels=xla,triton/02_k_loop", "--shapes=32x48x40,17x5x33",
+      "--dtypes=float32", "--f32_precisions=ieee", "--iters=2", "--warmup=1",
+      f"--output_dir={tmp_path}")
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert "interpret mode" in done.stdout and "not meaningful" in done.stdout
+  for name in ("results.csv", "results.json", "results.md", "summary.md",
+               "tflops.png"):
+    assert (tmp_path / name).is_file(), name
+
+  data = json.loads((tmp_path / "results.json").read_text())
+  meta = data["metadata"]
+  for key in ("device", "driver_version", "jax_version", "jaxlib_version",
+              "git", "date_utc", "input_distribution", "command_line"):
+    assert meta[key], key
+  assert "--shapes=32x48x40,17x5x33" in meta["command_line"]
+  rows = data["results"]
+  assert {(r["kernel"], r["shape"]) for r in rows} == {
+      ("xla", "32x48x40"), ("triton/02_k_loop", "32x48x40"),
+      ("xla", "17x5x33"), ("triton/02_k_loop", "17x5x33")}
+  for row in rows:
+    assert row["status"] == "OK", row
+    assert row["us"] > 0 and row["tflops"] > 0
+    assert row["rel_error"] <= row["tolerance"]
+  xla_rows = [r for r in rows if r["kernel"] == "xla"]
+  assert all(r["vs_jnp_dot"] == pytest.approx(1.0) for r in xla_rows)
+
+  csv_lines = [line for line in (tmp_path / "results.csv").read_text().splitlines()
+               if not line.startswith("#")]
+  assert csv_lines[0].startswith("kernel,shape,")
+  assert len(csv_lines) == 1 + len(rows)
+  _png_is_not_blank(tmp_path / "tflops.png")
+
+
+BROKEN_NAME = "test/skips_last_k_tile"
+DROPPED_TILE = 32
+
+
+def _skips_last_k_tile(a, b, c, bias, *, problem, config, interpret):
+  """op(a) @ op(b) over all but the last K tile: wrong whenever K is not a
+  multiple of the tile plus one."""
+  del c, bias, config, interpret
+  kept = ((problem.k - 1) // DROPPED_TILE) * DROPPED_TILE
+  a_op = jnp.swapaxes(a, 1, 2) if problem.transpose_a else a
+  b_op = jnp.swapaxes(b, 1, 2) if problem.transpose_b else b
+  acc = jnp.einsum("bmk,bkn->bmn", a_op[:, :, :kept], b_op[:, :kept, :],
+                   preferred_element_type=jnp.float32)
+  return acc.astype(problem.out_dtype)
+
+
+@pytest.fixture
+def broken_kernel():
+  registry.register(registry.KernelEntry(
+      name=BROKEN_NAME, fn=_skips_last_k_tile,
+      supports=lambda problem, device: None,
+      default_config=lambda problem, device: None,
+      runs_on_cpu=True, description="drops the last K tile (test only)"))
+  try:
+    yield BROKEN_NAME
+  finally:
+    registry.unregister(BROKEN_NAME)
+
+
+def test_broken_kernel_is_failed_and_never_timed(broken_kernel, tmp_path):
+  options = benchmark.BenchmarkOptions(
+      kernels=benchmark.resolve_kernels([broken_kernel]),
+      shapes=((33, 20, 100),), suite="custom",
+      dtype_cases=(benchmark.DtypeCase("float32", "ieee"),),
+      layouts=("NN", "TN"), iters=2, warmup=0, output_dir=str(tmp_path),
+      plot=False, interpret=True)
+  timed = []
+  lines = []
+  run = benchmark.run_benchmark(
+      options, log=lines.append,
+      on_timing=lambda kernel, problem: timed.append((kernel, problem.layout)))
+  by_kernel = {(r.kernel, r.layout): r for r in run.rows}
+  for layout in ("NN", "TN"):
+    broken = by_kernel[(broken_kernel, layout)]
+    assert broken.status == "FAILED"
+    assert "wrong result" in broken.reason
+    assert broken.rel_error > broken.tolerance
+    assert broken.us is None and broken.tflops is None
+    assert by_kernel[("xla", layout)].status == "OK"
+  assert timed == [("xla", "NN"), ("xla", "TN")]
+  assert any("FAILED" in line and broken_kernel in line for line in lines)
+
+
+def test_unsupported_problem_is_skipped_with_the_kernels_reason(tmp_path):
+  options = benchmark.BenchmarkOptions(
+      kernels=("xla", "jax_hopper"), shapes=((16, 16, 16),), suite="custom",
+      dtype_cases=(benchmark.DtypeCase("bfloat16", "default"),),
+      iters=1, warmup=0, output_dir=str(tmp_path), plot=False, interpret=True)
+  run = benchmark.run_benchmark(options, log=lambda line: None)
+  hopper = next(r for r in run.rows if r.kernel == "jax_hopper")
+  assert hopper.status == "SKIPPED" and "Hopper" in hopper.reason
+
+
+@pytest.mark.parametrize("entry, bad", [
+    ("64x64x64,12x7", "12x7"),
+    ("64xAx64", "64xAx64"),
+    ("0x4x4", "0x4x4"),
+])
+def test_shape_parsing_errors_name_the_bad_entry(entry, bad):
+  with pytest.raises(ValueError, match=bad):
+    benchmark.parse_shape_list([entry])
+
+
+def test_shape_parsing_accepts_lists():
+  assert benchmark.parse_shape_list(["1x2x3", "4X5X6"]) == ((1, 2, 3), (4, 5, 6))
+
+
+def test_other_parsing_errors_name_the_bad_entry():
+  with pytest.raises(ValueError, match="int8"):
+    benchmark.parse_dtypes(["bfloat16", "int8"], ["ieee"])
+  with pytest.raises(ValueError, match="'NX'"):
+    benchmark.parse_layouts(["NN", "NX"])
+  with pytest.raises(ValueError, match="nothing/"):
+    benchmark.resolve_kernels(["nothing/*"])
+  with pytest.raises(ValueError, match="nope"):
+    benchmark.suite_shapes("nope")
+  cases = benchmark.parse_dtypes(["f32", "bf16", "tf32"], ["ieee", "tf32"])
+  assert [c.label for c in cases] == ["float32/ieee", "float32/tf32", "bfloat16"]
+
+
+def test_sampled_check_covers_edges_and_every_tile():
+  rng = np.random.default_rng(0)
+  rows = benchmark._sample_indices(16384, rng)
+  assert rows[0] == 0 and rows[-1] == 16383
+  assert len(set(rows // 128)) == 16384 // 128
+  assert list(benchmark._sample_indices(100, rng)) == list(range(100))
+
+
+def test_ladder_groups_and_gains():
+  assert benchmark.ladder_group("triton/02_k_loop") == "triton"
+  assert benchmark.ladder_group("ffi/sgemm_03_tiled") == "ffi/sgemm"
+  assert benchmark.ladder_group("ffi/mma02_ldmatrix") == "ffi/mma"
+  assert benchmark.ladder_group("mosaic/ws_persistent") == "mosaic"
+
+  def row(kernel, tflops):
+    return benchmark.Measurement(
+        kernel=kernel, shape="4096x4096x4096", m=4096, n=4096, k=4096,
+        dtype="bfloat16", precision="default", dtype_label="bfloat16",
+        out_dtype="bfloat16", layout="NN", status="OK", tflops=tflops,
+        pct_peak=tflops / 9.89, config="-")
+  table = benchmark.ladder_markdown(
+      [row("xla", 700.0), row("triton/02_k_loop", 100.0),
+       row("triton/01_naive", 10.0), row("triton/03_pipelined", 250.0)],
+      "NVIDIA H200")
+  lines = [line for line in table.splitlines() if line.startswith("| triton")]
+  assert [line.split("|")[1].strip() for line in lines] == [
+      "triton/01_naive", "triton/02_k_loop", "triton/03_pipelined"]
+  assert "10.00x" in lines[1] and "2.50x" in lines[2]
+  assert "jnp.dot (reference)" in table
+
+
+def test_update_readme_splices_between_markers(tmp_path):
+  results = tmp_path / "results"
+  (results / "large").mkdir(parents=True)
+  (results / "ladder").mkdir()
+  (results / "large" / "summary.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+  (results / "ladder" / "ladder.md").write_text("ladder table\n")
+  readme = tmp_path / "README.md"
+  readme.write_text("intro\n<!-- BEGIN:results -->\nold\n<!-- END:results -->\n"
+                    "mid\n<!-- BEGIN:ladder -->\nold\n<!-- END:ladder -->\nend\n")
+  lines = []
+  assert update_readme.update(readme, results, out=_Sink(lines)) == 0
+  text = readme.read_text()
+  assert "old" not in text and "| 1 | 2 |" in text and "ladder table" in text
+  assert text.startswith("intro\n") and text.endswith("end\n")
+  assert "Suite `large`" in text
+  # Running twice gives the same README.
+  assert update_readme.update(readme, results, out=_Sink(lines)) == 0
+  assert readme.read_text() == text
+
+
+def test_update_readme_without_markers_prints_and_fails(tmp_path):
+  results = tmp_path / "results"
+  (results / "large").mkdir(parents=True)
+  (results / "large" / "summary.md").write_text("the table\n")
+  readme = tmp_path / "README.md"
+  readme.write_text("no markers here\n")
+  lines = []
+  assert update_readme.update(readme, results, out=_Sink(lines)) == 2
+  printed = "".join(lines)
+  assert "the table" in printed and "BEGIN:results" in printed
+  assert readme.read_text() == "no markers here\n"
+
+
+class _Sink:
+  """A file-like object collecting what update_readme prints."""
+
+  def __init__(self, lines):
+    self.lines = lines
+
+  def write(self, text):
+    self.lines.append(text)
+
+  def flush(self):
+    pass

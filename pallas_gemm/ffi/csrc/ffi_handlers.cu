@@ -1,0 +1,278 @@
+// The XLA FFI handlers: one exported symbol per kernel, each validating its
+// buffers and then calling that kernel's launcher on XLA's CUDA stream.
+// Python registers each symbol with jax.ffi.register_ffi_target.
+//
+// Kept apart from the kernels so that the heavy FFI headers are parsed once
+// per build, not once per kernel file.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "gemm_params.cuh"
+#include "xla/ffi/api/ffi.h"
+
+// Launchers defined in the kernel files.
+extern "C" {
+#define PALLAS_GEMM_DECLARE_LAUNCHER(name)                 \
+  cudaError_t pallas_gemm_launch_##name(                   \
+      const pallas_gemm::GemmParams& p, cudaStream_t stream);
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_01_naive)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_02_coalesced)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_03_smem_tiled)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_04_conflict_free)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_05_vectorized_1d)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_06_register_2d)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_07_double_buffered)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_08_warptile)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
+#undef PALLAS_GEMM_DECLARE_LAUNCHER
+}
+
+namespace pallas_gemm {
+
+// What the FFI handler checks before it calls a launcher.
+struct KernelSpec {
+  const char* name;
+  int in_types_mask;   // bit (1 << ElementType)
+  int out_types_mask;  // bit (1 << ElementType); c must match out
+  bool out_f32_or_same_as_in;  // 16-bit kernels write f32 or their input type
+  int align_k;         // k must be a multiple (vector loads along k)
+  int align_n;         // n must be a multiple (vector loads/stores along n)
+  LaunchFn launch;
+};
+
+
+namespace ffi = ::xla::ffi;
+
+inline bool ToElementType(ffi::DataType dtype, ElementType* out) {
+  switch (dtype) {
+    case ffi::DataType::F32: *out = ElementType::kF32; return true;
+    case ffi::DataType::BF16: *out = ElementType::kBF16; return true;
+    case ffi::DataType::F16: *out = ElementType::kF16; return true;
+    default: return false;
+  }
+}
+
+inline std::string ShapeString(const ffi::AnyBuffer& buffer) {
+  std::string text = "(";
+  auto dims = buffer.dimensions();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(dims[i]);
+  }
+  return text + ")";
+}
+
+inline bool Aligned16(const void* pointer) {
+  return (reinterpret_cast<uintptr_t>(pointer) & 15) == 0;
+}
+
+// Validates every buffer and launches. Any mismatch becomes an ffi::Error
+// naming the bad argument: a wrong call must never reach the kernel.
+inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
+                             ffi::AnyBuffer a, ffi::AnyBuffer b,
+                             ffi::RemainingArgs extra,
+                             ffi::Result<ffi::AnyBuffer> out, float alpha,
+                             float beta) {
+  const std::string who = std::string("pallas_gemm ffi/") + spec.name + ": ";
+  auto invalid = [&](const std::string& message) {
+    return ffi::Error::InvalidArgument(who + message);
+  };
+  if (a.dimensions().size() != 3 || b.dimensions().size() != 3 ||
+      out->dimensions().size() != 3) {
+    return invalid("a, b and out must be rank 3 (batch, rows, cols); got a" +
+                   ShapeString(a) + ", b" + ShapeString(b) + ", out" +
+                   ShapeString(*out));
+  }
+  if (extra.size() > 1) {
+    return invalid("expected at most one extra operand (c), got " +
+                   std::to_string(extra.size()));
+  }
+  const int64_t batch = a.dimensions()[0], m = a.dimensions()[1],
+                k = a.dimensions()[2], n = b.dimensions()[2];
+  if (b.dimensions()[0] != batch || b.dimensions()[1] != k) {
+    return invalid("b" + ShapeString(b) + " does not match a" + ShapeString(a) +
+                   ": b must be (batch, k, n)");
+  }
+  if (out->dimensions()[0] != batch || out->dimensions()[1] != m ||
+      out->dimensions()[2] != n) {
+    return invalid("out" + ShapeString(*out) + " must be (batch, m, n) = (" +
+                   std::to_string(batch) + ", " + std::to_string(m) + ", " +
+                   std::to_string(n) + ")");
+  }
+  ElementType a_type, b_type, out_type;
+  if (!ToElementType(a.element_type(), &a_type) ||
+      !ToElementType(b.element_type(), &b_type) || a_type != b_type ||
+      !(spec.in_types_mask & Bit(a_type))) {
+    return invalid("unsupported or mismatched input dtypes for a and b");
+  }
+  if (!ToElementType(out->element_type(), &out_type) ||
+      !(spec.out_types_mask & Bit(out_type)) ||
+      (spec.out_f32_or_same_as_in && out_type != ElementType::kF32 &&
+       out_type != a_type)) {
+    return invalid("unsupported output dtype for this input dtype");
+  }
+  const void* c_data = nullptr;
+  if (extra.size() == 1) {
+    auto c = extra.get<ffi::AnyBuffer>(0);
+    if (!c.has_value()) return invalid("c must be a buffer");
+    if (c->dimensions().size() != 3 || c->dimensions()[0] != batch ||
+        c->dimensions()[1] != m || c->dimensions()[2] != n) {
+      return invalid("c" + ShapeString(*c) + " must equal the output shape");
+    }
+    if (c->element_type() != out->element_type()) {
+      return invalid("c must have the output dtype");
+    }
+    c_data = c->untyped_data();
+    if (!Aligned16(c_data)) return invalid("c is not 16-byte aligned");
+  }
+  constexpr int64_t kIntMax = 2147483647;
+  if (batch < 1 || batch > 65535) {
+    return invalid("batch=" + std::to_string(batch) + " must be in [1, 65535]");
+  }
+  // Launchers put N tiles on grid y, which stops at 65535 blocks.
+  if (n > 2000000) {
+    return invalid("n=" + std::to_string(n) + " must be at most 2000000");
+  }
+  if (m * k > kIntMax || k * n > kIntMax || m * n > kIntMax) {
+    return invalid("each matrix must have fewer than 2^31 elements");
+  }
+  if (k % spec.align_k != 0 || n % spec.align_n != 0) {
+    return invalid("k=" + std::to_string(k) + " must be a multiple of " +
+                   std::to_string(spec.align_k) + " and n=" +
+                   std::to_string(n) + " a multiple of " +
+                   std::to_string(spec.align_n) +
+                   " (the Python wrapper pads; call it through pallas_gemm)");
+  }
+  if (!Aligned16(a.untyped_data()) || !Aligned16(b.untyped_data()) ||
+      !Aligned16(out->untyped_data())) {
+    return invalid("a, b and out must be 16-byte aligned");
+  }
+  if (m == 0 || n == 0) return ffi::Error::Success();
+
+  GemmParams params;
+  params.a = a.untyped_data();
+  params.b = b.untyped_data();
+  params.c = c_data;
+  params.out = out->untyped_data();
+  params.batch = static_cast<int>(batch);
+  params.m = static_cast<int>(m);
+  params.n = static_cast<int>(n);
+  params.k = static_cast<int>(k);
+  params.alpha = alpha;
+  params.beta = beta;
+  params.in_type = a_type;
+  params.out_type = out_type;
+  cudaError_t status = spec.launch(params, stream);
+  if (status != cudaSuccess) {
+    return ffi::Error::Internal(who + "launch failed: " +
+                                cudaGetErrorString(status));
+  }
+  return ffi::Error::Success();
+}
+
+
+}  // namespace pallas_gemm
+
+
+// Defines the exported C symbol `Symbol`, an XLA FFI handler that runs `spec`
+// on XLA's stream. Python registers it with jax.ffi.register_ffi_target.
+#define PALLAS_GEMM_DEFINE_FFI_HANDLER(Symbol, spec)                         \
+  static ::xla::ffi::Error Symbol##Impl(                                     \
+      cudaStream_t stream, ::xla::ffi::AnyBuffer a, ::xla::ffi::AnyBuffer b, \
+      ::xla::ffi::RemainingArgs extra,                                       \
+      ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, float alpha,            \
+      float beta) {                                                          \
+    return ::pallas_gemm::RunGemmFfi(spec, stream, a, b, extra, out, alpha,  \
+                                     beta);                                  \
+  }                                                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                             \
+      Symbol, Symbol##Impl,                                                  \
+      ::xla::ffi::Ffi::Bind()                                                \
+          .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                   \
+          .Arg<::xla::ffi::AnyBuffer>()                                      \
+          .Arg<::xla::ffi::AnyBuffer>()                                      \
+          .RemainingArgs()                                                   \
+          .Ret<::xla::ffi::AnyBuffer>()                                      \
+          .Attr<float>("alpha")                                              \
+          .Attr<float>("beta"))
+
+// Every SIMT rung serves float32 in and out, with no alignment demands
+// unless it says otherwise.
+#define PALLAS_GEMM_SGEMM_SPEC(name, align, launch)                     \
+  ::pallas_gemm::KernelSpec {                                          \
+    name, ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32),         \
+        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32), false,    \
+        align, align, launch                                           \
+  }
+
+
+// rung sgemm_01_naive.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm01Naive,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_01_naive", 1,
+                           pallas_gemm_launch_sgemm_01_naive));
+
+// rung sgemm_02_coalesced.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm02Coalesced,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_02_coalesced", 1,
+                           pallas_gemm_launch_sgemm_02_coalesced));
+
+// rung sgemm_03_smem_tiled.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm03SmemTiled,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_03_smem_tiled", 1,
+                           pallas_gemm_launch_sgemm_03_smem_tiled));
+
+// rung sgemm_04_conflict_free.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm04ConflictFree,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_04_conflict_free", 1,
+                           pallas_gemm_launch_sgemm_04_conflict_free));
+
+// rung sgemm_05_vectorized_1d.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm05Vectorized1d,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_05_vectorized_1d", 4,
+                           pallas_gemm_launch_sgemm_05_vectorized_1d));
+
+// rung sgemm_06_register_2d.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm06Register2d,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_06_register_2d", 4,
+                           pallas_gemm_launch_sgemm_06_register_2d));
+
+// rung sgemm_07_double_buffered.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm07DoubleBuffered,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_07_double_buffered", 4,
+                           pallas_gemm_launch_sgemm_07_double_buffered));
+
+// rung sgemm_08_warptile.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm08Warptile,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_08_warptile", 4,
+                           pallas_gemm_launch_sgemm_08_warptile));
+
+// Tensor-core kernels: fp16 or bf16 in; f32 or the input type out. k and n
+// must be multiples of 8 (16-byte cp.async chunks); the wrapper pads.
+#define PALLAS_GEMM_MMA_SPEC(name, launch)                                   \
+  ::pallas_gemm::KernelSpec {                                               \
+    name,                                                                   \
+        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |             \
+            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
+        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32) |              \
+            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |         \
+            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
+        true, 8, 8, launch                                                  \
+  }
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaSyncBn128,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (128x128 tile)", pallas_gemm_launch_mma_sync_bn128));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaSyncBn256,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (128x256 tile)", pallas_gemm_launch_mma_sync_bn256));

@@ -1,0 +1,63 @@
+// Shared by every GEMM kernel: the launch parameters and small device
+// helpers. Deliberately free of the XLA FFI headers, which are slow to parse:
+// only ffi_handlers.cu includes them.
+//
+// Layout contract (the Python wrapper transposes and pads before the call):
+//   a    (batch, m, k) row-major       in_type
+//   b    (batch, k, n) row-major       in_type
+//   c    (batch, m, n) row-major       out_type, optional
+//   out  (batch, m, n) row-major       out_type
+//   out = alpha * a @ b + beta * c     accumulated in float32
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+
+namespace pallas_gemm {
+
+enum class ElementType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct GemmParams {
+  const void* a;
+  const void* b;
+  const void* c;  // nullptr when there is no beta * c term
+  void* out;
+  int batch, m, n, k;
+  float alpha, beta;
+  ElementType in_type, out_type;
+};
+
+// A kernel's launcher: enqueues the work on `stream` and returns the launch
+// status (cudaGetLastError right after the launch).
+using LaunchFn = cudaError_t (*)(const GemmParams&, cudaStream_t);
+
+constexpr int Bit(ElementType t) { return 1 << static_cast<int>(t); }
+
+__host__ __device__ inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+template <typename T>
+__device__ __forceinline__ const T* BatchSlice(const void* base, int batch,
+                                              long long elements) {
+  return static_cast<const T*>(base) + static_cast<long long>(batch) * elements;
+}
+
+template <typename T>
+__device__ __forceinline__ T* BatchSliceMut(void* base, int batch,
+                                           long long elements) {
+  return static_cast<T*>(base) + static_cast<long long>(batch) * elements;
+}
+
+// BLAS epilogue for one float32 element of a float32 output.
+__device__ __forceinline__ float AlphaBeta(const GemmParams& p, float acc,
+                                           const float* c, long long index) {
+  float value = p.alpha * acc;
+  if (c != nullptr) value += p.beta * c[index];
+  return value;
+}
+
+}  // namespace pallas_gemm

@@ -1,0 +1,358 @@
+// Tensor-core GEMM with mma.sync: fp16 or bf16 in, f32 accumulate.
+//
+// What it adds over the SIMT ladder: the multiply-adds run on the tensor
+// cores (HMMA, mma.sync.aligned.m16n8k16), which on Hopper give an order of
+// magnitude more 16-bit FLOP/s than FFMA. Everything else in the kernel
+// exists to feed them:
+//
+//  * cp.async (16-byte, L2-only .cg) copies global tiles straight into shared
+//    memory without passing through registers, kStages = 4 K-tiles deep, so
+//    three tiles are in flight while the warps compute on the fourth.
+//    Out-of-range chunks are zero-filled (src-size 0): any M, and K/N that
+//    are multiples of 8 (the wrapper pads the rest).
+//  * ldmatrix.x4 loads a whole 16x16 A fragment per instruction, and
+//    ldmatrix.x4.trans loads B, which is stored k-major (row-major K x N),
+//    straight into the column-major fragment mma.sync wants.
+//  * Shared memory is XOR-swizzled at 16-byte granularity so the eight row
+//    addresses of each ldmatrix phase (and the cp.async stores) land on eight
+//    different bank groups: no bank conflicts and no padding.
+//  * Warp tiles of 64 x (BN/4): per 16-wide K step a warp issues 4
+//    ldmatrix.x4 for A and BN/64 ldmatrix.x4.trans for B, then 4 x BN/32
+//    mma.sync, each fragment reused across a row or column of the warp tile.
+//  * Grouped block order: consecutive blocks walk 8 block-rows down one
+//    block-column band, so the A and B tiles they share are still in L2.
+//  * The epilogue stages alpha * acc through shared memory (f32, padded rows)
+//    so each thread stores 8 contiguous outputs (128-bit stores for 16-bit
+//    outputs), reads C the same way for beta * C, and rounds once.
+#include "gemm_params.cuh"
+
+namespace pallas_gemm {
+namespace mma_sync {
+
+constexpr int kBlockM = 128, kBlockK = 32, kStages = 4, kThreads = 256;
+constexpr int kWarpsM = 2, kWarpsN = 4;
+constexpr int kGroupM = 8;
+
+template <int kBlockN>
+struct Tiling {
+  static constexpr int kWarpM = kBlockM / kWarpsM;  // 64
+  static constexpr int kWarpN = kBlockN / kWarpsN;  // 32 or 64
+  static constexpr int kMmaTilesM = kWarpM / 16;
+  static constexpr int kMmaTilesN = kWarpN / 8;
+  static constexpr int kAChunksPerRow = kBlockK / 8;  // 16-byte chunks
+  static constexpr int kBChunksPerRow = kBlockN / 8;
+  static constexpr int kAStageBytes = kBlockM * kBlockK * 2;
+  static constexpr int kBStageBytes = kBlockK * kBlockN * 2;
+  static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
+  // Epilogue rows padded by 8 floats: the float2 fragment writes of a
+  // half-warp (4 rows x 32 bytes) then fall in distinct banks.
+  static constexpr int kOutStride = kBlockN + 8;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  static constexpr int kEpilogueBytes = kBlockM * kOutStride * 4;
+  static constexpr int kSmemBytes =
+      kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
+  static_assert(kAChunksPerRow == 4, "A swizzle assumes 64-byte rows");
+  static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
+};
+
+// A rows are 64 bytes, so two rows share one 128-byte line of banks. XOR the
+// chunk with the row pair index: the 8 rows an ldmatrix phase reads (same
+// logical chunk) then cover all 8 16-byte slots of the bank space.
+__device__ __forceinline__ int ASwizzledChunk(int row, int chunk) {
+  return row * 4 + (chunk ^ ((row >> 1) & 3));
+}
+
+// B rows are >= 128 bytes: XOR the low 3 bits of the chunk with the row.
+template <int kChunksPerRow>
+__device__ __forceinline__ int BSwizzledChunk(int row, int chunk) {
+  return row * kChunksPerRow + (chunk ^ (row & 7));
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src,
+                                          bool valid) {
+  const int src_bytes = valid ? 16 : 0;  // 0: fill the chunk with zeros
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
+                                                uint32_t addr) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void Run(float (&d)[4],
+                                             const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void Run(float (&d)[4],
+                                             const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+// Eight consecutive outputs: load (for C) and store in the output type.
+__device__ __forceinline__ void Load8(const float* src, float (&v)[8]) {
+  const float4 lo = reinterpret_cast<const float4*>(src)[0];
+  const float4 hi = reinterpret_cast<const float4*>(src)[1];
+  v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+  v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+}
+__device__ __forceinline__ void Load8(const __nv_bfloat16* src, float (&v)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void Load8(const __half* src, float (&v)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(pairs[i]);
+    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void Store8(float* dst, const float (&v)[8]) {
+  reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void Store8(__nv_bfloat16* dst, const float (&v)[8]) {
+  uint4 raw;
+  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+__device__ __forceinline__ void Store8(__half* dst, const float (&v)[8]) {
+  uint4 raw;
+  __half2* pairs = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pairs[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+template <typename T, typename TOut, int kBlockN>
+__global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
+  using Tile = Tiling<kBlockN>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
+
+  // Grouped order: kGroupM block-rows share each block-column band.
+  const int blocks_m = CeilDiv(p.m, kBlockM), blocks_n = CeilDiv(p.n, kBlockN);
+  const int blocks_per_group = kGroupM * blocks_n;
+  const int group = blockIdx.x / blocks_per_group;
+  const int first_block_m = group * kGroupM;
+  const int group_rows = min(blocks_m - first_block_m, kGroupM);
+  const int in_group = blockIdx.x % blocks_per_group;
+  const int row0 = (first_block_m + in_group % group_rows) * kBlockM;
+  const int col0 = (in_group / group_rows) * kBlockN;
+
+  const int batch = blockIdx.y;
+  const T* a = BatchSlice<T>(p.a, batch, 1LL * p.m * p.k);
+  const T* b = BatchSlice<T>(p.b, batch, 1LL * p.k * p.n);
+  const TOut* c =
+      p.c ? BatchSlice<TOut>(p.c, batch, 1LL * p.m * p.n) : nullptr;
+  TOut* out = BatchSliceMut<TOut>(p.out, batch, 1LL * p.m * p.n);
+
+  const uint32_t smem_base =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  auto a_stage = [&](int s) { return smem_base + s * Tile::kStageBytes; };
+  auto b_stage = [&](int s) {
+    return smem_base + s * Tile::kStageBytes + Tile::kAStageBytes;
+  };
+
+  auto load_stage = [&](int stage, int k0) {
+#pragma unroll
+    for (int i = tid; i < kBlockM * Tile::kAChunksPerRow; i += kThreads) {
+      const int r = i / Tile::kAChunksPerRow, chunk = i % Tile::kAChunksPerRow;
+      const int row = row0 + r, col = k0 + chunk * 8;
+      const bool valid = row < p.m && col < p.k;
+      const T* src = valid ? a + 1LL * row * p.k + col : a;
+      CpAsync16(a_stage(stage) + ASwizzledChunk(r, chunk) * 16, src, valid);
+    }
+#pragma unroll
+    for (int i = tid; i < kBlockK * Tile::kBChunksPerRow; i += kThreads) {
+      const int r = i / Tile::kBChunksPerRow, chunk = i % Tile::kBChunksPerRow;
+      const int row = k0 + r, col = col0 + chunk * 8;
+      const bool valid = row < p.k && col < p.n;
+      const T* src = valid ? b + 1LL * row * p.n + col : b;
+      CpAsync16(b_stage(stage) +
+                    BSwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16,
+                src, valid);
+    }
+  };
+
+  float acc[Tile::kMmaTilesM][Tile::kMmaTilesN][4] = {};
+  const int k_tiles = CeilDiv(p.k, kBlockK);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s * kBlockK);
+    CpAsyncCommit();  // empty groups keep the wait counts uniform
+  }
+
+  // ldmatrix row/chunk each lane addresses (see the x4 matrix order).
+  const int lane_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int lane_chunk = lane >> 4;
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile kt visible; the stage reloaded below is free
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next * kBlockK);
+    CpAsyncCommit();
+
+    const int stage = kt % kStages;
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      uint32_t a_frag[Tile::kMmaTilesM][4];
+      uint32_t b_frag[Tile::kMmaTilesN][2];
+#pragma unroll
+      for (int mi = 0; mi < Tile::kMmaTilesM; ++mi) {
+        const int r = warp_m * Tile::kWarpM + mi * 16 + lane_row;
+        LdMatrixX4(a_frag[mi],
+                   a_stage(stage) + ASwizzledChunk(r, kk * 2 + lane_chunk) * 16);
+      }
+#pragma unroll
+      for (int nj = 0; nj < Tile::kMmaTilesN / 2; ++nj) {
+        const int r = kk * 16 + lane_row;
+        const int chunk = (warp_n * Tile::kWarpN + nj * 16) / 8 + lane_chunk;
+        uint32_t t[4];
+        LdMatrixX4Trans(
+            t, b_stage(stage) +
+                   BSwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
+        b_frag[2 * nj][0] = t[0];
+        b_frag[2 * nj][1] = t[1];
+        b_frag[2 * nj + 1][0] = t[2];
+        b_frag[2 * nj + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < Tile::kMmaTilesM; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < Tile::kMmaTilesN; ++ni) {
+          Mma<T>::Run(acc[mi][ni], a_frag[mi], b_frag[ni]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: fragments -> shared (f32) -> 8 contiguous outputs per thread.
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* staged = reinterpret_cast<float*>(smem);
+  const int group_id = lane >> 2, quad = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < Tile::kMmaTilesM; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < Tile::kMmaTilesN; ++ni) {
+      const int r = warp_m * Tile::kWarpM + mi * 16 + group_id;
+      const int col = warp_n * Tile::kWarpN + ni * 8 + quad * 2;
+      *reinterpret_cast<float2*>(&staged[r * Tile::kOutStride + col]) =
+          make_float2(p.alpha * acc[mi][ni][0], p.alpha * acc[mi][ni][1]);
+      *reinterpret_cast<float2*>(&staged[(r + 8) * Tile::kOutStride + col]) =
+          make_float2(p.alpha * acc[mi][ni][2], p.alpha * acc[mi][ni][3]);
+    }
+  }
+  __syncthreads();
+  constexpr int kOutChunksPerRow = kBlockN / 8;
+#pragma unroll 4
+  for (int i = tid; i < kBlockM * kOutChunksPerRow; i += kThreads) {
+    const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
+    const int out_row = row0 + r, out_col = col0 + col;
+    if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
+    float v[8];
+    Load8(&staged[r * Tile::kOutStride + col], v);
+    const long long index = 1LL * out_row * p.n + out_col;
+    if (c != nullptr) {
+      float c_values[8];
+      Load8(c + index, c_values);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] += p.beta * c_values[j];
+    }
+    Store8(out + index, v);
+  }
+}
+
+template <typename T, typename TOut, int kBlockN>
+cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
+  using Tile = Tiling<kBlockN>;
+  auto kernel = MmaSyncGemm<T, TOut, kBlockN>;
+  // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
+  cudaError_t status = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  if (status != cudaSuccess) return status;
+  const long long blocks =
+      1LL * CeilDiv(p.m, kBlockM) * CeilDiv(p.n, kBlockN);
+  if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
+  dim3 grid(static_cast<unsigned>(blocks), p.batch);
+  kernel<<<grid, kThreads, Tile::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int kBlockN>
+cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
+  using E = ElementType;
+  if (p.in_type == E::kBF16 && p.out_type == E::kF32)
+    return Launch<__nv_bfloat16, float, kBlockN>(p, stream);
+  if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
+    return Launch<__nv_bfloat16, __nv_bfloat16, kBlockN>(p, stream);
+  if (p.in_type == E::kF16 && p.out_type == E::kF32)
+    return Launch<__half, float, kBlockN>(p, stream);
+  if (p.in_type == E::kF16 && p.out_type == E::kF16)
+    return Launch<__half, __half, kBlockN>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace mma_sync
+}  // namespace pallas_gemm
+
+extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn128(
+    const pallas_gemm::GemmParams& p, cudaStream_t stream) {
+  return pallas_gemm::mma_sync::Dispatch<128>(p, stream);
+}
+
+extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn256(
+    const pallas_gemm::GemmParams& p, cudaStream_t stream) {
+  return pallas_gemm::mma_sync::Dispatch<256>(p, stream);
+}

@@ -1,0 +1,215 @@
+// A standalone program that runs every kernel launcher once on small ragged
+// shapes (partial tiles in M, N and K, batch 2, with and without beta * C)
+// and checks it against a double-precision CPU reference. It exists so that
+// compute-sanitizer (memcheck, racecheck) sees only our kernels instead of a
+// whole JAX process. Exit status 0 means every check passed.
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gemm_params.cuh"
+
+using pallas_gemm::ElementType;
+using pallas_gemm::GemmParams;
+using LaunchFn = cudaError_t (*)(const GemmParams&, cudaStream_t);
+
+extern "C" {
+#define DECLARE(name) \
+  cudaError_t pallas_gemm_launch_##name(const GemmParams&, cudaStream_t);
+DECLARE(sgemm_01_naive)
+DECLARE(sgemm_02_coalesced)
+DECLARE(sgemm_03_smem_tiled)
+DECLARE(sgemm_04_conflict_free)
+DECLARE(sgemm_05_vectorized_1d)
+DECLARE(sgemm_06_register_2d)
+DECLARE(sgemm_07_double_buffered)
+DECLARE(sgemm_08_warptile)
+DECLARE(mma_sync_bn128)
+DECLARE(mma_sync_bn256)
+#undef DECLARE
+}
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                  \
+  do {                                                                    \
+    cudaError_t status_ = (expr);                                         \
+    if (status_ != cudaSuccess) {                                         \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,   \
+                   cudaGetErrorString(status_));                          \
+      std::exit(2);                                                       \
+    }                                                                     \
+  } while (0)
+
+size_t ByteWidth(ElementType t) { return t == ElementType::kF32 ? 4 : 2; }
+
+// Host-side conversions, so the driver needs no device intrinsics here.
+uint16_t ToBits(float x, ElementType t) {
+  if (t == ElementType::kBF16) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
+    return static_cast<uint16_t>(bits >> 16);
+  }
+  __half h = __float2half_rn(x);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+float FromBits(uint16_t bits, ElementType t) {
+  if (t == ElementType::kBF16) {
+    uint32_t wide = static_cast<uint32_t>(bits) << 16;
+    float x;
+    std::memcpy(&x, &wide, 4);
+    return x;
+  }
+  __half h;
+  std::memcpy(&h, &bits, 2);
+  return __half2float(h);
+}
+
+// Values rounded to `t`, kept both as the bytes to upload and as floats.
+struct HostArray {
+  std::vector<unsigned char> bytes;
+  std::vector<float> values;
+};
+
+HostArray Random(size_t count, ElementType t, unsigned* seed) {
+  HostArray array;
+  array.bytes.resize(count * ByteWidth(t));
+  array.values.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    // Sum of uniforms: roughly normal, never all zeros.
+    float x = 0.f;
+    for (int j = 0; j < 4; ++j) x += (rand_r(seed) / float(RAND_MAX)) - 0.5f;
+    if (t == ElementType::kF32) {
+      std::memcpy(&array.bytes[4 * i], &x, 4);
+      array.values[i] = x;
+    } else {
+      const uint16_t bits = ToBits(x, t);
+      std::memcpy(&array.bytes[2 * i], &bits, 2);
+      array.values[i] = FromBits(bits, t);
+    }
+  }
+  return array;
+}
+
+void* Upload(const std::vector<unsigned char>& bytes) {
+  void* device = nullptr;
+  CHECK_CUDA(cudaMalloc(&device, bytes.size()));
+  CHECK_CUDA(cudaMemcpy(device, bytes.data(), bytes.size(),
+                        cudaMemcpyHostToDevice));
+  return device;
+}
+
+bool RunCase(const char* name, LaunchFn launch, int batch, int m, int n,
+             int k, ElementType in_type, ElementType out_type, bool with_c,
+             unsigned seed) {
+  const float alpha = 0.75f, beta = with_c ? -0.5f : 0.f;
+  HostArray a = Random(size_t(batch) * m * k, in_type, &seed);
+  HostArray b = Random(size_t(batch) * k * n, in_type, &seed);
+  HostArray c = Random(size_t(batch) * m * n, out_type, &seed);
+  const size_t out_bytes = size_t(batch) * m * n * ByteWidth(out_type);
+  GemmParams p;
+  p.a = Upload(a.bytes);
+  p.b = Upload(b.bytes);
+  p.c = with_c ? Upload(c.bytes) : nullptr;
+  CHECK_CUDA(cudaMalloc(&p.out, out_bytes));
+  CHECK_CUDA(cudaMemset(p.out, 0xFF, out_bytes));  // NaN everywhere
+  p.batch = batch; p.m = m; p.n = n; p.k = k;
+  p.alpha = alpha; p.beta = beta;
+  p.in_type = in_type; p.out_type = out_type;
+  CHECK_CUDA(launch(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<unsigned char> out(out_bytes);
+  CHECK_CUDA(cudaMemcpy(out.data(), p.out, out_bytes, cudaMemcpyDeviceToHost));
+
+  double error = 0, norm = 0;
+  for (int bi = 0; bi < batch; ++bi) {
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double ref = 0;
+        for (int kk = 0; kk < k; ++kk) {
+          ref += double(a.values[(size_t(bi) * m + i) * k + kk]) *
+                 b.values[(size_t(bi) * k + kk) * n + j];
+        }
+        const size_t index = (size_t(bi) * m + i) * n + j;
+        ref = alpha * ref + (with_c ? beta * c.values[index] : 0.0);
+        float got;
+        if (out_type == ElementType::kF32) {
+          std::memcpy(&got, &out[4 * index], 4);
+        } else {
+          uint16_t bits;
+          std::memcpy(&bits, &out[2 * index], 2);
+          got = FromBits(bits, out_type);
+        }
+        error += (got - ref) * (got - ref);
+        norm += ref * ref;
+      }
+    }
+  }
+  const double relative = std::sqrt(error / norm);
+  const double tolerance = out_type == ElementType::kF32
+      ? (in_type == ElementType::kF32 ? 1e-5 : 1e-4) : 1e-2;
+  const bool ok = std::isfinite(relative) && relative <= tolerance;
+  std::printf("%-26s batch=%d m=%d n=%d k=%d in=%d out=%d c=%d  rel_err=%.3e  %s\n",
+              name, batch, m, n, k, int(in_type), int(out_type), int(with_c),
+              relative, ok ? "ok" : "FAIL");
+  CHECK_CUDA(cudaFree(const_cast<void*>(p.a)));
+  CHECK_CUDA(cudaFree(const_cast<void*>(p.b)));
+  if (p.c) CHECK_CUDA(cudaFree(const_cast<void*>(p.c)));
+  CHECK_CUDA(cudaFree(p.out));
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Optional argument: run only kernels whose name contains it.
+  const char* only = argc > 1 ? argv[1] : nullptr;
+  struct Kernel { const char* name; LaunchFn launch; bool tensor_core; int align; };
+  const Kernel kernels[] = {
+      {"sgemm_01_naive", pallas_gemm_launch_sgemm_01_naive, false, 1},
+      {"sgemm_02_coalesced", pallas_gemm_launch_sgemm_02_coalesced, false, 1},
+      {"sgemm_03_smem_tiled", pallas_gemm_launch_sgemm_03_smem_tiled, false, 1},
+      {"sgemm_04_conflict_free", pallas_gemm_launch_sgemm_04_conflict_free, false, 1},
+      {"sgemm_05_vectorized_1d", pallas_gemm_launch_sgemm_05_vectorized_1d, false, 4},
+      {"sgemm_06_register_2d", pallas_gemm_launch_sgemm_06_register_2d, false, 4},
+      {"sgemm_07_double_buffered", pallas_gemm_launch_sgemm_07_double_buffered, false, 4},
+      {"sgemm_08_warptile", pallas_gemm_launch_sgemm_08_warptile, false, 4},
+      {"mma_sync_bn128", pallas_gemm_launch_mma_sync_bn128, true, 8},
+      {"mma_sync_bn256", pallas_gemm_launch_mma_sync_bn256, true, 8},
+  };
+  bool all_ok = true;
+  unsigned seed = 1234;
+  for (const Kernel& kernel : kernels) {
+    if (only && !std::strstr(kernel.name, only)) continue;
+    // Partial tiles everywhere: m past one 128-row block, n and k ragged up
+    // to the kernel's alignment.
+    const int m = 131;
+    const int n = kernel.align == 1 ? 67 : (kernel.align == 4 ? 68 : 264);
+    const int k = kernel.align == 1 ? 45 : (kernel.align == 4 ? 44 : 40);
+    if (!kernel.tensor_core) {
+      for (bool with_c : {false, true}) {
+        all_ok &= RunCase(kernel.name, kernel.launch, 2, m, n, k,
+                          ElementType::kF32, ElementType::kF32, with_c, ++seed);
+      }
+      all_ok &= RunCase(kernel.name, kernel.launch, 1, 1, n, k,
+                        ElementType::kF32, ElementType::kF32, false, ++seed);
+    } else {
+      all_ok &= RunCase(kernel.name, kernel.launch, 2, m, n, k,
+                        ElementType::kBF16, ElementType::kF32, false, ++seed);
+      all_ok &= RunCase(kernel.name, kernel.launch, 2, m, n, k,
+                        ElementType::kBF16, ElementType::kBF16, true, ++seed);
+      all_ok &= RunCase(kernel.name, kernel.launch, 1, 1, 8, 8,
+                        ElementType::kF16, ElementType::kF16, true, ++seed);
+      all_ok &= RunCase(kernel.name, kernel.launch, 1, 17, n, k,
+                        ElementType::kF16, ElementType::kF32, true, ++seed);
+    }
+  }
+  std::printf(all_ok ? "ALL OK\n" : "SOME CHECKS FAILED\n");
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,265 @@
+"""The ffi/* CUDA kernels: build, registration, and (on a GPU) correctness.
+
+On a CPU machine: the CUDA sources compile with nvcc when it is installed
+(skipped otherwise), every kernel is registered, supports() explains what it
+declines, and a missing nvcc gives one clear error. On a GPU (marked `gpu`):
+every kernel against float64 on odd and large ragged shapes, the shared
+kernel suite for the best rungs, jit/vmap/grad through pallas_gemm.matmul,
+and the FFI handler rejecting bad buffers with an error instead of a crash.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_gemm
+from experiments import shapes
+from pallas_gemm import numerics, registry
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.ffi import build, kernels
+from pallas_gemm.problem import Epilogue, GemmProblem
+from tests.kernel_test_base import KernelTestBase, check_matmul
+
+ON_GPU = jax.default_backend() == "gpu"
+SGEMM_NAMES = tuple(k.registry_name for k in kernels.SGEMM_LADDER)
+ALL_NAMES = SGEMM_NAMES + ("ffi/mma_sync",)
+HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+
+
+def _has_nvcc() -> bool:
+  try:
+    build.find_nvcc()
+    return True
+  except build.NvccNotFoundError:
+    return False
+
+
+# ------------------------------------------------------------ CPU tests ---
+
+
+@pytest.fixture(scope="module")
+def built_library(tmp_path_factory):
+  """The library, built once per session: into the normal cache on a GPU,
+  into a temporary cache for sm_90a elsewhere."""
+  if not _has_nvcc():
+    pytest.skip("nvcc not found: cannot compile the CUDA sources here")
+  if ON_GPU:
+    build.load_library()
+    return build.plan_build()
+  old = os.environ.get("PALLAS_GEMM_CACHE_DIR")
+  os.environ["PALLAS_GEMM_CACHE_DIR"] = str(tmp_path_factory.mktemp("ffi"))
+  try:
+    return build.compile_library("90a")
+  finally:
+    if old is None:
+      del os.environ["PALLAS_GEMM_CACHE_DIR"]
+    else:
+      os.environ["PALLAS_GEMM_CACHE_DIR"] = old
+
+
+def test_sources_compile(built_library):
+  assert built_library.library.exists()
+  log = (built_library.folder / "ptxas.log").read_text()
+  assert "mma_sync.cu" in log and "sgemm_08_warptile.cu" in log
+  # No kernel may spill registers to local memory.
+  spills = [line for line in log.splitlines() if "spill" in line
+            and not line.strip().startswith("0 bytes spill")]
+  assert all(" 0 bytes spill stores, 0 bytes spill loads" in line
+             for line in spills), spills
+
+
+def test_library_exports_every_handler(built_library):
+  import ctypes
+  library = ctypes.CDLL(str(built_library.library))
+  for symbol in build.HANDLERS.values():
+    assert hasattr(library, symbol), symbol
+
+
+def test_every_kernel_registered():
+  names = pallas_gemm.list_kernels("ffi/*")
+  assert set(ALL_NAMES) <= set(names)
+  for name in ALL_NAMES:
+    assert not registry.get_kernel(name).runs_on_cpu
+
+
+def _problem(in_dtype="float32", precision="ieee", **kwargs):
+  fields = dict(batch=1, m=33, n=17, k=29, in_dtype=in_dtype,
+                out_dtype=in_dtype, precision=precision)
+  fields.update(kwargs)
+  return GemmProblem(**fields)
+
+
+@pytest.mark.parametrize("name", SGEMM_NAMES)
+def test_sgemm_supports(name):
+  supports = registry.get_kernel(name).supports
+  assert supports(_problem(), HOPPER) is None
+  assert "Precision.HIGHEST" in supports(_problem(precision="tf32"), HOPPER)
+  assert "float32" in supports(_problem("bfloat16", "default"), HOPPER)
+  assert "CUDA GPU" in supports(_problem(), DeviceInfo("cpu", "cpu"))
+
+
+def test_mma_sync_supports():
+  supports = registry.get_kernel("ffi/mma_sync").supports
+  for dtype in ("bfloat16", "float16"):
+    assert supports(_problem(dtype, "default"), HOPPER) is None
+  assert "bfloat16 or float16" in supports(_problem(), HOPPER)
+  turing = DeviceInfo("gpu", "Tesla T4", (7, 5), 40, 64 * 1024)
+  assert "compute capability" in supports(_problem("bfloat16", "default"),
+                                          turing)
+  assert "batch" in supports(_problem("bfloat16", "default", batch=70000),
+                             HOPPER)
+
+
+def test_mma_sync_config_validates():
+  with pytest.raises(ValueError, match="block_n"):
+    kernels.MmaSyncConfig(block_n=64)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
+def test_requesting_ffi_kernel_on_cpu_is_a_clear_error():
+  a = jnp.ones((8, 8), jnp.float32)
+  with pytest.raises(ValueError, match="needs a CUDA GPU"):
+    pallas_gemm.matmul(a, a, kernel="ffi/sgemm_08_warptile")
+
+
+def test_missing_nvcc_is_one_clear_error(monkeypatch):
+  monkeypatch.delenv("CUDA_HOME", raising=False)
+  monkeypatch.delenv("CUDA_PATH", raising=False)
+  monkeypatch.delenv("NVCC", raising=False)
+  monkeypatch.setattr(build.shutil, "which", lambda name: None)
+  monkeypatch.setattr(build.os.path, "isfile", lambda path: False)
+  with pytest.raises(build.NvccNotFoundError, match="Install the CUDA"):
+    build.find_nvcc()
+
+
+def test_cache_dir_override(monkeypatch, tmp_path):
+  monkeypatch.setenv("PALLAS_GEMM_CACHE_DIR", str(tmp_path))
+  assert build.cache_root() == tmp_path
+
+
+# ------------------------------------------------------------ GPU tests ---
+
+
+def _operands(shape, dtype, batch=None):
+  m, n, k = shape
+  ka, kb = jax.random.split(numerics.fresh_key())
+  lead = (batch,) if batch else ()
+  return (numerics.random_normal(ka, lead + (m, k), dtype),
+          numerics.random_normal(kb, lead + (k, n), dtype))
+
+
+def _precision(dtype):
+  return jax.lax.Precision.HIGHEST if dtype == "float32" else None
+
+
+def _cases():
+  for name in ALL_NAMES:
+    dtypes = ("bfloat16", "float16") if name == "ffi/mma_sync" else ("float32",)
+    for dtype in dtypes:
+      for shape in shapes.ODD + [(4095, 4097, 4093)]:
+        yield pytest.param(name, dtype, shape,
+                           id=f"{name}-{dtype}-{'x'.join(map(str, shape))}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,shape", list(_cases()))
+def test_odd_shapes_match_float64(name, dtype, shape):
+  a, b = _operands(shape, dtype)
+  numerics.poison_allocator(shape[:2], dtype)
+  out = jax.jit(lambda a, b: pallas_gemm.matmul(
+      a, b, kernel=name, precision=_precision(dtype)))(a, b)
+  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
+  tol = numerics.tolerance(dtype, "ieee" if dtype == "float32" else "default",
+                           dtype)
+  assert err <= tol, f"{name} {shape} {dtype}: {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_mma_sync_configs_and_outputs(block_n, out_dtype):
+  shape = (300, 520, 264)
+  a, b = _operands(shape, "bfloat16", batch=2)
+  out = jax.jit(lambda a, b: pallas_gemm.matmul(
+      a, b, kernel="ffi/mma_sync",
+      config=kernels.MmaSyncConfig(block_n=block_n),
+      preferred_element_type=out_dtype))(a, b)
+  assert out.dtype == jnp.dtype(out_dtype)
+  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
+  assert err <= numerics.tolerance("bfloat16", "default", out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ffi/sgemm_03_smem_tiled",
+                                  "ffi/sgemm_08_warptile", "ffi/mma_sync"])
+def test_blas_epilogue_in_kernel(name):
+  dtype = "bfloat16" if name == "ffi/mma_sync" else "float32"
+  check_matmul(name, (67, 45, 31), dtype, precision=_precision(dtype),
+               out_dtype="float32", alpha=0.5, beta=-1.5, with_c=True,
+               batch=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ffi/sgemm_05_vectorized_1d",
+                                  "ffi/sgemm_08_warptile", "ffi/mma_sync"])
+def test_jit_vmap_grad(name):
+  dtype = "bfloat16" if name == "ffi/mma_sync" else "float32"
+  precision = _precision(dtype)
+  tol = numerics.tolerance(dtype, "ieee" if dtype == "float32" else "default",
+                           dtype)
+  a, b = _operands((19, 23, 29), dtype, batch=3)
+
+  def matmul(a, b):
+    return pallas_gemm.matmul(a, b, kernel=name, precision=precision)
+
+  out = jax.jit(jax.vmap(matmul))(a, b)
+  ref = numerics.reference_matmul(a, b)
+  assert numerics.relative_error(out, ref) <= tol
+
+  def loss(a, b):
+    return jnp.sum(jax.vmap(matmul)(a, b).astype(jnp.float32) ** 2)
+
+  da, db = jax.jit(jax.grad(loss, argnums=(0, 1)))(a, b)
+  a64 = np.asarray(a.astype(jnp.float32), np.float64)
+  b64 = np.asarray(b.astype(jnp.float32), np.float64)
+  out64 = np.asarray(out.astype(jnp.float32), np.float64)
+  da_ref = 2 * out64 @ np.swapaxes(b64, 1, 2)
+  db_ref = 2 * np.swapaxes(a64, 1, 2) @ out64
+  assert numerics.relative_error(da, da_ref) <= 4 * tol
+  assert numerics.relative_error(db, db_ref) <= 4 * tol
+
+
+@pytest.mark.gpu
+def test_handler_rejects_bad_buffers_without_crashing():
+  build.load_library()
+  a = jnp.ones((1, 8, 6), jnp.float32)
+  b = jnp.ones((1, 5, 8), jnp.float32)  # k mismatch: 6 vs 5
+  call = jax.ffi.ffi_call("pallas_gemm_sgemm_02_coalesced",
+                          jax.ShapeDtypeStruct((1, 8, 8), jnp.float32))
+  with pytest.raises(Exception, match="pallas_gemm ffi/sgemm_02_coalesced"):
+    jax.block_until_ready(call(a, b, alpha=np.float32(1), beta=np.float32(0)))
+  unaligned = jax.ffi.ffi_call("pallas_gemm_mma_sync_bn128",
+                               jax.ShapeDtypeStruct((1, 8, 9), jnp.bfloat16))
+  with pytest.raises(Exception, match="multiple of 8"):
+    jax.block_until_ready(unaligned(
+        jnp.ones((1, 8, 8), jnp.bfloat16), jnp.ones((1, 8, 9), jnp.bfloat16),
+        alpha=np.float32(1), beta=np.float32(0)))
+  # The process and the library still work afterwards.
+  good = pallas_gemm.matmul(jnp.ones((4, 4)), jnp.ones((4, 4)),
+                            kernel="ffi/sgemm_02_coalesced",
+                            precision=jax.lax.Precision.HIGHEST)
+  np.testing.assert_allclose(np.asarray(good), 4.0)
+
+
+@pytest.mark.gpu
+class TestFfiSuite(KernelTestBase):
+  """The shared suite (layouts, epilogues, batch, dtypes) on the fastest
+  rungs; the others are covered by test_odd_shapes_match_float64."""
+
+  KERNELS = ("ffi/sgemm_08_warptile", "ffi/mma_sync")
+  SHAPES = tuple(shapes.ODD[:4])

@@ -33,6 +33,7 @@ sees local shapes) skip all of this: the lowering calls the kernel directly.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import warnings
 from typing import Any, Callable
@@ -40,7 +41,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+# Private: the lowering context types, and the switches that make the kernel
+# trace on plain per-device types. JAX has no public equivalents.
+from jax._src import config as jax_config
+from jax._src import core as jax_core
+from jax._src import mesh as mesh_lib
+from jax._src import sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import mlir
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pallas_gemm import registry
@@ -49,6 +57,8 @@ from pallas_gemm.problem import Epilogue, GemmProblem, apply_epilogue
 
 _BATCH, _M, _N, _K = "b", "m", "n", "k"
 _OUTPUT_FACTORS = (_BATCH, _M, _N)
+_LOGGER = logging.getLogger(__name__)
+_FACTOR_NAMES = {_BATCH: "batch", _M: "M", _N: "N", _K: "K"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +117,6 @@ def needs_partitioning(ctx) -> bool:
   False for one device, for fully manual bodies (`shard_map`), and for pmap:
   there the kernel already receives the local shapes.
   """
-  from jax._src import sharding_impls  # the lowering context types
-
   axis_context = ctx.module_context.axis_context
   if isinstance(axis_context, sharding_impls.ShardingContext):
     return axis_context.num_devices > 1
@@ -137,11 +145,6 @@ def lower_per_device(ctx, impl: Callable[..., Any], *args):
   `shard_map` describe the surrounding program; left on, Pallas refuses to
   slice the refs (and asks for varying-axis annotations on its outputs).
   """
-  from jax._src import config as jax_config
-  from jax._src import core as jax_core
-  from jax._src import mesh as mesh_lib
-  from jax.interpreters import mlir
-
   plain = [jax_core.ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
            for aval in ctx.avals_in]
   ctx = ctx.replace(avals_in=plain)
@@ -245,14 +248,26 @@ def _plan(call: GemmCall, mesh: Mesh, arg_shapes,
     take(factor, [out_spec] + rest_specs)
 
   sizes = _factor_sizes(call, [x.shape for x in arg_shapes])
+  uneven = set()
   for factor, factor_axes in axes.items():
     shards = math.prod(mesh_shape[ax] for ax in factor_axes)
     if sizes[factor] % shards:
       _warn_once(("uneven", factor, sizes[factor], factor_axes),
-                 f"pallas_gemm: {factor}={sizes[factor]} is not a multiple of "
-                 f"its {shards} shards over mesh axes {factor_axes}; that "
-                 "dimension is replicated instead")
+                 f"pallas_gemm: {_FACTOR_NAMES[factor]}={sizes[factor]} is "
+                 f"not a multiple of its {shards} shards over mesh axes "
+                 f"{factor_axes}; that dimension is replicated instead")
       axes[factor] = ()
+      uneven.add(factor)
+
+  # Two factors that want the same mesh axis (say M of a and N of b) cannot
+  # both keep it: one operand is resharded, as jnp.dot would reshard it. That
+  # is ordinary, so it is logged rather than warned about.
+  for operand, spec in (("a", a_spec), ("b", b_spec)):
+    for factor, own in spec.items():
+      if own and own != axes[factor] and factor not in uneven:
+        _LOGGER.debug("pallas_gemm: %s is resharded along %s from mesh axes "
+                      "%s to %s", operand, _FACTOR_NAMES[factor], own,
+                      axes[factor] or "replicated")
 
   scatter = None
   if axes[_K]:

@@ -85,6 +85,12 @@ CANDIDATES = {
 }
 
 
+# TF32 with and without the K-major copy (see TritonConfig.k_major).
+CANDIDATES["tf32"] = [dataclasses.replace(c, k_major=k_major)
+                      for k_major in (True, False)
+                      for c in CANDIDATES["tf32"]]
+
+
 def skinny_candidates(m):
   bm = 16 if m <= 16 else 64
   out = []

@@ -37,7 +37,14 @@ class TritonConfig:
   """Tile shape and Triton compile options for one kernel launch.
 
   Every rung takes the same config; a rung ignores the knobs it predates
-  (rung 2 has no `group_m`, only rung 5 reads `split_k`).
+  (rung 2 has no `group_m`, only rungs 5-6 read `split_k`, only rung 6
+  reads `k_major`).
+
+  `k_major`: copy an operand whose contraction dim is not the contiguous
+  one (A given as (K, M), B as (K, N)) into K-contiguous form in XLA before
+  the kernel. Hopper's wgmma reads 32-bit (TF32) operands from shared
+  memory only K-major, so without the copy Triton falls back to mma.sync
+  for TF32; the copy costs one pass over the operand.
   """
 
   block_m: int = 64
@@ -47,6 +54,7 @@ class TritonConfig:
   num_stages: int = 1
   group_m: int = 1
   split_k: int = 1
+  k_major: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k"):
@@ -62,6 +70,8 @@ class TritonConfig:
       raise ValueError(f"group_m={self.group_m} must be >= 1")
     if self.split_k < 1:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
+    if not isinstance(self.k_major, bool):
+      raise TypeError(f"k_major={self.k_major!r} must be a bool")
 
   def smem_bytes(self, in_dtype: str) -> int:
     """Shared memory the software pipeline holds: one A and one B tile per
@@ -400,3 +410,14 @@ def reduce_partials(partials, c, bias, *, problem: GemmProblem):
   bias_row = None if bias is None else bias[None, None, :]
   out = apply_epilogue(total, problem.epilogue, c, bias_row)
   return out.astype(problem.out_dtype)
+
+
+def to_k_major(a, b, problem: GemmProblem):
+  """Operands and problem with K contiguous in both: a (batch, m, k) and b
+  (batch, n, k). An XLA transpose, done only where the layout needs it."""
+  if problem.transpose_a:
+    a = jnp.swapaxes(a, 1, 2)
+  if not problem.transpose_b:
+    b = jnp.swapaxes(b, 1, 2)
+  return a, b, dataclasses.replace(problem, transpose_a=False,
+                                   transpose_b=True)

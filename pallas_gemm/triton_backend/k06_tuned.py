@@ -8,6 +8,9 @@ What it adds over rungs 3-5, all of which it combines:
     shipped defaults for the GPUs we have measured, else the heuristic in
     `heuristic_config`);
   * split-K (rung 5) when the output is too small to fill the GPU;
+  * for TF32, K-major operands (`TritonConfig.k_major`): wgmma takes
+    32-bit operands only K-major, so an XLA transpose of a non-K-major
+    operand buys the Hopper tensor-core path (see the H200 results);
   * only the edge masks the shape needs: when M, N or K divides its block
     the compare-and-select on that edge is compiled out, and the K offset
     carries a `pl.multiple_of` hint, so Triton can issue full-width
@@ -128,6 +131,8 @@ def search_space(problem, device) -> list[TritonConfig]:
 
 def tuned_matmul(a, b, c, bias, *, problem, config, interpret):
   config = config or default_config(problem, None)
+  if config.k_major:
+    a, b, problem = common.to_k_major(a, b, problem)
   masks = common.edge_masks_for(problem, config)
   if config.split_k > 1:
     partials = common.split_k_partials(

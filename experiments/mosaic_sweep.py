@@ -155,7 +155,7 @@ def stage_check(args):
   for m, layout in ((1, "NN"), (16, "NT"), (100, "TN"), (128, "NN")):
     cases.append(("small_m", problem_for(m, 4096, 4096, layout=layout), None))
   cases.append(("small_m", problem_for(7, 1000, 3000, "float16", "NN"),
-                SmallMConfig(tile_n=128, k_splits=3)))
+                SmallMConfig(tile_n=128, k_splits=3, max_concurrent_steps=3)))
   cases.append(("small_m", problem_for(
       33, 520, 700, "bfloat16", "NN", epilogue=epi, out_dtype="bfloat16",
       c_dtype="float32"), SmallMConfig(tile_n=64, k_splits=1)))
@@ -274,10 +274,9 @@ def large_configs(problem):
   extra = [
       MosaicConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
                    wg_dimension=Dim.N, grid_band=8),
-      MosaicConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
-                   wg_dimension=Dim.M, grid_band=16),
-      MosaicConfig(tile_m=64, tile_n=256, tile_k=64, max_concurrent_steps=4,
-                   wg_dimension=Dim.M, grid_band=8),
+      dataclasses.replace(heur, grid_band=16),
+      dataclasses.replace(heur, grid_band=4),
+      dataclasses.replace(heur, max_concurrent_steps=3),
   ]
   return [heur] + [c for c in extra if c.fits(problem) and c != heur]
 

@@ -4,14 +4,17 @@ Nothing here needs a GPU: configs are plain frozen dataclasses and the
 footprint arithmetic is done before anything is compiled, so a candidate that
 cannot fit in shared memory is dropped without paying for a compile.
 
-Alignment policy. The Tensor Memory Accelerator (TMA) reads and writes whole
-boxes and handles every ragged edge itself: a box that runs past the end of
-an array is zero-filled on load and clipped on store. What it cannot handle is
-a row pitch that is not a multiple of 16 bytes. When a row length is
-misaligned (e.g. K = 4093 in bf16) we pad *that operand only* on the device,
-with zeros, up to the next aligned length; the kernel still iterates over the
-true K, so the padding never contributes. A padded output is sliced back.
-This keeps every M, N, K correct at the price of one extra copy of the
+Ragged shapes. The TMA handles a box that runs past the end of an array
+(zero fill on load, clipping on store), but Mosaic copies a swizzled tile
+with a *tiled* TMA descriptor: it views the whole global array as tiles of
+(8 rows x one 128-byte swizzle span), so both of an operand's last two dims
+must be multiples of that tile (measured on the H200: a 66-column B is
+rejected at compile time, a 1x1 operand silently computes garbage). An
+operand whose dims are not multiples is therefore zero-padded on the device
+up to the next multiple (at most 7 rows and one swizzle span minus one
+column), and a padded output is sliced back. Zero padding along K adds
+nothing; padded rows/columns of the output are dropped. Tile-aligned shapes
+(every power-of-two size) pay nothing; other shapes pay one copy of each
 misaligned operand, which the benchmark measures.
 """
 
@@ -175,33 +178,52 @@ def swizzle_elems(dtype) -> int:
   return SWIZZLE_BYTES // jnp.dtype(dtype).itemsize
 
 
-def aligned_length(length: int, dtype) -> int:
-  """`length` rounded up so that a row of it is a whole number of 16 bytes."""
-  per = TMA_STRIDE_ALIGN_BYTES // jnp.dtype(dtype).itemsize
-  return cdiv(length, per) * per
+def tma_tiling(minor_elems: int, dtype) -> tuple[int, int]:
+  """The (rows, columns) tile of a swizzled shared-memory buffer whose minor
+  dimension holds `minor_elems` elements: the widest swizzle that fits."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  for swizzle in (128, 64, 32, 16):
+    if (minor_elems * bits) % (swizzle * 8) == 0:
+      return 8, swizzle * 8 // bits
+  raise ValueError(
+      f"a tile row of {minor_elems} {jnp.dtype(dtype).name} elements is not a "
+      "multiple of 16 bytes")
 
 
-def pad_minor_to_alignment(x):
-  """Zero-pads the last axis of `x` so its rows are TMA-aligned (a no-op,
-  without a copy, when they already are)."""
-  target = aligned_length(x.shape[-1], x.dtype)
+def pad_to_tiling(x, tiling: tuple[int, int]):
+  """Zero-pads the last two axes of `x` up to multiples of `tiling` (no copy
+  when they already are)."""
+  rows, cols = x.shape[-2:]
+  padded_rows = cdiv(rows, tiling[0]) * tiling[0]
+  padded_cols = cdiv(cols, tiling[1]) * tiling[1]
+  if (padded_rows, padded_cols) == (rows, cols):
+    return x
+  pad = [(0, 0)] * (x.ndim - 2) + [(0, padded_rows - rows),
+                                    (0, padded_cols - cols)]
+  return jnp.pad(x, pad)
+
+
+def padded_dims(rows: int, cols: int, tiling: tuple[int, int]):
+  return cdiv(rows, tiling[0]) * tiling[0], cdiv(cols, tiling[1]) * tiling[1]
+
+
+def pad_vector(x, multiple: int):
+  target = cdiv(x.shape[-1], multiple) * multiple
   if target == x.shape[-1]:
     return x
-  pad = [(0, 0)] * (x.ndim - 1) + [(0, target - x.shape[-1])]
-  return jnp.pad(x, pad)
+  return jnp.pad(x, [(0, target - x.shape[-1])])
 
 
 def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
   """A small per-shape-class search space for the persistent kernel, with
   the configs that do not fit in shared memory already dropped."""
-  is_f32 = problem.in_dtype == "float32"
-  tile_k = 32 if is_f32 else 64
+  tile_k = swizzle_elems(problem.in_dtype)
   out = []
-  for tile_m, tile_n, wg_dim in ((128, 128, Dim.N), (128, 256, Dim.M),
+  for tile_m, tile_n, wg_dim in ((64, 256, Dim.M), (128, 128, Dim.N),
                                  (128, 128, Dim.M), (64, 128, Dim.M),
-                                 (128, 192, Dim.M)):
-    for stages in (4, 5, 3, 6):
-      for band in (8, 16, 4):
+                                 (128, 256, Dim.M), (64, 192, Dim.M)):
+    for stages in (4, 3, 5):
+      for band in (8, 4, 16):
         config = MosaicConfig(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
             max_concurrent_steps=stages, epi_tile_m=64,
@@ -212,53 +234,74 @@ def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
   return out
 
 
-def ws_heuristic(problem: GemmProblem) -> MosaicConfig:
-  """The default persistent-kernel config: a 256x128 CTA tile split over M
-  between the consumers (each warpgroup 128x128 in registers), the deepest
-  pipeline that fits, bands of 8 tiles in the snake order.
+def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
+  """The default persistent-kernel config.
 
-  Small problems whose CTA-tile count would leave SMs idle use 128x128 CTA
-  tiles instead.
+  A 128x256 CTA tile split over M between the consumers (each warpgroup
+  holds a 64x256 f32 accumulator, 128 registers a thread) and the deepest
+  pipeline that fits: the best of the configs timed on the H200 at 4096^3
+  and 8192^3 (816 and 829 TFLOP/s). Problems with fewer such tiles than
+  SMs take 128x128 CTA tiles so that more SMs have work.
   """
-  is_f32 = problem.in_dtype == "float32"
-  tile_k = 32 if is_f32 else 64
-  tiles_big = cdiv(problem.m, 256) * cdiv(problem.n, 128) * problem.batch
-  if tiles_big >= 132:
-    base = MosaicConfig(tile_m=128, tile_n=128, tile_k=tile_k,
-                        wg_dimension=Dim.M)
-  else:
-    base = MosaicConfig(tile_m=64, tile_n=128, tile_k=tile_k,
-                        wg_dimension=Dim.M)
-  for stages in (5, 4, 3, 2):
+  tile_k = swizzle_elems(problem.in_dtype)
+  big_tiles = cdiv(problem.m, 128) * cdiv(problem.n, 256) * problem.batch
+  tile_n = 256 if big_tiles >= num_sms else 128
+  base = MosaicConfig(tile_m=64, tile_n=tile_n, tile_k=tile_k,
+                      wg_dimension=Dim.M)
+  for stages in (4, 3, 2):
     config = dataclasses.replace(base, max_concurrent_steps=stages)
     if config.fits(problem):
       return config
-  return dataclasses.replace(base, max_concurrent_steps=2, epi_tile_n=64)
+  return dataclasses.replace(base, max_concurrent_steps=2)
+
+
+#: A bandwidth-bound wave with at least this share of the SMs busy streams
+#: at (nearly) full device bandwidth: each CTA keeps 150+ KB in flight.
+SATURATING_SM_SHARE = 0.75
+
+
+def small_m_cost(problem: GemmProblem, config: SmallMConfig,
+                 num_sms: int) -> float:
+  """Modelled time of a bandwidth-bound launch, in bytes at full bandwidth.
+
+  Each wave takes as long as its busiest CTAs' bytes at the bandwidth its
+  CTA count can draw (full from SATURATING_SM_SHARE of the SMs up); split-K
+  partials are written, read back and reduced (three passes).
+  """
+  in_size = jnp.dtype(problem.in_dtype).itemsize
+  n_tiles = cdiv(problem.n, config.tile_n) * problem.batch
+  k_blocks = cdiv(problem.k, config.tile_k)
+  splits = cdiv(k_blocks, cdiv(k_blocks, config.k_splits))
+  k_share = cdiv(k_blocks, splits) * config.tile_k
+  # A is a few rows that every CTA shares through L2: only B counts.
+  bytes_per_cta = k_share * config.tile_n * in_size
+  ctas = n_tiles * splits
+  floor = SATURATING_SM_SHARE * num_sms
+  cost = 0.0
+  while ctas > 0:
+    in_wave = min(ctas, num_sms)
+    cost += bytes_per_cta * max(in_wave, floor)
+    ctas -= in_wave
+  if splits > 1:
+    cost += 3 * splits * cdiv(problem.m, 8) * 8 * problem.n * problem.batch * 4
+  return cost
 
 
 def small_m_heuristic(problem: GemmProblem, num_sms: int) -> SmallMConfig:
-  """Picks the N-strip width and K split that keep every SM streaming B:
-  the (tile_n, k_splits) pair whose CTA count fills the last wave best,
-  preferring fewer splits (less partial traffic) and wider strips."""
-  best = None
-  k_steps_min = 4
-  for tile_n in (128, 64, 256):
-    n_tiles = cdiv(problem.n, tile_n) * problem.batch
-    for k_splits in (1, 2, 3, 4, 6, 8):
-      if k_splits > 1 and cdiv(problem.k, 128 * k_splits) < k_steps_min:
-        continue
-      ctas = n_tiles * k_splits
-      waves = cdiv(ctas, num_sms)
-      fill = ctas / (waves * num_sms)
-      # Under half a wave leaves bandwidth on the table; more CTAs than SMs
-      # only pays when the waves are nearly full.
-      score = (round(fill, 2), -k_splits, tile_n == 128)
-      if best is None or score > best[0]:
-        best = (score, SmallMConfig(tile_n=tile_n, k_splits=k_splits))
-  config = best[1]
-  stages = 6
+  """The (tile_n, k_splits) pair with the lowest modelled time, then the
+  deepest pipeline that fits in shared memory."""
   tile_m = 64 if problem.m <= 64 else 128
-  while stages > 2 and config.smem_bytes(problem, tile_m) > HOPPER_SMEM_BYTES:
-    stages -= 1
+  best = None
+  for k_splits in (1, 2, 3, 4, 6, 8):
+    for tile_n in (64, 128):
+      config = SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits)
+      cost = small_m_cost(problem, config, num_sms)
+      # Ties go to fewer splits, then narrower strips (more stages fit).
+      if best is None or cost < best[0] * 0.99:
+        best = (cost, config)
+  config = best[1]
+  for stages in (6, 5, 4, 3, 2):
     config = dataclasses.replace(config, max_concurrent_steps=stages)
-  return dataclasses.replace(config, max_concurrent_steps=stages)
+    if config.smem_bytes(problem, tile_m) <= HOPPER_SMEM_BYTES:
+      break
+  return config

@@ -4,13 +4,17 @@ With a handful of rows there are too few output tiles to occupy 132 SMs, yet
 the whole weight B has to stream through once. The grid therefore splits the
 work two ways: each CTA owns one `tile_n`-wide column strip of the output and
 one contiguous share of K, so `n_tiles * k_splits` CTAs stream disjoint parts
-of B at once. A single warpgroup per CTA runs a deep TMA pipeline into wgmma
-(64 or 128 rows; the TMA zero-fills the rows past M, which cost no memory
-traffic).
+of B at once, each through a `max_concurrent_steps`-deep TMA ring into wgmma.
+
+wgmma always multiplies 64 (or 128) rows of A. Only the real rows (rounded
+up to 8) are loaded; the rest of the A stage is never written, so those
+accumulator rows hold garbage, and the TMA store drops rows past M. Asking
+the TMA for a box that runs 60 rows past the end of A measurably slowed the
+whole kernel on the H200 (M=1 ran 25% slower than M=64), hence this.
 
 When K is split, each CTA writes its f32 partial tile and XLA adds the
-partials in a fixed order, then applies the epilogue: deterministic, and
-the partials are tiny next to B (k_splits * M * N * 4 bytes).
+partials in a fixed order, then applies the epilogue: deterministic, and the
+heuristic only splits when the partials are small next to B.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _tile_m(problem: GemmProblem) -> int:
 
 
 def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
-                 tile_m: int, n_tiles: int, steps_per_split: int,
+                 tile_m: int, rows: int, n_tiles: int, steps_per_split: int,
                  fused_epilogue: bool):
   has_c = problem.epilogue.has_c and fused_epilogue
   has_bias = problem.epilogue.has_bias and fused_epilogue
@@ -51,54 +55,73 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
   (out_gmem,) = refs
   transpose_b = problem.transpose_b
   in_dtype = a_gmem.dtype
+  out_dtype = out_gmem.dtype
   tile_n, tile_k = config.tile_n, config.tile_k
+  stages = min(config.max_concurrent_steps, steps_per_split)
+  k_blocks = cdiv(problem.k, tile_k)
 
   strip = lax.axis_index("strip")
   split = lax.axis_index("split")
   batch_idx = lax.div(strip, n_tiles)
   n_idx = lax.rem(strip, n_tiles)
-  first_k_block = split * steps_per_split
+  n_slice = pl.ds(n_idx * tile_n, tile_n)
+  first_block = split * steps_per_split
+  # The last split may own fewer K blocks than the others.
+  num_steps = jnp.minimum(steps_per_split, k_blocks - first_block)
 
-  a_block = (tile_m, tile_k)
   b_block = (tile_n, tile_k) if transpose_b else (tile_k, tile_n)
 
-  def mma_scope(acc_ref):
-    def mma_step(_, a_smem, b_smem):
-      plgpu.wgmma(acc_ref, a_smem, b_smem.T if transpose_b else b_smem)
-      plgpu.wgmma_wait(1)
+  def scoped(a_smem, b_smem, loaded, out_smem, c_smem, bias_smem, epi_loaded):
+    def issue(step):
+      slot = lax.rem(step, stages)
+      k_slice = pl.ds((first_block + step) * tile_k, tile_k)
+      plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, pl.ds(0, rows), k_slice],
+                              a_smem.at[slot, pl.ds(0, rows)],
+                              loaded.at[slot])
+      b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
+               else b_gmem.at[batch_idx, k_slice, n_slice])
+      plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot], loaded.at[slot])
 
-    plgpu.emit_pipeline(
-        mma_step,
-        grid=(steps_per_split,),
-        in_specs=[
-            plgpu.BlockSpec(a_block, lambda kk: (0, first_k_block + kk),
-                            transforms=_tiled_transforms(tile_k, in_dtype),
-                            delay_release=1),
-            plgpu.BlockSpec(
-                b_block,
-                (lambda kk: (n_idx, first_k_block + kk)) if transpose_b else
-                (lambda kk: (first_k_block + kk, n_idx)),
-                transforms=_tiled_transforms(b_block[1], in_dtype),
-                delay_release=1),
-        ],
-        max_concurrent_steps=config.max_concurrent_steps,
-    )(a_gmem.at[batch_idx], b_gmem.at[batch_idx])
-    return acc_ref[...]
+    def prologue(step, carry):
+      @pl.when(step < num_steps)
+      def _():
+        issue(step)
+      return carry
 
-  acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
-  cols = pl.ds(n_idx * tile_n, tile_n)
-  out_dtype = out_gmem.dtype
+    lax.fori_loop(0, stages, prologue, None)
 
-  def store_scope(out_smem, c_smem, bias_smem, loaded):
+    def mma_scope(acc_ref):
+      def mma_step(step, carry):
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(loaded.at[slot])
+        b_view = b_smem.at[slot].T if transpose_b else b_smem.at[slot]
+        plgpu.wgmma(acc_ref, a_smem.at[slot], b_view)
+        # With one wgmma group left in flight, the previous step's stage is
+        # free: refill it with the step `stages` ahead of that one.
+        plgpu.wgmma_wait(1)
+        refill = step - 1 + stages
+
+        @pl.when((step > 0) & (refill < num_steps))
+        def _():
+          issue(refill)
+        return carry
+
+      lax.fori_loop(0, num_steps, mma_step, None)
+      plgpu.wgmma_wait(0)
+      return acc_ref[...]
+
+    acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
+
     c_tile = bias_tile = None
     if has_c:
-      plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, pl.ds(0, tile_m), cols],
-                              c_smem, loaded.at[0])
-      plgpu.barrier_wait(loaded.at[0])
+      plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, pl.ds(0, tile_m), n_slice],
+                              c_smem, epi_loaded.at[0])
+      plgpu.barrier_wait(epi_loaded.at[0])
       c_tile = c_smem[...]
     if has_bias:
-      plgpu.copy_gmem_to_smem(bias_gmem.at[cols], bias_smem, loaded.at[1])
-      plgpu.barrier_wait(loaded.at[1])
+      plgpu.copy_gmem_to_smem(bias_gmem.at[n_slice], bias_smem,
+                              epi_loaded.at[1])
+      plgpu.barrier_wait(epi_loaded.at[1])
       bias_vec = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
       bias_tile = lax.broadcast_in_dim(bias_vec, (tile_m, tile_n), (1,))
     value = acc
@@ -107,22 +130,28 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
     out_smem[...] = value.astype(out_dtype)
     plgpu.commit_smem()
     if fused_epilogue:
-      dst = out_gmem.at[batch_idx, pl.ds(0, tile_m), cols]
+      dst = out_gmem.at[batch_idx, pl.ds(0, tile_m), n_slice]
     else:
-      dst = out_gmem.at[split, batch_idx, pl.ds(0, tile_m), cols]
+      dst = out_gmem.at[split, batch_idx, pl.ds(0, tile_m), n_slice]
     plgpu.copy_smem_to_gmem(out_smem, dst)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   c_dtype = c_gmem.dtype if has_c else None
   pl.run_scoped(
-      store_scope,
+      scoped,
+      a_smem=plgpu.SMEM((stages, tile_m, tile_k), in_dtype,
+                        transforms=_tiled_transforms(tile_k, in_dtype)),
+      b_smem=plgpu.SMEM((stages, *b_block), in_dtype,
+                        transforms=_tiled_transforms(b_block[1], in_dtype)),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       out_smem=plgpu.SMEM((tile_m, tile_n), out_dtype,
                           transforms=_tiled_transforms(tile_n, out_dtype)),
       c_smem=(plgpu.SMEM((tile_m, tile_n), c_dtype,
                          transforms=_tiled_transforms(tile_n, c_dtype))
               if has_c else None),
       bias_smem=plgpu.SMEM((tile_n,), jnp.float32) if has_bias else None,
-      loaded=plgpu.Barrier(num_barriers=2) if (has_c or has_bias) else None,
+      epi_loaded=(plgpu.Barrier(num_barriers=2) if (has_c or has_bias)
+                  else None),
   )
 
 
@@ -140,12 +169,14 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem, tile_m)} bytes of "
         f"shared memory, more than {cfg.HOPPER_SMEM_BYTES}")
+  in_dtype = problem.in_dtype
   if problem.transpose_a:
-    # A is at most 128 rows: putting it K-major costs next to nothing and
-    # keeps the TMA box legal however small M is.
+    # A is at most 128 rows: making it K-major costs next to nothing.
     a = jnp.swapaxes(a, 1, 2)
-  a = cfg.pad_minor_to_alignment(a)
-  b = cfg.pad_minor_to_alignment(b)
+  a = cfg.pad_to_tiling(a, cfg.tma_tiling(config.tile_k, in_dtype))
+  b_minor = config.tile_k if problem.transpose_b else config.tile_n
+  b = cfg.pad_to_tiling(b, cfg.tma_tiling(b_minor, in_dtype))
+  rows = a.shape[1]  # M rounded up to the 8-row TMA tile
   k_iters = cdiv(problem.k, config.tile_k)
   k_splits = min(config.k_splits, k_iters)
   steps_per_split = cdiv(k_iters, k_splits)
@@ -153,23 +184,23 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   k_splits = cdiv(k_iters, steps_per_split)
   n_tiles = cdiv(problem.n, config.tile_n)
   fused_epilogue = k_splits == 1
-  out_dtype = jnp.dtype(problem.out_dtype)
+  out_dtype = jnp.dtype(problem.out_dtype) if fused_epilogue else jnp.float32
+  m_out, n_out = cfg.padded_dims(problem.m, problem.n,
+                                 cfg.tma_tiling(config.tile_n, out_dtype))
   if fused_epilogue:
-    n_out = cfg.aligned_length(problem.n, out_dtype)
-    out_type = jax.ShapeDtypeStruct((problem.batch, problem.m, n_out),
-                                    out_dtype)
+    out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out), out_dtype)
   else:
-    n_out = cfg.aligned_length(problem.n, jnp.float32)
-    out_type = jax.ShapeDtypeStruct(
-        (k_splits, problem.batch, problem.m, n_out), jnp.float32)
+    out_type = jax.ShapeDtypeStruct((k_splits, problem.batch, m_out, n_out),
+                                    out_dtype)
   operands = [a, b]
   if fused_epilogue and problem.epilogue.has_c:
-    operands.append(cfg.pad_minor_to_alignment(c))
+    operands.append(cfg.pad_to_tiling(
+        c, cfg.tma_tiling(config.tile_n, c.dtype)))
   if fused_epilogue and problem.epilogue.has_bias:
-    operands.append(cfg.pad_minor_to_alignment(bias.astype(jnp.float32)))
+    operands.append(cfg.pad_vector(bias.astype(jnp.float32), config.tile_n))
   kernel = plgpu.kernel(
       functools.partial(_kernel_body, problem=problem, config=config,
-                        tile_m=tile_m, n_tiles=n_tiles,
+                        tile_m=tile_m, rows=rows, n_tiles=n_tiles,
                         steps_per_split=steps_per_split,
                         fused_epilogue=fused_epilogue),
       out_type=out_type,
@@ -179,14 +210,14 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   )
   out = kernel(*operands)
   if fused_epilogue:
-    return out[:, :, :problem.n] if n_out != problem.n else out
+    return out[:, :problem.m, :problem.n]
   acc = out[0]
   for partial in out[1:]:
     acc = acc + partial
-  acc = acc[:, :, :problem.n]
+  acc = acc[:, :problem.m, :problem.n]
   result = apply_epilogue(acc, problem.epilogue, c,
                           None if bias is None else bias.astype(jnp.float32))
-  return result.astype(out_dtype)
+  return result.astype(problem.out_dtype)
 
 
 def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:

@@ -88,10 +88,9 @@ def tile_coordinates(linear, *, batch_tiles, m_tiles, n_tiles,
 def _tiled_transforms(minor_elems: int, dtype):
   """Tiling + swizzle for a shared-memory tile whose minor dimension holds
   `minor_elems` elements: the widest swizzle that the row allows."""
-  bits = jnp.dtype(dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(minor_elems * bits)
-  return (plgpu.TilingTransform((8, swizzle * 8 // bits)),
-          plgpu.SwizzleTransform(swizzle))
+  tiling = cfg.tma_tiling(minor_elems, dtype)
+  swizzle = tiling[1] * jnp.dtype(dtype).itemsize
+  return (plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(swizzle))
 
 
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
@@ -292,28 +291,36 @@ def _kernel_layout(problem: GemmProblem) -> tuple[bool, bool]:
   return problem.transpose_a, problem.transpose_b
 
 
-def prepare_operands(a, b, c, bias, problem: GemmProblem):
-  """Brings operands into the layout the kernel reads and pads misaligned
-  row pitches (see `config.py`). Returns the operands and the padded N."""
+def prepare_operands(a, b, c, bias, problem: GemmProblem,
+                     config: MosaicConfig):
+  """Brings operands into the layout the kernel reads and pads ragged dims
+  to the TMA tiling (see `config.py`). Returns the operands and the padded
+  output dims."""
   transpose_a, transpose_b = _kernel_layout(problem)
   if transpose_a != problem.transpose_a:
     a = jnp.swapaxes(a, 1, 2)
   if transpose_b != problem.transpose_b:
     b = jnp.swapaxes(b, 1, 2)
-  a = cfg.pad_minor_to_alignment(a)
-  b = cfg.pad_minor_to_alignment(b)
-  n_out = cfg.aligned_length(problem.n, problem.out_dtype)
+  in_dtype = problem.in_dtype
+  a_minor = config.cta_tile_m if transpose_a else config.tile_k
+  b_minor = config.tile_k if transpose_b else config.cta_tile_n
+  a = cfg.pad_to_tiling(a, cfg.tma_tiling(a_minor, in_dtype))
+  b = cfg.pad_to_tiling(b, cfg.tma_tiling(b_minor, in_dtype))
+  out_dims = cfg.padded_dims(
+      problem.m, problem.n, cfg.tma_tiling(config.epi_tile_n, problem.out_dtype))
   if c is not None:
-    c = cfg.pad_minor_to_alignment(c)
+    c = cfg.pad_to_tiling(c, cfg.tma_tiling(config.epi_tile_n, c.dtype))
   if bias is not None:
-    bias = cfg.pad_minor_to_alignment(bias.astype(jnp.float32))
-  return a, b, c, bias, n_out
+    bias = cfg.pad_vector(bias.astype(jnp.float32), config.cta_tile_n)
+  return a, b, c, bias, out_dims
 
 
 def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
                          config: MosaicConfig | None, interpret=False):
+  params = interpret_params(interpret)
+  num_sms = INTERPRET_CTAS if params is not None else _device_num_sms()
   if config is None:
-    config = cfg.ws_heuristic(problem)
+    config = cfg.ws_heuristic(problem, num_sms)
   if not isinstance(config, MosaicConfig):
     raise TypeError(f"config must be a MosaicConfig, got {type(config).__name__}")
   if problem.in_dtype == "float32" and config.tile_k * 4 % cfg.SWIZZLE_BYTES:
@@ -322,22 +329,19 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem)} bytes of shared "
         f"memory, more than the {cfg.HOPPER_SMEM_BYTES} an sm_90 block has")
-  a, b, c, bias, n_out = prepare_operands(a, b, c, bias, problem)
+  a, b, c, bias, (m_out, n_out) = prepare_operands(a, b, c, bias, problem,
+                                                   config)
   m_tiles = cdiv(problem.m, config.cta_tile_m)
   n_tiles = cdiv(problem.n, config.cta_tile_n)
   k_iters = cdiv(problem.k, config.tile_k)
   num_tiles = problem.batch * m_tiles * n_tiles
-  params = interpret_params(interpret)
-  if params is not None:
-    num_ctas = min(INTERPRET_CTAS, num_tiles)
-  else:
-    num_ctas = min(_device_num_sms(), num_tiles)
+  num_ctas = min(num_sms, num_tiles)
   semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   kernel = plgpu.kernel(
       functools.partial(_kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
-      out_type=jax.ShapeDtypeStruct((problem.batch, problem.m, n_out),
+      out_type=jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
                                     jnp.dtype(problem.out_dtype)),
       grid=(num_ctas,),
       grid_names=("sm",),
@@ -349,8 +353,8 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   operands = [a, b] + ([c] if c is not None else []) + (
       [bias] if bias is not None else [])
   out = kernel(*operands)
-  if n_out != problem.n:
-    out = out[:, :, :problem.n]
+  if (m_out, n_out) != (problem.m, problem.n):
+    out = out[:, :problem.m, :problem.n]
   return out
 
 
@@ -377,8 +381,8 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
 
 
 def default_config(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
-  del device
-  return cfg.ws_heuristic(problem)
+  return cfg.ws_heuristic(problem, max(device.num_sms, 1) if device.is_gpu
+                         else 132)
 
 
 registry.register(registry.KernelEntry(

@@ -118,6 +118,8 @@ def test_mma_sync_supports():
 def test_mma_sync_config_validates():
   with pytest.raises(ValueError, match="block_n"):
     kernels.MmaSyncConfig(block_n=64)
+  with pytest.raises(ValueError, match="compiled variant"):
+    kernels.MmaSyncConfig(block_n=128, block_k=64)
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
@@ -180,14 +182,15 @@ def test_odd_shapes_match_float64(name, dtype, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("variant", sorted(kernels.MMA_SYNC_VARIANTS))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_mma_sync_configs_and_outputs(block_n, out_dtype):
+def test_mma_sync_configs_and_outputs(variant, out_dtype):
+  block_n, block_k = variant
   shape = (300, 520, 264)
   a, b = _operands(shape, "bfloat16", batch=2)
   out = jax.jit(lambda a, b: pallas_gemm.matmul(
       a, b, kernel="ffi/mma_sync",
-      config=kernels.MmaSyncConfig(block_n=block_n),
+      config=kernels.MmaSyncConfig(block_n=block_n, block_k=block_k),
       preferred_element_type=out_dtype))(a, b)
   assert out.dtype == jnp.dtype(out_dtype)
   err = numerics.relative_error(out, numerics.reference_matmul(a, b))

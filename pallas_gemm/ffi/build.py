@@ -50,6 +50,7 @@ HANDLERS = {
     "pallas_gemm_sgemm_08_warptile": "PallasGemmSgemm08Warptile",
     "pallas_gemm_mma_sync_bn128": "PallasGemmMmaSyncBn128",
     "pallas_gemm_mma_sync_bn256": "PallasGemmMmaSyncBn256",
+    "pallas_gemm_mma_sync_bn256_bk64": "PallasGemmMmaSyncBn256Bk64",
 }
 
 _NVCC_MISSING = (

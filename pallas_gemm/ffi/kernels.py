@@ -56,13 +56,31 @@ class FfiKernel:
 
 @dataclasses.dataclass(frozen=True)
 class MmaSyncConfig:
-  """Block tile of ffi/mma_sync: 128 x block_n x 32, 8 warps, 4 stages."""
+  """Block tile of ffi/mma_sync: 128 x block_n x block_k, 8 warps, 4 stages.
+
+  Compiled variants: (block_n, block_k) in MMA_SYNC_VARIANTS.
+  """
 
   block_n: int = 256
+  block_k: int = 32
 
   def __post_init__(self):
-    if self.block_n not in (128, 256):
-      raise ValueError(f"block_n={self.block_n} must be 128 or 256")
+    if (self.block_n, self.block_k) not in MMA_SYNC_VARIANTS:
+      raise ValueError(
+          f"(block_n, block_k)=({self.block_n}, {self.block_k}) is not a "
+          f"compiled variant; choose one of {sorted(MMA_SYNC_VARIANTS)}")
+
+  @property
+  def target(self) -> str:
+    return MMA_SYNC_VARIANTS[(self.block_n, self.block_k)]
+
+
+#: (block_n, block_k) -> FFI target of that compiled mma_sync variant.
+MMA_SYNC_VARIANTS = {
+    (128, 32): "pallas_gemm_mma_sync_bn128",
+    (256, 32): "pallas_gemm_mma_sync_bn256",
+    (256, 64): "pallas_gemm_mma_sync_bn256_bk64",
+}
 
 
 SGEMM_LADDER = (
@@ -213,8 +231,8 @@ def _mma_default_config(problem: GemmProblem, device: DeviceInfo):
 def _mma_fn(a, b, c, bias, *, problem, config, interpret):
   del interpret
   config = config or _mma_default_config(problem, None)
-  target = f"pallas_gemm_mma_sync_bn{config.block_n}"
-  return run_ffi_kernel(MMA_SYNC, target, a, b, c, bias, problem=problem)
+  return run_ffi_kernel(MMA_SYNC, config.target, a, b, c, bias,
+                        problem=problem)
 
 
 for _kernel in SGEMM_LADDER:

@@ -26,6 +26,7 @@ PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_07_double_buffered)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_08_warptile)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256_bk64)
 #undef PALLAS_GEMM_DECLARE_LAUNCHER
 }
 
@@ -276,3 +277,8 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaSyncBn256,
     PALLAS_GEMM_MMA_SPEC("mma_sync (128x256 tile)", pallas_gemm_launch_mma_sync_bn256));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaSyncBn256Bk64,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (128x256x64 tile)",
+                         pallas_gemm_launch_mma_sync_bn256_bk64));

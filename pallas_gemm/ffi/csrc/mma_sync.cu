@@ -29,11 +29,11 @@
 namespace pallas_gemm {
 namespace mma_sync {
 
-constexpr int kBlockM = 128, kBlockK = 32, kStages = 4, kThreads = 256;
+constexpr int kBlockM = 128, kStages = 4, kThreads = 256;
 constexpr int kWarpsM = 2, kWarpsN = 4;
 constexpr int kGroupM = 8;
 
-template <int kBlockN>
+template <int kBlockN, int kBlockK>
 struct Tiling {
   static constexpr int kWarpM = kBlockM / kWarpsM;  // 64
   static constexpr int kWarpN = kBlockN / kWarpsN;  // 32 or 64
@@ -44,6 +44,12 @@ struct Tiling {
   static constexpr int kAStageBytes = kBlockM * kBlockK * 2;
   static constexpr int kBStageBytes = kBlockK * kBlockN * 2;
   static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
+  // Every thread issues the same number of cp.async chunks per stage.
+  static constexpr int kAChunksPerThread = kBlockM * kAChunksPerRow / kThreads;
+  static constexpr int kBChunksPerThread = kBlockK * kBChunksPerRow / kThreads;
+  static_assert(kAChunksPerThread * kThreads == kBlockM * kAChunksPerRow &&
+                kBChunksPerThread * kThreads == kBlockK * kBChunksPerRow,
+                "tiles must split evenly over the threads");
   // Epilogue rows padded by 8 floats: the float2 fragment writes of a
   // half-warp (4 rows x 32 bytes) then fall in distinct banks.
   static constexpr int kOutStride = kBlockN + 8;
@@ -51,21 +57,23 @@ struct Tiling {
   static constexpr int kEpilogueBytes = kBlockM * kOutStride * 4;
   static constexpr int kSmemBytes =
       kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
-  static_assert(kAChunksPerRow == 4, "A swizzle assumes 64-byte rows");
+  static_assert(kAChunksPerRow == 4 || kAChunksPerRow % 8 == 0,
+                "the swizzle handles 64-byte rows or multiples of 128 bytes");
   static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
 };
 
-// A rows are 64 bytes, so two rows share one 128-byte line of banks. XOR the
-// chunk with the row pair index: the 8 rows an ldmatrix phase reads (same
-// logical chunk) then cover all 8 16-byte slots of the bank space.
-__device__ __forceinline__ int ASwizzledChunk(int row, int chunk) {
-  return row * 4 + (chunk ^ ((row >> 1) & 3));
-}
-
-// B rows are >= 128 bytes: XOR the low 3 bits of the chunk with the row.
+// The 16-byte slot a (row, chunk) of a row-major tile lives in. Rows of 128
+// bytes or more: XOR the low 3 bits of the chunk with the row, so the 8 rows
+// an ldmatrix phase reads (same logical chunk) hit 8 different bank groups.
+// 64-byte rows (A with a K step of 32): two rows share one 128-byte line, so
+// XOR with the row-pair index instead, with the same effect.
 template <int kChunksPerRow>
-__device__ __forceinline__ int BSwizzledChunk(int row, int chunk) {
-  return row * kChunksPerRow + (chunk ^ (row & 7));
+__device__ __forceinline__ int SwizzledChunk(int row, int chunk) {
+  if constexpr (kChunksPerRow == 4) {
+    return row * 4 + (chunk ^ ((row >> 1) & 3));
+  } else {
+    return row * kChunksPerRow + (chunk ^ (row & 7));
+  }
 }
 
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src,
@@ -172,9 +180,9 @@ __device__ __forceinline__ void Store8(__half* dst, const float (&v)[8]) {
   *reinterpret_cast<uint4*>(dst) = raw;
 }
 
-template <typename T, typename TOut, int kBlockN>
+template <typename T, typename TOut, int kBlockN, int kBlockK>
 __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
-  using Tile = Tiling<kBlockN>;
+  using Tile = Tiling<kBlockN, kBlockK>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
@@ -205,21 +213,25 @@ __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
 
   auto load_stage = [&](int stage, int k0) {
 #pragma unroll
-    for (int i = tid; i < kBlockM * Tile::kAChunksPerRow; i += kThreads) {
+    for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
+      const int i = tid + j * kThreads;
       const int r = i / Tile::kAChunksPerRow, chunk = i % Tile::kAChunksPerRow;
       const int row = row0 + r, col = k0 + chunk * 8;
       const bool valid = row < p.m && col < p.k;
       const T* src = valid ? a + 1LL * row * p.k + col : a;
-      CpAsync16(a_stage(stage) + ASwizzledChunk(r, chunk) * 16, src, valid);
+      CpAsync16(a_stage(stage) +
+                    SwizzledChunk<Tile::kAChunksPerRow>(r, chunk) * 16,
+                src, valid);
     }
 #pragma unroll
-    for (int i = tid; i < kBlockK * Tile::kBChunksPerRow; i += kThreads) {
+    for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
+      const int i = tid + j * kThreads;
       const int r = i / Tile::kBChunksPerRow, chunk = i % Tile::kBChunksPerRow;
       const int row = k0 + r, col = col0 + chunk * 8;
       const bool valid = row < p.k && col < p.n;
       const T* src = valid ? b + 1LL * row * p.n + col : b;
       CpAsync16(b_stage(stage) +
-                    BSwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16,
+                    SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16,
                 src, valid);
     }
   };
@@ -252,7 +264,8 @@ __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
       for (int mi = 0; mi < Tile::kMmaTilesM; ++mi) {
         const int r = warp_m * Tile::kWarpM + mi * 16 + lane_row;
         LdMatrixX4(a_frag[mi],
-                   a_stage(stage) + ASwizzledChunk(r, kk * 2 + lane_chunk) * 16);
+                   a_stage(stage) + SwizzledChunk<Tile::kAChunksPerRow>(
+                                        r, kk * 2 + lane_chunk) * 16);
       }
 #pragma unroll
       for (int nj = 0; nj < Tile::kMmaTilesN / 2; ++nj) {
@@ -261,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
         uint32_t t[4];
         LdMatrixX4Trans(
             t, b_stage(stage) +
-                   BSwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
+                   SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
         b_frag[2 * nj][0] = t[0];
         b_frag[2 * nj][1] = t[1];
         b_frag[2 * nj + 1][0] = t[2];
@@ -296,8 +309,10 @@ __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
   }
   __syncthreads();
   constexpr int kOutChunksPerRow = kBlockN / 8;
+  static_assert(kBlockM * kOutChunksPerRow % kThreads == 0, "even split");
 #pragma unroll 4
-  for (int i = tid; i < kBlockM * kOutChunksPerRow; i += kThreads) {
+  for (int j = 0; j < kBlockM * kOutChunksPerRow / kThreads; ++j) {
+    const int i = tid + j * kThreads;
     const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
     const int out_row = row0 + r, out_col = col0 + col;
     if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
@@ -314,10 +329,10 @@ __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
   }
 }
 
-template <typename T, typename TOut, int kBlockN>
+template <typename T, typename TOut, int kBlockN, int kBlockK>
 cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
-  using Tile = Tiling<kBlockN>;
-  auto kernel = MmaSyncGemm<T, TOut, kBlockN>;
+  using Tile = Tiling<kBlockN, kBlockK>;
+  auto kernel = MmaSyncGemm<T, TOut, kBlockN, kBlockK>;
   // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
   cudaError_t status = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
@@ -330,17 +345,17 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kBlockN>
+template <int kBlockN, int kBlockK>
 cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
   using E = ElementType;
   if (p.in_type == E::kBF16 && p.out_type == E::kF32)
-    return Launch<__nv_bfloat16, float, kBlockN>(p, stream);
+    return Launch<__nv_bfloat16, float, kBlockN, kBlockK>(p, stream);
   if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
-    return Launch<__nv_bfloat16, __nv_bfloat16, kBlockN>(p, stream);
+    return Launch<__nv_bfloat16, __nv_bfloat16, kBlockN, kBlockK>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF32)
-    return Launch<__half, float, kBlockN>(p, stream);
+    return Launch<__half, float, kBlockN, kBlockK>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF16)
-    return Launch<__half, __half, kBlockN>(p, stream);
+    return Launch<__half, __half, kBlockN, kBlockK>(p, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -349,10 +364,17 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
 
 extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn128(
     const pallas_gemm::GemmParams& p, cudaStream_t stream) {
-  return pallas_gemm::mma_sync::Dispatch<128>(p, stream);
+  return pallas_gemm::mma_sync::Dispatch<128, 32>(p, stream);
 }
 
 extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn256(
     const pallas_gemm::GemmParams& p, cudaStream_t stream) {
-  return pallas_gemm::mma_sync::Dispatch<256>(p, stream);
+  return pallas_gemm::mma_sync::Dispatch<256, 32>(p, stream);
+}
+
+// A K step of 64: half the barriers and pipeline bookkeeping per FLOP, at
+// twice the shared memory per stage (4 x 48 KiB).
+extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn256_bk64(
+    const pallas_gemm::GemmParams& p, cudaStream_t stream) {
+  return pallas_gemm::mma_sync::Dispatch<256, 64>(p, stream);
 }

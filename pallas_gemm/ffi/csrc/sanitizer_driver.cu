@@ -28,6 +28,7 @@ DECLARE(sgemm_07_double_buffered)
 DECLARE(sgemm_08_warptile)
 DECLARE(mma_sync_bn128)
 DECLARE(mma_sync_bn256)
+DECLARE(mma_sync_bn256_bk64)
 #undef DECLARE
 }
 
@@ -182,6 +183,7 @@ int main(int argc, char** argv) {
       {"sgemm_08_warptile", pallas_gemm_launch_sgemm_08_warptile, false, 4},
       {"mma_sync_bn128", pallas_gemm_launch_mma_sync_bn128, true, 8},
       {"mma_sync_bn256", pallas_gemm_launch_mma_sync_bn256, true, 8},
+      {"mma_sync_bn256_bk64", pallas_gemm_launch_mma_sync_bn256_bk64, true, 8},
   };
   bool all_ok = true;
   unsigned seed = 1234;

@@ -19,6 +19,9 @@ constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 16;
 constexpr int kThreads = 256;
 constexpr int kWarpM = 64, kWarpN = 32;            // 2 x 4 warps
 constexpr int kLanesM = 8, kLanesN = 4;            // lane grid in a warp tile
+static_assert(kLanesM * kLanesN == 32, "one warp");
+static_assert(kLanesM * 4 * 2 == kWarpM && kLanesN * 4 * 2 == kWarpN,
+              "2x2 quadrants of 4x4 per lane cover the warp tile");
 constexpr int kSubM = kWarpM / 2, kSubN = kWarpN / 2;  // quadrant strides
 constexpr int kPadA = 4;
 constexpr int kLoadsPerThread = kBlockM * kBlockK / 4 / kThreads;  // 2 float4

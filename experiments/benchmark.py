@@ -46,6 +46,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,11 @@ flags.DEFINE_list(
     "(e.g. 'triton/*'), the baselines 'xla' (jnp.dot) and 'jax_hopper' "
     "(JAX's hopper_matmul_mgpu, Hopper only), or 'all'. jnp.dot always runs "
     "as the baseline of the 'x jnp.dot' column.")
+flags.DEFINE_list(
+    "skip_kernels", [],
+    "Globs of kernels to leave out of --kernels (e.g. 'triton/0[1-4]*' to "
+    "drop the early ladder rungs from a large suite); a glob that matches "
+    "nothing is not an error. jnp.dot is never left out.")
 flags.DEFINE_list(
     "dtypes", None,
     "Input dtypes: bfloat16, float16, float32 (once per --f32_precisions), "
@@ -136,6 +142,10 @@ flags.DEFINE_bool(
     "Run on the host CPU in Pallas interpret mode. Default: on when JAX has "
     "no GPU.")
 flags.DEFINE_integer("seed", 0, "Seed for the random inputs.")
+flags.DEFINE_bool(
+    "strict", False,
+    "Exit with status 1 when any measurement FAILED (for CI); by default "
+    "failures are reported in the table and the exit status is 0.")
 flags.DEFINE_float(
     "time_budget_s", 0.0,
     "Stop starting new measurements after this many seconds (0: no limit); "
@@ -444,8 +454,10 @@ def hopper_target() -> BenchTarget:
                      candidate_configs=candidates, build=build)
 
 
-def resolve_kernels(patterns: Sequence[str]) -> tuple[str, ...]:
-  """Expands names and globs; jnp.dot comes first, always."""
+def resolve_kernels(patterns: Sequence[str],
+                    skip: Sequence[str] = ()) -> tuple[str, ...]:
+  """Expands names and globs, less those matching a `skip` glob; jnp.dot
+  comes first, always."""
   registered = [n for n in pallas_gemm.list_kernels() if n != BASELINE_NAME]
   universe = registered + [HOPPER_NAME]
   chosen: list[str] = [BASELINE_NAME]
@@ -464,7 +476,9 @@ def resolve_kernels(patterns: Sequence[str]) -> tuple[str, ...]:
             f"--kernels entry {pattern!r} matches no kernel; registered: "
             f"{registered}, baselines: {[BASELINE_NAME, HOPPER_NAME]}")
     chosen.extend(m for m in matches if m not in chosen)
-  return tuple(chosen)
+  skip = [g.strip() for g in skip if g.strip()]
+  return tuple(n for n in chosen if n == BASELINE_NAME
+               or not any(fnmatch.fnmatchcase(n, g) for g in skip))
 
 
 def make_target(name: str) -> BenchTarget:
@@ -558,7 +572,7 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
   else:
     dtype_names = ["bfloat16"]
   return BenchmarkOptions(
-      kernels=resolve_kernels(FLAGS.kernels),
+      kernels=resolve_kernels(FLAGS.kernels, FLAGS.skip_kernels),
       shapes=shapes,
       suite=suite,
       dtype_cases=parse_dtypes(dtype_names, FLAGS.f32_precisions),
@@ -859,6 +873,8 @@ class BenchmarkRun:
                       if options.time_budget_s > 0 else None)
     # Hook for tests: called with (kernel, problem) right before timing.
     self.on_timing: Callable[[str, GemmProblem], None] | None = None
+    # Called after every recorded row (run_benchmark saves partial results).
+    self.on_row: Callable[[], Any] | None = None
 
   # -- bookkeeping --
 
@@ -866,14 +882,16 @@ class BenchmarkRun:
     return peak_tflops(self.device.device_kind, case.in_dtype,
                        case.peak_precision)
 
-  def _total(self) -> int:
+  def total(self) -> int:
     return (len(self.options.shapes) * len(self.options.dtype_cases)
             * len(self.options.layouts) * len(self.targets))
 
   def _record(self, row: Measurement) -> None:
     self.rows.append(row)
-    self.log(progress_line(row, len(self.rows), self._total()))
+    self.log(progress_line(row, len(self.rows), self.total()))
     sys.stdout.flush()
+    if self.on_row is not None:
+      self.on_row()
 
   # -- the grid --
 
@@ -1139,12 +1157,12 @@ _RUNG_NUMBER = re.compile(r"(\d+)")
 
 
 def ladder_group(kernel: str) -> str:
-  """triton/02_k_loop -> "triton"; ffi/sgemm_03_tiled -> "ffi/sgemm"."""
-  backend, _, rest = kernel.partition("/")
-  prefix = re.match(r"([a-z]+)_?\d", rest)
-  if prefix and not rest[:1].isdigit():
-    return f"{backend}/{prefix.group(1)}"
-  return backend
+  """The ladder a kernel belongs to: its backend ("triton", "ffi", "mosaic").
+
+  A backend's float32 and 16-bit rungs (ffi's sgemm_NN and mma_sync) land in
+  different tables anyway, because each table is for one dtype.
+  """
+  return kernel.partition("/")[0]
 
 
 def _rung_key(kernel: str):
@@ -1153,7 +1171,7 @@ def _rung_key(kernel: str):
   return (int(number.group(1)) if number else 10**6, kernel)
 
 
-_GROUP_ORDER = ("triton", "ffi/sgemm", "ffi/mma", "ffi", "mosaic")
+_GROUP_ORDER = ("triton", "ffi", "mosaic")
 
 
 def ladder_markdown(rows: Sequence[Measurement], device_kind: str) -> str:
@@ -1165,6 +1183,8 @@ def ladder_markdown(rows: Sequence[Measurement], device_kind: str) -> str:
                                  else len(_GROUP_ORDER), g))
   baselines = {(r.shape, r.dtype_label, r.layout): r for r in rows
                if r.kernel == BASELINE_NAME and r.status == "OK"}
+  hopper = {(r.shape, r.dtype_label, r.layout): r for r in rows
+            if r.kernel == HOPPER_NAME and r.status == "OK"}
   sections = []
   for group in groups:
     members = [r for r in measured if ladder_group(r.kernel) == group]
@@ -1190,10 +1210,13 @@ def ladder_markdown(rows: Sequence[Measurement], device_kind: str) -> str:
         body.append([row.kernel, tflops_text(row.tflops), _fmt(row.pct_peak, ".1f"),
                      gain, _short_config(row.config)])
         previous = row.tflops
-      baseline = baselines.get(key)
-      if baseline is not None:
-        body.append(["jnp.dot (reference)", tflops_text(baseline.tflops),
-                     _fmt(baseline.pct_peak, ".1f"), "-", "-"])
+      for label, reference in (("jnp.dot (reference)", baselines.get(key)),
+                               ("JAX hopper_matmul_mgpu (reference)",
+                                hopper.get(key))):
+        if reference is not None:
+          body.append([label, tflops_text(reference.tflops),
+                       _fmt(reference.pct_peak, ".1f"), "-",
+                       _short_config(reference.config)])
       title = (f"**{group}** — {key[0]}, {key[1]}, {key[2]}, {device_kind}")
       sections.append(title + "\n\n" + format_markdown_table(
           ["rung", "TFLOP/s", "% peak", "gain vs previous rung", "config"], body))
@@ -1289,29 +1312,33 @@ def measure_copy_bandwidth_tbs() -> float | None:
     return None
 
 
-def write_outputs(run: BenchmarkRun, output_dir: pathlib.Path) -> list[pathlib.Path]:
+def write_records(output_dir: pathlib.Path, metadata: dict,
+                  rows: Sequence[Measurement]) -> list[pathlib.Path]:
+  """results.csv and results.json. Also called after every row, so that a
+  run killed half-way (a timeout, a hung kernel) leaves what it measured."""
   output_dir.mkdir(parents=True, exist_ok=True)
-  rows = run.rows
-  written = []
-  metadata = collect_metadata(run)
   records = [dataclasses.asdict(r) for r in rows]
-
   csv_path = output_dir / "results.csv"
   with csv_path.open("w", newline="") as f:
     for key in ("device", "driver_version", "jax_version", "jaxlib_version",
                 "git", "date_utc", "input_distribution", "timing",
-                "command_line"):
+                "command_line", "complete"):
       f.write(f"# {key}: {metadata[key]}\n")
     writer = csv.DictWriter(f, fieldnames=[fl.name for fl in
                                            dataclasses.fields(Measurement)])
     writer.writeheader()
     writer.writerows(records)
-  written.append(csv_path)
-
   json_path = output_dir / "results.json"
   json_path.write_text(json.dumps({"metadata": metadata, "results": records},
                                   indent=1, default=str) + "\n")
-  written.append(json_path)
+  return [csv_path, json_path]
+
+
+def write_outputs(run: BenchmarkRun, output_dir: pathlib.Path,
+                  metadata: dict) -> list[pathlib.Path]:
+  rows = run.rows
+  records = [dataclasses.asdict(r) for r in rows]
+  written = write_records(output_dir, metadata, rows)
 
   provenance = (f"{metadata['device']}, jax {metadata['jax_version']}, "
                 f"git {metadata['git']}, {metadata['date_utc']}, "
@@ -1359,32 +1386,49 @@ def write_outputs(run: BenchmarkRun, output_dir: pathlib.Path) -> list[pathlib.P
   return written
 
 
+def _exit_on_sigterm(signum, frame):
+  del frame
+  # `timeout` sends SIGTERM: unwind through run_benchmark's `finally` so that
+  # the tables and plots of what was measured are still written.
+  raise SystemExit(128 + signum)
+
+
 def run_benchmark(options: BenchmarkOptions, *, log=print,
                   on_timing=None) -> BenchmarkRun:
   """Runs, prints the final table and writes the outputs."""
   run = BenchmarkRun(options, log=log)
   run.on_timing = on_timing
+  output_dir = (pathlib.Path(options.output_dir) if options.output_dir
+                else default_output_dir(options, run.device, run.on_gpu))
+  metadata = collect_metadata(run)
+  metadata["complete"] = False
+  run.on_row = lambda: write_records(output_dir, metadata, run.rows)
   log(f"pallas_gemm benchmark on {run.device.device_kind}"
       f"{'' if run.on_gpu else ' (CPU, Pallas interpret mode)'}; "
       f"suite {options.suite}, {len(options.shapes)} shapes, "
       f"dtypes {[c.label for c in options.dtype_cases]}, layouts "
-      f"{list(options.layouts)}, kernels {list(options.kernels)}")
+      f"{list(options.layouts)}, kernels {list(options.kernels)}; "
+      f"writing to {output_dir}")
   if not run.on_gpu:
     log("NOTE: " + CPU_TIMING_NOTE)
-  errors = pallas_gemm.backend_errors()
-  for backend, error in errors.items():
+  for backend, error in pallas_gemm.backend_errors().items():
     log(f"NOTE: backend {backend} did not import: {error}")
   sys.stdout.flush()
-  run.run()
-  log("\n" + final_table(run.rows))
-  if options.suite == "ladder":
-    log("\nLadder:\n\n" + ladder_markdown(run.rows, run.device.device_kind))
-  output_dir = (pathlib.Path(options.output_dir) if options.output_dir
-                else default_output_dir(options, run.device, run.on_gpu))
-  written = write_outputs(run, output_dir)
-  log("\nwrote " + ", ".join(str(p) for p in written))
-  if not run.on_gpu:
-    log("NOTE: " + CPU_TIMING_NOTE)
+  try:
+    run.run()
+    metadata["complete"] = True
+  finally:
+    if not metadata["complete"]:
+      log(f"\nINTERRUPTED after {len(run.rows)} of {run.total()} "
+          "measurements; writing what was measured")
+    log("\n" + final_table(run.rows))
+    if options.suite == "ladder":
+      log("\nLadder:\n\n" + ladder_markdown(run.rows, run.device.device_kind))
+    written = write_outputs(run, output_dir, metadata)
+    log("\nwrote " + ", ".join(str(p) for p in written))
+    if not run.on_gpu:
+      log("NOTE: " + CPU_TIMING_NOTE)
+    sys.stdout.flush()
   return run
 
 
@@ -1393,13 +1437,13 @@ def main(argv):
     options = options_from_flags(argv)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  signal.signal(signal.SIGTERM, _exit_on_sigterm)
   run = run_benchmark(options)
   failed = [r for r in run.rows if r.status == "FAILED"]
   if failed:
     print(f"\n{len(failed)} measurement(s) FAILED the correctness check or "
           "raised; see the table.", flush=True)
-    return 1
-  return 0
+  return 1 if failed and FLAGS.strict else 0
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@
 #
 #   OUT=/some/dir experiments/run_gpu.sh        # OUT defaults to ./out
 #
-# Designed to finish in about 9 minutes on an H200 (each stage has a time
-# budget; a benchmark stops starting new measurements when its budget is
-# spent and reports the rest SKIPPED). It leaves few files in $OUT, because
-# the device machine returns at most 8:
+# Designed to finish in about 9 minutes (TOTAL_S) on an H200: the build and
+# the tests get fixed budgets, and what is left is shared among the three
+# benchmarks (ladder 30%, large 45%, decode 25%). A benchmark stops starting
+# new measurements when its budget is spent and reports the rest SKIPPED,
+# so the order of its shapes and kernels is the order of priority. It leaves
+# few files in $OUT, because the device machine returns at most 8:
 #
 #   log.txt                everything printed
 #   pytest_gpu.txt         the GPU test run
@@ -18,21 +20,23 @@
 #   tflops_large.png       quick looks at two of the plots
 #   roofline_decode.png
 #
-# Environment knobs (seconds): TEST_BUDGET_S, LADDER_BUDGET_S, LARGE_BUDGET_S,
-# DECODE_BUDGET_S; ITERS; PYTHON (default python3).
+# Environment knobs: TOTAL_S (520), BUILD_BUDGET_S (120), TEST_BUDGET_S (90),
+# ITERS (20), MAX_CANDIDATES (3, the jax_hopper sweep), PYTHON (python3).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
 PY=${PYTHON:-python3}
 ITERS=${ITERS:-20}
-TEST_BUDGET_S=${TEST_BUDGET_S:-120}
-LADDER_BUDGET_S=${LADDER_BUDGET_S:-100}
-LARGE_BUDGET_S=${LARGE_BUDGET_S:-150}
-DECODE_BUDGET_S=${DECODE_BUDGET_S:-60}
-# A benchmark gets this long past its budget before it is killed (the
-# measurement in flight, writing the outputs).
-GRACE_S=60
+MAX_CANDIDATES=${MAX_CANDIDATES:-3}
+TOTAL_S=${TOTAL_S:-520}
+BUILD_BUDGET_S=${BUILD_BUDGET_S:-120}
+TEST_BUDGET_S=${TEST_BUDGET_S:-90}
+# Per benchmark process: start-up (importing JAX) and writing the outputs,
+# plus the one measurement that may be in flight when its budget runs out.
+OVERHEAD_S=25
+# A benchmark gets this long past its budget before it is killed (a hang).
+GRACE_S=90
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -54,7 +58,7 @@ echo "results go to $RESULTS"
 
 stage "build the FFI kernels"
 if [ -f pallas_gemm/ffi/__main__.py ]; then
-  timeout 180 "$PY" -m pallas_gemm.ffi build || echo "FFI build failed; ffi/ kernels will be skipped or fail"
+  timeout "$BUILD_BUDGET_S" "$PY" -m pallas_gemm.ffi build || echo "FFI build failed; ffi/ kernels will be skipped or fail"
 else
   echo "no pallas_gemm.ffi build module; nothing to build"
 fi
@@ -72,15 +76,26 @@ bench() {  # bench SUITE BUDGET_S [extra flags...]
   stage "benchmark: $suite (${budget}s budget)"
   timeout $((budget + GRACE_S)) "$PY" experiments/benchmark.py \
     --suite="$suite" --kernels=all --iters="$ITERS" --warmup=2 \
-    --time_budget_s="$budget" --max_seconds_per_measurement=2 \
-    --output_dir="$RESULTS/$suite" "$@"
+    --max_candidates="$MAX_CANDIDATES" --time_budget_s="$budget" \
+    --max_seconds_per_measurement=2 --output_dir="$RESULTS/$suite" "$@"
   echo "benchmark $suite exited with status $?"
 }
 
-# The ladder at one size keeps the slow early rungs affordable.
-bench ladder "$LADDER_BUDGET_S" --shapes=4096x4096x4096 --dtypes=bfloat16,float32
-bench large "$LARGE_BUDGET_S" --dtypes=bfloat16
-bench decode "$DECODE_BUDGET_S" --dtypes=bfloat16
+LEFT=$((TOTAL_S - SECONDS - 3 * OVERHEAD_S))
+[ "$LEFT" -lt 90 ] && LEFT=90
+echo "benchmarks share ${LEFT}s"
+# The ladder at one size keeps the slow early rungs affordable; float32
+# brings in the sgemm ladder (ieee) and the TF32 rows last.
+bench ladder $((LEFT * 30 / 100)) --shapes=4096x4096x4096 --dtypes=bfloat16,float32
+# The early rungs are in the ladder; the large and decode suites compare the
+# production kernels with jnp.dot and JAX's Hopper kernel.
+EARLY_RUNGS='triton/0[1-4]*,ffi/sgemm*'
+LEFT=$((TOTAL_S - SECONDS - 2 * OVERHEAD_S))
+[ "$LEFT" -lt 60 ] && LEFT=60
+bench large $((LEFT * 64 / 100)) --dtypes=bfloat16 --skip_kernels="$EARLY_RUNGS"
+LEFT=$((TOTAL_S - SECONDS - OVERHEAD_S))
+[ "$LEFT" -lt 30 ] && LEFT=30
+bench decode "$LEFT" --dtypes=bfloat16 --skip_kernels="$EARLY_RUNGS"
 
 stage "collect"
 {

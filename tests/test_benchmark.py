@@ -18,9 +18,9 @@ from pallas_gemm import registry
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "experiments" / "benchmark.py"
-OUR_FLAGS = ("kernels", "dtypes", "f32_precisions", "suite", "shapes",
+OUR_FLAGS = ("kernels", "skip_kernels", "dtypes", "f32_precisions", "suite", "shapes",
              "layouts", "iters", "warmup", "output_dir", "plot", "autotune",
-             "max_candidates", "interpret", "seed", "time_budget_s",
+             "max_candidates", "interpret", "seed", "strict", "time_budget_s",
              "max_seconds_per_measurement")
 
 
@@ -67,6 +67,7 @@ def test_tiny_cpu_run_writes_csv_json_and_png(tmp_path):
               "git", "date_utc", "input_distribution", "command_line"):
     assert meta[key], key
   assert "--shapes=32x48x40,17x5x33" in meta["command_line"]
+  assert meta["complete"] is True
   rows = data["results"]
   assert {(r["kernel"], r["shape"]) for r in rows} == {
       ("xla", "32x48x40"), ("triton/02_k_loop", "32x48x40"),
@@ -138,6 +139,27 @@ def test_broken_kernel_is_failed_and_never_timed(broken_kernel, tmp_path):
   assert any("FAILED" in line and broken_kernel in line for line in lines)
 
 
+def test_an_interrupted_run_still_writes_what_it_measured(tmp_path):
+  options = benchmark.BenchmarkOptions(
+      kernels=("xla",), shapes=((8, 8, 8), (16, 8, 8)), suite="custom",
+      dtype_cases=(benchmark.DtypeCase("float32", "ieee"),), iters=1,
+      warmup=0, output_dir=str(tmp_path), plot=False, interpret=True)
+  timed = []
+
+  def stop_on_second(kernel, problem):
+    timed.append(kernel)
+    if len(timed) == 2:
+      raise SystemExit(143)  # what SIGTERM from `timeout` turns into
+
+  with pytest.raises(SystemExit):
+    benchmark.run_benchmark(options, log=lambda line: None,
+                            on_timing=stop_on_second)
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert data["metadata"]["complete"] is False
+  assert [r["shape"] for r in data["results"]] == ["8x8x8"]
+  assert (tmp_path / "summary.md").is_file()
+
+
 def test_unsupported_problem_is_skipped_with_the_kernels_reason(tmp_path):
   options = benchmark.BenchmarkOptions(
       kernels=("xla", "jax_hopper"), shapes=((16, 16, 16),), suite="custom",
@@ -171,6 +193,9 @@ def test_other_parsing_errors_name_the_bad_entry():
     benchmark.resolve_kernels(["nothing/*"])
   with pytest.raises(ValueError, match="nope"):
     benchmark.suite_shapes("nope")
+  kept = benchmark.resolve_kernels(["all"], ["triton/0[1-4]*", "none/*", "xla"])
+  assert kept[0] == "xla" and "jax_hopper" in kept
+  assert not any(k.startswith(("triton/01", "triton/04")) for k in kept)
   cases = benchmark.parse_dtypes(["f32", "bf16", "tf32"], ["ieee", "tf32"])
   assert [c.label for c in cases] == ["float32/ieee", "float32/tf32", "bfloat16"]
 
@@ -185,8 +210,7 @@ def test_sampled_check_covers_edges_and_every_tile():
 
 def test_ladder_groups_and_gains():
   assert benchmark.ladder_group("triton/02_k_loop") == "triton"
-  assert benchmark.ladder_group("ffi/sgemm_03_tiled") == "ffi/sgemm"
-  assert benchmark.ladder_group("ffi/mma02_ldmatrix") == "ffi/mma"
+  assert benchmark.ladder_group("ffi/sgemm_03_smem_tiled") == "ffi"
   assert benchmark.ladder_group("mosaic/ws_persistent") == "mosaic"
 
   def row(kernel, tflops):
@@ -197,13 +221,18 @@ def test_ladder_groups_and_gains():
         pct_peak=tflops / 9.89, config="-")
   table = benchmark.ladder_markdown(
       [row("xla", 700.0), row("triton/02_k_loop", 100.0),
-       row("triton/01_naive", 10.0), row("triton/03_pipelined", 250.0)],
+       row("triton/01_naive", 10.0), row("triton/03_pipelined", 250.0),
+       row("ffi/mma_sync", 300.0), row("ffi/sgemm_02_coalesced", 2.0)],
       "NVIDIA H200")
   lines = [line for line in table.splitlines() if line.startswith("| triton")]
   assert [line.split("|")[1].strip() for line in lines] == [
       "triton/01_naive", "triton/02_k_loop", "triton/03_pipelined"]
   assert "10.00x" in lines[1] and "2.50x" in lines[2]
   assert "jnp.dot (reference)" in table
+  ffi = [line.split("|")[1].strip() for line in table.splitlines()
+         if line.startswith("| ffi")]
+  assert ffi == ["ffi/sgemm_02_coalesced", "ffi/mma_sync"]  # numbered first
+  assert table.index("**triton**") < table.index("**ffi**")
 
 
 def test_update_readme_splices_between_markers(tmp_path):
@@ -250,3 +279,37 @@ class _Sink:
 
   def flush(self):
     pass
+
+
+def test_gpu_timing_path_falls_back_to_a_host_clock_without_cupti():
+  """The rotated-call/CUPTI path, run on a CPU where CUPTI is missing."""
+  problem = benchmark.make_problem((64, 48, 32),
+                                   benchmark.DtypeCase("float32", "ieee"), "NT")
+  sets = benchmark.make_input_sets(problem, 3, seed=0)
+  call = benchmark.RotatingCall(benchmark._build_jnp_dot(problem, None), sets,
+                                on_gpu=True)
+  reference = benchmark.build_reference(problem, *sets[0], seed=0)
+  out = call.first_output()
+  assert out.shape == (64, 48)
+  assert benchmark.numerics.relative_error(reference.select(out),
+                                           reference.reference) < 1e-5
+  timing = benchmark.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
+                                 warmup=1, cap_s=5.0)
+  assert len(timing.samples_us) == 4 and timing.median_us > 0
+  assert timing.method == "cupti" or timing.method.startswith("host-clock")
+
+
+def test_sampled_reference_catches_a_wrong_edge(monkeypatch):
+  monkeypatch.setattr(benchmark, "FULL_CHECK_VOLUME", 1000)
+  problem = benchmark.make_problem((400, 350, 20),
+                                   benchmark.DtypeCase("float32", "ieee"), "TN")
+  (a, b), = benchmark.make_input_sets(problem, 1, seed=1)
+  reference = benchmark.build_reference(problem, a, b, seed=1)
+  assert reference.sampled
+  good = benchmark._build_jnp_dot(problem, None)(a, b)
+  error = benchmark.numerics.relative_error(reference.select(good),
+                                            reference.reference)
+  assert error < 1e-5
+  last_row_lost = good.at[-1, :].set(jnp.nan)
+  assert benchmark.numerics.relative_error(
+      reference.select(last_row_lost), reference.reference) == float("inf")

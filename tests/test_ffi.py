@@ -185,12 +185,10 @@ def test_odd_shapes_match_float64(name, dtype, shape):
 @pytest.mark.parametrize("variant", sorted(kernels.MMA_SYNC_VARIANTS))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
 def test_mma_sync_configs_and_outputs(variant, out_dtype):
-  block_n, block_k = variant
   shape = (300, 520, 264)
   a, b = _operands(shape, "bfloat16", batch=2)
   out = jax.jit(lambda a, b: pallas_gemm.matmul(
-      a, b, kernel="ffi/mma_sync",
-      config=kernels.MmaSyncConfig(block_n=block_n, block_k=block_k),
+      a, b, kernel="ffi/mma_sync", config=kernels.MmaSyncConfig(*variant),
       preferred_element_type=out_dtype))(a, b)
   assert out.dtype == jnp.dtype(out_dtype)
   err = numerics.relative_error(out, numerics.reference_matmul(a, b))

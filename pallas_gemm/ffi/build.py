@@ -51,6 +51,7 @@ HANDLERS = {
     "pallas_gemm_mma_sync_bn128": "PallasGemmMmaSyncBn128",
     "pallas_gemm_mma_sync_bn256": "PallasGemmMmaSyncBn256",
     "pallas_gemm_mma_sync_bn256_bk64": "PallasGemmMmaSyncBn256Bk64",
+    "pallas_gemm_mma_sync_bn128_w4": "PallasGemmMmaSyncBn128W4",
 }
 
 _NVCC_MISSING = (

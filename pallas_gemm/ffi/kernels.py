@@ -56,30 +56,37 @@ class FfiKernel:
 
 @dataclasses.dataclass(frozen=True)
 class MmaSyncConfig:
-  """Block tile of ffi/mma_sync: 128 x block_n x block_k, 8 warps, 4 stages.
+  """Block tile of ffi/mma_sync: 128 x block_n x block_k, 4 stages, with
+  num_warps warps (8: one block per SM; 4: 64x64 warp tiles, two per SM).
 
-  Compiled variants: (block_n, block_k) in MMA_SYNC_VARIANTS.
+  Compiled variants: (block_n, block_k, num_warps) in MMA_SYNC_VARIANTS.
   """
 
   block_n: int = 256
   block_k: int = 32
+  num_warps: int = 8
 
   def __post_init__(self):
-    if (self.block_n, self.block_k) not in MMA_SYNC_VARIANTS:
+    if self.key not in MMA_SYNC_VARIANTS:
       raise ValueError(
-          f"(block_n, block_k)=({self.block_n}, {self.block_k}) is not a "
-          f"compiled variant; choose one of {sorted(MMA_SYNC_VARIANTS)}")
+          f"(block_n, block_k, num_warps)={self.key} is not a compiled "
+          f"variant; choose one of {sorted(MMA_SYNC_VARIANTS)}")
+
+  @property
+  def key(self) -> tuple[int, int, int]:
+    return (self.block_n, self.block_k, self.num_warps)
 
   @property
   def target(self) -> str:
-    return MMA_SYNC_VARIANTS[(self.block_n, self.block_k)]
+    return MMA_SYNC_VARIANTS[self.key]
 
 
-#: (block_n, block_k) -> FFI target of that compiled mma_sync variant.
+#: (block_n, block_k, num_warps) -> FFI target of that compiled variant.
 MMA_SYNC_VARIANTS = {
-    (128, 32): "pallas_gemm_mma_sync_bn128",
-    (256, 32): "pallas_gemm_mma_sync_bn256",
-    (256, 64): "pallas_gemm_mma_sync_bn256_bk64",
+    (128, 32, 8): "pallas_gemm_mma_sync_bn128",
+    (256, 32, 8): "pallas_gemm_mma_sync_bn256",
+    (256, 64, 8): "pallas_gemm_mma_sync_bn256_bk64",
+    (128, 32, 4): "pallas_gemm_mma_sync_bn128_w4",
 }
 
 

@@ -27,6 +27,7 @@ PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_08_warptile)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256_bk64)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128_w4)
 #undef PALLAS_GEMM_DECLARE_LAUNCHER
 }
 
@@ -282,3 +283,8 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaSyncBn256Bk64,
     PALLAS_GEMM_MMA_SPEC("mma_sync (128x256x64 tile)",
                          pallas_gemm_launch_mma_sync_bn256_bk64));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaSyncBn128W4,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (128x128 tile, 4 warps)",
+                         pallas_gemm_launch_mma_sync_bn128_w4));

@@ -29,12 +29,16 @@
 namespace pallas_gemm {
 namespace mma_sync {
 
-constexpr int kBlockM = 128, kStages = 4, kThreads = 256;
-constexpr int kWarpsM = 2, kWarpsN = 4;
+constexpr int kBlockM = 128, kStages = 4, kWarpsM = 2;
 constexpr int kGroupM = 8;
 
-template <int kBlockN, int kBlockK>
+// kWarpsN = 4: 8 warps, one block per SM. kWarpsN = 2: 4 warps with 64x64
+// warp tiles and two blocks per SM, so one block's barrier wait overlaps the
+// other block's math.
+template <int kBlockN, int kBlockK, int kWarpsN>
 struct Tiling {
+  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int kMinBlocksPerSm = kWarpsN == 2 ? 2 : 1;
   static constexpr int kWarpM = kBlockM / kWarpsM;  // 64
   static constexpr int kWarpN = kBlockN / kWarpsN;  // 32 or 64
   static constexpr int kMmaTilesM = kWarpM / 16;
@@ -180,9 +184,12 @@ __device__ __forceinline__ void Store8(__half* dst, const float (&v)[8]) {
   *reinterpret_cast<uint4*>(dst) = raw;
 }
 
-template <typename T, typename TOut, int kBlockN, int kBlockK>
-__global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
-  using Tile = Tiling<kBlockN, kBlockK>;
+template <typename T, typename TOut, int kBlockN, int kBlockK, int kWarpsN>
+__global__ void __launch_bounds__(Tiling<kBlockN, kBlockK, kWarpsN>::kThreads,
+                                  Tiling<kBlockN, kBlockK, kWarpsN>::kMinBlocksPerSm)
+MmaSyncGemm(GemmParams p) {
+  using Tile = Tiling<kBlockN, kBlockK, kWarpsN>;
+  constexpr int kThreads = Tile::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
@@ -329,10 +336,10 @@ __global__ void __launch_bounds__(kThreads, 1) MmaSyncGemm(GemmParams p) {
   }
 }
 
-template <typename T, typename TOut, int kBlockN, int kBlockK>
+template <typename T, typename TOut, int kBlockN, int kBlockK, int kWarpsN>
 cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
-  using Tile = Tiling<kBlockN, kBlockK>;
-  auto kernel = MmaSyncGemm<T, TOut, kBlockN, kBlockK>;
+  using Tile = Tiling<kBlockN, kBlockK, kWarpsN>;
+  auto kernel = MmaSyncGemm<T, TOut, kBlockN, kBlockK, kWarpsN>;
   // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
   cudaError_t status = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
@@ -341,21 +348,21 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
       1LL * CeilDiv(p.m, kBlockM) * CeilDiv(p.n, kBlockN);
   if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
   dim3 grid(static_cast<unsigned>(blocks), p.batch);
-  kernel<<<grid, kThreads, Tile::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <int kBlockN, int kBlockK>
+template <int kBlockN, int kBlockK, int kWarpsN = 4>
 cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
   using E = ElementType;
   if (p.in_type == E::kBF16 && p.out_type == E::kF32)
-    return Launch<__nv_bfloat16, float, kBlockN, kBlockK>(p, stream);
+    return Launch<__nv_bfloat16, float, kBlockN, kBlockK, kWarpsN>(p, stream);
   if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
-    return Launch<__nv_bfloat16, __nv_bfloat16, kBlockN, kBlockK>(p, stream);
+    return Launch<__nv_bfloat16, __nv_bfloat16, kBlockN, kBlockK, kWarpsN>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF32)
-    return Launch<__half, float, kBlockN, kBlockK>(p, stream);
+    return Launch<__half, float, kBlockN, kBlockK, kWarpsN>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF16)
-    return Launch<__half, __half, kBlockN, kBlockK>(p, stream);
+    return Launch<__half, __half, kBlockN, kBlockK, kWarpsN>(p, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -377,4 +384,10 @@ extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn256(
 extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn256_bk64(
     const pallas_gemm::GemmParams& p, cudaStream_t stream) {
   return pallas_gemm::mma_sync::Dispatch<256, 64>(p, stream);
+}
+
+// 128x128x32 with 4 warps of 64x64 and two blocks per SM.
+extern "C" cudaError_t pallas_gemm_launch_mma_sync_bn128_w4(
+    const pallas_gemm::GemmParams& p, cudaStream_t stream) {
+  return pallas_gemm::mma_sync::Dispatch<128, 32, 2>(p, stream);
 }

@@ -29,6 +29,7 @@ DECLARE(sgemm_08_warptile)
 DECLARE(mma_sync_bn128)
 DECLARE(mma_sync_bn256)
 DECLARE(mma_sync_bn256_bk64)
+DECLARE(mma_sync_bn128_w4)
 #undef DECLARE
 }
 
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
       {"mma_sync_bn128", pallas_gemm_launch_mma_sync_bn128, true, 8},
       {"mma_sync_bn256", pallas_gemm_launch_mma_sync_bn256, true, 8},
       {"mma_sync_bn256_bk64", pallas_gemm_launch_mma_sync_bn256_bk64, true, 8},
+      {"mma_sync_bn128_w4", pallas_gemm_launch_mma_sync_bn128_w4, true, 8},
   };
   bool all_ok = true;
   unsigned seed = 1234;

@@ -110,7 +110,8 @@ def bind(a, b, c=None, bias=None, *, kernel=None, config=None,
   elif entry.config_cls is None:
     raise TypeError(f"kernel={entry.name!r} takes no config, got {config!r}")
   return pallas_gemm_p.bind(
-      *_join_operands(a, b, c, bias), kernel=entry.name, config=config,
+      *sharding.match_varying_axes(_join_operands(a, b, c, bias)),
+      kernel=entry.name, config=config,
       transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
       epilogue=epilogue, out_dtype=out_dtype)
 
@@ -135,7 +136,8 @@ def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
   if config is None:
     config = entry.default_config(problem, device)
   return pallas_gemm_p.bind(
-      *_join_operands(a, b, c, bias), kernel=entry.name, config=config,
+      *sharding.match_varying_axes(_join_operands(a, b, c, bias)),
+      kernel=entry.name, config=config,
       transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
       epilogue=epilogue, out_dtype=out_dtype)
 
@@ -165,7 +167,8 @@ def _abstract_eval(*operands, kernel, config, transpose_a, transpose_b,
     raise ValueError(f"c.shape={c.shape} must equal the output shape {out_shape}")
   if bias is not None and tuple(bias.shape) != (n,):
     raise ValueError(f"bias.shape={bias.shape} must be ({n},)")
-  return jax.core.ShapedArray(out_shape, jnp.dtype(out_dtype))
+  return sharding.output_type(operands, out_shape, out_dtype,
+                              transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 # ---------------------------------------------------------------- lowering ---

@@ -137,6 +137,62 @@ def needs_partitioning(ctx) -> bool:
   return False
 
 
+def match_varying_axes(operands):
+  """Inside a `shard_map` (with its default `check_vma=True`): casts the
+  operands that are invariant over some manual mesh axis to varying, as
+  `jnp.dot` does. Without the cast, the transpose of a product with an
+  invariant operand (a replicated weight) would skip the `psum` of its
+  cotangent and return one device's partial gradient."""
+  return list(jax_core.auto_insert_reshard(*operands))
+
+
+def output_type(operands, out_shape, out_dtype, *, transpose_a: bool,
+                transpose_b: bool) -> jax_core.ShapedArray:
+  """The abstract output: shape and dtype, plus the type-level annotations
+  when the operands carry them. Inside a `shard_map` the output varies over
+  every manual axis an operand varies over; under an explicit-axes mesh it
+  is sharded as `jnp.dot`'s output would be (batch and M as in a, N as in b,
+  unless N would reuse an axis of M; a sharded K leaves the type
+  replicated, the partitioner still reduces it)."""
+  dtype = jnp.dtype(out_dtype)
+  varying = frozenset()
+  if jax_config._check_vma.value:  # noqa: SLF001
+    varying = frozenset().union(*(x.mat.varying for x in operands))
+  spec = _explicit_output_spec(operands[0], operands[1], transpose_a,
+                               transpose_b)
+  if not varying and spec is None:
+    return jax_core.ShapedArray(out_shape, dtype)
+  mesh = operands[0].sharding.mesh
+  if mesh.empty:
+    mesh = mesh_lib.get_abstract_mesh()
+  return jax_core.ShapedArray(
+      out_shape, dtype,
+      sharding=NamedSharding(mesh, spec or PartitionSpec()),
+      manual_axis_type=jax_core.ManualAxisType(varying=varying))
+
+
+def _explicit_output_spec(a, b, transpose_a, transpose_b):
+  def entries(aval):
+    spec = tuple(aval.sharding.spec)
+    return spec + (None,) * (aval.ndim - len(spec))
+
+  if a.sharding.mesh.empty and b.sharding.mesh.empty:
+    return None
+  a_spec, b_spec = entries(a), entries(b)
+  if not any(a_spec) and not any(b_spec):
+    return None
+  m_dim, k_dim_a = (-1, -2) if transpose_a else (-2, -1)
+  n_dim, k_dim_b = (-2, -1) if transpose_b else (-1, -2)
+  if a_spec[k_dim_a] is not None or b_spec[k_dim_b] is not None:
+    return None
+  m_entry, n_entry = a_spec[m_dim], b_spec[n_dim]
+  batch = (a_spec[0],) if a.ndim == 3 else ()
+  if set(_axes_of(n_entry)) & (set(_axes_of(m_entry)) |
+                               set(_axes_of(batch[0] if batch else None))):
+    n_entry = None
+  return PartitionSpec(*batch, m_entry, n_entry)
+
+
 def lower_per_device(ctx, impl: Callable[..., Any], *args):
   """`mlir.lower_fun(impl)(ctx, *args)`, traced on plain array types.
 

@@ -324,18 +324,35 @@ class _Cases:
     check("shard_map, K per device + psum", summed(a_k, b_k),
           numerics.reference_matmul(a, b))
 
-    # Arrays committed to an explicit-axes mesh, jit without in_shardings.
+    # grad inside shard_map of a loss over a replicated weight: the weight's
+    # cotangent must be summed over devices, as jnp.dot's is.
+    def global_loss(f):
+      return lambda a, b: jax.lax.psum(jnp.sum(f(a, b) ** 2), "x")
+    for check_vma in (True, False):
+      grad_b = [jax.jit(jax.shard_map(
+          jax.grad(global_loss(f), argnums=1), mesh=mesh1,
+          in_specs=(P("x"), P()), out_specs=P(), check_vma=check_vma))(
+              a_m, b_r) for f in (ours, ref)]
+      check(f"grad in shard_map of a replicated weight, {check_vma=}",
+            grad_b[0], grad_b[1])
+
+    # Arrays committed to an explicit-axes mesh, jit without in_shardings:
+    # the output type is sharded as jnp.dot's is, and nothing moves.
     emesh = self.mesh_explicit
     a_e = jax.device_put(a, self.sharding(emesh, "x", None))
     b_e = jax.device_put(b, self.sharding(emesh))
     committed = jax.jit(ours)
     out = committed(a_e, b_e)
     hlo = _collectives(committed.lower(a_e, b_e).compile().as_text())
+    out_type = jax.make_jaxpr(ours)(a_e, b_e).out_avals[0].sharding.spec
+    ref_type = jax.make_jaxpr(ref)(a_e, b_e).out_avals[0].sharding.spec
     check("explicit mesh, committed operands", out,
           numerics.reference_matmul(a, b),
           ([] if not hlo else [f"collectives {hlo}, expected none"]) +
-          ([] if out.sharding.spec == P("x") else
-           [f"output sharded {out.sharding.spec}, expected P('x')"]))
+          ([] if out_type == ref_type else
+           [f"output type sharded {out_type}, jnp.dot's {ref_type}"]) +
+          ([] if out.sharding.spec == out_type else
+           [f"output sharded {out.sharding.spec}, its type {out_type}"]))
 
     # One device: one pallas_gemm equation, no partitioning custom call.
     jaxpr = jax.make_jaxpr(ours)(a, b)

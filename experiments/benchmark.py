@@ -1436,7 +1436,8 @@ def main(argv):
   try:
     options = options_from_flags(argv)
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
+    print(f"error: {e}\n(see --helpfull)", file=sys.stderr)
+    return 2
   signal.signal(signal.SIGTERM, _exit_on_sigterm)
   run = run_benchmark(options)
   failed = [r for r in run.rows if r.status == "FAILED"]

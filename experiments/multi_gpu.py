@@ -115,6 +115,8 @@ def _cupti_ms_per_step(compiled, args, iters: int, num_devices: int):
     return None, f"CUPTI failed: {type(e).__name__}: {e}"
   if per_step is None:
     return None, "CUPTI saw no kernels"
+  if iters == 1:  # measure() drops the per-iteration level for one iteration
+    per_step = [per_step]
   sums = [sum(ms for _, ms in kernels) for kernels in per_step]
   kernels_per_step = len(per_step[0])
   return statistics.median(sums) / num_devices, (

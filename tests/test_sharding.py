@@ -61,6 +61,24 @@ def test_sharding_cases(group):
       f"{r['name']}: {r['problems']}" for r in failures)
 
 
+def test_multi_gpu_script_cpu_smoke(tmp_path):
+  """experiments/multi_gpu.py end to end on simulated CPU devices."""
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "multi_gpu.py"),
+       "--cpu_smoke", "--max_devices=2", "--iters=2",
+       f"--output_dir={tmp_path}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+  result = json.loads((tmp_path / "multi_gpu.json").read_text())
+  rows = [r for r in result["rows"] if "impl" in r]
+  assert {(r["devices"], r["impl"]) for r in rows} == {
+      (1, "pallas_gemm"), (1, "jnp.dot"), (2, "pallas_gemm"), (2, "jnp.dot")}
+  for row in rows:
+    assert row["within_tolerance"], row
+    assert row["collectives"] == [], row
+  assert (tmp_path / "multi_gpu.md").exists()
+
+
 # ------------------------------------------------------------ worker side ---
 # Everything below runs only in the subprocess, after XLA_FLAGS is set.
 

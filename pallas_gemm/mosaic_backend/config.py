@@ -190,12 +190,13 @@ def tma_tiling(minor_elems: int, dtype) -> tuple[int, int]:
       "multiple of 16 bytes")
 
 
-def pad_to_tiling(x, tiling: tuple[int, int]):
-  """Zero-pads the last two axes of `x` up to multiples of `tiling` (no copy
-  when they already are)."""
+def pad_to_tiling(x, tiling: tuple[int, int],
+                  min_shape: tuple[int, int] = (0, 0)):
+  """Zero-pads the last two axes of `x` up to multiples of `tiling`, and to
+  at least `min_shape` (one TMA box: a box larger than the whole array came
+  back wrong on the H200). No copy when nothing changes."""
   rows, cols = x.shape[-2:]
-  padded_rows = cdiv(rows, tiling[0]) * tiling[0]
-  padded_cols = cdiv(cols, tiling[1]) * tiling[1]
+  padded_rows, padded_cols = padded_dims(rows, cols, tiling, min_shape)
   if (padded_rows, padded_cols) == (rows, cols):
     return x
   pad = [(0, 0)] * (x.ndim - 2) + [(0, padded_rows - rows),
@@ -203,8 +204,10 @@ def pad_to_tiling(x, tiling: tuple[int, int]):
   return jnp.pad(x, pad)
 
 
-def padded_dims(rows: int, cols: int, tiling: tuple[int, int]):
-  return cdiv(rows, tiling[0]) * tiling[0], cdiv(cols, tiling[1]) * tiling[1]
+def padded_dims(rows: int, cols: int, tiling: tuple[int, int],
+                min_shape: tuple[int, int] = (0, 0)):
+  return (cdiv(max(rows, min_shape[0]), tiling[0]) * tiling[0],
+          cdiv(max(cols, min_shape[1]), tiling[1]) * tiling[1])
 
 
 def pad_vector(x, multiple: int):
@@ -234,18 +237,31 @@ def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
   return out
 
 
+#: How much slower a 128x128 CTA tile runs than a 128x256 one per unit of
+#: work (more shared-memory traffic per flop); an estimate, not a measurement.
+NARROW_TILE_PENALTY = 1.08
+
+
 def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
   """The default persistent-kernel config.
 
   A 128x256 CTA tile split over M between the consumers (each warpgroup
   holds a 64x256 f32 accumulator, 128 registers a thread) and the deepest
   pipeline that fits: the best of the configs timed on the H200 at 4096^3
-  and 8192^3 (816 and 829 TFLOP/s). Problems with fewer such tiles than
-  SMs take 128x128 CTA tiles so that more SMs have work.
+  and 8192^3. A 128x128 CTA tile is taken instead when it wastes less of
+  the last wave of tiles (e.g. N = 4097 gives 17 columns of 256: 5 waves
+  of 132 CTAs where 128x128 tiles fill exactly 8), or when there are fewer
+  big tiles than SMs.
   """
   tile_k = swizzle_elems(problem.in_dtype)
-  big_tiles = cdiv(problem.m, 128) * cdiv(problem.n, 256) * problem.batch
-  tile_n = 256 if big_tiles >= num_sms else 128
+
+  def wave_cost(tile_n):
+    tiles = cdiv(problem.m, 128) * cdiv(problem.n, tile_n) * problem.batch
+    return cdiv(tiles, num_sms) * 128 * tile_n
+
+  cost_wide = wave_cost(256)
+  cost_narrow = wave_cost(128) * NARROW_TILE_PENALTY
+  tile_n = 256 if cost_wide <= cost_narrow else 128
   base = MosaicConfig(tile_m=64, tile_n=tile_n, tile_k=tile_k,
                       wg_dimension=Dim.M)
   for stages in (4, 3, 2):

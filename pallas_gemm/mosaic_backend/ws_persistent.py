@@ -27,6 +27,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -56,6 +57,24 @@ def interpret_params(interpret):
   if isinstance(interpret, plgpu.InterpretGPUParams):
     return interpret
   return plgpu.InterpretGPUParams() if interpret else None
+
+
+def call_kernel(kernel, operands, out_type, params):
+  """Runs a `plgpu.kernel`, compiled or (params set) in GPU interpret mode.
+
+  The interpreter drives the kernel through ordered io_callbacks, and that
+  effect cannot pass through the `pallas_gemm_p` lowering (`mlir.lower_fun`
+  raises a KeyError on it). Inside a pure_callback the interpretation runs
+  as its own eager computation, with no effect leaking out.
+  """
+  if params is None:
+    return kernel(*operands)
+  interpreted = jax.jit(kernel)
+
+  def on_host(*arrays):
+    return np.asarray(interpreted(*arrays))
+
+  return jax.pure_callback(on_host, out_type, *operands)
 
 
 def tile_coordinates(linear, *, batch_tiles, m_tiles, n_tiles,
@@ -302,16 +321,19 @@ def prepare_operands(a, b, c, bias, problem: GemmProblem,
   if transpose_b != problem.transpose_b:
     b = jnp.swapaxes(b, 1, 2)
   in_dtype = problem.in_dtype
-  a_minor = config.cta_tile_m if transpose_a else config.tile_k
-  b_minor = config.tile_k if transpose_b else config.cta_tile_n
-  a = cfg.pad_to_tiling(a, cfg.tma_tiling(a_minor, in_dtype))
-  b = cfg.pad_to_tiling(b, cfg.tma_tiling(b_minor, in_dtype))
+  cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
+  a_box = (tile_k, cta_m) if transpose_a else (cta_m, tile_k)
+  b_box = (cta_n, tile_k) if transpose_b else (tile_k, cta_n)
+  a = cfg.pad_to_tiling(a, cfg.tma_tiling(a_box[1], in_dtype), a_box)
+  b = cfg.pad_to_tiling(b, cfg.tma_tiling(b_box[1], in_dtype), b_box)
   out_dims = cfg.padded_dims(
-      problem.m, problem.n, cfg.tma_tiling(config.epi_tile_n, problem.out_dtype))
+      problem.m, problem.n, cfg.tma_tiling(config.epi_tile_n, problem.out_dtype),
+      (cta_m, cta_n))
   if c is not None:
-    c = cfg.pad_to_tiling(c, cfg.tma_tiling(config.epi_tile_n, c.dtype))
+    c = cfg.pad_to_tiling(c, cfg.tma_tiling(config.epi_tile_n, c.dtype),
+                          (cta_m, cta_n))
   if bias is not None:
-    bias = cfg.pad_vector(bias.astype(jnp.float32), config.cta_tile_n)
+    bias = cfg.pad_vector(bias.astype(jnp.float32), cta_n)
   return a, b, c, bias, out_dims
 
 
@@ -338,11 +360,12 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   num_ctas = min(num_sms, num_tiles)
   semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
+  out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
+                                  jnp.dtype(problem.out_dtype))
   kernel = plgpu.kernel(
       functools.partial(_kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
-      out_type=jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
-                                    jnp.dtype(problem.out_dtype)),
+      out_type=out_type,
       grid=(num_ctas,),
       grid_names=("sm",),
       num_threads=NUM_CONSUMERS + 1,
@@ -352,7 +375,7 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   )
   operands = [a, b] + ([c] if c is not None else []) + (
       [bias] if bias is not None else [])
-  out = kernel(*operands)
+  out = call_kernel(kernel, operands, out_type, params)
   if (m_out, n_out) != (problem.m, problem.n):
     out = out[:, :problem.m, :problem.n]
   return out

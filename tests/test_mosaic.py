@@ -1,0 +1,187 @@
+"""The Mosaic GPU (Hopper) kernels: the shared suite plus backend specifics.
+
+On a CPU both kernels run in Mosaic GPU interpret mode (slow: shapes stay
+tiny); on an H100/H200 the same tests run the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kernel_test_base import KernelTestBase
+from pallas_gemm import numerics
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.mosaic_backend import config as cfg
+from pallas_gemm.mosaic_backend import small_m, ws_persistent
+from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig
+from pallas_gemm.problem import Epilogue, GemmProblem
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+AMPERE = DeviceInfo("gpu", "NVIDIA A100", (8, 0), 108, 163 * 1024)
+
+
+class TestMosaic(KernelTestBase):
+  KERNELS = ("mosaic/ws_persistent", "mosaic/small_m")
+  # Interpret mode costs seconds per case: one single row, one all-prime,
+  # one just past a tile in every dimension.
+  SHAPES = ((1, 96, 80), (31, 29, 37), (130, 66, 70))
+  DTYPES = ("bfloat16", "float16", "float32")
+
+
+# A small config so that tiny problems still span several CTA tiles, K steps
+# and epilogue sub-tiles, and the ring wraps around more than once.
+SMALL_WS = MosaicConfig(tile_m=64, tile_n=32, tile_k=64, max_concurrent_steps=2,
+                        epi_tile_m=64, epi_tile_n=16, grid_band=2,
+                        wg_dimension=Dim.N)
+
+
+def _run_interpreted(fn, problem, config, *, detect_races):
+  key = numerics.fresh_key()
+  ka, kb, kc, kd = jax.random.split(key, 4)
+  a_shape = ((problem.batch, problem.k, problem.m) if problem.transpose_a
+             else (problem.batch, problem.m, problem.k))
+  b_shape = ((problem.batch, problem.n, problem.k) if problem.transpose_b
+             else (problem.batch, problem.k, problem.n))
+  a = numerics.random_normal(ka, a_shape, problem.in_dtype)
+  b = numerics.random_normal(kb, b_shape, problem.in_dtype)
+  c = (numerics.random_normal(kc, (problem.batch, problem.m, problem.n),
+                              jnp.float32) if problem.epilogue.has_c else None)
+  bias = (numerics.random_normal(kd, (problem.n,), jnp.float32)
+          if problem.epilogue.has_bias else None)
+  params = plgpu.InterpretGPUParams(detect_races=detect_races)
+  out = fn(a, b, c, bias, problem=problem, config=config, interpret=params)
+  ref = numerics.reference_matmul(
+      a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+      epilogue=problem.epilogue, c=c, bias=bias)
+  err = numerics.relative_error(out, ref)
+  assert err <= numerics.tolerance(problem.in_dtype, problem.precision,
+                                   problem.out_dtype), err
+
+
+def _races_found() -> bool:
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+  return bool(interpret_pallas_call.get_races().races_found)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="race detection runs in interpret mode")
+def test_ws_persistent_has_no_races():
+  """Two CTAs, three warpgroups, a 2-stage ring reused across tiles, C and
+  bias in the epilogue: the interpreter's happens-before check is clean."""
+  epilogue = Epilogue(alpha=0.5, beta=-1.0, has_c=True, has_bias=True,
+                      activation="silu")
+  problem = GemmProblem(1, 70, 100, 150, "bfloat16", "float32",
+                        transpose_b=True, epilogue=epilogue,
+                        c_dtype="float32")
+  _run_interpreted(ws_persistent.ws_persistent_matmul, problem, SMALL_WS,
+                   detect_races=True)
+  assert not _races_found()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="race detection runs in interpret mode")
+def test_small_m_split_k_has_no_races():
+  problem = GemmProblem(1, 9, 130, 300, "bfloat16", "bfloat16")
+  config = SmallMConfig(tile_n=64, tile_k=64, max_concurrent_steps=2,
+                        k_splits=2)
+  _run_interpreted(small_m.small_m_matmul, problem, config, detect_races=True)
+  assert not _races_found()
+
+
+def test_ws_persistent_wg_split_along_m_and_batch():
+  config = MosaicConfig(tile_m=64, tile_n=32, tile_k=64,
+                        max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
+                        grid_band=3, band_dim=Dim.N, wg_dimension=Dim.M)
+  problem = GemmProblem(2, 130, 40, 90, "float16", "float16",
+                        transpose_a=True)
+  _run_interpreted(ws_persistent.ws_persistent_matmul, problem, config,
+                   detect_races=False)
+
+
+@pytest.mark.parametrize("m_tiles,n_tiles,band,band_dim", [
+    (5, 7, 2, Dim.M), (5, 7, 3, Dim.N), (1, 9, 4, Dim.M), (8, 8, 8, Dim.N),
+    (3, 1, 16, Dim.M)])
+def test_tile_order_visits_every_tile_once(m_tiles, n_tiles, band, band_dim):
+  batch = 2
+  linear = jnp.arange(batch * m_tiles * n_tiles, dtype=jnp.int32)
+  b, m, n = ws_persistent.tile_coordinates(
+      linear, batch_tiles=batch, m_tiles=m_tiles, n_tiles=n_tiles,
+      band_dim=band_dim, band=band)
+  seen = {(int(x), int(y), int(z)) for x, y, z in zip(b, m, n)}
+  assert len(seen) == batch * m_tiles * n_tiles
+  assert all(0 <= y < m_tiles and 0 <= z < n_tiles for _, y, z in seen)
+
+
+def test_config_validation_names_the_argument():
+  with pytest.raises(ValueError, match="tile_m"):
+    MosaicConfig(tile_m=100)
+  with pytest.raises(ValueError, match="tile_n"):
+    MosaicConfig(tile_n=300)
+  with pytest.raises(ValueError, match="epi_tile_n"):
+    MosaicConfig(tile_n=128, epi_tile_n=48)
+  with pytest.raises(ValueError, match="max_concurrent_steps"):
+    SmallMConfig(max_concurrent_steps=1)
+  with pytest.raises(TypeError, match="band_dim"):
+    MosaicConfig(band_dim="m")
+
+
+def test_shared_memory_budget_is_checked_before_compiling():
+  problem = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  too_big = MosaicConfig(tile_m=128, tile_n=256, wg_dimension=Dim.N,
+                         max_concurrent_steps=6)
+  assert not too_big.fits(problem)
+  with pytest.raises(ValueError, match="shared memory"):
+    ws_persistent.ws_persistent_matmul(
+        jnp.zeros((1, 64, 64), jnp.bfloat16), jnp.zeros((1, 64, 64),
+                                                        jnp.bfloat16),
+        None, None, problem=GemmProblem(1, 64, 64, 64, "bfloat16", "bfloat16"),
+        config=too_big, interpret=True)
+  candidates = cfg.ws_candidates(problem)
+  assert candidates and all(c.fits(problem) for c in candidates)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 14336, 4096),
+                                   (64, 4096, 14336), (128, 8192, 8192),
+                                   (4095, 4097, 4093), (3, 5, 7)])
+def test_heuristics_fit_in_shared_memory(m, n, k):
+  for out_dtype, epilogue in (("bfloat16", Epilogue()), ("float32", Epilogue(
+      beta=1.0, has_c=True, has_bias=True))):
+    problem = GemmProblem(1, m, n, k, "bfloat16", out_dtype, epilogue=epilogue,
+                          c_dtype="float32" if epilogue.has_c else None)
+    assert cfg.ws_heuristic(problem).fits(problem)
+    if m <= 128:
+      config = cfg.small_m_heuristic(problem, 132)
+      tile_m = 64 if m <= 64 else 128
+      assert config.smem_bytes(problem, tile_m) <= cfg.HOPPER_SMEM_BYTES
+
+
+def test_supports_gives_reasons():
+  ieee = GemmProblem(1, 64, 64, 64, "float32", "float32", precision="ieee")
+  assert "fp32" in ws_persistent.supports(ieee, HOPPER)
+  bf16 = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  assert ws_persistent.supports(bf16, HOPPER) is None
+  assert "Hopper" in ws_persistent.supports(bf16, AMPERE)
+  assert "m=4096" in small_m.supports(bf16, HOPPER)
+  decode = GemmProblem(1, 16, 4096, 4096, "bfloat16", "bfloat16")
+  assert small_m.supports(decode, HOPPER) is None
+  f32_weight_as_kn = GemmProblem(1, 16, 4096, 4096, "float32", "float32",
+                                 precision="tf32")
+  assert "(n, k)" in small_m.supports(f32_weight_as_kn, HOPPER)
+
+
+def test_padding_only_touches_ragged_operands():
+  aligned = jnp.ones((1, 256, 128), jnp.bfloat16)
+  assert cfg.pad_to_tiling(aligned, (8, 64)) is aligned
+  ragged = cfg.pad_to_tiling(jnp.ones((1, 13, 70), jnp.bfloat16), (8, 64),
+                             (0, 128))
+  assert ragged.shape == (1, 16, 128)
+  np.testing.assert_array_equal(np.asarray(ragged[0, 13:], np.float32), 0)
+  np.testing.assert_array_equal(np.asarray(ragged[0, :, 70:], np.float32), 0)

@@ -26,8 +26,18 @@ for batch, M and K and b's for N, and the partitioner reshards the other
 operand. A factor whose size is not a multiple of its shard count is
 replicated instead, with a warning (once per pattern).
 
+The K partials travel in float32 (twice the bytes of bf16 partials) so that
+the sum is rounded once, like the single-device kernel's accumulator.
+
 Single-device programs and bodies of `shard_map` (where the kernel already
 sees local shapes) skip all of this: the lowering calls the kernel directly.
+
+Types. Inside a `shard_map` (check_vma on, the default) operands invariant
+over a manual axis are cast to varying before the bind, as for `jnp.dot`, so
+the transpose sums a replicated weight's cotangent over devices; the output
+varies over the union of the operands' axes. Under an explicit-axes mesh the
+output type is sharded as `jnp.dot`'s would be. The kernel itself is always
+traced on plain per-device types (`lower_per_device`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Splices benchmark tables from a results directory into README.md.
 
     python experiments/update_readme.py experiments/results/nvidia_h200
+    python experiments/update_readme.py      # the only GPU folder there is
 
 The README holds two generated blocks, each between a pair of markers:
 
@@ -123,18 +124,36 @@ def update(readme: pathlib.Path, results_dir: pathlib.Path, *,
   return 0
 
 
+def default_results_dir(out=sys.stdout) -> pathlib.Path | None:
+  """The one GPU folder under experiments/results/ holding suite results."""
+  root = REPO_ROOT / "experiments" / "results"
+  found = sorted(d for d in root.iterdir() if d.is_dir() and (
+      any(d.glob("*/summary.md")) or (d / "ladder" / "ladder.md").is_file())
+  ) if root.is_dir() else []
+  if len(found) == 1:
+    return found[0]
+  print("error: name the results directory; "
+        + (f"candidates: {', '.join(str(d) for d in found)}" if found
+           else f"none with results under {root}"), file=out)
+  return None
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("results_dir", type=pathlib.Path,
+  parser.add_argument("results_dir", type=pathlib.Path, nargs="?",
                       help="e.g. experiments/results/nvidia_h200: one "
-                      "subdirectory per suite, as run_gpu.sh writes them")
+                      "subdirectory per suite, as run_gpu.sh writes them "
+                      "(default: the only such folder there is)")
   parser.add_argument("--readme", type=pathlib.Path,
                       default=REPO_ROOT / "README.md",
                       help="the README to update (default: the repo's)")
   parser.add_argument("--dry_run", action="store_true",
                       help="print the updated README instead of writing it")
   args = parser.parse_args(argv)
-  return update(args.readme, args.results_dir, dry_run=args.dry_run)
+  results_dir = args.results_dir or default_results_dir()
+  if results_dir is None:
+    return 1
+  return update(args.readme, results_dir, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def run_sanitizers(plan, out_dir: pathlib.Path, timeout: int) -> None:
         output, code = result.stdout + result.stderr, result.returncode
       except subprocess.TimeoutExpired as e:
         output, code = f"timed out after {timeout}s: {e}", "timeout"
-      f.write(f"==== {label}: {' '.join(command)}\n{output}\n"
+      shown = " ".join(os.path.basename(part) for part in command)
+      f.write(f"==== {label}: {shown}\n{output}\n"
               f"exit={code} ({time.time() - start:.1f}s)\n\n")
       f.flush()
       summary = [line for line in output.splitlines()
@@ -214,7 +215,8 @@ def main(argv=None) -> int:
   _log(out_dir, f"device: {info.device_kind} cc={info.compute_capability} "
        f"sms={info.num_sms}; jax {jax.__version__}, jaxlib "
        f"{jaxlib.__version__}; git {_git_sha()}")
-  _log(out_dir, f"command: {' '.join([sys.executable, '-m', 'pallas_gemm.ffi.gpu_check'] + (argv or sys.argv[1:]))}")
+  _log(out_dir, "command: python3 -m pallas_gemm.ffi.gpu_check "
+       + " ".join(argv or sys.argv[1:]))
   start = time.time()
   plan = build.compile_library(with_driver=True)
   _log(out_dir, f"built {plan.key} with {build.nvcc_version(plan.nvcc)} "

@@ -16,14 +16,20 @@
 //  * Shared memory is XOR-swizzled at 16-byte granularity so the eight row
 //    addresses of each ldmatrix phase (and the cp.async stores) land on eight
 //    different bank groups: no bank conflicts and no padding.
-//  * Warp tiles of 64 x (BN/4): per 16-wide K step a warp issues 4
-//    ldmatrix.x4 for A and BN/64 ldmatrix.x4.trans for B, then 4 x BN/32
-//    mma.sync, each fragment reused across a row or column of the warp tile.
+//  * Warp tiles of 64 x WN (WN = 32 or 64): per 16-wide K step a warp
+//    issues 4 ldmatrix.x4 for A and WN/16 ldmatrix.x4.trans for B, then
+//    4 x WN/8 mma.sync, each fragment reused across a row or column of the
+//    warp tile.
 //  * Grouped block order: consecutive blocks walk 8 block-rows down one
 //    block-column band, so the A and B tiles they share are still in L2.
 //  * The epilogue stages alpha * acc through shared memory (f32, padded rows)
 //    so each thread stores 8 contiguous outputs (128-bit stores for 16-bit
 //    outputs), reads C the same way for beta * C, and rounds once.
+//
+// Compiled variants (block 128 x BN x BK, 4 stages): 128x128x32 with 8 warps
+// (warp tile 64x32) or with 4 warps (64x64, two blocks per SM, the fastest on
+// an H200: one block's barrier wait overlaps the other's math), 128x256x32
+// and 128x256x64 with 8 warps (64x64).
 #include "gemm_params.cuh"
 
 namespace pallas_gemm {

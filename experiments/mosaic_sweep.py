@@ -10,6 +10,7 @@ Stages:
            layout, f16/bf16/TF32, the fused epilogue, a batch, misaligned K.
   large    bf16 timing against jnp.dot (and JAX's hopper_matmul_mgpu) at
            4096^3 / 8192^3, the heuristic config plus a few candidates.
+  suite    the bf16 acceptance suite (shapes.LARGE), default config only.
   tf32     float32 (TF32) timing against jnp.dot at default precision.
   decode   small_m against jnp.dot on the decode suite, with achieved
            bandwidth (bytes of A, B and out over the kernel time).
@@ -288,13 +289,22 @@ def stage_large(args):
                  compare_hopper_example=True)
 
 
+def stage_suite(args):
+  """The acceptance suite (shapes.LARGE) with the default config only."""
+  for m, n, k in shapes.LARGE:
+    problem = problem_for(m, n, k)
+    time_problem("suite", problem, [cfg.ws_heuristic(problem)],
+                 iters=args.iters)
+
+
 def stage_tf32(args):
   for size in (4096, 8192):
     problem = problem_for(size, size, size, "float32")
     heur = cfg.ws_heuristic(problem)
     time_problem("tf32", problem, [heur], iters=args.iters)
-    problem_t = problem_for(size, size, size, "float32", "NT")
-    time_problem("tf32", problem_t, [heur], iters=args.iters)
+    if args.tf32_nt:
+      problem_t = problem_for(size, size, size, "float32", "NT")
+      time_problem("tf32", problem_t, [heur], iters=args.iters)
 
 
 def stage_decode(args):
@@ -324,7 +334,8 @@ def stage_sweep(args):
                iters=args.iters)
 
 
-STAGES = {"check": stage_check, "large": stage_large, "tf32": stage_tf32,
+STAGES = {"check": stage_check, "large": stage_large, "suite": stage_suite,
+          "tf32": stage_tf32,
           "decode": stage_decode, "odd": stage_odd, "sweep": stage_sweep}
 
 
@@ -340,6 +351,8 @@ def main():
   parser.add_argument("--sweep-dtype", default="bfloat16")
   parser.add_argument("--sweep-max", type=int, default=12)
   parser.add_argument("--decode-alternatives", action="store_true")
+  parser.add_argument("--tf32-nt", action="store_true",
+                      help="also time TF32 with B given as (n, k)")
   parser.add_argument("--interpret", action="store_true",
                       help="CPU dry run of the script in GPU interpret mode")
   args = parser.parse_args()

@@ -262,8 +262,11 @@ def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
   cost_wide = wave_cost(256)
   cost_narrow = wave_cost(128) * NARROW_TILE_PENALTY
   tile_n = 256 if cost_wide <= cost_narrow else 128
+  # One 128-byte swizzle span per staged output row: 64 bf16 or 32 f32
+  # columns, which keeps a float32 output from costing a pipeline stage.
+  epi_tile_n = SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
   base = MosaicConfig(tile_m=64, tile_n=tile_n, tile_k=tile_k,
-                      wg_dimension=Dim.M)
+                      epi_tile_n=epi_tile_n, wg_dimension=Dim.M)
   for stages in (4, 3, 2):
     config = dataclasses.replace(base, max_concurrent_steps=stages)
     if config.fits(problem):

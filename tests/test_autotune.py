@@ -29,6 +29,8 @@ KERNEL = "triton/06_tuned"
 def cache_dir(tmp_path, monkeypatch):
   monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
   monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
+  # Isolated from the package's shipped defaults, which hold real entries.
+  monkeypatch.setattr(autotune, "SHIPPED_DIR", tmp_path / "no_shipped")
   return tmp_path / "cache"
 
 

@@ -83,7 +83,7 @@ def test_split_k_is_deterministic():
 
 def test_split_k_epilogue_applied_once():
   # beta·c and the bias must be added after the reduction, not per split.
-  check_matmul("triton/05_split_k", (9, 24, 1100), "bfloat16",
+  check_matmul("triton/05_split_k", (9, 24, 2100), "bfloat16",
                out_dtype="float32", alpha=2.0, beta=0.5, with_c=True,
                with_bias=True, activation="silu")
 
@@ -94,8 +94,8 @@ def test_split_k_declines_full_outputs():
   assert reason is not None and "fill" in reason
 
 
-def test_split_k_accepts_skinny():
-  problem = GemmProblem(1, 16, 8192, 8192, "bfloat16", "bfloat16")
+def test_split_k_accepts_skinny_long_k():
+  problem = GemmProblem(1, 16, 1024, 16384, "bfloat16", "bfloat16")
   assert k05_split_k.supports(problem, H200_LIKE) is None
   assert k05_split_k.default_config(problem, H200_LIKE).split_k >= 2
 
@@ -146,6 +146,49 @@ def test_supports_rejects_config_over_smem():
                         precision="ieee")
   reason = common.triton_supports(problem, ADA_LIKE, big)
   assert reason is not None and "shared memory" in reason
+
+
+def test_split_k_declines_one_wave_decode():
+  # 128 tiles on 132 SMs: the H200 sweep measured every split slower.
+  problem = GemmProblem(1, 1, 8192, 8192, "bfloat16", "bfloat16")
+  assert k05_split_k.supports(problem, H200_LIKE) is not None
+  assert k06_tuned.heuristic_config(problem, H200_LIKE).split_k == 1
+
+
+def test_tf32_heuristic_is_k_major_on_hopper_only():
+  problem = GemmProblem(1, 4096, 4096, 4096, "float32", "float32",
+                        precision="tf32")
+  assert k06_tuned.heuristic_config(problem, H200_LIKE).k_major
+  assert not k06_tuned.heuristic_config(problem, ADA_LIKE).k_major
+  ieee = dataclasses.replace(problem, precision="ieee")
+  assert not k06_tuned.heuristic_config(ieee, H200_LIKE).k_major
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+def test_k_major_copy_all_layouts(layout):
+  shape = (37, 45, 71)
+  problem = GemmProblem(1, *shape, "float32", "float32",
+                        transpose_a=layout[0] == "T",
+                        transpose_b=layout[1] == "T", precision="ieee")
+  a, b = make_operands(shape, "float32", layout=layout, batch=1)
+  config = k06_tuned.TritonConfig(32, 32, 32, k_major=True)
+  out = k06_tuned.tuned_matmul(a, b, None, None, problem=problem,
+                               config=config, interpret=True)
+  ref = numerics.reference_matmul(a, b, transpose_a=layout[0] == "T",
+                                  transpose_b=layout[1] == "T")
+  assert numerics.relative_error(out, ref) <= 1e-5
+
+
+def test_shipped_h200_defaults_load():
+  from pallas_gemm import autotune
+  for shape, dtype, precision in [((8192, 8192, 8192), "bfloat16", "default"),
+                                  ((4096, 4096, 4096), "float32", "tf32"),
+                                  ((16, 8192, 8192), "bfloat16", "default")]:
+    problem = GemmProblem(1, *shape, dtype, dtype, precision=precision)
+    config = autotune.lookup(problem, "triton/06_tuned", H200_LIKE,
+                             common.TritonConfig)
+    assert config is not None, problem.describe()
+    assert autotune.fits_device(config, problem, H200_LIKE)
 
 
 def test_heuristic_fits_small_smem_devices():

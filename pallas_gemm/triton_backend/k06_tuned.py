@@ -59,13 +59,13 @@ _PREFERRED = {
         TritonConfig(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
     ),
     "tf32": (
-        TritonConfig(128, 128, 32, num_warps=8, num_stages=3, group_m=8),
+        TritonConfig(128, 128, 32, num_warps=4, num_stages=4, group_m=8),
         TritonConfig(128, 64, 32, num_warps=4, num_stages=3, group_m=8),
         TritonConfig(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
     ),
     "ieee": (
-        TritonConfig(128, 128, 16, num_warps=8, num_stages=3, group_m=8),
-        TritonConfig(64, 64, 16, num_warps=4, num_stages=3, group_m=8),
+        TritonConfig(64, 128, 32, num_warps=4, num_stages=3, group_m=8),
+        TritonConfig(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
     ),
 }
 # Interpret mode cost grows with the number of grid steps times K steps;
@@ -85,12 +85,17 @@ def heuristic_config(problem, device) -> TritonConfig:
   preferred tile that fits the device, shrunk for tiny dimensions."""
   if not device.is_gpu:
     return common.small_problem_config(problem, _INTERPRET_CONFIG)
-  skinny = k05_split_k.default_config(problem, device)
-  if skinny.split_k > 1 and problem.m <= k05_split_k.MAX_SKINNY_M:
-    return skinny
+  if problem.m <= k05_split_k.MAX_SKINNY_M:
+    # Few rows: rung 5's skinny tiles, split only where that pays.
+    skinny = k05_split_k.default_config(problem, device)
+    if autotune.fits_device(skinny, problem, device):
+      return skinny
+  # wgmma takes 32-bit operands from shared memory only K-major.
+  k_major = _family(problem) == "tf32" and device.is_hopper
   for config in _PREFERRED[_family(problem)]:
     if autotune.fits_device(config, problem, device):
-      return common.small_problem_config(problem, config)
+      return common.small_problem_config(
+          problem, dataclasses.replace(config, k_major=k_major))
   return common.small_problem_config(problem, _PREFERRED[_family(problem)][-1])
 
 
@@ -113,9 +118,11 @@ def search_space(problem, device) -> list[TritonConfig]:
   else:
     tiles = [(128, 128, 16), (64, 128, 32), (128, 64, 32), (64, 64, 32),
              (128, 128, 32), (64, 64, 16)]
+  k_majors = (False, True) if family == "tf32" else (False,)
   space = [TritonConfig(bm, bn, bk, num_warps=warps, num_stages=stages,
-                        group_m=8)
-           for bm, bn, bk in tiles for warps in (4, 8) for stages in (3, 4)]
+                        group_m=8, k_major=k_major)
+           for bm, bn, bk in tiles for warps in (4, 8) for stages in (3, 4)
+           for k_major in k_majors]
   skinny = k05_split_k.default_config(problem, device)
   if skinny.split_k > 1:
     space += [dataclasses.replace(skinny, split_k=s)

@@ -19,7 +19,6 @@ the TTIR asks for, not as XLA's exact binary.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import warnings
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 COMPILE_SNIPPET = r'''
-import os, re, subprocess, sys
+import os, subprocess, sys
 import triton
 from triton.backends.compiler import GPUTarget
 path, warps, stages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -29,10 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import os
 import pathlib
-import statistics
 import sys
 import time
 import warnings

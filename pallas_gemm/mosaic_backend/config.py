@@ -96,9 +96,14 @@ class MosaicConfig:
                        f"dividing tile_n={self.tile_n}")
     if self.grid_band < 1:
       raise ValueError(f"grid_band={self.grid_band} must be >= 1")
-    if not isinstance(self.band_dim, Dim) or not isinstance(
-        self.wg_dimension, Dim):
-      raise TypeError("band_dim and wg_dimension must be Dim.M or Dim.N")
+    for name in ("band_dim", "wg_dimension"):
+      value = getattr(self, name)
+      # Configs read back from JSON (the autotune cache) carry plain ints.
+      if isinstance(value, int) and not isinstance(value, bool) and value in (
+          0, 1):
+        object.__setattr__(self, name, Dim(value))
+      elif not isinstance(value, Dim):
+        raise TypeError(f"{name}={value!r} must be Dim.M or Dim.N")
 
   @property
   def cta_tile_m(self) -> int:
@@ -118,7 +123,10 @@ class MosaicConfig:
     consistent from one output tile to the next (an even count per tile)."""
     return 2 if self.epilogue_tiles_per_wg % 2 == 0 else 1
 
-  def smem_bytes(self, problem: GemmProblem) -> int:
+  def smem_bytes(self, problem: GemmProblem | str) -> int:
+    """Shared memory of one CTA. Takes the problem, or (as the autotune
+    cache asks) only the input dtype, then assuming a plain epilogue."""
+    problem = _as_problem(problem)
     in_size = jnp.dtype(problem.in_dtype).itemsize
     out_size = jnp.dtype(problem.out_dtype).itemsize
     stage = (self.cta_tile_m + self.cta_tile_n) * self.tile_k * in_size
@@ -131,7 +139,7 @@ class MosaicConfig:
       total += 2 * self.tile_n * 4
     return total + SMEM_SLACK_BYTES
 
-  def fits(self, problem: GemmProblem) -> bool:
+  def fits(self, problem: GemmProblem | str) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
 
 
@@ -161,7 +169,13 @@ class SmallMConfig:
     if self.k_splits < 1:
       raise ValueError(f"k_splits={self.k_splits} must be >= 1")
 
-  def smem_bytes(self, problem: GemmProblem, tile_m: int) -> int:
+  def smem_bytes(self, problem: GemmProblem | str,
+                 tile_m: int | None = None) -> int:
+    """Shared memory of one CTA (tile_m: 64 for M <= 64, else 128). Takes
+    the problem, or only the input dtype as the autotune cache asks."""
+    problem = _as_problem(problem)
+    if tile_m is None:
+      tile_m = 64 if problem.m <= 64 else 128
     in_size = jnp.dtype(problem.in_dtype).itemsize
     stage = (tile_m + self.tile_n) * self.tile_k * in_size
     out_size = 4 if self.k_splits > 1 else jnp.dtype(problem.out_dtype).itemsize
@@ -172,6 +186,13 @@ class SmallMConfig:
     if problem.epilogue.has_bias and self.k_splits == 1:
       total += self.tile_n * 4
     return total + SMEM_SLACK_BYTES
+
+
+def _as_problem(problem: GemmProblem | str) -> GemmProblem:
+  if isinstance(problem, GemmProblem):
+    return problem
+  dtype = jnp.dtype(problem).name
+  return GemmProblem(1, 128, 128, 128, dtype, dtype)
 
 
 def swizzle_elems(dtype) -> int:

@@ -27,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_gemm import registry
+from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import config as cfg
 from pallas_gemm.mosaic_backend.config import SmallMConfig
@@ -250,7 +250,31 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
 
 
 def default_config(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:
-  return cfg.small_m_heuristic(problem, max(device.num_sms, 1))
+  """The tuning cache's entry for this shape bucket if there is one, else
+  the bandwidth model of `config.small_m_heuristic`."""
+  num_sms = max(device.num_sms, 1) if device.is_gpu else 132
+  heuristic = functools.partial(cfg.small_m_heuristic, problem, num_sms)
+  config = autotune.config_for(problem, NAME, device, SmallMConfig, heuristic)
+  if config.smem_bytes(problem) > cfg.HOPPER_SMEM_BYTES:
+    return heuristic()
+  return config
+
+
+def search_space(problem: GemmProblem, device: DeviceInfo):
+  num_sms = max(device.num_sms, 1) if device.is_gpu else 132
+  out = []
+  for tile_n in (64, 128):
+    for k_splits in (1, 2, 4):
+      for stages in (6, 4, 3):
+        config = SmallMConfig(tile_n=tile_n, k_splits=k_splits,
+                              max_concurrent_steps=stages)
+        if config.smem_bytes(problem) <= cfg.HOPPER_SMEM_BYTES:
+          out.append(config)
+  heuristic = cfg.small_m_heuristic(problem, num_sms)
+  return [heuristic] + [c for c in out if c != heuristic]
+
+
+autotune.register_search_space(NAME, search_space)
 
 
 registry.register(registry.KernelEntry(

@@ -32,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_gemm import registry
+from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import config as cfg
 from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig
@@ -404,8 +404,20 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
 
 
 def default_config(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
-  return cfg.ws_heuristic(problem, max(device.num_sms, 1) if device.is_gpu
-                         else 132)
+  """The tuning cache's entry for this shape bucket if there is one (and it
+  fits this problem's shared memory), else `config.ws_heuristic`."""
+  num_sms = max(device.num_sms, 1) if device.is_gpu else INTERPRET_CTAS
+  heuristic = functools.partial(cfg.ws_heuristic, problem, num_sms)
+  config = autotune.config_for(problem, NAME, device, MosaicConfig, heuristic)
+  return config if config.fits(problem) else heuristic()
+
+
+def search_space(problem: GemmProblem, device: DeviceInfo):
+  del device
+  return cfg.ws_candidates(problem)
+
+
+autotune.register_search_space(NAME, search_space)
 
 
 registry.register(registry.KernelEntry(

@@ -73,6 +73,38 @@ def _races_found() -> bool:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="race detection runs in interpret mode")
+def test_race_detector_is_live():
+  """The control for the two tests below: two warpgroups write one shared
+  buffer with nothing ordering them, and the detector must say so."""
+  from jax.experimental import pallas as pl
+
+  def body(x_gmem, out_gmem):
+    del x_gmem
+
+    def scoped(smem):
+      wg = jax.lax.axis_index("wg")
+      smem[...] = jnp.full(smem.shape, 1.0, jnp.float32) * wg.astype(
+          jnp.float32)
+
+      @pl.when(wg == 0)
+      def _():
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem, out_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(scoped, smem=plgpu.SMEM((8, 128), jnp.float32),
+                  collective_axes="wg")
+
+  racy = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid=(1,),
+      grid_names=("x",), num_threads=2, thread_name="wg",
+      interpret=plgpu.InterpretGPUParams(detect_races=True))
+  jax.block_until_ready(racy(jnp.zeros((8, 128), jnp.float32)))
+  assert _races_found()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="race detection runs in interpret mode")
 def test_ws_persistent_has_no_races():
   """Two CTAs, three warpgroups, a 2-stage ring reused across tiles, C and
   bias in the epilogue: the interpreter's happens-before check is clean."""

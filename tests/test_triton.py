@@ -53,6 +53,11 @@ class TestSplitK(KernelTestBase):
   SHAPES = ((1, 96, 1100), (17, 33, 1031), (130, 20, 1600))
   PROBE_SHAPE = (37, 45, 1100)
 
+  def test_batched(self, kernel):
+    # The base's batched shape has K=40, too short to split.
+    check_matmul(kernel, (33, 20, 1100), "float32", batch=3,
+                 precision="highest")
+
 
 class TestTuned(KernelTestBase):
   KERNELS = ("triton/06_tuned",)

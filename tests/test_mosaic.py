@@ -145,7 +145,7 @@ def test_tile_order_visits_every_tile_once(m_tiles, n_tiles, band, band_dim):
   batch = 2
   linear = jnp.arange(batch * m_tiles * n_tiles, dtype=jnp.int32)
   b, m, n = ws_persistent.tile_coordinates(
-      linear, batch_tiles=batch, m_tiles=m_tiles, n_tiles=n_tiles,
+      linear, m_tiles=m_tiles, n_tiles=n_tiles,
       band_dim=band_dim, band=band)
   seen = {(int(x), int(y), int(z)) for x, y, z in zip(b, m, n)}
   assert len(seen) == batch * m_tiles * n_tiles

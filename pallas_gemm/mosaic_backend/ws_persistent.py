@@ -17,7 +17,11 @@ handed out round-robin over the persistent grid in a banded snake order.
 
 Ragged edges are left to the TMA: loads past the end of an array read
 zeros (zero rows/columns add nothing to the product) and stores past the end
-are dropped. Only misaligned row pitches need help; see `config.py`.
+are dropped. Operands whose dims are not multiples of the TMA tiling are
+zero-padded first; see `config.py`.
+
+Float32 inputs run as TF32, which wgmma takes only K-major: XLA transposes
+A or B first when the caller's layout is not (m, k) x (n, k).
 """
 
 from __future__ import annotations
@@ -77,15 +81,13 @@ def call_kernel(kernel, operands, out_type, params):
   return jax.pure_callback(on_host, out_type, *operands)
 
 
-def tile_coordinates(linear, *, batch_tiles, m_tiles, n_tiles,
-                     band_dim: Dim, band: int):
+def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
   """(batch, m, n) tile indices of the `linear`-th output tile.
 
   Tiles are grouped into bands of `band` tiles along `band_dim`; inside a band
   consecutive tiles walk across it, then step along the other dimension; odd
   bands run backwards so that the turn between bands reuses operand tiles.
   """
-  del batch_tiles
   per_batch = m_tiles * n_tiles
   batch_idx = lax.div(linear, per_batch)
   within_batch = lax.rem(linear, per_batch)
@@ -139,7 +141,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
   def coords(linear):
     return tile_coordinates(
-        linear, batch_tiles=problem.batch, m_tiles=m_tiles, n_tiles=n_tiles,
+        linear, m_tiles=m_tiles, n_tiles=n_tiles,
         band_dim=config.band_dim, band=config.grid_band)
 
   def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,

@@ -38,8 +38,8 @@ class TestMosaic(KernelTestBase):
 
 # A small config so that tiny problems still span several CTA tiles, K steps
 # and epilogue sub-tiles, and the ring wraps around more than once.
-SMALL_WS = MosaicConfig(tile_m=64, tile_n=32, tile_k=64, max_concurrent_steps=2,
-                        epi_tile_m=64, epi_tile_n=16, grid_band=2,
+SMALL_WS = MosaicConfig(tile_m=64, tile_n=64, tile_k=64, max_concurrent_steps=2,
+                        epi_tile_m=64, epi_tile_n=32, grid_band=2,
                         wg_dimension=Dim.N)
 
 
@@ -112,7 +112,7 @@ def test_ws_persistent_has_no_races():
   bias in the epilogue: the interpreter's happens-before check is clean."""
   epilogue = Epilogue(alpha=0.5, beta=-1.0, has_c=True, has_bias=True,
                       activation="silu")
-  problem = GemmProblem(1, 70, 100, 150, "bfloat16", "float32",
+  problem = GemmProblem(1, 70, 200, 150, "bfloat16", "float32",
                         transpose_b=True, epilogue=epilogue,
                         c_dtype="float32")
   _run_checked(ws_persistent.ws_persistent_matmul, problem, SMALL_WS,
@@ -131,10 +131,10 @@ def test_small_m_split_k_has_no_races():
 
 
 def test_ws_persistent_wg_split_along_m_and_batch():
-  config = MosaicConfig(tile_m=64, tile_n=32, tile_k=64,
+  config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
                         max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
                         grid_band=3, band_dim=Dim.N, wg_dimension=Dim.M)
-  problem = GemmProblem(2, 130, 40, 90, "float16", "float16",
+  problem = GemmProblem(2, 130, 70, 90, "float16", "float16",
                         transpose_a=True)
   _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
                    detect_races=False)
@@ -165,6 +165,12 @@ def test_config_validation_names_the_argument():
     SmallMConfig(max_concurrent_steps=1)
   with pytest.raises(TypeError, match="band_dim"):
     MosaicConfig(band_dim="m")
+  one = jnp.zeros((1, 64, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match="tile_n=32"):
+    ws_persistent.ws_persistent_matmul(
+        one, one, None, None,
+        problem=GemmProblem(1, 64, 64, 64, "bfloat16", "bfloat16"),
+        config=MosaicConfig(tile_n=32, epi_tile_n=32), interpret=True)
 
 
 def test_shared_memory_budget_is_checked_before_compiling():

@@ -199,6 +199,19 @@ def swizzle_elems(dtype) -> int:
   return SWIZZLE_BYTES // jnp.dtype(dtype).itemsize
 
 
+def check_full_swizzle(in_dtype, **dims: int) -> None:
+  """wgmma reads A and B with one swizzle; every operand tile dimension
+  that can end up minor in shared memory must span whole 128-byte swizzle
+  atoms, or A and B would get different swizzles (and a warpgroup's half of
+  a tile would start mid-atom)."""
+  elems = swizzle_elems(in_dtype)
+  for name, value in dims.items():
+    if value % elems:
+      raise ValueError(
+          f"{name}={value} must be a multiple of {elems} for "
+          f"{jnp.dtype(in_dtype).name} inputs (one 128-byte swizzle span)")
+
+
 def tma_tiling(minor_elems: int, dtype) -> tuple[int, int]:
   """The (rows, columns) tile of a swizzled shared-memory buffer whose minor
   dimension holds `minor_elems` elements: the widest swizzle that fits."""

@@ -165,6 +165,8 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   if not isinstance(config, SmallMConfig):
     raise TypeError(
         f"config must be a SmallMConfig, got {type(config).__name__}")
+  cfg.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
+                         tile_n=config.tile_n)
   tile_m = _tile_m(problem)
   if config.smem_bytes(problem, tile_m) > cfg.HOPPER_SMEM_BYTES:
     raise ValueError(

@@ -26,7 +26,6 @@ A or B first when the caller's layout is not (m, k) x (n, k).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -347,8 +346,8 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
     config = cfg.ws_heuristic(problem, num_sms)
   if not isinstance(config, MosaicConfig):
     raise TypeError(f"config must be a MosaicConfig, got {type(config).__name__}")
-  if problem.in_dtype == "float32" and config.tile_k * 4 % cfg.SWIZZLE_BYTES:
-    config = dataclasses.replace(config, tile_k=cfg.swizzle_elems("float32"))
+  cfg.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
+                         tile_n=config.tile_n)
   if not config.fits(problem):
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem)} bytes of shared "

@@ -20,6 +20,9 @@
 #   tflops_large.png       quick looks at two of the plots
 #   roofline_decode.png
 #
+# The device copy of the tree may have no .git: pass the revision as
+# PALLAS_GEMM_GIT_SHA so every output names the code it measured.
+#
 # Environment knobs: TOTAL_S (520), BUILD_BUDGET_S (120), TEST_BUDGET_S (90),
 # ITERS (20), MAX_CANDIDATES (3, the jax_hopper sweep), PYTHON (python3).
 set -uo pipefail
@@ -99,7 +102,7 @@ bench decode "$LEFT" --dtypes=bfloat16 --skip_kernels="$EARLY_RUNGS"
 
 stage "collect"
 {
-  echo "# GPU run: $GPU_KEY, git $(git rev-parse --short=12 HEAD 2>/dev/null || echo n/a), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "# GPU run: $GPU_KEY, git $(git rev-parse --short=12 HEAD 2>/dev/null || echo "${PALLAS_GEMM_GIT_SHA:-n/a}"), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo "pytest -m gpu: $(tail -n 1 "$OUT/pytest_gpu.txt")"
   for suite in ladder large decode; do

@@ -14,6 +14,9 @@ check passes. The order is explicit and ends in XLA's own dot, which supports
 everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
+  Hopper, exact fp32: xla (measured on an H200: triton/06_tuned reaches
+                      0.86-0.89x and ffi/sgemm_08_warptile 0.85x of cuBLAS's
+                      exact-fp32 GEMM, and wgmma has no exact-fp32 mode)
   other CUDA GPUs:    triton/05_split_k (skinny) -> triton/06_tuned -> xla
   CPU:                triton/06_tuned in interpret mode (small problems) -> xla
 
@@ -59,6 +62,7 @@ CPU_INTERPRET_FLOP_BUDGET = 2 * 512**3
 
 _AUTO_ORDER = {
     "hopper": ("mosaic/small_m", "mosaic/ws_persistent", "triton/06_tuned", "xla"),
+    "hopper_ieee": ("xla",),
     "gpu": ("triton/05_split_k", "triton/06_tuned", "xla"),
     "cpu": ("triton/06_tuned", "xla"),
 }
@@ -98,10 +102,13 @@ def get_kernel(name: str) -> KernelEntry:
         f"{list_kernels()}") from None
 
 
-def auto_order(device: DeviceInfo) -> tuple[str, ...]:
+def auto_order(device: DeviceInfo,
+               problem: GemmProblem | None = None) -> tuple[str, ...]:
   if device.platform == "cpu":
     return _AUTO_ORDER["cpu"]
   if device.is_hopper:
+    if problem is not None and problem.precision == "ieee":
+      return _AUTO_ORDER["hopper_ieee"]
     return _AUTO_ORDER["hopper"]
   if device.is_gpu:
     return _AUTO_ORDER["gpu"]
@@ -127,7 +134,7 @@ def select_kernel(problem: GemmProblem, device: DeviceInfo,
           f"kernel={requested!r} cannot run {problem.describe()} on "
           f"{device.device_kind}: {reason}")
     return entry
-  for name in auto_order(device):
+  for name in auto_order(device, problem):
     entry = _REGISTRY.get(name)
     if entry is None:
       continue

@@ -441,3 +441,33 @@ def test_results_are_bitwise_reproducible():
   a, b = rand((40, 50)), rand((50, 30))
   f = jax.jit(mm)
   np.testing.assert_array_equal(f(a, b), f(a, b))
+
+
+# -------------------------------------------------------------- auto order ---
+
+
+def _problem(dtype="bfloat16", precision="default", m=4096):
+  return pallas_gemm.GemmProblem(batch=1, m=m, n=4096, k=4096, in_dtype=dtype,
+                                 out_dtype=dtype, precision=precision)
+
+
+def test_auto_order_is_explicit_and_ends_in_xla():
+  from pallas_gemm import registry
+  hopper = pallas_gemm.DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+  ampere = pallas_gemm.DeviceInfo("gpu", "NVIDIA A100", (8, 0), 108, 163 * 1024)
+  cpu = pallas_gemm.DeviceInfo("cpu", "cpu")
+  for device in (hopper, ampere, cpu):
+    assert registry.auto_order(device, _problem())[-1] == "xla"
+  assert registry.auto_order(hopper, _problem())[:2] == (
+      "mosaic/small_m", "mosaic/ws_persistent")
+  # Exact fp32 on Hopper: cuBLAS is the fastest measured; no wgmma fp32 mode.
+  assert registry.auto_order(hopper, _problem("float32", "ieee")) == ("xla",)
+  assert registry.auto_order(cpu, _problem())[0] == "triton/06_tuned"
+
+
+def test_cpu_auto_choice_leaves_big_problems_to_xla():
+  cpu = pallas_gemm.DeviceInfo("cpu", "cpu")
+  small = pallas_gemm.select_kernel(
+      pallas_gemm.GemmProblem(1, 64, 64, 64, "float32", "float32"), cpu)
+  assert small.name == "triton/06_tuned"
+  assert pallas_gemm.select_kernel(_problem("float32", "tf32"), cpu).name == "xla"

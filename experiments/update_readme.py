@@ -35,8 +35,11 @@ def marker_pattern(name: str) -> re.Pattern:
 
 
 def _suite_dirs(results_dir: pathlib.Path) -> list[pathlib.Path]:
+  # Only benchmark.py's outputs: other folders (a backend's own sweep notes)
+  # may carry a summary.md too, but not the benchmark's results.json.
   dirs = [d for d in results_dir.iterdir()
-          if d.is_dir() and d.name != "ladder" and (d / "summary.md").is_file()]
+          if d.is_dir() and d.name != "ladder" and (d / "summary.md").is_file()
+          and (d / "results.json").is_file()]
   return sorted(dirs, key=lambda d: (
       SUITE_ORDER.index(d.name) if d.name in SUITE_ORDER else len(SUITE_ORDER),
       d.name))

@@ -240,7 +240,11 @@ def test_update_readme_splices_between_markers(tmp_path):
   (results / "large").mkdir(parents=True)
   (results / "ladder").mkdir()
   (results / "large" / "summary.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+  (results / "large" / "results.json").write_text("{}")
   (results / "ladder" / "ladder.md").write_text("ladder table\n")
+  # A backend's own notes folder has a summary.md but no benchmark results.
+  (results / "mosaic").mkdir()
+  (results / "mosaic" / "summary.md").write_text("sweep notes\n")
   readme = tmp_path / "README.md"
   readme.write_text("intro\n<!-- BEGIN:results -->\nold\n<!-- END:results -->\n"
                     "mid\n<!-- BEGIN:ladder -->\nold\n<!-- END:ladder -->\nend\n")
@@ -249,7 +253,7 @@ def test_update_readme_splices_between_markers(tmp_path):
   text = readme.read_text()
   assert "old" not in text and "| 1 | 2 |" in text and "ladder table" in text
   assert text.startswith("intro\n") and text.endswith("end\n")
-  assert "Suite `large`" in text
+  assert "Suite `large`" in text and "sweep notes" not in text
   # Running twice gives the same README.
   assert update_readme.update(readme, results, out=_Sink(lines)) == 0
   assert readme.read_text() == text
@@ -259,6 +263,7 @@ def test_update_readme_without_markers_prints_and_fails(tmp_path):
   results = tmp_path / "results"
   (results / "large").mkdir(parents=True)
   (results / "large" / "summary.md").write_text("the table\n")
+  (results / "large" / "results.json").write_text("{}")
   readme = tmp_path / "README.md"
   readme.write_text("no markers here\n")
   lines = []

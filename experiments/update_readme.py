@@ -38,8 +38,8 @@ def _suite_dirs(results_dir: pathlib.Path) -> list[pathlib.Path]:
   # Only benchmark.py's outputs: other folders (a backend's own sweep notes)
   # may carry a summary.md too, but not the benchmark's results.json.
   dirs = [d for d in results_dir.iterdir()
-          if d.is_dir() and d.name != "ladder" and (d / "summary.md").is_file()
-          and (d / "results.json").is_file()]
+          if d.is_dir() and not (d / "ladder.md").is_file()
+          and (d / "summary.md").is_file() and (d / "results.json").is_file()]
   return sorted(dirs, key=lambda d: (
       SUITE_ORDER.index(d.name) if d.name in SUITE_ORDER else len(SUITE_ORDER),
       d.name))
@@ -69,10 +69,14 @@ def results_block(results_dir: pathlib.Path, readme_dir: pathlib.Path) -> str | 
 
 
 def ladder_block(results_dir: pathlib.Path, readme_dir: pathlib.Path) -> str | None:
-  for path in (results_dir / "ladder" / "ladder.md", results_dir / "ladder.md"):
-    if path.is_file():
-      return path.read_text().strip() + _plot_links(path.parent, readme_dir)
-  return None
+  """Every ladder run's table (`ladder/`, `ladder_8192/`, ...), in name order."""
+  if (results_dir / "ladder.md").is_file():  # a single ladder's directory
+    paths = [results_dir / "ladder.md"]
+  else:
+    paths = sorted(results_dir.glob("ladder*/ladder.md"))
+  blocks = [path.read_text().strip() + _plot_links(path.parent, readme_dir)
+            for path in paths]
+  return "\n\n".join(blocks) if blocks else None
 
 
 def splice(text: str, name: str, block: str) -> str | None:

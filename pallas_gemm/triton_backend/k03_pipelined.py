@@ -24,11 +24,8 @@ spilling. Shared memory grows with the stages: (BM + BN)·BK·bytes·S, which
 
 from __future__ import annotations
 
-from jax.experimental import pallas as pl
-
 from pallas_gemm import registry
-from pallas_gemm.problem import cdiv
-from pallas_gemm.triton_backend import common
+from pallas_gemm.triton_backend import common, k02_k_loop
 
 NAME = "triton/03_pipelined"
 DEFAULT_CONFIG = common.TritonConfig(block_m=128, block_n=128, block_k=32,
@@ -36,24 +33,10 @@ DEFAULT_CONFIG = common.TritonConfig(block_m=128, block_n=128, block_k=32,
 
 
 def pipelined_matmul(a, b, c, bias, *, problem, config, interpret):
-  config = config or default_config(problem, None)
-
-  def kernel(*refs):
-    a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
-    rows, cols = common.program_rows_cols(pl.program_id(1), pl.program_id(2),
-                                          config)
-    acc = common.accumulate_k_range(
-        a_ref, b_ref, problem=problem, config=config, rows=rows, cols=cols,
-        k_start=0, k_stop=cdiv(problem.k, config.block_k))
-    common.store_output(o_ref, acc, problem=problem, rows=rows, cols=cols,
-                        c_ref=c_ref, bias_ref=bias_ref)
-
-  grid = (problem.batch, cdiv(problem.m, config.block_m),
-          cdiv(problem.n, config.block_n))
-  return common.run_tiled(kernel, a, b, c, bias, problem=problem,
-                          config=config, interpret=interpret,
-                          name="pipelined", grid=grid,
-                          block_index=lambda b, i, j: (b, i, j))
+  """Rung 2's kernel, unchanged: pipelining is a compile option, not code."""
+  return k02_k_loop.k_loop_matmul(
+      a, b, c, bias, problem=problem,
+      config=config or default_config(problem, None), interpret=interpret)
 
 
 def default_config(problem, device):

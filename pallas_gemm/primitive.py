@@ -89,31 +89,24 @@ def bind(a, b, c=None, bias=None, *, kernel=None, config=None,
          epilogue=Epilogue(), out_dtype=None):
   """Chooses the kernel and its config for these operands, then binds.
 
-  `kernel` may be None (automatic choice). When the named kernel cannot run
-  the problem the call fails with the kernel's reason; the rules below pass
-  `fallback=True` semantics by calling `rebind` instead.
+  `kernel` may be None (automatic choice). A named kernel that cannot run the
+  problem fails with the kernel's own reason; a config of the wrong class is
+  a TypeError.
   """
-  out_dtype = dtype_name(out_dtype if out_dtype is not None else a.dtype)
-  problem = problem_from_shapes(
-      a.shape, b.shape, in_dtype=dtype_name(a.dtype), out_dtype=out_dtype,
-      transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
-      epilogue=epilogue,
-      c_dtype=None if c is None else dtype_name(c.dtype))
-  device = device_info()
+  operands = _join_operands(a, b, c, bias)
+  params = dict(transpose_a=transpose_a, transpose_b=transpose_b,
+                precision=precision, epilogue=epilogue,
+                out_dtype=dtype_name(out_dtype if out_dtype is not None
+                                     else a.dtype))
+  problem, device = _problem_for(operands, params), device_info()
   entry = registry.select_kernel(problem, device, kernel)
-  if config is None:
-    config = entry.default_config(problem, device)
-  elif entry.config_cls is not None and not isinstance(config, entry.config_cls):
+  if config is not None and entry.config_cls is None:
+    raise TypeError(f"kernel={entry.name!r} takes no config, got {config!r}")
+  if config is not None and not isinstance(config, entry.config_cls):
     raise TypeError(
         f"config for kernel={entry.name!r} must be a "
         f"{entry.config_cls.__name__}, got {type(config).__name__}")
-  elif entry.config_cls is None:
-    raise TypeError(f"kernel={entry.name!r} takes no config, got {config!r}")
-  return pallas_gemm_p.bind(
-      *sharding.match_varying_axes(_join_operands(a, b, c, bias)),
-      kernel=entry.name, config=config,
-      transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
-      epilogue=epilogue, out_dtype=out_dtype)
+  return _bind_entry(entry, config, problem, device, operands, params)
 
 
 def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
@@ -123,23 +116,22 @@ def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
   It keeps the original kernel and config when that kernel supports the new
   problem, and otherwise lets the automatic order choose.
   """
-  out_dtype = dtype_name(out_dtype)
-  problem = problem_from_shapes(
-      a.shape, b.shape, in_dtype=dtype_name(a.dtype), out_dtype=out_dtype,
-      transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
-      epilogue=epilogue, c_dtype=None if c is None else dtype_name(c.dtype))
-  device = device_info()
+  operands = _join_operands(a, b, c, bias)
+  params = dict(transpose_a=transpose_a, transpose_b=transpose_b,
+                precision=precision, epilogue=epilogue,
+                out_dtype=dtype_name(out_dtype))
+  problem, device = _problem_for(operands, params), device_info()
   entry = registry.get_kernel(kernel)
   if registry.why_unsupported(entry, problem, device) is not None:
-    entry = registry.select_kernel(problem, device)
-    config = None
+    entry, config = registry.select_kernel(problem, device), None
+  return _bind_entry(entry, config, problem, device, operands, params)
+
+
+def _bind_entry(entry, config, problem, device, operands, params):
   if config is None:
     config = entry.default_config(problem, device)
-  return pallas_gemm_p.bind(
-      *sharding.match_varying_axes(_join_operands(a, b, c, bias)),
-      kernel=entry.name, config=config,
-      transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
-      epilogue=epilogue, out_dtype=out_dtype)
+  return pallas_gemm_p.bind(*sharding.match_varying_axes(operands),
+                            kernel=entry.name, config=config, **params)
 
 
 # ---------------------------------------------------------- abstract eval ---

@@ -318,3 +318,22 @@ def test_sampled_reference_catches_a_wrong_edge(monkeypatch):
   last_row_lost = good.at[-1, :].set(jnp.nan)
   assert benchmark.numerics.relative_error(
       reference.select(last_row_lost), reference.reference) == float("inf")
+
+
+def test_roofline_roof_is_never_below_the_known_copy_rate():
+  bandwidth, source = benchmark.roofline_bandwidth("NVIDIA H200", measure=False)
+  assert bandwidth == 4.3 and "device-to-device" in source
+  assert benchmark.roofline_bandwidth("cpu", measure=False) == (None, "unknown")
+
+
+def test_replot_redraws_from_results_json(tmp_path):
+  import shutil
+  from experiments import replot
+  source = pathlib.Path(__file__).parents[1] / "experiments/results/nvidia_h200/decode"
+  if not (source / "results.json").is_file():
+    pytest.skip("no committed decode results")
+  shutil.copy(source / "results.json", tmp_path / "results.json")
+  written = replot.replot(tmp_path)
+  assert {p.name for p in written} == {"tflops.png", "roofline.png"}
+  for path in written:
+    assert path.stat().st_size > 10_000

@@ -29,6 +29,7 @@ ON_GPU = jax.default_backend() == "gpu"
 SGEMM_NAMES = tuple(k.registry_name for k in kernels.SGEMM_LADDER)
 ALL_NAMES = SGEMM_NAMES + ("ffi/mma_sync",)
 HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+PIPELINED_VARIANTS = sorted(v for v in kernels.MMA_SYNC_VARIANTS if v[-1])
 
 
 def _has_nvcc() -> bool:
@@ -66,6 +67,7 @@ def test_sources_compile(built_library):
   assert built_library.library.exists()
   log = (built_library.folder / "ptxas.log").read_text()
   assert "mma_sync.cu" in log and "sgemm_08_warptile.cu" in log
+  assert "mma_sync_pipelined.cu" in log
   # No kernel may spill registers to local memory.
   spills = [line for line in log.splitlines() if "spill" in line
             and not line.strip().startswith("0 bytes spill")]
@@ -120,6 +122,28 @@ def test_mma_sync_config_validates():
     kernels.MmaSyncConfig(block_n=64)
   with pytest.raises(ValueError, match="compiled variant"):
     kernels.MmaSyncConfig(block_n=128, block_k=64)
+  with pytest.raises(ValueError, match="compiled variant"):
+    kernels.MmaSyncConfig(block_n=256, block_k=32, num_warps=8, stages=3,
+                          pipelined=True)
+  for variant, target in kernels.MMA_SYNC_VARIANTS.items():
+    config = kernels.MmaSyncConfig(*variant)
+    assert config.key == variant and config.target == target
+    assert target in build.HANDLERS
+
+
+def test_pipelined_launchers_are_in_every_table():
+  """Each pipelined variant needs a launcher, an FFI handler and a place in
+  the sanitizer driver; a missing one would only show up on a GPU."""
+  csrc = build.CSRC_DIR
+  handlers = (csrc / "ffi_handlers.cu").read_text()
+  driver = (csrc / "sanitizer_driver.cu").read_text()
+  kernel_file = (csrc / "mma_sync_pipelined.cu").read_text()
+  for variant in PIPELINED_VARIANTS:
+    target = kernels.MmaSyncConfig(*variant).target
+    launcher = target.replace("pallas_gemm_", "", 1)
+    assert f"PALLAS_GEMM_PIPELINED_LAUNCHER({launcher}," in kernel_file
+    assert f"pallas_gemm_launch_{launcher}" in handlers
+    assert f"pallas_gemm_launch_{launcher}" in driver
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
@@ -193,6 +217,30 @@ def test_mma_sync_configs_and_outputs(variant, out_dtype):
   assert out.dtype == jnp.dtype(out_dtype)
   err = numerics.relative_error(out, numerics.reference_matmul(a, b))
   assert err <= numerics.tolerance("bfloat16", "default", out_dtype)
+
+
+def _pipelined_cases():
+  for variant in PIPELINED_VARIANTS:
+    label = kernels.MmaSyncConfig(*variant).label.replace(" ", "_")
+    for dtype in ("bfloat16", "float16"):
+      for shape in shapes.ODD + [(4095, 4097, 4093)]:
+        if dtype == "float16" and shape != (4095, 4097, 4093):
+          continue  # the dtype only changes the mma instruction
+        yield pytest.param(variant, dtype, shape,
+                           id=f"{label}-{dtype}-{'x'.join(map(str, shape))}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,dtype,shape", list(_pipelined_cases()))
+def test_pipelined_variants_on_odd_shapes(variant, dtype, shape):
+  a, b = _operands(shape, dtype)
+  numerics.poison_allocator(shape[:2], dtype)
+  config = kernels.MmaSyncConfig(*variant)
+  out = jax.jit(lambda a, b: pallas_gemm.matmul(
+      a, b, kernel="ffi/mma_sync", config=config))(a, b)
+  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
+  tol = numerics.tolerance(dtype, "default", dtype)
+  assert err <= tol, f"{config.label} {shape} {dtype}: {err:.3g} > {tol:.3g}"
 
 
 @pytest.mark.gpu

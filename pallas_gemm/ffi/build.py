@@ -48,10 +48,16 @@ HANDLERS = {
     "pallas_gemm_sgemm_06_register_2d": "PallasGemmSgemm06Register2d",
     "pallas_gemm_sgemm_07_double_buffered": "PallasGemmSgemm07DoubleBuffered",
     "pallas_gemm_sgemm_08_warptile": "PallasGemmSgemm08Warptile",
+    "pallas_gemm_sgemm_09_two_blocks_per_sm": "PallasGemmSgemm09TwoBlocksPerSm",
     "pallas_gemm_mma_sync_bn128": "PallasGemmMmaSyncBn128",
     "pallas_gemm_mma_sync_bn256": "PallasGemmMmaSyncBn256",
     "pallas_gemm_mma_sync_bn256_bk64": "PallasGemmMmaSyncBn256Bk64",
     "pallas_gemm_mma_sync_bn128_w4": "PallasGemmMmaSyncBn128W4",
+    "pallas_gemm_mma_pipe_128x256x32": "PallasGemmMmaPipe128X256X32",
+    "pallas_gemm_mma_pipe_256x128x32": "PallasGemmMmaPipe256X128X32",
+    "pallas_gemm_mma_pipe_128x256x64": "PallasGemmMmaPipe128X256X64",
+    "pallas_gemm_mma_pipe_128x128x32": "PallasGemmMmaPipe128X128X32",
+    "pallas_gemm_mma_pipe_128x128x64": "PallasGemmMmaPipe128X128X64",
 }
 
 _NVCC_MISSING = (

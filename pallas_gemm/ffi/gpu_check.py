@@ -163,12 +163,12 @@ def time_kernels(out_dir: pathlib.Path, quick: bool) -> dict:
     results["bfloat16"][f"jnp.dot bf16 {size}"] = ref_ms
     _log(out_dir, f"{'jnp.dot bf16':34s} {size:6d} {ref_ms:9.3f} "
          f"{flops / ref_ms / 1e9:8.1f} {1.0:6.2f}")
-    for block_n, block_k, num_warps in sorted(MMA_SYNC_VARIANTS):
-      config = MmaSyncConfig(block_n, block_k, num_warps)
+    for variant in sorted(MMA_SYNC_VARIANTS):
+      config = MmaSyncConfig(*variant)
       fn = jax.jit(lambda a, b, config=config: pallas_gemm.matmul(
           a, b, kernel="ffi/mma_sync", config=config))
       ms = median_ms(fn, (a, b), 20)
-      label = f"ffi/mma_sync bn{block_n} bk{block_k} w{num_warps}"
+      label = f"mma_sync {config.label}"
       results["bfloat16"][f"{label} {size}"] = ms
       _log(out_dir, f"{label:34s} {size:6d} {ms:9.3f} "
            f"{flops / ms / 1e9:8.1f} {ref_ms / ms:6.2f}")
@@ -182,7 +182,8 @@ def time_kernels(out_dir: pathlib.Path, quick: bool) -> dict:
     results["float32"][f"jnp.dot HIGHEST {size}"] = ref_ms
     _log(out_dir, f"{'jnp.dot(HIGHEST) f32':34s} {size:6d} {ref_ms:9.3f} "
          f"{flops / ref_ms / 1e9:8.1f} {1.0:6.2f}")
-    for name in ("ffi/sgemm_07_double_buffered", "ffi/sgemm_08_warptile"):
+    for name in ("ffi/sgemm_07_double_buffered", "ffi/sgemm_08_warptile",
+                 "ffi/sgemm_09_two_blocks_per_sm"):
       fn = jax.jit(lambda a, b, name=name: pallas_gemm.matmul(
           a, b, kernel=name, precision=jax.lax.Precision.HIGHEST))
       ms = median_ms(fn, (a, b), 20)

@@ -56,37 +56,58 @@ class FfiKernel:
 
 @dataclasses.dataclass(frozen=True)
 class MmaSyncConfig:
-  """Block tile of ffi/mma_sync: 128 x block_n x block_k, 4 stages, with
-  num_warps warps (8: one block per SM; 4: 64x64 warp tiles, two per SM).
+  """Block tile of ffi/mma_sync: block_m x block_n x block_k with num_warps
+  warps and `stages` cp.async stages.
 
-  Compiled variants: (block_n, block_k, num_warps) in MMA_SYNC_VARIANTS.
+  pipelined=False: the first kernel (csrc/mma_sync.cu): block_m 128, 4
+  stages; 8 warps (one block per SM) or 4 (64x64 warp tiles, two per SM).
+  pipelined=True: csrc/mma_sync_pipelined.cu: 64x64 warp tiles, ldmatrix
+  fragments double-buffered in registers across k16 slices and K tiles,
+  one barrier per K tile.
+
+  Compiled variants: the keys of MMA_SYNC_VARIANTS, in field order.
   """
 
   block_n: int = 256
   block_k: int = 32
   num_warps: int = 8
+  block_m: int = 128
+  stages: int = 4
+  pipelined: bool = False
 
   def __post_init__(self):
     if self.key not in MMA_SYNC_VARIANTS:
       raise ValueError(
-          f"(block_n, block_k, num_warps)={self.key} is not a compiled "
-          f"variant; choose one of {sorted(MMA_SYNC_VARIANTS)}")
+          f"(block_n, block_k, num_warps, block_m, stages, pipelined)="
+          f"{self.key} is not a compiled variant; choose one of "
+          f"{sorted(MMA_SYNC_VARIANTS)}")
 
   @property
-  def key(self) -> tuple[int, int, int]:
-    return (self.block_n, self.block_k, self.num_warps)
+  def key(self) -> tuple[int, int, int, int, int, bool]:
+    return dataclasses.astuple(self)
 
   @property
   def target(self) -> str:
     return MMA_SYNC_VARIANTS[self.key]
 
+  @property
+  def label(self) -> str:
+    kind = "pipelined" if self.pipelined else "basic"
+    return (f"{kind} {self.block_m}x{self.block_n}x{self.block_k} "
+            f"w{self.num_warps} s{self.stages}")
 
-#: (block_n, block_k, num_warps) -> FFI target of that compiled variant.
+
+#: (block_n, block_k, num_warps, block_m, stages, pipelined) -> FFI target.
 MMA_SYNC_VARIANTS = {
-    (128, 32, 8): "pallas_gemm_mma_sync_bn128",
-    (256, 32, 8): "pallas_gemm_mma_sync_bn256",
-    (256, 64, 8): "pallas_gemm_mma_sync_bn256_bk64",
-    (128, 32, 4): "pallas_gemm_mma_sync_bn128_w4",
+    (128, 32, 8, 128, 4, False): "pallas_gemm_mma_sync_bn128",
+    (256, 32, 8, 128, 4, False): "pallas_gemm_mma_sync_bn256",
+    (256, 64, 8, 128, 4, False): "pallas_gemm_mma_sync_bn256_bk64",
+    (128, 32, 4, 128, 4, False): "pallas_gemm_mma_sync_bn128_w4",
+    (256, 32, 8, 128, 4, True): "pallas_gemm_mma_pipe_128x256x32",
+    (128, 32, 8, 256, 4, True): "pallas_gemm_mma_pipe_256x128x32",
+    (256, 64, 8, 128, 3, True): "pallas_gemm_mma_pipe_128x256x64",
+    (128, 32, 4, 128, 4, True): "pallas_gemm_mma_pipe_128x128x32",
+    (128, 64, 4, 128, 3, True): "pallas_gemm_mma_pipe_128x128x64",
 }
 
 
@@ -108,6 +129,9 @@ SGEMM_LADDER = (
               ("float32",), 4),
     FfiKernel("sgemm_08_warptile", "128x128 block, 64x32 warp tiles",
               ("float32",), 4),
+    FfiKernel("sgemm_09_two_blocks_per_sm",
+              "rung 08 capped at 128 registers (two blocks per SM), B copied "
+              "with cp.async", ("float32",), 4),
 )
 
 MMA_SYNC = FfiKernel(

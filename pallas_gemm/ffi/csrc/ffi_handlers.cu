@@ -24,10 +24,16 @@ PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_05_vectorized_1d)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_06_register_2d)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_07_double_buffered)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_08_warptile)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_09_two_blocks_per_sm)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256_bk64)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128_w4)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x256x32)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_256x128x32)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x256x64)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x32)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x64)
 #undef PALLAS_GEMM_DECLARE_LAUNCHER
 }
 
@@ -258,6 +264,12 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PALLAS_GEMM_SGEMM_SPEC("sgemm_08_warptile", 4,
                            pallas_gemm_launch_sgemm_08_warptile));
 
+// rung sgemm_09_two_blocks_per_sm.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm09TwoBlocksPerSm,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_09_two_blocks_per_sm", 4,
+                           pallas_gemm_launch_sgemm_09_two_blocks_per_sm));
+
 // Tensor-core kernels: fp16 or bf16 in; f32 or the input type out. k and n
 // must be multiples of 8 (16-byte cp.async chunks); the wrapper pads.
 #define PALLAS_GEMM_MMA_SPEC(name, launch)                                   \
@@ -288,3 +300,29 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaSyncBn128W4,
     PALLAS_GEMM_MMA_SPEC("mma_sync (128x128 tile, 4 warps)",
                          pallas_gemm_launch_mma_sync_bn128_w4));
+
+// Software-pipelined tensor-core kernels (mma_sync_pipelined.cu).
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaPipe128X256X32,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x256x32 tile)",
+                         pallas_gemm_launch_mma_pipe_128x256x32));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaPipe256X128X32,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 256x128x32 tile)",
+                         pallas_gemm_launch_mma_pipe_256x128x32));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaPipe128X256X64,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x256x64 tile)",
+                         pallas_gemm_launch_mma_pipe_128x256x64));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaPipe128X128X32,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x128x32 tile)",
+                         pallas_gemm_launch_mma_pipe_128x128x32));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaPipe128X128X64,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x128x64 tile)",
+                         pallas_gemm_launch_mma_pipe_128x128x64));

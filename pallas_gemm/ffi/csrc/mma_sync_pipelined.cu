@@ -1,0 +1,324 @@
+// Tensor-core GEMM with mma.sync, software-pipelined: fp16 or bf16 in, f32
+// accumulate. Same building blocks as mma_sync.cu (4-stage cp.async with
+// zero fill, swizzled shared memory, ldmatrix, grouped block order,
+// smem-staged epilogue), with a main loop shaped so the tensor cores never
+// wait on shared memory or on a barrier:
+//
+//  * Every warp owns a 64x64 tile (4 x 8 mma tiles, 128 f32 accumulators per
+//    thread): 8 ldmatrix.x4 feed 32 mma.sync per k16 slice, the most reuse
+//    the register file allows. Shared-memory bandwidth, not the tensor
+//    cores, bounds mma.sync on Hopper, so this ratio is what matters most.
+//  * The ldmatrix fragments are double-buffered in registers: while the
+//    mma.sync of slice s run, the fragments of slice s + 1 are already
+//    loading, including across the K-tile boundary (the last slice of tile
+//    kt loads the first slice of tile kt + 1).
+//  * One __syncthreads per K tile, placed just before the first read of the
+//    next tile. It also proves every warp is done with the stage read one
+//    tile ago, which is the stage the next cp.async batch overwrites, so no
+//    second barrier is needed.
+//  * Global addresses are computed once; per tile only k advances.
+//
+// Compiled variants (block M x N x K, stages, blocks per SM): 128x256x32
+// and 256x128x32 with 8 warps, 4 stages; 128x256x64 with 8 warps, 3 stages;
+// 128x128x32 (4 stages) and 128x128x64 (3 stages) with 4 warps and two
+// blocks per SM.
+#include "gemm_params.cuh"
+#include "mma_sync_common.cuh"
+
+namespace pallas_gemm {
+namespace mma_sync_pipelined {
+
+using mma_sync::CpAsync16;
+using mma_sync::CpAsyncCommit;
+using mma_sync::CpAsyncWait;
+using mma_sync::LdMatrixX4;
+using mma_sync::LdMatrixX4Trans;
+using mma_sync::Load8;
+using mma_sync::Mma;
+using mma_sync::Store8;
+using mma_sync::SwizzledChunk;
+
+constexpr int kWarpM = 64, kWarpN = 64;
+constexpr int kMmaTilesM = kWarpM / 16, kMmaTilesN = kWarpN / 8;
+constexpr int kGroupM = 8;
+
+template <int kBlockM_, int kBlockN_, int kBlockK_, int kStages_,
+          int kMinBlocksPerSm_>
+struct Tiling {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_,
+                       kBlockK = kBlockK_, kStages = kStages_,
+                       kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr int kWarpsM = kBlockM / kWarpM, kWarpsN = kBlockN / kWarpN;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kSlices = kBlockK / 16;  // k16 slices per K tile
+  static constexpr int kAChunksPerRow = kBlockK / 8;  // 16-byte chunks
+  static constexpr int kBChunksPerRow = kBlockN / 8;
+  static constexpr int kAStageBytes = kBlockM * kBlockK * 2;
+  static constexpr int kBStageBytes = kBlockK * kBlockN * 2;
+  static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
+  // Thread t copies chunk column t % chunks_per_row of rows
+  // t / chunks_per_row + j * row_step: the same columns every stage.
+  static constexpr int kARowStep = kThreads / kAChunksPerRow;
+  static constexpr int kBRowStep = kThreads / kBChunksPerRow;
+  static constexpr int kAChunksPerThread = kBlockM / kARowStep;
+  static constexpr int kBChunksPerThread = kBlockK / kBRowStep;
+  static constexpr int kOutStride = kBlockN + 8;  // see mma_sync.cu
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  static constexpr int kEpilogueBytes = kBlockM * kOutStride * 4;
+  static constexpr int kSmemBytes =
+      kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
+
+  static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warp grid");
+  // Fragment buffer (slice & 1) lines up across tiles only for even counts.
+  static_assert(kSlices % 2 == 0, "block K must be a multiple of 32");
+  static_assert(kThreads % kAChunksPerRow == 0 &&
+                kThreads % kBChunksPerRow == 0 &&
+                kBlockM % kARowStep == 0 && kBlockK % kBRowStep == 0,
+                "tiles must split evenly over the threads");
+  // Row steps that are multiples of 8 leave the swizzle pattern unchanged,
+  // so each chunk's shared address is the first one plus a constant.
+  static_assert(kARowStep % 8 == 0 && kBRowStep % 8 == 0, "row steps");
+  static_assert(kAChunksPerRow == 4 || kAChunksPerRow % 8 == 0,
+                "the swizzle handles 64-byte rows or multiples of 128 bytes");
+  static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
+  static_assert(kSmemBytes * kMinBlocksPerSm <= 227 * 1024, "shared memory");
+};
+
+template <typename T, typename TOut, typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
+MmaSyncPipelinedGemm(GemmParams p) {
+  constexpr int kStages = Tile::kStages, kBlockK = Tile::kBlockK;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
+
+  // Grouped order: kGroupM block-rows share each block-column band in L2.
+  const int blocks_m = CeilDiv(p.m, Tile::kBlockM);
+  const int blocks_n = CeilDiv(p.n, Tile::kBlockN);
+  const int blocks_per_group = kGroupM * blocks_n;
+  const int group = blockIdx.x / blocks_per_group;
+  const int first_block_m = group * kGroupM;
+  const int group_rows = min(blocks_m - first_block_m, kGroupM);
+  const int in_group = blockIdx.x % blocks_per_group;
+  const int row0 = (first_block_m + in_group % group_rows) * Tile::kBlockM;
+  const int col0 = (in_group / group_rows) * Tile::kBlockN;
+
+  const int batch = blockIdx.y;
+  const T* a = BatchSlice<T>(p.a, batch, 1LL * p.m * p.k);
+  const T* b = BatchSlice<T>(p.b, batch, 1LL * p.k * p.n);
+  const TOut* c =
+      p.c ? BatchSlice<TOut>(p.c, batch, 1LL * p.m * p.n) : nullptr;
+  TOut* out = BatchSliceMut<TOut>(p.out, batch, 1LL * p.m * p.n);
+
+  const uint32_t smem_base =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+
+  // ---- global -> shared: per-thread addresses fixed up front.
+  const int a_row = tid / Tile::kAChunksPerRow;
+  const int a_col = (tid % Tile::kAChunksPerRow) * 8;
+  const int b_row = tid / Tile::kBChunksPerRow;
+  const int b_col = (tid % Tile::kBChunksPerRow) * 8;
+  const uint32_t a_smem_offset =
+      SwizzledChunk<Tile::kAChunksPerRow>(a_row, a_col / 8) * 16;
+  const uint32_t b_smem_offset = Tile::kAStageBytes +
+      SwizzledChunk<Tile::kBChunksPerRow>(b_row, b_col / 8) * 16;
+  const T* a_first = a + 1LL * (row0 + a_row) * p.k + a_col;
+  const long long a_row_step = 1LL * Tile::kARowStep * p.k;
+  const T* b_first = b + 1LL * b_row * p.n + col0 + b_col;
+  const long long b_row_step = 1LL * Tile::kBRowStep * p.n;
+  uint32_t a_rows_in_range = 0;  // bit j: chunk row j is inside M
+#pragma unroll
+  for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
+    if (row0 + a_row + j * Tile::kARowStep < p.m) a_rows_in_range |= 1u << j;
+  }
+  const bool b_col_in_range = col0 + b_col < p.n;
+
+  auto load_tile = [&](int stage, int k0) {
+    const uint32_t stage_base = smem_base + stage * Tile::kStageBytes;
+    const bool a_col_in_range = k0 + a_col < p.k;
+#pragma unroll
+    for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
+      const bool valid = a_col_in_range && ((a_rows_in_range >> j) & 1);
+      const T* src = valid ? a_first + j * a_row_step + k0 : a;
+      CpAsync16(stage_base + a_smem_offset +
+                    j * Tile::kARowStep * Tile::kAChunksPerRow * 16,
+                src, valid);
+    }
+    const T* b_tile = b_first + 1LL * k0 * p.n;
+#pragma unroll
+    for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
+      const bool valid =
+          b_col_in_range && k0 + b_row + j * Tile::kBRowStep < p.k;
+      const T* src = valid ? b_tile + j * b_row_step : b;
+      CpAsync16(stage_base + b_smem_offset +
+                    j * Tile::kBRowStep * Tile::kBChunksPerRow * 16,
+                src, valid);
+    }
+  };
+
+  // ---- shared -> registers (ldmatrix; see the x4 matrix order).
+  const int lane_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int lane_chunk = lane >> 4;
+  uint32_t a_frag[2][kMmaTilesM][4];
+  uint32_t b_frag[2][kMmaTilesN][2];
+
+  auto load_fragments = [&](int buffer, int stage, int slice) {
+    const uint32_t a_base = smem_base + stage * Tile::kStageBytes;
+    const uint32_t b_base = a_base + Tile::kAStageBytes;
+#pragma unroll
+    for (int mi = 0; mi < kMmaTilesM; ++mi) {
+      const int r = warp_m * kWarpM + mi * 16 + lane_row;
+      LdMatrixX4(a_frag[buffer][mi],
+                 a_base + SwizzledChunk<Tile::kAChunksPerRow>(
+                              r, slice * 2 + lane_chunk) * 16);
+    }
+#pragma unroll
+    for (int nj = 0; nj < kMmaTilesN / 2; ++nj) {
+      const int r = slice * 16 + lane_row;
+      const int chunk = (warp_n * kWarpN + nj * 16) / 8 + lane_chunk;
+      uint32_t t[4];
+      LdMatrixX4Trans(
+          t, b_base + SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
+      b_frag[buffer][2 * nj][0] = t[0];
+      b_frag[buffer][2 * nj][1] = t[1];
+      b_frag[buffer][2 * nj + 1][0] = t[2];
+      b_frag[buffer][2 * nj + 1][1] = t[3];
+    }
+  };
+
+  float acc[kMmaTilesM][kMmaTilesN][4] = {};
+  const int k_tiles = CeilDiv(p.k, kBlockK);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_tile(s, s * kBlockK);
+    CpAsyncCommit();  // empty groups keep the wait counts uniform
+  }
+  CpAsyncWait<kStages - 2>();
+  __syncthreads();  // tile 0 is visible
+
+  int read_stage = 0, write_stage = kStages - 1;
+  int next_k = (kStages - 1) * kBlockK;  // first k of the next tile to fetch
+  load_fragments(0, read_stage, 0);
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+    for (int slice = 0; slice < Tile::kSlices; ++slice) {
+      if (slice == Tile::kSlices - 1) {
+        // Groups committed so far: kStages - 1 + kt + 1, one per tile; so at
+        // most kStages - 2 pending means tile kt + 1 has landed. After the
+        // barrier every warp has also finished reading stage kt, which the
+        // next iteration's copies overwrite. On the last tile this loads
+        // fragments nobody uses, from a stage no copy is writing.
+        CpAsyncWait<kStages - 2>();
+        __syncthreads();
+        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+      }
+      load_fragments((slice + 1) & 1, read_stage,
+                     (slice + 1) % Tile::kSlices);
+      if (slice == 0) {
+        // The stage written here was last read during tile kt - 1, before
+        // the previous iteration's barrier.
+        if (next_k < p.k) load_tile(write_stage, next_k);
+        CpAsyncCommit();
+        write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+        next_k += kBlockK;
+      }
+#pragma unroll
+      for (int mi = 0; mi < kMmaTilesM; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kMmaTilesN; ++ni) {
+          Mma<T>::Run(acc[mi][ni], a_frag[slice & 1][mi],
+                      b_frag[slice & 1][ni]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: fragments -> shared (f32) -> 8 contiguous outputs per thread.
+  CpAsyncWait<0>();
+  __syncthreads();  // every warp is done with the pipeline's shared memory
+  float* staged = reinterpret_cast<float*>(smem);
+  const int group_id = lane >> 2, quad = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < kMmaTilesM; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kMmaTilesN; ++ni) {
+      const int r = warp_m * kWarpM + mi * 16 + group_id;
+      const int col = warp_n * kWarpN + ni * 8 + quad * 2;
+      *reinterpret_cast<float2*>(&staged[r * Tile::kOutStride + col]) =
+          make_float2(p.alpha * acc[mi][ni][0], p.alpha * acc[mi][ni][1]);
+      *reinterpret_cast<float2*>(&staged[(r + 8) * Tile::kOutStride + col]) =
+          make_float2(p.alpha * acc[mi][ni][2], p.alpha * acc[mi][ni][3]);
+    }
+  }
+  __syncthreads();
+  constexpr int kOutChunksPerRow = Tile::kBlockN / 8;
+  constexpr int kOutChunks = Tile::kBlockM * kOutChunksPerRow;
+  static_assert(kOutChunks % Tile::kThreads == 0, "even split");
+#pragma unroll 4
+  for (int j = 0; j < kOutChunks / Tile::kThreads; ++j) {
+    const int i = tid + j * Tile::kThreads;
+    const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
+    const int out_row = row0 + r, out_col = col0 + col;
+    if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
+    float v[8];
+    Load8(&staged[r * Tile::kOutStride + col], v);
+    const long long index = 1LL * out_row * p.n + out_col;
+    if (c != nullptr) {
+      float c_values[8];
+      Load8(c + index, c_values);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] += p.beta * c_values[e];
+    }
+    Store8(out + index, v);
+  }
+}
+
+template <typename T, typename TOut, typename Tile>
+cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
+  auto kernel = MmaSyncPipelinedGemm<T, TOut, Tile>;
+  // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
+  cudaError_t status = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  if (status != cudaSuccess) return status;
+  const long long blocks = 1LL * CeilDiv(p.m, Tile::kBlockM) *
+                           CeilDiv(p.n, Tile::kBlockN);
+  if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
+  dim3 grid(static_cast<unsigned>(blocks), p.batch);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename Tile>
+cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
+  using E = ElementType;
+  if (p.in_type == E::kBF16 && p.out_type == E::kF32)
+    return Launch<__nv_bfloat16, float, Tile>(p, stream);
+  if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
+    return Launch<__nv_bfloat16, __nv_bfloat16, Tile>(p, stream);
+  if (p.in_type == E::kF16 && p.out_type == E::kF32)
+    return Launch<__half, float, Tile>(p, stream);
+  if (p.in_type == E::kF16 && p.out_type == E::kF16)
+    return Launch<__half, __half, Tile>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace mma_sync_pipelined
+}  // namespace pallas_gemm
+
+// Launchers, named block M x N x K; the stage count and blocks per SM are
+// fixed per shape (see the file comment).
+#define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm) \
+  extern "C" cudaError_t pallas_gemm_launch_##name(                    \
+      const pallas_gemm::GemmParams& p, cudaStream_t stream) {         \
+    return pallas_gemm::mma_sync_pipelined::Dispatch<                  \
+        pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
+                                                per_sm>>(p, stream);   \
+  }
+
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2)
+#undef PALLAS_GEMM_PIPELINED_LAUNCHER

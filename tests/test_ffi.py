@@ -131,6 +131,17 @@ def test_mma_sync_config_validates():
     assert target in build.HANDLERS
 
 
+def test_mma_sync_default_config_is_pipelined():
+  default = registry.get_kernel("ffi/mma_sync").default_config
+  big = default(_problem("bfloat16", "default", m=8192, n=8192, k=8192),
+                HOPPER)
+  small = default(_problem("bfloat16", "default", m=256, n=256, k=4096),
+                  HOPPER)
+  assert big == kernels.MMA_SYNC_DEFAULT_LARGE and big.pipelined
+  assert small == kernels.MMA_SYNC_DEFAULT_SMALL and small.pipelined
+  assert default(_problem("bfloat16", "default"), None).pipelined
+
+
 def test_pipelined_launchers_are_in_every_table():
   """Each pipelined variant needs a launcher, an FFI handler and a place in
   the sanitizer driver; a missing one would only show up on a GPU."""

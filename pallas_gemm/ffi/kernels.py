@@ -252,13 +252,26 @@ def _register_sgemm(kernel: FfiKernel) -> None:
       runs_on_cpu=False, description=f"CUDA SIMT SGEMM: {kernel.description}"))
 
 
-def _mma_default_config(problem: GemmProblem, device: DeviceInfo):
-  del problem, device
-  # Fastest variant on an H200 at 4096^3 and 8192^3 (bf16; results in
-  # experiments/results/nvidia_h200/ffi/): 128x128 tiles, 4 warps, two
-  # blocks per SM, about 368 TFLOP/s against 350 for 128x256 with 8 warps.
-  # Its smaller tiles also fill the SMs on smaller problems.
-  return MmaSyncConfig(block_n=128, block_k=32, num_warps=4)
+#: Defaults, both software-pipelined. Measured on an H200 (bf16, CUPTI;
+#: experiments/results/nvidia_h200/ffi/run3/): 128x256x32 with 8 warps runs
+#: 464 TFLOP/s at 8192^3 and 457 at 4096^3, against 363-374 for the old
+#: default (basic 128x128x32, 4 warps). The pipelined 128x128x32 with 4 warps
+#: (424-429 TFLOP/s) keeps the old default's tile for grids too small to
+#: fill the SMs with 128x256 tiles; that choice is by tile count, not timed.
+MMA_SYNC_DEFAULT_LARGE = MmaSyncConfig(block_n=256, block_k=32, num_warps=8,
+                                       block_m=128, stages=4, pipelined=True)
+MMA_SYNC_DEFAULT_SMALL = MmaSyncConfig(block_n=128, block_k=32, num_warps=4,
+                                       block_m=128, stages=4, pipelined=True)
+_DEFAULT_NUM_SMS = 132  # an H100/H200, when the device is not known
+
+
+def _mma_default_config(problem: GemmProblem, device: DeviceInfo | None):
+  num_sms = device.num_sms if device is not None and device.num_sms > 1 \
+      else _DEFAULT_NUM_SMS
+  large_tiles = problem.batch * (-(-problem.m // 128)) * (-(-problem.n // 256))
+  if large_tiles >= num_sms:
+    return MMA_SYNC_DEFAULT_LARGE
+  return MMA_SYNC_DEFAULT_SMALL
 
 
 def _mma_fn(a, b, c, bias, *, problem, config, interpret):

@@ -27,9 +27,9 @@
 //    outputs), reads C the same way for beta * C, and rounds once.
 //
 // Compiled variants (block 128 x BN x BK, 4 stages): 128x128x32 with 8 warps
-// (warp tile 64x32) or with 4 warps (64x64, two blocks per SM, the fastest on
-// an H200: one block's barrier wait overlaps the other's math), 128x256x32
-// and 128x256x64 with 8 warps (64x64).
+// (warp tile 64x32) or with 4 warps (64x64, two blocks per SM, the fastest of
+// these on an H200: one block's barrier wait overlaps the other's math), 128x256x32
+// and 128x256x64 with 8 warps (64x64). mma_sync_pipelined.cu is faster.
 #include "gemm_params.cuh"
 #include "mma_sync_common.cuh"
 

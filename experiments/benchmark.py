@@ -41,7 +41,6 @@ import datetime
 import fnmatch
 import functools
 import json
-import math
 import os
 import pathlib
 import re

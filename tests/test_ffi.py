@@ -22,7 +22,7 @@ from experiments import shapes
 from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.ffi import build, kernels
-from pallas_gemm.problem import Epilogue, GemmProblem
+from pallas_gemm.problem import GemmProblem
 from tests.kernel_test_base import KernelTestBase, check_matmul
 
 ON_GPU = jax.default_backend() == "gpu"

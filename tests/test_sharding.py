@@ -422,7 +422,7 @@ class _Cases:
     self.record("single device untouched", problems)
 
   def fallbacks(self):
-    jax, jnp, numerics = self.jax, self.jnp, self.numerics
+    jax, numerics = self.jax, self.numerics
     kernel = "triton/02_k_loop"
     tol = numerics.tolerance("float32", "ieee")
     ours = lambda a, b: self.pallas_gemm.matmul(a, b, kernel=kernel,

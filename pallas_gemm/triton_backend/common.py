@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import (SUPPORTED_INPUT_DTYPES, Epilogue, GemmProblem,
                                  apply_epilogue, cdiv)
@@ -285,6 +286,23 @@ def program_rows_cols(i, j, config: TritonConfig):
   rows = i * config.block_m + jnp.arange(config.block_m)
   cols = j * config.block_n + jnp.arange(config.block_n)
   return rows, cols
+
+
+def register_fixed_config_rung(name: str, fn, default: TritonConfig,
+                               description: str):
+  """Registers a rung whose only tuning is one default config, shrunk for
+  small problems, and returns its `default_config(problem, device)`."""
+  def default_config(problem, device):
+    del device
+    return small_problem_config(problem, default)
+
+  def supports(problem, device):
+    return triton_supports(problem, device, default_config(problem, device))
+
+  registry.register(registry.KernelEntry(
+      name=name, fn=fn, supports=supports, default_config=default_config,
+      config_cls=TritonConfig, runs_on_cpu=True, description=description))
+  return default_config
 
 
 def small_problem_config(problem: GemmProblem, base: TritonConfig) -> TritonConfig:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from jax.experimental import pallas as pl
 
-from pallas_gemm import registry
 from pallas_gemm.problem import cdiv
 from pallas_gemm.triton_backend import common
 
@@ -52,17 +51,6 @@ def k_loop_matmul(a, b, c, bias, *, problem, config, interpret):
                           grid=grid, block_index=lambda b, i, j: (b, i, j))
 
 
-def default_config(problem, device):
-  del device
-  return common.small_problem_config(problem, DEFAULT_CONFIG)
-
-
-registry.register(registry.KernelEntry(
-    name=NAME,
-    fn=k_loop_matmul,
-    supports=common.triton_supports,
-    default_config=default_config,
-    config_cls=common.TritonConfig,
-    runs_on_cpu=True,
-    description="K loop over BlockSpec tiles, one stage",
-))
+default_config = common.register_fixed_config_rung(
+    NAME, k_loop_matmul, DEFAULT_CONFIG,
+    "K loop over BlockSpec tiles, one stage")

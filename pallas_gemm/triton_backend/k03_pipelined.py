@@ -24,7 +24,6 @@ spilling. Shared memory grows with the stages: (BM + BN)·BK·bytes·S, which
 
 from __future__ import annotations
 
-from pallas_gemm import registry
 from pallas_gemm.triton_backend import common, k02_k_loop
 
 NAME = "triton/03_pipelined"
@@ -39,22 +38,6 @@ def pipelined_matmul(a, b, c, bias, *, problem, config, interpret):
       config=config or default_config(problem, None), interpret=interpret)
 
 
-def default_config(problem, device):
-  del device
-  return common.small_problem_config(problem, DEFAULT_CONFIG)
-
-
-def supports(problem, device):
-  return common.triton_supports(problem, device,
-                                default_config(problem, device))
-
-
-registry.register(registry.KernelEntry(
-    name=NAME,
-    fn=pipelined_matmul,
-    supports=supports,
-    default_config=default_config,
-    config_cls=common.TritonConfig,
-    runs_on_cpu=True,
-    description="K loop with software pipelining (num_stages > 1)",
-))
+default_config = common.register_fixed_config_rung(
+    NAME, pipelined_matmul, DEFAULT_CONFIG,
+    "K loop with software pipelining (num_stages > 1)")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from jax.experimental import pallas as pl
 
-from pallas_gemm import registry
 from pallas_gemm.problem import cdiv
 from pallas_gemm.triton_backend import common
 
@@ -81,22 +80,6 @@ def grouped_matmul(a, b, c, bias, *, problem, config, interpret):
                         interpret=interpret, name="grouped")
 
 
-def default_config(problem, device):
-  del device
-  return common.small_problem_config(problem, DEFAULT_CONFIG)
-
-
-def supports(problem, device):
-  return common.triton_supports(problem, device,
-                                default_config(problem, device))
-
-
-registry.register(registry.KernelEntry(
-    name=NAME,
-    fn=grouped_matmul,
-    supports=supports,
-    default_config=default_config,
-    config_cls=common.TritonConfig,
-    runs_on_cpu=True,
-    description="pipelined K loop, grouped program order for L2 reuse",
-))
+default_config = common.register_fixed_config_rung(
+    NAME, grouped_matmul, DEFAULT_CONFIG,
+    "pipelined K loop, grouped program order for L2 reuse")

@@ -37,6 +37,11 @@ LIBRARY_NAME = "libpallas_gemm_ffi.so"
 # A standalone program that runs every launcher on small ragged shapes and
 # checks it against a CPU reference: the target for compute-sanitizer.
 DRIVER_SOURCE = "sanitizer_driver.cu"
+# The tuning sweep (`python -m pallas_gemm.ffi sweep`): the kernel sources
+# again, compiled with -DPALLAS_GEMM_SWEEP so their sweep-only candidates
+# (csrc/sweep.cuh) exist, linked with this driver into one program.
+SWEEP_SOURCE = "sweep_driver.cu"
+SWEEP_PROGRAM = "ffi_sweep"
 
 #: FFI target name -> exported handler symbol in the library.
 HANDLERS = {
@@ -49,6 +54,7 @@ HANDLERS = {
     "pallas_gemm_sgemm_07_double_buffered": "PallasGemmSgemm07DoubleBuffered",
     "pallas_gemm_sgemm_08_warptile": "PallasGemmSgemm08Warptile",
     "pallas_gemm_sgemm_09_two_blocks_per_sm": "PallasGemmSgemm09TwoBlocksPerSm",
+    "pallas_gemm_sgemm_10_pipelined": "PallasGemmSgemm10Pipelined",
     "pallas_gemm_mma_sync_bn128": "PallasGemmMmaSyncBn128",
     "pallas_gemm_mma_sync_bn256": "PallasGemmMmaSyncBn256",
     "pallas_gemm_mma_sync_bn256_bk64": "PallasGemmMmaSyncBn256Bk64",
@@ -58,6 +64,8 @@ HANDLERS = {
     "pallas_gemm_mma_pipe_128x256x64": "PallasGemmMmaPipe128X256X64",
     "pallas_gemm_mma_pipe_128x128x32": "PallasGemmMmaPipe128X128X32",
     "pallas_gemm_mma_pipe_128x128x64": "PallasGemmMmaPipe128X128X64",
+    "pallas_gemm_mma_ring_128x256x32": "PallasGemmMmaRing128X256X32",
+    "pallas_gemm_mma_ring_128x256x64": "PallasGemmMmaRing128X256X64",
 }
 
 _NVCC_MISSING = (
@@ -127,7 +135,8 @@ def cache_root() -> pathlib.Path:
 
 
 def kernel_sources() -> list[pathlib.Path]:
-  return sorted(p for p in CSRC_DIR.glob("*.cu") if p.name != DRIVER_SOURCE)
+  return sorted(p for p in CSRC_DIR.glob("*.cu")
+                if p.name not in (DRIVER_SOURCE, SWEEP_SOURCE))
 
 
 def _flags(arch: str) -> list[str]:
@@ -241,6 +250,46 @@ def _build_driver(plan: BuildPlan, flags, tmp: pathlib.Path, objects) -> None:
         str(driver_obj)], tmp)
   _run([plan.nvcc, f"-gencode=arch=compute_{plan.arch},code=sm_{plan.arch}",
         "-o", str(tmp / "sanitizer_driver"), str(driver_obj), *objects], tmp)
+
+
+def compile_sweep(arch: str | None = None, *, jobs: int | None = None
+                  ) -> pathlib.Path:
+  """Builds the sweep program next to the library's cache folder (same key,
+  suffix `-sweep`), atomically like the library. Returns its path."""
+  plan = plan_build(arch)
+  folder = plan.folder.with_name(plan.key + "-sweep")
+  program = folder / SWEEP_PROGRAM
+  if program.exists():
+    return program
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  flags = [*_flags(plan.arch), "-DPALLAS_GEMM_SWEEP"]
+  with tempfile.TemporaryDirectory(dir=folder.parent,
+                                   prefix=f".{folder.name}-") as tmp_name:
+    tmp = pathlib.Path(tmp_name)
+    sources = [*kernel_sources(), CSRC_DIR / SWEEP_SOURCE]
+
+    def compile_one(source: pathlib.Path) -> str:
+      obj = tmp / (source.stem + ".o")
+      output = _run([plan.nvcc, *flags, "-Xptxas", "-v", "-c", str(source),
+                     "-o", str(obj)], tmp)
+      return f"==== {source.name}\n{output}"
+
+    jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+      logs = list(pool.map(compile_one, sources))
+    (tmp / "ptxas.log").write_text("".join(logs))
+    _run([plan.nvcc, f"-gencode=arch=compute_{plan.arch},code=sm_{plan.arch}",
+          "-o", str(tmp / SWEEP_PROGRAM),
+          *[str(tmp / (s.stem + ".o")) for s in sources]], tmp)
+    os.chmod(tmp, 0o755)
+    if not folder.exists():
+      try:
+        os.rename(tmp, folder)
+      except OSError:
+        if not folder.exists():
+          raise
+      tmp.mkdir(exist_ok=True)
+  return program
 
 
 def _cuobjdump(nvcc: str) -> str:

@@ -29,7 +29,8 @@ ON_GPU = jax.default_backend() == "gpu"
 SGEMM_NAMES = tuple(k.registry_name for k in kernels.SGEMM_LADDER)
 ALL_NAMES = SGEMM_NAMES + ("ffi/mma_sync",)
 HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
-PIPELINED_VARIANTS = sorted(v for v in kernels.MMA_SYNC_VARIANTS if v[-1])
+PIPELINED_VARIANTS = sorted(v for v in kernels.MMA_SYNC_VARIANTS
+                            if kernels.MmaSyncConfig(*v).pipelined)
 
 
 def _has_nvcc() -> bool:
@@ -152,7 +153,9 @@ def test_pipelined_launchers_are_in_every_table():
   for variant in PIPELINED_VARIANTS:
     target = kernels.MmaSyncConfig(*variant).target
     launcher = target.replace("pallas_gemm_", "", 1)
-    assert f"PALLAS_GEMM_PIPELINED_LAUNCHER({launcher}," in kernel_file
+    macro = ("PALLAS_GEMM_RING_LAUNCHER" if kernels.MmaSyncConfig(*variant).ring
+             else "PALLAS_GEMM_PIPELINED_LAUNCHER")
+    assert f"{macro}({launcher}," in kernel_file
     assert f"pallas_gemm_launch_{launcher}" in handlers
     assert f"pallas_gemm_launch_{launcher}" in driver
 

@@ -183,7 +183,7 @@ def time_kernels(out_dir: pathlib.Path, quick: bool) -> dict:
     _log(out_dir, f"{'jnp.dot(HIGHEST) f32':34s} {size:6d} {ref_ms:9.3f} "
          f"{flops / ref_ms / 1e9:8.1f} {1.0:6.2f}")
     for name in ("ffi/sgemm_07_double_buffered", "ffi/sgemm_08_warptile",
-                 "ffi/sgemm_09_two_blocks_per_sm"):
+                 "ffi/sgemm_09_two_blocks_per_sm", "ffi/sgemm_10_pipelined"):
       fn = jax.jit(lambda a, b, name=name: pallas_gemm.matmul(
           a, b, kernel=name, precision=jax.lax.Precision.HIGHEST))
       ms = median_ms(fn, (a, b), 20)

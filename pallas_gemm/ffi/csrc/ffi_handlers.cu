@@ -25,6 +25,7 @@ PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_06_register_2d)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_07_double_buffered)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_08_warptile)
 PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_09_two_blocks_per_sm)
+PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_10_pipelined)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256_bk64)
@@ -34,6 +35,8 @@ PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_256x128x32)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x256x64)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x32)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x64)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_ring_128x256x32)
+PALLAS_GEMM_DECLARE_LAUNCHER(mma_ring_128x256x64)
 #undef PALLAS_GEMM_DECLARE_LAUNCHER
 }
 
@@ -270,6 +273,12 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PALLAS_GEMM_SGEMM_SPEC("sgemm_09_two_blocks_per_sm", 4,
                            pallas_gemm_launch_sgemm_09_two_blocks_per_sm));
 
+// rung sgemm_10_pipelined.cu
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmSgemm10Pipelined,
+    PALLAS_GEMM_SGEMM_SPEC("sgemm_10_pipelined", 4,
+                           pallas_gemm_launch_sgemm_10_pipelined));
+
 // Tensor-core kernels: fp16 or bf16 in; f32 or the input type out. k and n
 // must be multiples of 8 (16-byte cp.async chunks); the wrapper pads.
 #define PALLAS_GEMM_MMA_SPEC(name, launch)                                   \
@@ -326,3 +335,14 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe128X128X64,
     PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x128x64 tile)",
                          pallas_gemm_launch_mma_pipe_128x128x64));
+
+// The same kernel with the mbarrier ring in place of the block barrier.
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaRing128X256X32,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (mbarrier ring 128x256x32 tile)",
+                         pallas_gemm_launch_mma_ring_128x256x32));
+
+PALLAS_GEMM_DEFINE_FFI_HANDLER(
+    PallasGemmMmaRing128X256X64,
+    PALLAS_GEMM_MMA_SPEC("mma_sync (mbarrier ring 128x256x64 tile)",
+                         pallas_gemm_launch_mma_ring_128x256x64));

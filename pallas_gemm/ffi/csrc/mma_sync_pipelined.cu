@@ -27,6 +27,7 @@
 // experiments/results/nvidia_h200/ffi/README.md.
 #include "gemm_params.cuh"
 #include "mma_sync_common.cuh"
+#include "sweep.cuh"
 
 namespace pallas_gemm {
 namespace mma_sync_pipelined {
@@ -43,14 +44,32 @@ using mma_sync::SwizzledChunk;
 
 constexpr int kWarpM = 64, kWarpN = 64;
 constexpr int kMmaTilesM = kWarpM / 16, kMmaTilesN = kWarpN / 8;
-constexpr int kGroupM = 8;
+
+// How the stage ring is handed between the copies and the tensor cores.
+enum class Sync {
+  // One __syncthreads per K tile (cp.async.wait_group, then the barrier):
+  // simple, but every warp meets every other once per tile, so one late
+  // warp stalls all eight and the tensor cores drain at each meeting.
+  kBlockBarrier,
+  // Two mbarriers per stage. "full": every thread's cp.async batch for the
+  // stage arrives on it when it lands (cp.async.mbarrier.arrive.noinc);
+  // readers wait for its phase. "empty": every thread arrives once it has
+  // consumed the stage; a thread waits on it before copying into the stage
+  // again. Copies run kStages - 2 tiles ahead, so a warp waits only when
+  // another is more than a tile behind: warps drift instead of meeting.
+  kMbarrierRing,
+};
 
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kStages_,
-          int kMinBlocksPerSm_>
+          int kMinBlocksPerSm_, Sync kSync_ = Sync::kBlockBarrier,
+          int kGroupM_ = 8>
 struct Tiling {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_,
                        kBlockK = kBlockK_, kStages = kStages_,
                        kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr Sync kSync = kSync_;
+  // Block-rows that walk each block-column band together (grouped order).
+  static constexpr int kGroupM = kGroupM_;
   static constexpr int kWarpsM = kBlockM / kWarpM, kWarpsN = kBlockN / kWarpN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kSlices = kBlockK / 16;  // k16 slices per K tile
@@ -68,8 +87,15 @@ struct Tiling {
   static constexpr int kOutStride = kBlockN + 8;  // see mma_sync.cu
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kEpilogueBytes = kBlockM * kOutStride * 4;
-  static constexpr int kSmemBytes =
+  static constexpr int kDataBytes =
       kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
+  // The mbarriers sit past everything the epilogue overwrites.
+  static constexpr int kBarrierBytes =
+      kSync == Sync::kMbarrierRing ? 2 * kStages * 8 : 0;
+  static constexpr int kSmemBytes = kDataBytes + kBarrierBytes;
+  // Tiles the copies run ahead of the reads (see Sync::kMbarrierRing).
+  static constexpr int kPrefetchTiles =
+      kSync == Sync::kMbarrierRing ? kStages - 2 : kStages - 1;
 
   static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warp grid");
   // Fragment buffer (slice & 1) lines up across tiles only for even counts.
@@ -85,6 +111,7 @@ struct Tiling {
                 "the swizzle handles 64-byte rows or multiples of 128 bytes");
   static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
   static_assert(kSmemBytes * kMinBlocksPerSm <= 227 * 1024, "shared memory");
+  static_assert(kPrefetchTiles >= 1, "the mbarrier ring needs 3+ stages");
 };
 
 template <typename T, typename TOut, typename Tile>
@@ -98,10 +125,10 @@ MmaSyncPipelinedGemm(GemmParams p) {
   // Grouped order: kGroupM block-rows share each block-column band in L2.
   const int blocks_m = CeilDiv(p.m, Tile::kBlockM);
   const int blocks_n = CeilDiv(p.n, Tile::kBlockN);
-  const int blocks_per_group = kGroupM * blocks_n;
+  const int blocks_per_group = Tile::kGroupM * blocks_n;
   const int group = blockIdx.x / blocks_per_group;
-  const int first_block_m = group * kGroupM;
-  const int group_rows = min(blocks_m - first_block_m, kGroupM);
+  const int first_block_m = group * Tile::kGroupM;
+  const int group_rows = min(blocks_m - first_block_m, Tile::kGroupM);
   const int in_group = blockIdx.x % blocks_per_group;
   const int row0 = (first_block_m + in_group % group_rows) * Tile::kBlockM;
   const int col0 = (in_group / group_rows) * Tile::kBlockN;
@@ -190,50 +217,124 @@ MmaSyncPipelinedGemm(GemmParams p) {
   };
 
   float acc[kMmaTilesM][kMmaTilesN][4] = {};
+  auto mma_slice = [&](int buffer) {
+#pragma unroll
+    for (int mi = 0; mi < kMmaTilesM; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < kMmaTilesN; ++ni) {
+        Mma<T>::Run(acc[mi][ni], a_frag[buffer][mi], b_frag[buffer][ni]);
+      }
+    }
+  };
   const int k_tiles = CeilDiv(p.k, kBlockK);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_tile(s, s * kBlockK);
-    CpAsyncCommit();  // empty groups keep the wait counts uniform
-  }
-  CpAsyncWait<kStages - 2>();
-  __syncthreads();  // tile 0 is visible
 
-  int read_stage = 0, write_stage = kStages - 1;
-  int next_k = (kStages - 1) * kBlockK;  // first k of the next tile to fetch
-  load_fragments(0, read_stage, 0);
+  if constexpr (Tile::kSync == Sync::kBlockBarrier) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_tile(s, s * kBlockK);
+      CpAsyncCommit();  // empty groups keep the wait counts uniform
+    }
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile 0 is visible
 
-  for (int kt = 0; kt < k_tiles; ++kt) {
+    int read_stage = 0, write_stage = kStages - 1;
+    int next_k = (kStages - 1) * kBlockK;  // first k of the next tile to fetch
+    load_fragments(0, read_stage, 0);
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
 #pragma unroll
-    for (int slice = 0; slice < Tile::kSlices; ++slice) {
-      if (slice == Tile::kSlices - 1) {
-        // Groups committed so far: kStages - 1 + kt + 1, one per tile; so at
-        // most kStages - 2 pending means tile kt + 1 has landed. After the
-        // barrier every warp has also finished reading stage kt, which the
-        // next iteration's copies overwrite. On the last tile this loads
-        // fragments nobody uses, from a stage no copy is writing.
-        CpAsyncWait<kStages - 2>();
-        __syncthreads();
-        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-      }
-      load_fragments((slice + 1) & 1, read_stage,
-                     (slice + 1) % Tile::kSlices);
-      if (slice == 0) {
-        // The stage written here was last read during tile kt - 1, before
-        // the previous iteration's barrier.
-        if (next_k < p.k) load_tile(write_stage, next_k);
-        CpAsyncCommit();
-        write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
-        next_k += kBlockK;
-      }
-#pragma unroll
-      for (int mi = 0; mi < kMmaTilesM; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < kMmaTilesN; ++ni) {
-          Mma<T>::Run(acc[mi][ni], a_frag[slice & 1][mi],
-                      b_frag[slice & 1][ni]);
+      for (int slice = 0; slice < Tile::kSlices; ++slice) {
+        if (slice == Tile::kSlices - 1) {
+          // Groups committed so far: kStages - 1 + kt + 1, one per tile; so
+          // at most kStages - 2 pending means tile kt + 1 has landed. After
+          // the barrier every warp has also finished reading stage kt, which
+          // the next iteration's copies overwrite. On the last tile this
+          // loads fragments nobody uses, from a stage no copy is writing.
+          CpAsyncWait<kStages - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
         }
+        load_fragments((slice + 1) & 1, read_stage,
+                       (slice + 1) % Tile::kSlices);
+        if (slice == 0) {
+          // The stage written here was last read during tile kt - 1, before
+          // the previous iteration's barrier.
+          if (next_k < p.k) load_tile(write_stage, next_k);
+          CpAsyncCommit();
+          write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+          next_k += kBlockK;
+        }
+        mma_slice(slice & 1);
       }
+    }
+  } else {
+    // Tile t lives in stage t % kStages; its round r = t / kStages picks the
+    // mbarrier phase: "full" phase r completes when tile t has landed,
+    // "empty" phase r when every thread is done reading it.
+    constexpr int kPrefetch = Tile::kPrefetchTiles;
+    const uint32_t full_bars = smem_base + Tile::kDataBytes;
+    const uint32_t empty_bars = full_bars + 8 * kStages;
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        mma_sync::MbarrierInit(full_bars + 8 * s, Tile::kThreads);
+        mma_sync::MbarrierInit(empty_bars + 8 * s, Tile::kThreads);
+      }
+    }
+    __syncthreads();  // the barriers are initialised before anyone uses them
+
+#pragma unroll
+    for (int t = 0; t < kPrefetch; ++t) {
+      if (t < k_tiles) {
+        load_tile(t, t * kBlockK);
+        mma_sync::CpAsyncArriveOnMbarrier(full_bars + 8 * t);
+      }
+    }
+    int read_stage = 0, read_parity = 0;  // the tile whose fragments load next
+    int fetch_stage = kPrefetch, fetch_parity = 0;  // tile kt + kPrefetch
+    int release_stage = 0;                          // tile kt
+    mma_sync::MbarrierWait(full_bars, 0);
+    load_fragments(0, read_stage, 0);
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+      for (int slice = 0; slice < Tile::kSlices; ++slice) {
+        if (slice == Tile::kSlices - 1) {
+          // The next fragments are tile kt + 1's first slice. On the last
+          // tile they are loaded but never used; every copy has landed by
+          // then (the waits above covered each thread's last batch).
+          if (++read_stage == kStages) {
+            read_stage = 0;
+            read_parity ^= 1;
+          }
+          if (kt + 1 < k_tiles) {
+            mma_sync::MbarrierWait(full_bars + 8 * read_stage, read_parity);
+          }
+        }
+        load_fragments((slice + 1) & 1, read_stage,
+                       (slice + 1) % Tile::kSlices);
+        if (slice == 0) {
+          const int t = kt + kPrefetch;
+          if (t < k_tiles) {
+            // Stage reuse: tile t - kStages must be released by all threads.
+            if (t >= kStages) {
+              mma_sync::MbarrierWait(empty_bars + 8 * fetch_stage,
+                                     fetch_parity ^ 1);
+            }
+            load_tile(fetch_stage, t * kBlockK);
+            mma_sync::CpAsyncArriveOnMbarrier(full_bars + 8 * fetch_stage);
+          }
+          if (++fetch_stage == kStages) {
+            fetch_stage = 0;
+            fetch_parity ^= 1;
+          }
+        }
+        mma_slice(slice & 1);
+      }
+      // Every fragment of tile kt has been consumed by an mma.sync issued
+      // above (they read the registers ldmatrix wrote), so its stage is free.
+      mma_sync::MbarrierArrive(empty_bars + 8 * release_stage);
+      release_stage = release_stage + 1 == kStages ? 0 : release_stage + 1;
     }
   }
 
@@ -310,7 +411,8 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace pallas_gemm
 
 // Launchers, named block M x N x K; the stage count and blocks per SM are
-// fixed per shape (see the file comment).
+// fixed per shape (see the file comment). mma_pipe_*: one block barrier per
+// K tile; mma_ring_*: the mbarrier ring (Sync::kMbarrierRing).
 #define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm) \
   extern "C" cudaError_t pallas_gemm_launch_##name(                    \
       const pallas_gemm::GemmParams& p, cudaStream_t stream) {         \
@@ -318,10 +420,56 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
         pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
                                                 per_sm>>(p, stream);   \
   }
+#define PALLAS_GEMM_RING_LAUNCHER(name, bm, bn, bk, stages, per_sm)       \
+  extern "C" cudaError_t pallas_gemm_launch_##name(                      \
+      const pallas_gemm::GemmParams& p, cudaStream_t stream) {           \
+    return pallas_gemm::mma_sync_pipelined::Dispatch<                    \
+        pallas_gemm::mma_sync_pipelined::Tiling<                         \
+            bm, bn, bk, stages, per_sm,                                  \
+            pallas_gemm::mma_sync_pipelined::Sync::kMbarrierRing>>(p,    \
+                                                                  stream); \
+  }
 
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2)
+PALLAS_GEMM_RING_LAUNCHER(mma_ring_128x256x32, 128, 256, 32, 6, 1)
+PALLAS_GEMM_RING_LAUNCHER(mma_ring_128x256x64, 128, 256, 64, 4, 1)
 #undef PALLAS_GEMM_PIPELINED_LAUNCHER
+#undef PALLAS_GEMM_RING_LAUNCHER
+
+// Sweep-only candidates (bf16 in and out; see sweep.cuh): stage counts,
+// group sizes and block shapes around the shipped ones.
+namespace pallas_gemm {
+namespace mma_sync_pipelined {
+template <int bm, int bn, int bk, int stages, int per_sm, Sync sync,
+          int group_m = 8>
+constexpr LaunchFn kSweepLaunch =
+    &Launch<__nv_bfloat16, __nv_bfloat16,
+            Tiling<bm, bn, bk, stages, per_sm, sync, group_m>>;
+constexpr Sync kBar = Sync::kBlockBarrier, kRing = Sync::kMbarrierRing;
+
+#define PALLAS_GEMM_MMA_SWEEP(id, label, ...)         \
+  PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16, \
+                              (kSweepLaunch<__VA_ARGS__>))
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_s5, "mma bar  128x256x32 s5 g8", 128, 256, 32, 5, 1, kBar)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_s6, "mma bar  128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_g4, "mma bar  128x256x32 s4 g4", 128, 256, 32, 4, 1, kBar, 4)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_g16, "mma bar  128x256x32 s4 g16", 128, 256, 32, 4, 1, kBar, 16)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4, "mma bar  128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s4, "mma ring 128x256x32 s4 g8", 128, 256, 32, 4, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s5, "mma ring 128x256x32 s5 g8", 128, 256, 32, 5, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s6, "mma ring 128x256x32 s6 g8", 128, 256, 32, 6, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s8, "mma ring 128x256x32 s8 g8", 128, 256, 32, 8, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s6_g16, "mma ring 128x256x32 s6 g16", 128, 256, 32, 6, 1, kRing, 16)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s6_g4, "mma ring 128x256x32 s6 g4", 128, 256, 32, 6, 1, kRing, 4)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s3, "mma ring 128x256x64 s3 g8", 128, 256, 64, 3, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s4, "mma ring 128x256x64 s4 g8", 128, 256, 64, 4, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_256x128x32_s6, "mma ring 256x128x32 s6 g8", 256, 128, 32, 6, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_256x128x64_s4, "mma ring 256x128x64 s4 g8", 256, 128, 64, 4, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x128x32_s6, "mma ring 128x128x32 s6 g8 2/SM", 128, 128, 32, 6, 2, kRing)
+#undef PALLAS_GEMM_MMA_SWEEP
+}  // namespace mma_sync_pipelined
+}  // namespace pallas_gemm

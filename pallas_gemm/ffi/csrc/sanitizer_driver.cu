@@ -27,6 +27,7 @@ DECLARE(sgemm_06_register_2d)
 DECLARE(sgemm_07_double_buffered)
 DECLARE(sgemm_08_warptile)
 DECLARE(sgemm_09_two_blocks_per_sm)
+DECLARE(sgemm_10_pipelined)
 DECLARE(mma_sync_bn128)
 DECLARE(mma_sync_bn256)
 DECLARE(mma_sync_bn256_bk64)
@@ -36,6 +37,8 @@ DECLARE(mma_pipe_256x128x32)
 DECLARE(mma_pipe_128x256x64)
 DECLARE(mma_pipe_128x128x32)
 DECLARE(mma_pipe_128x128x64)
+DECLARE(mma_ring_128x256x32)
+DECLARE(mma_ring_128x256x64)
 #undef DECLARE
 }
 
@@ -189,6 +192,7 @@ int main(int argc, char** argv) {
       {"sgemm_07_double_buffered", pallas_gemm_launch_sgemm_07_double_buffered, false, 4},
       {"sgemm_08_warptile", pallas_gemm_launch_sgemm_08_warptile, false, 4},
       {"sgemm_09_two_blocks_per_sm", pallas_gemm_launch_sgemm_09_two_blocks_per_sm, false, 4},
+      {"sgemm_10_pipelined", pallas_gemm_launch_sgemm_10_pipelined, false, 4},
       {"mma_sync_bn128", pallas_gemm_launch_mma_sync_bn128, true, 8},
       {"mma_sync_bn256", pallas_gemm_launch_mma_sync_bn256, true, 8},
       {"mma_sync_bn256_bk64", pallas_gemm_launch_mma_sync_bn256_bk64, true, 8},
@@ -198,6 +202,8 @@ int main(int argc, char** argv) {
       {"mma_pipe_128x256x64", pallas_gemm_launch_mma_pipe_128x256x64, true, 8},
       {"mma_pipe_128x128x32", pallas_gemm_launch_mma_pipe_128x128x32, true, 8},
       {"mma_pipe_128x128x64", pallas_gemm_launch_mma_pipe_128x128x64, true, 8},
+      {"mma_ring_128x256x32", pallas_gemm_launch_mma_ring_128x256x32, true, 8},
+      {"mma_ring_128x256x64", pallas_gemm_launch_mma_ring_128x256x64, true, 8},
   };
   bool all_ok = true;
   unsigned seed = 1234;

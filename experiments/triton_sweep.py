@@ -78,6 +78,22 @@ CANDIDATES = {
         T(128, 128, 32, num_warps=8, num_stages=2, group_m=8),
         T(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
         T(128, 256, 16, num_warps=8, num_stages=3, group_m=8),
+        # Second round around the best of the first (64x128x32 w4 s3):
+        # deeper pipelines, other K steps, group sizes and warp counts.
+        T(64, 128, 32, num_warps=4, num_stages=4, group_m=8),
+        T(64, 128, 32, num_warps=4, num_stages=5, group_m=8),
+        T(64, 128, 16, num_warps=4, num_stages=4, group_m=8),
+        T(64, 128, 64, num_warps=4, num_stages=3, group_m=8),
+        T(64, 128, 32, num_warps=4, num_stages=3, group_m=4),
+        T(64, 128, 32, num_warps=4, num_stages=3, group_m=16),
+        T(64, 128, 32, num_warps=8, num_stages=3, group_m=8),
+        T(64, 128, 32, num_warps=2, num_stages=3, group_m=8),
+        T(64, 256, 32, num_warps=8, num_stages=3, group_m=8),
+        T(128, 128, 32, num_warps=8, num_stages=3, group_m=8),
+        T(128, 128, 32, num_warps=4, num_stages=3, group_m=8),
+        T(32, 128, 32, num_warps=4, num_stages=4, group_m=8),
+        T(64, 64, 64, num_warps=4, num_stages=3, group_m=8),
+        T(64, 64, 32, num_warps=2, num_stages=4, group_m=8),
     ],
 }
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The ffi/* kernels on a GPU machine, in one call: the tuning sweep, Nsight
+# Compute counters for the shipped tensor-core and top SIMT kernels, then
+# gpu_check (build, compute-sanitizer, SASS, CUPTI timings through JAX
+# against jnp.dot) and the ffi GPU tests.
+#
+#   OUT=/some/dir experiments/ffi_gpu.sh [steps]     # OUT defaults to ./out
+#
+# steps: a comma list of sweep, ncu, check, pytest, triton_ieee (default:
+# all but triton_ieee). Everything is written to $WORK (default
+# /tmp/pallas_gemm_ffi) and packed into $OUT/ffi.tar.gz, with the log as
+# $OUT/log.txt: the device machine returns at most 8 files. The tables are
+# also printed, so the end of the output is the summary.
+#
+# The device copy of the tree may have no .git: pass the revision as
+# PALLAS_GEMM_GIT_SHA so every output names the code it measured.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${OUT:-./out}
+STEPS=${1:-sweep,ncu,check,pytest}
+PY=${PYTHON:-python3}
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# The toolkit's standard location; the GPU machine has no nvcc on PATH.
+export PATH="$PATH:/usr/local/cuda/bin"
+export PALLAS_GEMM_KEEP_PTX=1
+DIR=${WORK:-/tmp/pallas_gemm_ffi}
+rm -rf "$DIR"
+mkdir -p "$DIR" "$OUT"
+exec > >(tee -a "$DIR/log.txt") 2>&1
+
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+stage() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s in)"; }
+
+stage "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \
+  --format=csv || true
+echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
+
+if has sweep || has ncu; then
+  stage "build the sweep program"
+  SWEEP=$("$PY" -c "from pallas_gemm.ffi import build; print(build.compile_sweep())") \
+    || { echo "sweep build failed"; SWEEP=""; }
+fi
+
+if has sweep && [ -n "$SWEEP" ]; then
+  stage "sweep (CUDA events, median of 20; checked before timing)"
+  "$SWEEP" --sizes 4096,8192 --json "$DIR/sweep.json" | tee "$DIR/sweep.txt"
+fi
+
+if has ncu && [ -n "$SWEEP" ]; then
+  # One launch of each, 4096^3: shared-memory bank conflicts per access
+  # kind (the swizzle's evidence) and where the warps stall.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for pattern in "shipped mma_pipe_128x256x32" "mma ring 128x256x32 s6 g8" \
+                 "${NCU_SIMT:-shipped sgemm_09}"; do
+    stage "ncu: $pattern"
+    "$NCU" --clock-control none -k 'regex:[Gg]emm' -c 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+      --section WarpStateStats --section SchedulerStats --section Occupancy \
+      --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,smsp__inst_executed_op_ldgsts.sum \
+      "$SWEEP" --sizes 4096 --iters 1 --filter "$pattern" \
+      >> "$DIR/ncu.txt" 2>&1
+    echo "exit $?"
+    grep -E "bank_conflicts|wavefronts_mem_shared|op_ldsm|Shared (Load|Store)|ldsm|Stall|Issue Slot|Compute \(SM\)|Memory Throughput" \
+      "$DIR/ncu.txt" | tail -n 30
+  done
+fi
+
+if has check; then
+  stage "gpu_check"
+  "$PY" -m pallas_gemm.ffi.gpu_check --out "$DIR/check" --sanitizer-timeout 40
+fi
+
+if has pytest; then
+  stage "ffi GPU tests"
+  timeout 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ffi.py \
+    > "$DIR/pytest.txt" 2>&1
+  tail -n 5 "$DIR/pytest.txt"
+fi
+
+if has triton_ieee; then
+  stage "Pallas-Triton exact f32 sweep"
+  "$PY" experiments/triton_sweep.py --phase ieee --out "$DIR/triton" \
+    --budget-s 150 2>&1 | grep -v "^WARNING" | tail -n 45
+fi
+
+stage "pack"
+ls -la "$DIR" "$DIR/check" 2>/dev/null
+tar czf "$OUT/ffi.tar.gz" -C "$(dirname "$DIR")" "$(basename "$DIR")"
+cp "$DIR/log.txt" "$OUT/log.txt"

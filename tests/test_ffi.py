@@ -153,9 +153,7 @@ def test_pipelined_launchers_are_in_every_table():
   for variant in PIPELINED_VARIANTS:
     target = kernels.MmaSyncConfig(*variant).target
     launcher = target.replace("pallas_gemm_", "", 1)
-    macro = ("PALLAS_GEMM_RING_LAUNCHER" if kernels.MmaSyncConfig(*variant).ring
-             else "PALLAS_GEMM_PIPELINED_LAUNCHER")
-    assert f"{macro}({launcher}," in kernel_file
+    assert f"PALLAS_GEMM_PIPELINED_LAUNCHER({launcher}," in kernel_file
     assert f"pallas_gemm_launch_{launcher}" in handlers
     assert f"pallas_gemm_launch_{launcher}" in driver
 

@@ -64,8 +64,6 @@ HANDLERS = {
     "pallas_gemm_mma_pipe_128x256x64": "PallasGemmMmaPipe128X256X64",
     "pallas_gemm_mma_pipe_128x128x32": "PallasGemmMmaPipe128X128X32",
     "pallas_gemm_mma_pipe_128x128x64": "PallasGemmMmaPipe128X128X64",
-    "pallas_gemm_mma_ring_128x256x32": "PallasGemmMmaRing128X256X32",
-    "pallas_gemm_mma_ring_128x256x64": "PallasGemmMmaRing128X256X64",
 }
 
 _NVCC_MISSING = (

@@ -64,9 +64,6 @@ class MmaSyncConfig:
   pipelined=True: csrc/mma_sync_pipelined.cu: 64x64 warp tiles, ldmatrix
   fragments double-buffered in registers across k16 slices and K tiles,
   one barrier per K tile.
-  ring=True (pipelined only): the same kernel with the block barrier
-  replaced by a ring of per-stage mbarriers (full/empty), so warps no
-  longer meet once per K tile (Sync::kMbarrierRing in the .cu).
 
   Compiled variants: the keys of MMA_SYNC_VARIANTS, in field order.
   """
@@ -77,17 +74,16 @@ class MmaSyncConfig:
   block_m: int = 128
   stages: int = 4
   pipelined: bool = False
-  ring: bool = False
 
   def __post_init__(self):
     if self.key not in MMA_SYNC_VARIANTS:
       raise ValueError(
-          f"(block_n, block_k, num_warps, block_m, stages, pipelined, ring)="
+          f"(block_n, block_k, num_warps, block_m, stages, pipelined)="
           f"{self.key} is not a compiled variant; choose one of "
           f"{sorted(MMA_SYNC_VARIANTS)}")
 
   @property
-  def key(self) -> tuple[int, int, int, int, int, bool, bool]:
+  def key(self) -> tuple[int, int, int, int, int, bool]:
     return dataclasses.astuple(self)
 
   @property
@@ -96,26 +92,22 @@ class MmaSyncConfig:
 
   @property
   def label(self) -> str:
-    kind = ("ring" if self.ring else "pipelined") if self.pipelined \
-        else "basic"
+    kind = "pipelined" if self.pipelined else "basic"
     return (f"{kind} {self.block_m}x{self.block_n}x{self.block_k} "
             f"w{self.num_warps} s{self.stages}")
 
 
-#: (block_n, block_k, num_warps, block_m, stages, pipelined, ring) -> FFI
-#: target.
+#: (block_n, block_k, num_warps, block_m, stages, pipelined) -> FFI target.
 MMA_SYNC_VARIANTS = {
-    (128, 32, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn128",
-    (256, 32, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn256",
-    (256, 64, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn256_bk64",
-    (128, 32, 4, 128, 4, False, False): "pallas_gemm_mma_sync_bn128_w4",
-    (256, 32, 8, 128, 4, True, False): "pallas_gemm_mma_pipe_128x256x32",
-    (128, 32, 8, 256, 4, True, False): "pallas_gemm_mma_pipe_256x128x32",
-    (256, 64, 8, 128, 3, True, False): "pallas_gemm_mma_pipe_128x256x64",
-    (128, 32, 4, 128, 4, True, False): "pallas_gemm_mma_pipe_128x128x32",
-    (128, 64, 4, 128, 3, True, False): "pallas_gemm_mma_pipe_128x128x64",
-    (256, 32, 8, 128, 6, True, True): "pallas_gemm_mma_ring_128x256x32",
-    (256, 64, 8, 128, 4, True, True): "pallas_gemm_mma_ring_128x256x64",
+    (128, 32, 8, 128, 4, False): "pallas_gemm_mma_sync_bn128",
+    (256, 32, 8, 128, 4, False): "pallas_gemm_mma_sync_bn256",
+    (256, 64, 8, 128, 4, False): "pallas_gemm_mma_sync_bn256_bk64",
+    (128, 32, 4, 128, 4, False): "pallas_gemm_mma_sync_bn128_w4",
+    (256, 32, 8, 128, 4, True): "pallas_gemm_mma_pipe_128x256x32",
+    (128, 32, 8, 256, 4, True): "pallas_gemm_mma_pipe_256x128x32",
+    (256, 64, 8, 128, 3, True): "pallas_gemm_mma_pipe_128x256x64",
+    (128, 32, 4, 128, 4, True): "pallas_gemm_mma_pipe_128x128x32",
+    (128, 64, 4, 128, 3, True): "pallas_gemm_mma_pipe_128x128x64",
 }
 
 

@@ -35,8 +35,6 @@ PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_256x128x32)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x256x64)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x32)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x64)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_ring_128x256x32)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_ring_128x256x64)
 #undef PALLAS_GEMM_DECLARE_LAUNCHER
 }
 
@@ -335,14 +333,3 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe128X128X64,
     PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x128x64 tile)",
                          pallas_gemm_launch_mma_pipe_128x128x64));
-
-// The same kernel with the mbarrier ring in place of the block barrier.
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaRing128X256X32,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (mbarrier ring 128x256x32 tile)",
-                         pallas_gemm_launch_mma_ring_128x256x32));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaRing128X256X64,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (mbarrier ring 128x256x64 tile)",
-                         pallas_gemm_launch_mma_ring_128x256x64));

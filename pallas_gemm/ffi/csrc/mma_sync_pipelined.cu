@@ -42,9 +42,6 @@ using mma_sync::Mma;
 using mma_sync::Store8;
 using mma_sync::SwizzledChunk;
 
-constexpr int kWarpM = 64, kWarpN = 64;
-constexpr int kMmaTilesM = kWarpM / 16, kMmaTilesN = kWarpN / 8;
-
 // How the stage ring is handed between the copies and the tensor cores.
 enum class Sync {
   // One __syncthreads per K tile (cp.async.wait_group, then the barrier):
@@ -53,17 +50,31 @@ enum class Sync {
   kBlockBarrier,
   // Two mbarriers per stage. "full": every thread's cp.async batch for the
   // stage arrives on it when it lands (cp.async.mbarrier.arrive.noinc);
-  // readers wait for its phase. "empty": every thread arrives once it has
+  // readers wait for its phase. "empty": every warp arrives once it has
   // consumed the stage; a thread waits on it before copying into the stage
   // again. Copies run kStages - 2 tiles ahead, so a warp waits only when
   // another is more than a tile behind: warps drift instead of meeting.
+  // Measured slower on an H200 (experiments/results/nvidia_h200/ffi/):
+  // the 256 arrivals and polls per stage cost more than the meetings they
+  // save, so it is a sweep-only option.
   kMbarrierRing,
 };
 
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kStages_,
           int kMinBlocksPerSm_, Sync kSync_ = Sync::kBlockBarrier,
-          int kGroupM_ = 8>
+          int kGroupM_ = 8, int kWarpM_ = 64, int kWarpN_ = 64,
+          bool kDoubleBufferFragments_ = true>
 struct Tiling {
+  // false: each k16 slice's fragments are loaded right before its mma.sync
+  // (ldmatrix latency exposed, hidden only by other warps), which saves the
+  // registers a 128-register, 16-warp block needs. Block barrier only.
+  static constexpr bool kDoubleBufferFragments = kDoubleBufferFragments_;
+  // A warp's output tile. 64x64 (128 accumulators a thread) gives the most
+  // mma.sync per ldmatrix byte; 64x32 halves the registers so that 16
+  // warps fit on an SM, trading shared-memory traffic for more warps to
+  // hide each one's issue stalls.
+  static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
+  static constexpr int kMmaTilesM = kWarpM / 16, kMmaTilesN = kWarpN / 8;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_,
                        kBlockK = kBlockK_, kStages = kStages_,
                        kMinBlocksPerSm = kMinBlocksPerSm_;
@@ -98,6 +109,7 @@ struct Tiling {
       kSync == Sync::kMbarrierRing ? kStages - 2 : kStages - 1;
 
   static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warp grid");
+  static_assert(kWarpN % 16 == 0, "B fragments load two n8 tiles at a time");
   // Fragment buffer (slice & 1) lines up across tiles only for even counts.
   static_assert(kSlices % 2 == 0, "block K must be a multiple of 32");
   static_assert(kThreads % kAChunksPerRow == 0 &&
@@ -112,12 +124,16 @@ struct Tiling {
   static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
   static_assert(kSmemBytes * kMinBlocksPerSm <= 227 * 1024, "shared memory");
   static_assert(kPrefetchTiles >= 1, "the mbarrier ring needs 3+ stages");
+  static_assert(kDoubleBufferFragments || kSync == Sync::kBlockBarrier,
+                "single-buffered fragments are written for the block barrier");
 };
 
 template <typename T, typename TOut, typename Tile>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
 MmaSyncPipelinedGemm(GemmParams p) {
   constexpr int kStages = Tile::kStages, kBlockK = Tile::kBlockK;
+  constexpr int kWarpM = Tile::kWarpM, kWarpN = Tile::kWarpN;
+  constexpr int kMmaTilesM = Tile::kMmaTilesM, kMmaTilesN = Tile::kMmaTilesN;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
@@ -189,8 +205,9 @@ MmaSyncPipelinedGemm(GemmParams p) {
   // ---- shared -> registers (ldmatrix; see the x4 matrix order).
   const int lane_row = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int lane_chunk = lane >> 4;
-  uint32_t a_frag[2][kMmaTilesM][4];
-  uint32_t b_frag[2][kMmaTilesN][2];
+  constexpr int kFragmentBuffers = Tile::kDoubleBufferFragments ? 2 : 1;
+  uint32_t a_frag[kFragmentBuffers][kMmaTilesM][4];
+  uint32_t b_frag[kFragmentBuffers][kMmaTilesN][2];
 
   auto load_fragments = [&](int buffer, int stage, int slice) {
     const uint32_t a_base = smem_base + stage * Tile::kStageBytes;
@@ -228,7 +245,32 @@ MmaSyncPipelinedGemm(GemmParams p) {
   };
   const int k_tiles = CeilDiv(p.k, kBlockK);
 
-  if constexpr (Tile::kSync == Sync::kBlockBarrier) {
+  if constexpr (!Tile::kDoubleBufferFragments) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_tile(s, s * kBlockK);
+      CpAsyncCommit();  // empty groups keep the wait counts uniform
+    }
+    int read_stage = 0, write_stage = kStages - 1;
+    int next_k = (kStages - 1) * kBlockK;  // first k of the next tile to fetch
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      // kStages - 1 + kt groups committed; at most kStages - 2 pending means
+      // tile kt has landed. The barrier also proves every warp is done with
+      // tile kt - 1, whose stage the copy below overwrites.
+      CpAsyncWait<kStages - 2>();
+      __syncthreads();
+      if (next_k < p.k) load_tile(write_stage, next_k);
+      CpAsyncCommit();
+      write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+      next_k += kBlockK;
+#pragma unroll
+      for (int slice = 0; slice < Tile::kSlices; ++slice) {
+        load_fragments(0, read_stage, slice);
+        mma_slice(0);
+      }
+      read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+    }
+  } else if constexpr (Tile::kSync == Sync::kBlockBarrier) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < k_tiles) load_tile(s, s * kBlockK);
@@ -278,7 +320,7 @@ MmaSyncPipelinedGemm(GemmParams p) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
         mma_sync::MbarrierInit(full_bars + 8 * s, Tile::kThreads);
-        mma_sync::MbarrierInit(empty_bars + 8 * s, Tile::kThreads);
+        mma_sync::MbarrierInit(empty_bars + 8 * s, Tile::kThreads / 32);
       }
     }
     __syncthreads();  // the barriers are initialised before anyone uses them
@@ -332,13 +374,27 @@ MmaSyncPipelinedGemm(GemmParams p) {
         mma_slice(slice & 1);
       }
       // Every fragment of tile kt has been consumed by an mma.sync issued
-      // above (they read the registers ldmatrix wrote), so its stage is free.
-      mma_sync::MbarrierArrive(empty_bars + 8 * release_stage);
+      // above (they read the registers ldmatrix wrote), so its stage is
+      // free. One arrival per warp: mma.sync is warp-wide, and __syncwarp
+      // orders the other lanes' reads before lane 0's release.
+      __syncwarp();
+      if (lane == 0) mma_sync::MbarrierArrive(empty_bars + 8 * release_stage);
       release_stage = release_stage + 1 == kStages ? 0 : release_stage + 1;
     }
   }
 
   // Epilogue: fragments -> shared (f32) -> 8 contiguous outputs per thread.
+  //
+  // The read side gives thread t the 16-byte chunks 2t and 2t + 1 of a row,
+  // so a quarter-warp's first loads would hit only even chunks: half the
+  // bank groups, a 2-way conflict. Flipping bit 0 of the chunk index when
+  // bit 3 is set sends chunks 8-15 of every 16 to the odd groups; the
+  // fragment stores (two neighbouring chunks per row) stay conflict-free.
+  auto staged_offset = [](int r, int col) {
+    const int chunk = col >> 2;
+    return r * Tile::kOutStride + ((chunk ^ ((chunk >> 3) & 1)) << 2) +
+           (col & 3);
+  };
   CpAsyncWait<0>();
   __syncthreads();  // every warp is done with the pipeline's shared memory
   float* staged = reinterpret_cast<float*>(smem);
@@ -349,9 +405,9 @@ MmaSyncPipelinedGemm(GemmParams p) {
     for (int ni = 0; ni < kMmaTilesN; ++ni) {
       const int r = warp_m * kWarpM + mi * 16 + group_id;
       const int col = warp_n * kWarpN + ni * 8 + quad * 2;
-      *reinterpret_cast<float2*>(&staged[r * Tile::kOutStride + col]) =
+      *reinterpret_cast<float2*>(&staged[staged_offset(r, col)]) =
           make_float2(p.alpha * acc[mi][ni][0], p.alpha * acc[mi][ni][1]);
-      *reinterpret_cast<float2*>(&staged[(r + 8) * Tile::kOutStride + col]) =
+      *reinterpret_cast<float2*>(&staged[staged_offset(r + 8, col)]) =
           make_float2(p.alpha * acc[mi][ni][2], p.alpha * acc[mi][ni][3]);
     }
   }
@@ -366,7 +422,13 @@ MmaSyncPipelinedGemm(GemmParams p) {
     const int out_row = row0 + r, out_col = col0 + col;
     if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
     float v[8];
-    Load8(&staged[r * Tile::kOutStride + col], v);
+    // col is a multiple of 8, so its two chunks share the flip bit.
+    const float4 lo = *reinterpret_cast<const float4*>(
+        &staged[staged_offset(r, col)]);
+    const float4 hi = *reinterpret_cast<const float4*>(
+        &staged[staged_offset(r, col + 4)]);
+    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
     const long long index = 1LL * out_row * p.n + out_col;
     if (c != nullptr) {
       float c_values[8];
@@ -411,8 +473,7 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace pallas_gemm
 
 // Launchers, named block M x N x K; the stage count and blocks per SM are
-// fixed per shape (see the file comment). mma_pipe_*: one block barrier per
-// K tile; mma_ring_*: the mbarrier ring (Sync::kMbarrierRing).
+// fixed per shape (see the file comment).
 #define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm) \
   extern "C" cudaError_t pallas_gemm_launch_##name(                    \
       const pallas_gemm::GemmParams& p, cudaStream_t stream) {         \
@@ -420,56 +481,51 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
         pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
                                                 per_sm>>(p, stream);   \
   }
-#define PALLAS_GEMM_RING_LAUNCHER(name, bm, bn, bk, stages, per_sm)       \
-  extern "C" cudaError_t pallas_gemm_launch_##name(                      \
-      const pallas_gemm::GemmParams& p, cudaStream_t stream) {           \
-    return pallas_gemm::mma_sync_pipelined::Dispatch<                    \
-        pallas_gemm::mma_sync_pipelined::Tiling<                         \
-            bm, bn, bk, stages, per_sm,                                  \
-            pallas_gemm::mma_sync_pipelined::Sync::kMbarrierRing>>(p,    \
-                                                                  stream); \
-  }
 
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2)
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2)
-PALLAS_GEMM_RING_LAUNCHER(mma_ring_128x256x32, 128, 256, 32, 6, 1)
-PALLAS_GEMM_RING_LAUNCHER(mma_ring_128x256x64, 128, 256, 64, 4, 1)
 #undef PALLAS_GEMM_PIPELINED_LAUNCHER
-#undef PALLAS_GEMM_RING_LAUNCHER
 
 // Sweep-only candidates (bf16 in and out; see sweep.cuh): stage counts,
 // group sizes and block shapes around the shipped ones.
 namespace pallas_gemm {
 namespace mma_sync_pipelined {
 template <int bm, int bn, int bk, int stages, int per_sm, Sync sync,
-          int group_m = 8>
+          int group_m = 8, int warp_m = 64, int warp_n = 64,
+          bool double_buffer = true>
 constexpr LaunchFn kSweepLaunch =
     &Launch<__nv_bfloat16, __nv_bfloat16,
-            Tiling<bm, bn, bk, stages, per_sm, sync, group_m>>;
+            Tiling<bm, bn, bk, stages, per_sm, sync, group_m, warp_m, warp_n,
+                   double_buffer>>;
 constexpr Sync kBar = Sync::kBlockBarrier, kRing = Sync::kMbarrierRing;
 
 #define PALLAS_GEMM_MMA_SWEEP(id, label, ...)         \
   PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16, \
                               (kSweepLaunch<__VA_ARGS__>))
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_s5, "mma bar  128x256x32 s5 g8", 128, 256, 32, 5, 1, kBar)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_s6, "mma bar  128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_g4, "mma bar  128x256x32 s4 g4", 128, 256, 32, 4, 1, kBar, 4)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_g16, "mma bar  128x256x32 s4 g16", 128, 256, 32, 4, 1, kBar, 16)
 PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4, "mma bar  128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s4, "mma ring 128x256x32 s4 g8", 128, 256, 32, 4, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s5, "mma ring 128x256x32 s5 g8", 128, 256, 32, 5, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s6, "mma ring 128x256x32 s6 g8", 128, 256, 32, 6, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s8, "mma ring 128x256x32 s8 g8", 128, 256, 32, 8, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s6_g16, "mma ring 128x256x32 s6 g16", 128, 256, 32, 6, 1, kRing, 16)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s6_g4, "mma ring 128x256x32 s6 g4", 128, 256, 32, 6, 1, kRing, 4)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s3, "mma ring 128x256x64 s3 g8", 128, 256, 64, 3, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_g16, "mma bar  128x256x64 s4 g16", 128, 256, 64, 4, 1, kBar, 16)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_g4, "mma bar  128x256x64 s4 g4", 128, 256, 64, 4, 1, kBar, 4)
+PALLAS_GEMM_MMA_SWEEP(bar_256x128x64_s4, "mma bar  256x128x64 s4 g8", 256, 128, 64, 4, 1, kBar)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_s6, "mma bar  128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar)
+// 16 warps of 64x32 (or 32x64) tiles: 4 warps per scheduler instead of 2.
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_w16, "mma bar  128x256x32 s4 w16 64x32", 128, 256, 32, 4, 1, kBar, 8, 64, 32)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_w16, "mma bar  128x256x64 s3 w16 64x32", 128, 256, 64, 3, 1, kBar, 8, 64, 32)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_w16, "mma bar  128x256x64 s4 w16 64x32", 128, 256, 64, 4, 1, kBar, 8, 64, 32)
+PALLAS_GEMM_MMA_SWEEP(bar_256x128x32_w16, "mma bar  256x128x32 s4 w16 64x32", 256, 128, 32, 4, 1, kBar, 8, 64, 32)
+PALLAS_GEMM_MMA_SWEEP(bar_256x128x64_w16, "mma bar  256x128x64 s4 w16 64x32", 256, 128, 64, 4, 1, kBar, 8, 64, 32)
+PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_w16t, "mma bar  128x256x32 s4 w16 32x64", 128, 256, 32, 4, 1, kBar, 8, 32, 64)
+// Single-buffered fragments: no spills at 128 registers.
+PALLAS_GEMM_MMA_SWEEP(sb_128x256x32_w16, "mma bar1 128x256x32 s4 w16 64x32", 128, 256, 32, 4, 1, kBar, 8, 64, 32, false)
+PALLAS_GEMM_MMA_SWEEP(sb_128x256x64_w16, "mma bar1 128x256x64 s4 w16 64x32", 128, 256, 64, 4, 1, kBar, 8, 64, 32, false)
+PALLAS_GEMM_MMA_SWEEP(sb_256x128x64_w16, "mma bar1 256x128x64 s4 w16 64x32", 256, 128, 64, 4, 1, kBar, 8, 64, 32, false)
+PALLAS_GEMM_MMA_SWEEP(sb_128x256x64_w8, "mma bar1 128x256x64 s4 w8", 128, 256, 64, 4, 1, kBar, 8, 64, 64, false)
+// The mbarrier ring, per-warp releases.
 PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s4, "mma ring 128x256x64 s4 g8", 128, 256, 64, 4, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_256x128x32_s6, "mma ring 256x128x32 s6 g8", 256, 128, 32, 6, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_256x128x64_s4, "mma ring 256x128x64 s4 g8", 256, 128, 64, 4, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x128x32_s6, "mma ring 128x128x32 s6 g8 2/SM", 128, 128, 32, 6, 2, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s8, "mma ring 128x256x32 s8 g8", 128, 256, 32, 8, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s4_w16, "mma ring 128x256x64 s4 w16 64x32", 128, 256, 64, 4, 1, kRing, 8, 64, 32)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm

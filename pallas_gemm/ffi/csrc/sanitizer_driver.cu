@@ -37,8 +37,6 @@ DECLARE(mma_pipe_256x128x32)
 DECLARE(mma_pipe_128x256x64)
 DECLARE(mma_pipe_128x128x32)
 DECLARE(mma_pipe_128x128x64)
-DECLARE(mma_ring_128x256x32)
-DECLARE(mma_ring_128x256x64)
 #undef DECLARE
 }
 
@@ -202,8 +200,6 @@ int main(int argc, char** argv) {
       {"mma_pipe_128x256x64", pallas_gemm_launch_mma_pipe_128x256x64, true, 8},
       {"mma_pipe_128x128x32", pallas_gemm_launch_mma_pipe_128x128x32, true, 8},
       {"mma_pipe_128x128x64", pallas_gemm_launch_mma_pipe_128x128x64, true, 8},
-      {"mma_ring_128x256x32", pallas_gemm_launch_mma_ring_128x256x32, true, 8},
-      {"mma_ring_128x256x64", pallas_gemm_launch_mma_ring_128x256x64, true, 8},
   };
   bool all_ok = true;
   unsigned seed = 1234;

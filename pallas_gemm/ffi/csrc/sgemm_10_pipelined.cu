@@ -391,7 +391,7 @@ using T256x128x8 = Tiling<4, 2, 4, 4, 2, 8, 4, true, 1>;
 extern "C" cudaError_t pallas_gemm_launch_sgemm_10_pipelined(
     const pallas_gemm::GemmParams& p, cudaStream_t stream) {
   using namespace pallas_gemm::sgemm_10;
-  return Launch<T128x128x8W4>(p, stream);
+  return Launch<T128x256x8>(p, stream);
 }
 
 // Sweep-only candidates (sweep.cuh). Names: block MxNxK, threads, thread
@@ -403,7 +403,7 @@ extern "C" cudaError_t pallas_gemm_launch_sgemm_10_pipelined(
           ::pallas_gemm::sgemm_10::tiling>))
 
 PALLAS_GEMM_SGEMM10_CANDIDATE(sgemm10_default,
-    "sgemm_10 128x128x8 128t 8x16 4st asyncA 2/SM (default)", T128x128x8W4)
+    "sgemm_10 128x128x8 128t 8x16 4st asyncA 2/SM", T128x128x8W4)
 PALLAS_GEMM_SGEMM10_CANDIDATE(sgemm10_w4_regs,
     "sgemm_10 128x128x8 128t 8x16 3st regA 2/SM", T128x128x8W4Regs)
 PALLAS_GEMM_SGEMM10_CANDIDATE(sgemm10_w4_s3,
@@ -422,7 +422,7 @@ PALLAS_GEMM_SGEMM10_CANDIDATE(sgemm10_8x8_bk16_regs,
     "sgemm_10 128x128x16 256t 8x8 2st regA 2/SM (rung 09 + pipeline)",
     T128x128x16Regs)
 PALLAS_GEMM_SGEMM10_CANDIDATE(sgemm10_128x256,
-    "sgemm_10 128x256x8 256t 8x16 4st asyncA 1/SM", T128x256x8)
+    "sgemm_10 128x256x8 256t 8x16 4st asyncA 1/SM (default)", T128x256x8)
 PALLAS_GEMM_SGEMM10_CANDIDATE(sgemm10_256x128,
     "sgemm_10 256x128x8 256t 16x8 4st asyncA 1/SM", T256x128x8)
 #undef PALLAS_GEMM_SGEMM10_CANDIDATE

@@ -45,6 +45,7 @@ DECLARE(sgemm_08_warptile)
 DECLARE(sgemm_09_two_blocks_per_sm)
 DECLARE(mma_pipe_128x256x32)
 DECLARE(mma_pipe_256x128x32)
+DECLARE(mma_pipe_128x256x64)
 #undef DECLARE
 }
 
@@ -268,6 +269,8 @@ int main(int argc, char** argv) {
       {"shipped mma_pipe_128x256x32", pallas_gemm_launch_mma_pipe_128x256x32,
        ElementType::kBF16},
       {"shipped mma_pipe_256x128x32", pallas_gemm_launch_mma_pipe_256x128x32,
+       ElementType::kBF16},
+      {"shipped mma_pipe_128x256x64 s3", pallas_gemm_launch_mma_pipe_128x256x64,
        ElementType::kBF16},
   };
   for (const Candidate& c : pallas_gemm::sweep::Candidates()) {

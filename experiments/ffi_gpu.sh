@@ -6,8 +6,10 @@
 #
 #   OUT=/some/dir experiments/ffi_gpu.sh [steps]     # OUT defaults to ./out
 #
-# steps: a comma list of sweep, ncu, check, pytest, triton_ieee (default:
-# all but triton_ieee). Everything is written to $WORK (default
+# steps: a comma list of ceiling, sweep, ncu, check, pytest, ladder,
+# triton_ieee (default: ceiling,sweep,ncu,check,pytest). ladder re-runs the
+# benchmark's ladder suite at 4096^3 and 8192^3 into
+# experiments/results/<gpu>/ladder and ladder_8192 (packed too). Everything is written to $WORK (default
 # /tmp/pallas_gemm_ffi) and packed into $OUT/ffi.tar.gz, with the log as
 # $OUT/log.txt: the device machine returns at most 8 files. The tables are
 # also printed, so the end of the output is the summary.
@@ -18,7 +20,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
-STEPS=${1:-sweep,ncu,check,pytest}
+STEPS=${1:-ceiling,sweep,ncu,check,pytest}
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -38,10 +40,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \
   --format=csv || true
 echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
 
-if has sweep || has ncu; then
+if has sweep || has ncu || has ceiling; then
   stage "build the sweep program"
   SWEEP=$("$PY" -c "from pallas_gemm.ffi import build; print(build.compile_sweep())") \
     || { echo "sweep build failed"; SWEEP=""; }
+fi
+
+if has ceiling && [ -n "$SWEEP" ]; then
+  stage "mma.sync issue ceiling (registers only)"
+  "$SWEEP" --ceiling | tee "$DIR/ceiling.txt"
 fi
 
 if has sweep && [ -n "$SWEEP" ]; then
@@ -53,8 +60,7 @@ if has ncu && [ -n "$SWEEP" ]; then
   # One launch of each, 4096^3: shared-memory bank conflicts per access
   # kind (the swizzle's evidence) and where the warps stall.
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for pattern in "shipped mma_pipe_128x256x32" "mma ring 128x256x32 s6 g8" \
-                 "${NCU_SIMT:-shipped sgemm_09}"; do
+  for pattern in "shipped mma_pipe_128x256x32" "(default)"; do
     stage "ncu: $pattern"
     "$NCU" --clock-control none -k 'regex:[Gg]emm' -c 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
@@ -78,6 +84,23 @@ if has pytest; then
   timeout 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ffi.py \
     > "$DIR/pytest.txt" 2>&1
   tail -n 5 "$DIR/pytest.txt"
+fi
+
+if has ladder; then
+  stage "benchmark ladder, 4096^3 and 8192^3"
+  GPU_KEY=$("$PY" -c "from pallas_gemm.devices import device_info; print(device_info().key)" 2>/dev/null | tail -n 1)
+  RESULTS="experiments/results/${GPU_KEY:-unknown_gpu}"
+  "$PY" experiments/benchmark.py --suite=ladder --shapes=4096x4096x4096 \
+    --kernels=all --dtypes=bfloat16,float32 --iters=20 --warmup=2 \
+    --max_candidates=3 --time_budget_s=110 --max_seconds_per_measurement=2 \
+    --output_dir="$RESULTS/ladder" 2>&1 | grep -v "^WARNING" | tail -n 60
+  "$PY" experiments/benchmark.py --suite=ladder --shapes=8192x8192x8192 \
+    --kernels=all '--skip_kernels=ffi/sgemm_0[1-4]*' \
+    --dtypes=bfloat16,float32 --iters=10 --warmup=1 --max_candidates=2 \
+    --time_budget_s=110 --max_seconds_per_measurement=3 \
+    --output_dir="$RESULTS/ladder_8192" 2>&1 | grep -v "^WARNING" | tail -n 60
+  mkdir -p "$DIR/results"
+  cp -r "$RESULTS/ladder" "$RESULTS/ladder_8192" "$DIR/results/"
 fi
 
 if has triton_ieee; then

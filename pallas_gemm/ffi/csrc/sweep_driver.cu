@@ -2,6 +2,7 @@
 // shipped launchers at large square sizes, after checking each one.
 //
 //   ffi_sweep [--sizes 4096,8192] [--filter text] [--iters 20] [--json FILE]
+//   ffi_sweep --ceiling
 //
 // Per size and input type: A and B are drawn from a normal distribution on
 // the device. Each candidate runs once on a NaN-poisoned output, which must
@@ -10,6 +11,12 @@
 // timed: 2 warm-up launches, then --iters launches each between two CUDA
 // events, and the median is reported. A candidate that fails its check is
 // reported FAILED and not timed. Exit status 1 if any check failed.
+//
+// --ceiling instead measures what mma.sync.m16n8k16 (bf16, f32 accumulate)
+// can issue on this GPU with no memory traffic at all: every warp keeps a
+// 64x64 (or 64x32) tile of accumulators and fragments in registers and
+// issues independent mma.sync back to back, at 4 to 32 warps per SM. No
+// GEMM built on mma.sync can beat the best of these rates.
 //
 // This program is for choosing what to ship; the numbers quoted as results
 // come from gpu_check.py (CUPTI, through JAX, against jnp.dot in the same
@@ -23,6 +30,7 @@
 #include <vector>
 
 #include "gemm_params.cuh"
+#include "mma_sync_common.cuh"
 #include "sweep.cuh"
 
 using pallas_gemm::ElementType;
@@ -209,6 +217,70 @@ double Check(const Problem& p, LaunchFn launch, const GemmParams& params) {
   return std::sqrt(error / norm);
 }
 
+// Registers only: kTilesN independent accumulators per row of kTilesM, as
+// in a kTilesM*16 x kTilesN*8 warp tile; the fragments change a little each
+// round so the compiler cannot fold the loop.
+template <int kTilesM, int kTilesN>
+__global__ void MmaSyncCeiling(int rounds, float* sink) {
+  uint32_t a[kTilesM][4], b[kTilesN][2];
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[i][j] = 0x3c003c00u ^ (threadIdx.x + i + j);
+#pragma unroll
+  for (int i = 0; i < kTilesN; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) b[i][j] = 0x3c003c00u ^ (threadIdx.x * 3 + i + j);
+  float acc[kTilesM][kTilesN][4] = {};
+  for (int round = 0; round < rounds; ++round) {
+#pragma unroll
+    for (int mi = 0; mi < kTilesM; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kTilesN; ++ni)
+        pallas_gemm::mma_sync::Mma<__nv_bfloat16>::Run(acc[mi][ni], a[mi],
+                                                       b[ni]);
+    a[0][0] ^= 1u;
+  }
+  float total = 0.f;
+#pragma unroll
+  for (int mi = 0; mi < kTilesM; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kTilesN; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) total += acc[mi][ni][e];
+  if (total == 1234.5f) sink[threadIdx.x] = total;  // keeps the work alive
+}
+
+template <int kTilesM, int kTilesN>
+void RunCeiling(const char* label, int warps_per_block, int blocks_per_sm,
+                int num_sms, float* sink) {
+  const int rounds = 4096;
+  const int blocks = num_sms * blocks_per_sm;
+  auto kernel = MmaSyncCeiling<kTilesM, kTilesN>;
+  kernel<<<blocks, 32 * warps_per_block>>>(rounds, sink);  // warm-up
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < 10; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    kernel<<<blocks, 32 * warps_per_block>>>(rounds, sink);
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  const double flops = 2.0 * 16 * 8 * 16 * kTilesM * kTilesN * double(rounds) *
+                       warps_per_block * 32 / 32 * blocks;
+  std::printf("%-44s %3d warps/SM %9.3f ms %8.1f TFLOP/s\n", label,
+              warps_per_block * blocks_per_sm, times[5],
+              flops / times[5] / 1e9);
+}
+
 float MedianMs(LaunchFn launch, const GemmParams& params, int iters) {
   for (int i = 0; i < 2; ++i) CHECK_CUDA(launch(params, nullptr));
   cudaEvent_t start, stop;
@@ -248,10 +320,12 @@ int main(int argc, char** argv) {
   const char* filter = nullptr;
   const char* json_path = nullptr;
   int iters = 20;
+  bool ceiling = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
-    if (arg == "--sizes" && has_value) sizes = ParseSizes(argv[++i]);
+    if (arg == "--ceiling") ceiling = true;
+    else if (arg == "--sizes" && has_value) sizes = ParseSizes(argv[++i]);
     else if (arg == "--filter" && has_value) filter = argv[++i];
     else if (arg == "--iters" && has_value) iters = std::atoi(argv[++i]);
     else if (arg == "--json" && has_value) json_path = argv[++i];
@@ -259,6 +333,24 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown or incomplete argument: %s\n", argv[i]);
       return 2;
     }
+  }
+  if (ceiling) {
+    cudaDeviceProp props;
+    CHECK_CUDA(cudaGetDeviceProperties(&props, 0));
+    float* sink;
+    CHECK_CUDA(cudaMalloc(&sink, 1024 * sizeof(float)));
+    std::printf("mma.sync.m16n8k16 bf16 issue ceiling on %s (%d SMs)\n",
+                props.name, props.multiProcessorCount);
+    const int sms = props.multiProcessorCount;
+    RunCeiling<4, 8>("64x64 warp tile, 8 warps a block", 8, 1, sms, sink);
+    RunCeiling<4, 8>("64x64 warp tile, 4 warps a block", 4, 1, sms, sink);
+    RunCeiling<4, 8>("64x64 warp tile, 4 warps a block, 2/SM", 4, 2, sms, sink);
+    RunCeiling<4, 4>("64x32 warp tile, 16 warps a block", 16, 1, sms, sink);
+    RunCeiling<4, 4>("64x32 warp tile, 8 warps a block, 2/SM", 8, 2, sms, sink);
+    RunCeiling<4, 4>("64x32 warp tile, 8 warps a block, 4/SM", 8, 4, sms, sink);
+    RunCeiling<2, 4>("32x32 warp tile, 8 warps a block, 4/SM", 8, 4, sms, sink);
+    CHECK_CUDA(cudaFree(sink));
+    return 0;
   }
   using pallas_gemm::sweep::Candidate;
   std::vector<Candidate> candidates = {

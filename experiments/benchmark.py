@@ -1238,11 +1238,14 @@ def _run_quiet(argv, cwd=None) -> str | None:
 
 
 def git_revision() -> str:
+  # A copy of the tree shipped to a GPU machine gets the revision from
+  # whoever shipped it: its .git, if it has one, may be a stale snapshot.
+  shipped = os.environ.get("PALLAS_GEMM_GIT_SHA")
+  if shipped:
+    return shipped
   sha = _run_quiet(["git", "rev-parse", "--short=12", "HEAD"], cwd=_REPO_ROOT)
   if not sha:
-    # A copy of the tree without .git (e.g. shipped to a GPU machine) gets
-    # the revision from whoever shipped it.
-    return os.environ.get("PALLAS_GEMM_GIT_SHA", "n/a")
+    return "n/a"
   dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"],
                      cwd=_REPO_ROOT)
   return sha + ("-dirty" if dirty else "")

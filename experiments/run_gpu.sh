@@ -102,7 +102,7 @@ bench decode "$LEFT" --dtypes=bfloat16 --skip_kernels="$EARLY_RUNGS"
 
 stage "collect"
 {
-  echo "# GPU run: $GPU_KEY, git $(git rev-parse --short=12 HEAD 2>/dev/null || echo "${PALLAS_GEMM_GIT_SHA:-n/a}"), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "# GPU run: $GPU_KEY, git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo n/a)}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo "pytest -m gpu: $(tail -n 1 "$OUT/pytest_gpu.txt")"
   for suite in ladder large decode; do

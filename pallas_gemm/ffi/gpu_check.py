@@ -37,11 +37,16 @@ def _log(out_dir: pathlib.Path, text: str) -> None:
 
 
 def _git_sha() -> str:
+  # PALLAS_GEMM_GIT_SHA first: a tree shipped to a GPU machine may carry a
+  # stale .git snapshot.
+  shipped = os.environ.get("PALLAS_GEMM_GIT_SHA")
+  if shipped:
+    return shipped
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                           text=True, check=True).stdout.strip()
-  except Exception:  # noqa: BLE001 - the device copy may have no .git
-    return os.environ.get("PALLAS_GEMM_GIT_SHA", "unknown")
+  except Exception:  # noqa: BLE001 - the copy may have no .git
+    return "unknown"
 
 
 def _sanitizer() -> str | None:

@@ -63,8 +63,13 @@ enum class Sync {
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kStages_,
           int kMinBlocksPerSm_, Sync kSync_ = Sync::kBlockBarrier,
           int kGroupM_ = 8, int kWarpM_ = 64, int kWarpN_ = 64,
-          bool kDoubleBufferFragments_ = true>
+          bool kDoubleBufferFragments_ = true, bool kInterleave_ = false>
 struct Tiling {
+  // true: the next slice's ldmatrix are spread between the current slice's
+  // rows of mma.sync (one A and one B load per row) instead of issued in a
+  // burst, and the rows alternate direction so a B fragment is reused
+  // across each turn. Spreads shared-memory reads and register writes.
+  static constexpr bool kInterleave = kInterleave_;
   // false: each k16 slice's fragments are loaded right before its mma.sync
   // (ldmatrix latency exposed, hidden only by other warps), which saves the
   // registers a 128-register, 16-warp block needs. Block barrier only.
@@ -243,6 +248,42 @@ MmaSyncPipelinedGemm(GemmParams p) {
       }
     }
   };
+  // The interleaved form of load_fragments(next, ...) + mma_slice(current).
+  auto load_next_and_mma = [&](int next, int stage, int next_slice,
+                               int current) {
+    const uint32_t a_base = smem_base + stage * Tile::kStageBytes;
+    const uint32_t b_base = a_base + Tile::kAStageBytes;
+    constexpr int kRows = kMmaTilesM > kMmaTilesN / 2 ? kMmaTilesM
+                                                      : kMmaTilesN / 2;
+#pragma unroll
+    for (int mi = 0; mi < kRows; ++mi) {
+      if (mi < kMmaTilesM) {
+        const int r = warp_m * kWarpM + mi * 16 + lane_row;
+        LdMatrixX4(a_frag[next][mi],
+                   a_base + SwizzledChunk<Tile::kAChunksPerRow>(
+                                r, next_slice * 2 + lane_chunk) * 16);
+      }
+      if (mi < kMmaTilesN / 2) {
+        const int r = next_slice * 16 + lane_row;
+        const int chunk = (warp_n * kWarpN + mi * 16) / 8 + lane_chunk;
+        uint32_t t[4];
+        LdMatrixX4Trans(
+            t, b_base + SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
+        b_frag[next][2 * mi][0] = t[0];
+        b_frag[next][2 * mi][1] = t[1];
+        b_frag[next][2 * mi + 1][0] = t[2];
+        b_frag[next][2 * mi + 1][1] = t[3];
+      }
+      if (mi < kMmaTilesM) {
+#pragma unroll
+        for (int j = 0; j < kMmaTilesN; ++j) {
+          const int ni = (mi & 1) ? kMmaTilesN - 1 - j : j;
+          Mma<T>::Run(acc[mi][ni], a_frag[current][mi],
+                      b_frag[current][ni]);
+        }
+      }
+    }
+  };
   const int k_tiles = CeilDiv(p.k, kBlockK);
 
   if constexpr (!Tile::kDoubleBufferFragments) {
@@ -295,6 +336,19 @@ MmaSyncPipelinedGemm(GemmParams p) {
           CpAsyncWait<kStages - 2>();
           __syncthreads();
           read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+        }
+        if constexpr (Tile::kInterleave) {
+          if (slice == 0) {
+            // The stage written here was last read during tile kt - 1,
+            // before the previous iteration's barrier.
+            if (next_k < p.k) load_tile(write_stage, next_k);
+            CpAsyncCommit();
+            write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+            next_k += kBlockK;
+          }
+          load_next_and_mma((slice + 1) & 1, read_stage,
+                            (slice + 1) % Tile::kSlices, slice & 1);
+          continue;
         }
         load_fragments((slice + 1) & 1, read_stage,
                        (slice + 1) % Tile::kSlices);
@@ -495,37 +549,32 @@ namespace pallas_gemm {
 namespace mma_sync_pipelined {
 template <int bm, int bn, int bk, int stages, int per_sm, Sync sync,
           int group_m = 8, int warp_m = 64, int warp_n = 64,
-          bool double_buffer = true>
+          bool double_buffer = true, bool interleave = false>
 constexpr LaunchFn kSweepLaunch =
     &Launch<__nv_bfloat16, __nv_bfloat16,
             Tiling<bm, bn, bk, stages, per_sm, sync, group_m, warp_m, warp_n,
-                   double_buffer>>;
-constexpr Sync kBar = Sync::kBlockBarrier, kRing = Sync::kMbarrierRing;
+                   double_buffer, interleave>>;
+[[maybe_unused]] constexpr Sync kBar = Sync::kBlockBarrier,
+                                kRing = Sync::kMbarrierRing;
 
 #define PALLAS_GEMM_MMA_SWEEP(id, label, ...)         \
   PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16, \
                               (kSweepLaunch<__VA_ARGS__>))
 PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4, "mma bar  128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar)
 PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_g16, "mma bar  128x256x64 s4 g16", 128, 256, 64, 4, 1, kBar, 16)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_g4, "mma bar  128x256x64 s4 g4", 128, 256, 64, 4, 1, kBar, 4)
 PALLAS_GEMM_MMA_SWEEP(bar_256x128x64_s4, "mma bar  256x128x64 s4 g8", 256, 128, 64, 4, 1, kBar)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_s6, "mma bar  128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar)
-// 16 warps of 64x32 (or 32x64) tiles: 4 warps per scheduler instead of 2.
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_w16, "mma bar  128x256x32 s4 w16 64x32", 128, 256, 32, 4, 1, kBar, 8, 64, 32)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_w16, "mma bar  128x256x64 s3 w16 64x32", 128, 256, 64, 3, 1, kBar, 8, 64, 32)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_w16, "mma bar  128x256x64 s4 w16 64x32", 128, 256, 64, 4, 1, kBar, 8, 64, 32)
-PALLAS_GEMM_MMA_SWEEP(bar_256x128x32_w16, "mma bar  256x128x32 s4 w16 64x32", 256, 128, 32, 4, 1, kBar, 8, 64, 32)
-PALLAS_GEMM_MMA_SWEEP(bar_256x128x64_w16, "mma bar  256x128x64 s4 w16 64x32", 256, 128, 64, 4, 1, kBar, 8, 64, 32)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x32_w16t, "mma bar  128x256x32 s4 w16 32x64", 128, 256, 32, 4, 1, kBar, 8, 32, 64)
-// Single-buffered fragments: no spills at 128 registers.
-PALLAS_GEMM_MMA_SWEEP(sb_128x256x32_w16, "mma bar1 128x256x32 s4 w16 64x32", 128, 256, 32, 4, 1, kBar, 8, 64, 32, false)
-PALLAS_GEMM_MMA_SWEEP(sb_128x256x64_w16, "mma bar1 128x256x64 s4 w16 64x32", 128, 256, 64, 4, 1, kBar, 8, 64, 32, false)
-PALLAS_GEMM_MMA_SWEEP(sb_256x128x64_w16, "mma bar1 256x128x64 s4 w16 64x32", 256, 128, 64, 4, 1, kBar, 8, 64, 32, false)
-PALLAS_GEMM_MMA_SWEEP(sb_128x256x64_w8, "mma bar1 128x256x64 s4 w8", 128, 256, 64, 4, 1, kBar, 8, 64, 64, false)
-// The mbarrier ring, per-warp releases.
+// Round 3: ldmatrix interleaved with the mma.sync rows, serpentine order.
+PALLAS_GEMM_MMA_SWEEP(il_128x256x32_s4, "mma il   128x256x32 s4 g8", 128, 256, 32, 4, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x256x32_s6, "mma il   128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s3, "mma il   128x256x64 s3 g8", 128, 256, 64, 3, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s4, "mma il   128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s4_g16, "mma il   128x256x64 s4 g16", 128, 256, 64, 4, 1, kBar, 16, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_256x128x32_s4, "mma il   256x128x32 s4 g8", 256, 128, 32, 4, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_256x128x64_s4, "mma il   256x128x64 s4 g8", 256, 128, 64, 4, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x128x32_s4_2sm, "mma il   128x128x32 s4 g8 2/SM", 128, 128, 32, 4, 2, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x128x64_s3_2sm, "mma il   128x128x64 s3 g8 2/SM", 128, 128, 64, 3, 2, kBar, 8, 64, 64, true, true)
+// The mbarrier ring (measured slower in rounds 1 and 2).
 PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s4, "mma ring 128x256x64 s4 g8", 128, 256, 64, 4, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x32_s8, "mma ring 128x256x32 s8 g8", 128, 256, 32, 8, 1, kRing)
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s4_w16, "mma ring 128x256x64 s4 w16 64x32", 128, 256, 64, 4, 1, kRing, 8, 64, 32)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm

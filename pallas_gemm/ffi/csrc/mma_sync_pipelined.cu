@@ -63,8 +63,12 @@ enum class Sync {
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kStages_,
           int kMinBlocksPerSm_, Sync kSync_ = Sync::kBlockBarrier,
           int kGroupM_ = 8, int kWarpM_ = 64, int kWarpN_ = 64,
-          bool kDoubleBufferFragments_ = true, bool kInterleave_ = false>
+          bool kDoubleBufferFragments_ = true, bool kInterleave_ = false,
+          bool kSpreadCopies_ = false>
 struct Tiling {
+  // true (with kInterleave): a K tile's cp.async are spread over the first
+  // kSlices - 1 slices instead of issued in one burst.
+  static constexpr bool kSpreadCopies = kSpreadCopies_;
   // true: the next slice's ldmatrix are spread between the current slice's
   // rows of mma.sync (one A and one B load per row) instead of issued in a
   // burst, and the rows alternate direction so a B fragment is reused
@@ -184,11 +188,13 @@ MmaSyncPipelinedGemm(GemmParams p) {
   }
   const bool b_col_in_range = col0 + b_col < p.n;
 
-  auto load_tile = [&](int stage, int k0) {
+  // Copies chunks j with j % parts == part (all of them by default).
+  auto load_tile = [&](int stage, int k0, int part = 0, int parts = 1) {
     const uint32_t stage_base = smem_base + stage * Tile::kStageBytes;
     const bool a_col_in_range = k0 + a_col < p.k;
 #pragma unroll
     for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
+      if (j % parts != part) continue;
       const bool valid = a_col_in_range && ((a_rows_in_range >> j) & 1);
       const T* src = valid ? a_first + j * a_row_step + k0 : a;
       CpAsync16(stage_base + a_smem_offset +
@@ -198,6 +204,7 @@ MmaSyncPipelinedGemm(GemmParams p) {
     const T* b_tile = b_first + 1LL * k0 * p.n;
 #pragma unroll
     for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
+      if (j % parts != part) continue;
       const bool valid =
           b_col_in_range && k0 + b_row + j * Tile::kBRowStep < p.k;
       const T* src = valid ? b_tile + j * b_row_step : b;
@@ -336,6 +343,21 @@ MmaSyncPipelinedGemm(GemmParams p) {
           CpAsyncWait<kStages - 2>();
           __syncthreads();
           read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+        }
+        if constexpr (Tile::kInterleave && Tile::kSpreadCopies) {
+          // Same stage and group count as below: the last part is
+          // committed before the next iteration's wait.
+          if (next_k < p.k && slice < Tile::kSlices - 1) {
+            load_tile(write_stage, next_k, slice, Tile::kSlices - 1);
+          }
+          if (slice == Tile::kSlices - 2) {
+            CpAsyncCommit();
+            write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+            next_k += kBlockK;
+          }
+          load_next_and_mma((slice + 1) & 1, read_stage,
+                            (slice + 1) % Tile::kSlices, slice & 1);
+          continue;
         }
         if constexpr (Tile::kInterleave) {
           if (slice == 0) {
@@ -549,32 +571,31 @@ namespace pallas_gemm {
 namespace mma_sync_pipelined {
 template <int bm, int bn, int bk, int stages, int per_sm, Sync sync,
           int group_m = 8, int warp_m = 64, int warp_n = 64,
-          bool double_buffer = true, bool interleave = false>
+          bool double_buffer = true, bool interleave = false,
+          bool spread = false>
 constexpr LaunchFn kSweepLaunch =
     &Launch<__nv_bfloat16, __nv_bfloat16,
             Tiling<bm, bn, bk, stages, per_sm, sync, group_m, warp_m, warp_n,
-                   double_buffer, interleave>>;
+                   double_buffer, interleave, spread>>;
 [[maybe_unused]] constexpr Sync kBar = Sync::kBlockBarrier,
                                 kRing = Sync::kMbarrierRing;
 
 #define PALLAS_GEMM_MMA_SWEEP(id, label, ...)         \
   PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16, \
                               (kSweepLaunch<__VA_ARGS__>))
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4, "mma bar  128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar)
-PALLAS_GEMM_MMA_SWEEP(bar_128x256x64_s4_g16, "mma bar  128x256x64 s4 g16", 128, 256, 64, 4, 1, kBar, 16)
-PALLAS_GEMM_MMA_SWEEP(bar_256x128x64_s4, "mma bar  256x128x64 s4 g8", 256, 128, 64, 4, 1, kBar)
-// Round 3: ldmatrix interleaved with the mma.sync rows, serpentine order.
-PALLAS_GEMM_MMA_SWEEP(il_128x256x32_s4, "mma il   128x256x32 s4 g8", 128, 256, 32, 4, 1, kBar, 8, 64, 64, true, true)
-PALLAS_GEMM_MMA_SWEEP(il_128x256x32_s6, "mma il   128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar, 8, 64, 64, true, true)
-PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s3, "mma il   128x256x64 s3 g8", 128, 256, 64, 3, 1, kBar, 8, 64, 64, true, true)
+// Round 3 winners, ldmatrix interleaved with serpentine mma.sync rows.
 PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s4, "mma il   128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar, 8, 64, 64, true, true)
-PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s4_g16, "mma il   128x256x64 s4 g16", 128, 256, 64, 4, 1, kBar, 16, 64, 64, true, true)
-PALLAS_GEMM_MMA_SWEEP(il_256x128x32_s4, "mma il   256x128x32 s4 g8", 256, 128, 32, 4, 1, kBar, 8, 64, 64, true, true)
+PALLAS_GEMM_MMA_SWEEP(il_128x256x64_s3, "mma il   128x256x64 s3 g8", 128, 256, 64, 3, 1, kBar, 8, 64, 64, true, true)
 PALLAS_GEMM_MMA_SWEEP(il_256x128x64_s4, "mma il   256x128x64 s4 g8", 256, 128, 64, 4, 1, kBar, 8, 64, 64, true, true)
-PALLAS_GEMM_MMA_SWEEP(il_128x128x32_s4_2sm, "mma il   128x128x32 s4 g8 2/SM", 128, 128, 32, 4, 2, kBar, 8, 64, 64, true, true)
-PALLAS_GEMM_MMA_SWEEP(il_128x128x64_s3_2sm, "mma il   128x128x64 s3 g8 2/SM", 128, 128, 64, 3, 2, kBar, 8, 64, 64, true, true)
-// The mbarrier ring (measured slower in rounds 1 and 2).
-PALLAS_GEMM_MMA_SWEEP(ring_128x256x64_s4, "mma ring 128x256x64 s4 g8", 128, 256, 64, 4, 1, kRing)
+PALLAS_GEMM_MMA_SWEEP(il_128x256x32_s6, "mma il   128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar, 8, 64, 64, true, true)
+// Round 4: cp.async spread over the slices too.
+PALLAS_GEMM_MMA_SWEEP(sp_128x256x64_s4, "mma ilsp 128x256x64 s4 g8", 128, 256, 64, 4, 1, kBar, 8, 64, 64, true, true, true)
+PALLAS_GEMM_MMA_SWEEP(sp_128x256x64_s4_g4, "mma ilsp 128x256x64 s4 g4", 128, 256, 64, 4, 1, kBar, 4, 64, 64, true, true, true)
+PALLAS_GEMM_MMA_SWEEP(sp_128x256x64_s4_g16, "mma ilsp 128x256x64 s4 g16", 128, 256, 64, 4, 1, kBar, 16, 64, 64, true, true, true)
+PALLAS_GEMM_MMA_SWEEP(sp_128x256x64_s3, "mma ilsp 128x256x64 s3 g8", 128, 256, 64, 3, 1, kBar, 8, 64, 64, true, true, true)
+PALLAS_GEMM_MMA_SWEEP(sp_256x128x64_s4, "mma ilsp 256x128x64 s4 g8", 256, 128, 64, 4, 1, kBar, 8, 64, 64, true, true, true)
+PALLAS_GEMM_MMA_SWEEP(sp_128x256x32_s6, "mma ilsp 128x256x32 s6 g8", 128, 256, 32, 6, 1, kBar, 8, 64, 64, true, true, true)
+PALLAS_GEMM_MMA_SWEEP(sp_128x128x64_s3_2sm, "mma ilsp 128x128x64 s3 g8 2/SM", 128, 128, 64, 3, 2, kBar, 8, 64, 64, true, true, true)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm

@@ -255,14 +255,15 @@ def _register_sgemm(kernel: FfiKernel) -> None:
       runs_on_cpu=False, description=f"CUDA SIMT SGEMM: {kernel.description}"))
 
 
-#: Defaults, both software-pipelined. Measured on an H200 (bf16, CUPTI;
-#: experiments/results/nvidia_h200/ffi/run3/): 128x256x32 with 8 warps runs
-#: 464 TFLOP/s at 8192^3 and 457 at 4096^3, against 363-374 for the old
-#: default (basic 128x128x32, 4 warps). The pipelined 128x128x32 with 4 warps
-#: (424-429 TFLOP/s) keeps the old default's tile for grids too small to
-#: fill the SMs with 128x256 tiles; that choice is by tile count, not timed.
-MMA_SYNC_DEFAULT_LARGE = MmaSyncConfig(block_n=256, block_k=32, num_warps=8,
-                                       block_m=128, stages=4, pipelined=True)
+#: Defaults, both software-pipelined. Measured on an H200 (bf16):
+#: 128x256x64 with 3 stages, its ldmatrix interleaved with the mma.sync,
+#: runs 465-490 TFLOP/s at 8192^3 in the sweeps and in gpu_check
+#: (experiments/results/nvidia_h200/ffi/run4/); 128x256x32 with 4 stages was
+#: the default before at 439-465. The 128x128x32 with 4 warps (two blocks per
+#: SM) keeps smaller tiles for grids too small to fill the SMs with 128x256
+#: tiles; that choice is by tile count, not timed.
+MMA_SYNC_DEFAULT_LARGE = MmaSyncConfig(block_n=256, block_k=64, num_warps=8,
+                                       block_m=128, stages=3, pipelined=True)
 MMA_SYNC_DEFAULT_SMALL = MmaSyncConfig(block_n=128, block_k=32, num_warps=4,
                                        block_m=128, stages=4, pipelined=True)
 _DEFAULT_NUM_SMS = 132  # an H100/H200, when the device is not known

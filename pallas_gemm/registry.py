@@ -15,9 +15,11 @@ everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
   Hopper, exact fp32: xla (measured on an H200: triton/06_tuned reaches
-                      0.86-0.89x and ffi/sgemm_09_two_blocks_per_sm 0.86x of
-                      cuBLAS's exact-fp32 GEMM, and wgmma has no exact-fp32
-                      mode)
+                      0.86-0.89x of cuBLAS's exact-fp32 GEMM, and wgmma has
+                      no exact-fp32 mode; ffi/sgemm_10_pipelined reaches
+                      1.01-1.02x but stays opt-in, since it compiles CUDA
+                      with nvcc on first use and pads or transposes operands
+                      that are not 4-aligned NN)
   other CUDA GPUs:    triton/05_split_k (skinny) -> triton/06_tuned -> xla
   CPU:                triton/06_tuned in interpret mode (small problems) -> xla
 

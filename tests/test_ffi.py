@@ -68,12 +68,27 @@ def test_sources_compile(built_library):
   assert built_library.library.exists()
   log = (built_library.folder / "ptxas.log").read_text()
   assert "mma_sync.cu" in log and "sgemm_08_warptile.cu" in log
-  assert "mma_sync_pipelined.cu" in log
+  assert "mma_sync_pipelined.cu" in log and "sgemm_10_pipelined.cu" in log
   # No kernel may spill registers to local memory.
   spills = [line for line in log.splitlines() if "spill" in line
             and not line.strip().startswith("0 bytes spill")]
   assert all(" 0 bytes spill stores, 0 bytes spill loads" in line
              for line in spills), spills
+
+
+def test_sweep_program_compiles(built_library, monkeypatch):
+  """The sweep-only candidates compile (and never spill) even though the
+  library never instantiates them; a broken one would otherwise surface
+  only on a GPU machine."""
+  monkeypatch.setenv("PALLAS_GEMM_CACHE_DIR",
+                     str(built_library.folder.parent))
+  program = build.compile_sweep(built_library.arch)
+  assert program.exists()
+  log = (program.parent / "ptxas.log").read_text()
+  assert "sweep_driver.cu" in log and "sgemm_10_pipelined.cu" in log
+  spills = [line for line in log.splitlines() if "spill" in line]
+  assert spills and all(" 0 bytes spill stores, 0 bytes spill loads" in line
+                        for line in spills), spills
 
 
 def test_library_exports_every_handler(built_library):

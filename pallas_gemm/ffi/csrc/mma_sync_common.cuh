@@ -1,8 +1,10 @@
 // Building blocks shared by the mma.sync kernels (mma_sync.cu and
-// mma_sync_pipelined.cu): cp.async, ldmatrix, the m16n8k16 MMA for bf16 and
-// f16, the 16-byte shared-memory swizzle, and 8-wide epilogue loads/stores.
+// mma_sync_pipelined.cu): cp.async (from cp_async.cuh), ldmatrix, the
+// m16n8k16 MMA for bf16 and f16, the 16-byte shared-memory swizzle, and
+// 8-wide epilogue loads/stores.
 #pragma once
 
+#include "cp_async.cuh"
 #include "gemm_params.cuh"
 
 namespace pallas_gemm {
@@ -22,21 +24,9 @@ __device__ __forceinline__ int SwizzledChunk(int row, int chunk) {
   }
 }
 
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src,
-                                          bool valid) {
-  const int src_bytes = valid ? 16 : 0;  // 0: fill the chunk with zeros
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
+using ::pallas_gemm::CpAsync16;
+using ::pallas_gemm::CpAsyncCommit;
+using ::pallas_gemm::CpAsyncWait;
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile(

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "gemm_params.cuh"
+#include "host_check.cuh"
 
 using pallas_gemm::ElementType;
+using pallas_gemm::FromBits;
 using pallas_gemm::GemmParams;
 using LaunchFn = cudaError_t (*)(const GemmParams&, cudaStream_t);
 
@@ -42,16 +44,6 @@ DECLARE(mma_pipe_128x128x64)
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                  \
-  do {                                                                    \
-    cudaError_t status_ = (expr);                                         \
-    if (status_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,   \
-                   cudaGetErrorString(status_));                          \
-      std::exit(2);                                                       \
-    }                                                                     \
-  } while (0)
-
 size_t ByteWidth(ElementType t) { return t == ElementType::kF32 ? 4 : 2; }
 
 // Host-side conversions, so the driver needs no device intrinsics here.
@@ -68,17 +60,6 @@ uint16_t ToBits(float x, ElementType t) {
   return bits;
 }
 
-float FromBits(uint16_t bits, ElementType t) {
-  if (t == ElementType::kBF16) {
-    uint32_t wide = static_cast<uint32_t>(bits) << 16;
-    float x;
-    std::memcpy(&x, &wide, 4);
-    return x;
-  }
-  __half h;
-  std::memcpy(&h, &bits, 2);
-  return __half2float(h);
-}
 
 // Values rounded to `t`, kept both as the bytes to upload and as floats.
 struct HostArray {

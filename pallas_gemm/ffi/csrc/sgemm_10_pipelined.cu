@@ -38,6 +38,7 @@
 // The sweep variants separate these steps: rung 09's 8x8 tiles with the new
 // pipeline, A through registers, K steps of 16, 3 or 4 stages, and one
 // 256-thread 128x256 or 256x128 block per SM.
+#include "cp_async.cuh"
 #include "gemm_params.cuh"
 #include "sweep.cuh"
 
@@ -106,29 +107,6 @@ __device__ __forceinline__ uint32_t SmemAddress(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-// src_bytes < size zero-fills the rest; 0 reads nothing (src must still be a
-// valid address, so callers pass the matrix base).
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const float* src,
-                                         int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const float* src,
-                                          int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 template <typename T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 SgemmPipelined(GemmParams p) {
@@ -178,12 +156,12 @@ SgemmPipelined(GemmParams p) {
           for (int h = 0; h < T::kAKSteps; ++h)
             CpAsync4(a_dst + stage_bytes +
                          (8 * h * kStrideA + i * T::kARowStep) * 4,
-                     a_src[i] + k0 + 8 * h, 4);
+                     a_src[i] + k0 + 8 * h);
       }
 #pragma unroll
       for (int l = 0; l < T::kBRows; ++l)
         CpAsync16(b_dst + stage_bytes + l * T::kBRowStep * kStrideB * 4,
-                  b_src + 1LL * l * T::kBRowStep * n, 16);
+                  b_src + 1LL * l * T::kBRowStep * n);
       b_src += 1LL * kBlockK * n;
     } else if (k0 < k) {  // the partial last tile: zero-fill k >= p.k
       if constexpr (T::kAsyncA) {
@@ -194,15 +172,14 @@ SgemmPipelined(GemmParams p) {
             const bool valid = k0 + a_k + 8 * h < k;
             CpAsync4(a_dst + stage_bytes +
                          (8 * h * kStrideA + i * T::kARowStep) * 4,
-                     valid ? a_src[i] + k0 + 8 * h : a, valid ? 4 : 0);
+                     valid ? a_src[i] + k0 + 8 * h : a, valid);
           }
       }
 #pragma unroll
       for (int l = 0; l < T::kBRows; ++l) {
         const bool valid = k0 + l * T::kBRowStep + b_row < k;
         CpAsync16(b_dst + stage_bytes + l * T::kBRowStep * kStrideB * 4,
-                  valid ? b_src + 1LL * l * T::kBRowStep * n : b,
-                  valid ? 16 : 0);
+                  valid ? b_src + 1LL * l * T::kBRowStep * n : b, valid);
       }
     }
     // Past the last tile: nothing to copy; that stage is never computed on.

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "gemm_params.cuh"
+#include "host_check.cuh"
 #include "mma_sync_common.cuh"
 #include "sweep.cuh"
 
@@ -58,16 +59,6 @@ DECLARE(mma_pipe_128x256x64)
 }
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                  \
-  do {                                                                    \
-    cudaError_t status_ = (expr);                                         \
-    if (status_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,   \
-                   cudaGetErrorString(status_));                          \
-      std::exit(2);                                                       \
-    }                                                                     \
-  } while (0)
 
 __device__ uint32_t Hash(uint64_t x) {
   x ^= x >> 33; x *= 0xff51afd7ed558ccdULL;
@@ -109,15 +100,7 @@ float BitsToFloat(const unsigned char* p, ElementType t) {
   }
   uint16_t bits;
   std::memcpy(&bits, p, 2);
-  if (t == ElementType::kBF16) {
-    uint32_t wide = uint32_t(bits) << 16;
-    float x;
-    std::memcpy(&x, &wide, 4);
-    return x;
-  }
-  __half h;
-  std::memcpy(&h, &bits, 2);
-  return __half2float(h);
+  return pallas_gemm::FromBits(bits, t);
 }
 
 struct Problem {

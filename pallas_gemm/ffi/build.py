@@ -186,6 +186,42 @@ def _run(command: list[str], cwd: pathlib.Path) -> str:
   return output
 
 
+def _compile_objects(plan: BuildPlan, flags, sources, tmp: pathlib.Path, *,
+                     jobs: int | None, keep: bool = False) -> list[str]:
+  """nvcc -c each source into `tmp` in parallel; the ptxas reports go to
+  tmp/ptxas.log. Returns the object paths."""
+
+  def compile_one(source: pathlib.Path) -> str:
+    obj = tmp / (source.stem + ".o")
+    extra = ["--keep", "--keep-dir", str(tmp)] if keep else []
+    output = _run([plan.nvcc, *flags, "-Xptxas", "-v", *extra, "-c",
+                   str(source), "-o", str(obj)], tmp)
+    return f"==== {source.name}\n{output}"
+
+  jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
+  with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    logs = list(pool.map(compile_one, sources))
+  (tmp / "ptxas.log").write_text("".join(logs))
+  return [str(tmp / (s.stem + ".o")) for s in sources]
+
+
+def _publish(tmp: pathlib.Path, folder: pathlib.Path) -> bool:
+  """Renames the finished build `tmp` to `folder`; False when another
+  process got there first (its build is identical)."""
+  os.chmod(tmp, 0o755)
+  if folder.exists():
+    return False
+  try:
+    os.rename(tmp, folder)
+  except OSError:
+    if not folder.exists():
+      raise
+    return False
+  # The renamed folder must not be deleted by TemporaryDirectory's cleanup.
+  tmp.mkdir(exist_ok=True)
+  return True
+
+
 def compile_library(arch: str | None = None, *, jobs: int | None = None,
                     with_driver: bool = False, verbose: bool = False
                     ) -> BuildPlan:
@@ -201,20 +237,8 @@ def compile_library(arch: str | None = None, *, jobs: int | None = None,
   with tempfile.TemporaryDirectory(dir=plan.folder.parent,
                                    prefix=f".{plan.key}-") as tmp_name:
     tmp = pathlib.Path(tmp_name)
-    sources = kernel_sources()
-
-    def compile_one(source: pathlib.Path) -> str:
-      obj = tmp / (source.stem + ".o")
-      extra = ["--keep", "--keep-dir", str(tmp)] if keep else []
-      output = _run([plan.nvcc, *flags, "-Xptxas", "-v", *extra, "-c",
-                     str(source), "-o", str(obj)], tmp)
-      return f"==== {source.name}\n{output}"
-
-    jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-      logs = list(pool.map(compile_one, sources))
-    (tmp / "ptxas.log").write_text("".join(logs))
-    objects = [str(tmp / (s.stem + ".o")) for s in sources]
+    objects = _compile_objects(plan, flags, kernel_sources(), tmp, jobs=jobs,
+                               keep=keep)
     _run([plan.nvcc, "-shared", f"-gencode=arch=compute_{plan.arch},"
           f"code=sm_{plan.arch}", "-o", str(tmp / LIBRARY_NAME), *objects], tmp)
     if with_driver:
@@ -224,21 +248,11 @@ def compile_library(arch: str | None = None, *, jobs: int | None = None,
                    str(tmp / LIBRARY_NAME)], tmp)
       (tmp / "sass.txt").write_text(sass)
     if verbose:
-      print("".join(logs))
-    os.chmod(tmp, 0o755)
-    if plan.folder.exists():
-      # Another process finished first; its build is identical. Only the
-      # driver may be missing there.
+      print((tmp / "ptxas.log").read_text())
+    if not _publish(tmp, plan.folder):
+      # Only the driver may be missing from the build that won.
       if with_driver and not driver.exists():
         shutil.copy2(tmp / "sanitizer_driver", driver)
-      return plan
-    try:
-      os.rename(tmp, plan.folder)
-    except OSError:
-      if not plan.folder.exists():
-        raise
-    # The renamed folder must not be deleted by TemporaryDirectory's cleanup.
-    tmp.mkdir(exist_ok=True)
   return plan
 
 
@@ -264,29 +278,12 @@ def compile_sweep(arch: str | None = None, *, jobs: int | None = None
   with tempfile.TemporaryDirectory(dir=folder.parent,
                                    prefix=f".{folder.name}-") as tmp_name:
     tmp = pathlib.Path(tmp_name)
-    sources = [*kernel_sources(), CSRC_DIR / SWEEP_SOURCE]
-
-    def compile_one(source: pathlib.Path) -> str:
-      obj = tmp / (source.stem + ".o")
-      output = _run([plan.nvcc, *flags, "-Xptxas", "-v", "-c", str(source),
-                     "-o", str(obj)], tmp)
-      return f"==== {source.name}\n{output}"
-
-    jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-      logs = list(pool.map(compile_one, sources))
-    (tmp / "ptxas.log").write_text("".join(logs))
+    objects = _compile_objects(
+        plan, flags, [*kernel_sources(), CSRC_DIR / SWEEP_SOURCE], tmp,
+        jobs=jobs)
     _run([plan.nvcc, f"-gencode=arch=compute_{plan.arch},code=sm_{plan.arch}",
-          "-o", str(tmp / SWEEP_PROGRAM),
-          *[str(tmp / (s.stem + ".o")) for s in sources]], tmp)
-    os.chmod(tmp, 0o755)
-    if not folder.exists():
-      try:
-        os.rename(tmp, folder)
-      except OSError:
-        if not folder.exists():
-          raise
-      tmp.mkdir(exist_ok=True)
+          "-o", str(tmp / SWEEP_PROGRAM), *objects], tmp)
+    _publish(tmp, folder)
   return program
 
 

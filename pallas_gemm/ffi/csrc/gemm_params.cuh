@@ -60,4 +60,20 @@ __device__ __forceinline__ float AlphaBeta(const GemmParams& p, float acc,
   return value;
 }
 
+// The same for four consecutive outputs at out + index (16-byte aligned:
+// n is a multiple of 4), as one 128-bit store.
+__device__ __forceinline__ void StoreAlphaBeta4(const GemmParams& p,
+                                                const float* acc,
+                                                const float* c, float* out,
+                                                long long index) {
+  float4 v = make_float4(p.alpha * acc[0], p.alpha * acc[1], p.alpha * acc[2],
+                         p.alpha * acc[3]);
+  if (c != nullptr) {
+    const float4 c4 = *reinterpret_cast<const float4*>(c + index);
+    v.x += p.beta * c4.x; v.y += p.beta * c4.y;
+    v.z += p.beta * c4.z; v.w += p.beta * c4.w;
+  }
+  *reinterpret_cast<float4*>(out + index) = v;
+}
+
 }  // namespace pallas_gemm

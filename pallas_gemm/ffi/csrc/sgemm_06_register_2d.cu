@@ -77,14 +77,7 @@ SgemmRegister2d(GemmParams p) {
     const int row = row0 + thread_row + i;
     if (row >= p.m) continue;
     const long long index = 1LL * row * p.n + col;
-    float4 v = make_float4(p.alpha * acc[i][0], p.alpha * acc[i][1],
-                           p.alpha * acc[i][2], p.alpha * acc[i][3]);
-    if (c != nullptr) {
-      const float4 c4 = *reinterpret_cast<const float4*>(c + index);
-      v.x += p.beta * c4.x; v.y += p.beta * c4.y;
-      v.z += p.beta * c4.z; v.w += p.beta * c4.w;
-    }
-    *reinterpret_cast<float4*>(out + index) = v;
+    StoreAlphaBeta4(p, acc[i], c, out, index);
   }
 }
 

@@ -114,15 +114,7 @@ SgemmWarptile(GemmParams p) {
       const int col = col0 + thread_col + q * kSubN;
       if (col >= p.n) continue;  // n % 4 == 0: a float4 is wholly in or out
       const long long index = 1LL * row * p.n + col;
-      const float* values = &acc[i][q * 4];
-      float4 v = make_float4(p.alpha * values[0], p.alpha * values[1],
-                             p.alpha * values[2], p.alpha * values[3]);
-      if (c != nullptr) {
-        const float4 c4 = *reinterpret_cast<const float4*>(c + index);
-        v.x += p.beta * c4.x; v.y += p.beta * c4.y;
-        v.z += p.beta * c4.z; v.w += p.beta * c4.w;
-      }
-      *reinterpret_cast<float4*>(out + index) = v;
+      StoreAlphaBeta4(p, &acc[i][q * 4], c, out, index);
     }
   }
 }

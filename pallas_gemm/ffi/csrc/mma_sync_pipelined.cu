@@ -31,12 +31,13 @@
 // polls cost more than the meetings), 16 warps of 64x32 tiles (more
 // ldmatrix per mma.sync; 20-50 % slower), spreading a tile's cp.async over
 // its slices, 128-wide K tiles with two stages. The same machine's
-// register-only ceiling for mma.sync.m16n8k16 is 623 TFLOP/s.
+// register-only ceiling for mma.sync.m16n8k16 is 623-633 TFLOP/s.
 //
 // Compiled variants (block M x N x K, stages, blocks per SM): 128x256x32
 // and 256x128x32 with 8 warps, 4 stages; 128x256x64 with 8 warps, 3 stages
-// (the default: 442-494 TFLOP/s at 8192^3 across runs, median 483); 128x128x32 (4 stages) and
-// 128x128x64 (3 stages) with 4 warps and two blocks per SM.
+// (the default: 442-494 TFLOP/s at 8192^3 across runs, median 483);
+// 128x128x32 (4 stages) and 128x128x64 (3 stages) with 4 warps and two
+// blocks per SM.
 #include "gemm_params.cuh"
 #include "mma_sync_common.cuh"
 #include "sweep.cuh"

@@ -2,6 +2,9 @@
 
     PYTHONPATH=. python3 experiments/ffi_headline.py --out DIR [--rounds 5]
 
+(from the repository root; the git sha is resolved as the benchmark does:
+PALLAS_GEMM_GIT_SHA if set, else the checkout's HEAD)
+
 A long run warms the GPU and its clock falls, so a baseline timed once at
 the start of a block of kernels flatters the baseline. Here every round
 times the baseline and the kernel back to back (CUPTI kernel time, median
@@ -38,6 +41,7 @@ def main(argv=None) -> int:
   from jax.experimental.mosaic.gpu import profiler
 
   import pallas_gemm
+  from experiments.benchmark import git_revision
   from pallas_gemm import numerics
   from pallas_gemm.devices import device_info
 
@@ -59,7 +63,7 @@ def main(argv=None) -> int:
   }
   info = device_info()
   results = {"device": info.device_kind, "jax": jax.__version__,
-             "git": os.environ.get("PALLAS_GEMM_GIT_SHA", "n/a"),
+             "git": git_revision(),
              "rounds": args.rounds, "iters": args.iters, "cases": []}
   print(f"{'case':16s} {'size':>6s} {'round':>5s} {'base TFLOP/s':>12s} "
         f"{'kernel TFLOP/s':>14s} {'ratio':>6s}", flush=True)

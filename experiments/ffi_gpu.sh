@@ -6,8 +6,11 @@
 #
 #   OUT=/some/dir experiments/ffi_gpu.sh [steps]     # OUT defaults to ./out
 #
-# steps: a comma list of ceiling, sweep, ncu, check, pytest, ladder,
-# triton_ieee (default: ceiling,sweep,ncu,check,pytest). ladder re-runs the
+# steps: a comma list of ceiling, sweep, ncu, check, pytest, headline,
+# ladder, triton_ieee (default: ceiling,sweep,ncu,check,pytest). The sweep
+# takes its program arguments from $SWEEP_ARGS (default: --sizes 4096,8192).
+# headline runs experiments/ffi_headline.py while nvidia-smi records the SM
+# clock, power and temperature every 100 ms (clocks.csv). ladder re-runs the
 # benchmark's ladder suite at 4096^3 and 8192^3 into
 # experiments/results/<gpu>/ladder and ladder_8192 (packed too). Everything is written to $WORK (default
 # /tmp/pallas_gemm_ffi) and packed into $OUT/ffi.tar.gz, with the log as
@@ -53,7 +56,9 @@ fi
 
 if has sweep && [ -n "$SWEEP" ]; then
   stage "sweep (CUDA events, median of 20; checked before timing)"
-  "$SWEEP" --sizes 4096,8192 --json "$DIR/sweep.json" | tee "$DIR/sweep.txt"
+  # shellcheck disable=SC2086  # SWEEP_ARGS is a word list on purpose
+  "$SWEEP" ${SWEEP_ARGS:---sizes 4096,8192} --json "$DIR/sweep.json" \
+    | tee "$DIR/sweep.txt"
 fi
 
 if has ncu && [ -n "$SWEEP" ]; then
@@ -84,6 +89,16 @@ if has pytest; then
   timeout 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ffi.py \
     > "$DIR/pytest.txt" 2>&1
   tail -n 5 "$DIR/pytest.txt"
+fi
+
+if has headline; then
+  stage "headline ratios, with a clock trace"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 100 > "$DIR/clocks.csv" 2>&1 &
+  SMI=$!
+  "$PY" experiments/ffi_headline.py --out "$DIR" --rounds "${HEADLINE_ROUNDS:-5}" \
+    2>&1 | grep -v "^WARNING" | tail -n 30
+  kill "$SMI" 2>/dev/null
 fi
 
 if has ladder; then

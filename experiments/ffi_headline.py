@@ -9,7 +9,9 @@ A long run warms the GPU and its clock falls, so a baseline timed once at
 the start of a block of kernels flatters the baseline. Here every round
 times the baseline and the kernel back to back (CUPTI kernel time, median
 of --iters after two warm-up calls, the same random-normal operands), and
-the reported ratio is the median over rounds of each round's ratio:
+the reported ratio is the median over rounds of each round's ratio. Even
+rounds time the baseline first, odd rounds the kernel first, so neither
+always runs on a GPU the other has just heated:
 
   ffi/mma_sync (default config)  vs jnp.dot                  bf16 in and out
   ffi/sgemm_10_pipelined         vs jnp.dot(precision=HIGHEST)   float32
@@ -77,8 +79,14 @@ def main(argv=None) -> int:
           kernel(*operands), numerics.reference_matmul(*operands))
       rounds = []
       for r in range(args.rounds):
-        base_ms = median_ms(baseline, operands)
-        kernel_ms = median_ms(kernel, operands)
+        # Alternate which runs first: whichever follows the other inherits
+        # its heat (and, past the power limit, a lower clock).
+        if r % 2 == 0:
+          base_ms = median_ms(baseline, operands)
+          kernel_ms = median_ms(kernel, operands)
+        else:
+          kernel_ms = median_ms(kernel, operands)
+          base_ms = median_ms(baseline, operands)
         rounds.append({"baseline_ms": base_ms, "kernel_ms": kernel_ms,
                        "ratio": base_ms / kernel_ms})
         print(f"{name:16s} {size:6d} {r:5d} {flops / base_ms / 1e9:12.1f} "

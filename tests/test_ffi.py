@@ -159,8 +159,9 @@ def test_mma_sync_default_config_is_pipelined():
 
 
 def test_pipelined_launchers_are_in_every_table():
-  """Each pipelined variant needs a launcher, an FFI handler and a place in
-  the sanitizer driver; a missing one would only show up on a GPU."""
+  """Each pipelined variant needs a launcher with its workspace function,
+  an FFI handler that allocates that workspace and a place in the sanitizer
+  driver; a missing one would only show up on a GPU."""
   csrc = build.CSRC_DIR
   handlers = (csrc / "ffi_handlers.cu").read_text()
   driver = (csrc / "sanitizer_driver.cu").read_text()
@@ -169,8 +170,11 @@ def test_pipelined_launchers_are_in_every_table():
     target = kernels.MmaSyncConfig(*variant).target
     launcher = target.replace("pallas_gemm_", "", 1)
     assert f"PALLAS_GEMM_PIPELINED_LAUNCHER({launcher}," in kernel_file
-    assert f"pallas_gemm_launch_{launcher}" in handlers
+    assert (f"PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE({launcher})"
+            in handlers)
+    assert f"{launcher}));" in handlers  # PALLAS_GEMM_MMA_PIPE_SPEC
     assert f"pallas_gemm_launch_{launcher}" in driver
+    assert f"pallas_gemm_workspace_{launcher}" in driver
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
@@ -268,6 +272,23 @@ def test_pipelined_variants_on_odd_shapes(variant, dtype, shape):
   err = numerics.relative_error(out, numerics.reference_matmul(a, b))
   tol = numerics.tolerance(dtype, "default", dtype)
   assert err <= tol, f"{config.label} {shape} {dtype}: {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.gpu
+def test_stream_k_tail_is_deterministic():
+  """4095x4097x4093 leaves a partial wave of 128x256 tiles, so the default
+  kernel shares its last 16 tiles between all SMs (up to ten partial sums
+  per tile). The sums are added in a fixed order: repeated calls must agree
+  bit for bit, whichever block finished last."""
+  shape = (4095, 4097, 4093)
+  a, b = _operands(shape, "bfloat16")
+  fn = jax.jit(lambda a, b: pallas_gemm.matmul(a, b, kernel="ffi/mma_sync"))
+  first = np.asarray(fn(a, b).astype(jnp.float32))
+  err = numerics.relative_error(first, numerics.reference_matmul(a, b))
+  assert err <= numerics.tolerance("bfloat16", "default", "bfloat16")
+  for _ in range(3):
+    again = np.asarray(fn(a, b).astype(jnp.float32))
+    np.testing.assert_array_equal(again, first)
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@
 // per build, not once per kernel file.
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <string>
 
 #include "gemm_params.cuh"
@@ -30,12 +31,18 @@ PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256_bk64)
 PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128_w4)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x256x32)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_256x128x32)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x256x64)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x32)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_pipe_128x128x64)
 #undef PALLAS_GEMM_DECLARE_LAUNCHER
+// The pipelined kernels also size their workspace (the stream-K tail's).
+#define PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(name)    \
+  cudaError_t pallas_gemm_launch_##name(                     \
+      const pallas_gemm::GemmParams& p, cudaStream_t stream); \
+  size_t pallas_gemm_workspace_##name(const pallas_gemm::GemmParams& p);
+PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x256x32)
+PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_256x128x32)
+PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x256x64)
+PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x128x32)
+PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x128x64)
+#undef PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE
 }
 
 namespace pallas_gemm {
@@ -49,6 +56,7 @@ struct KernelSpec {
   int align_k;         // k must be a multiple (vector loads along k)
   int align_n;         // n must be a multiple (vector loads/stores along n)
   LaunchFn launch;
+  WorkspaceFn workspace = nullptr;  // scratch the launcher wants, if any
 };
 
 
@@ -80,6 +88,7 @@ inline bool Aligned16(const void* pointer) {
 // Validates every buffer and launches. Any mismatch becomes an ffi::Error
 // naming the bad argument: a wrong call must never reach the kernel.
 inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
+                             ffi::ScratchAllocator& scratch,
                              ffi::AnyBuffer a, ffi::AnyBuffer b,
                              ffi::RemainingArgs extra,
                              ffi::Result<ffi::AnyBuffer> out, float alpha,
@@ -173,6 +182,21 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
   params.beta = beta;
   params.in_type = a_type;
   params.out_type = out_type;
+  if (spec.workspace != nullptr) {
+    const size_t bytes = spec.workspace(params);
+    if (bytes > 0) {
+      // XLA's allocator, on this call's stream: freed when the call returns,
+      // which is safe because later work on the stream runs after the kernel.
+      std::optional<void*> memory = scratch.Allocate(bytes, 256);
+      if (!memory.has_value()) {
+        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          who + "could not allocate a " +
+                              std::to_string(bytes) + "-byte workspace");
+      }
+      params.workspace = *memory;
+      params.workspace_bytes = bytes;
+    }
+  }
   cudaError_t status = spec.launch(params, stream);
   if (status != cudaSuccess) {
     return ffi::Error::Internal(who + "launch failed: " +
@@ -189,17 +213,19 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
 // on XLA's stream. Python registers it with jax.ffi.register_ffi_target.
 #define PALLAS_GEMM_DEFINE_FFI_HANDLER(Symbol, spec)                         \
   static ::xla::ffi::Error Symbol##Impl(                                     \
-      cudaStream_t stream, ::xla::ffi::AnyBuffer a, ::xla::ffi::AnyBuffer b, \
+      cudaStream_t stream, ::xla::ffi::ScratchAllocator scratch,             \
+      ::xla::ffi::AnyBuffer a, ::xla::ffi::AnyBuffer b,                      \
       ::xla::ffi::RemainingArgs extra,                                       \
       ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, float alpha,            \
       float beta) {                                                          \
-    return ::pallas_gemm::RunGemmFfi(spec, stream, a, b, extra, out, alpha,  \
-                                     beta);                                  \
+    return ::pallas_gemm::RunGemmFfi(spec, stream, scratch, a, b, extra,     \
+                                     out, alpha, beta);                      \
   }                                                                          \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                             \
       Symbol, Symbol##Impl,                                                  \
       ::xla::ffi::Ffi::Bind()                                                \
           .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                   \
+          .Ctx<::xla::ffi::ScratchAllocator>()                               \
           .Arg<::xla::ffi::AnyBuffer>()                                      \
           .Arg<::xla::ffi::AnyBuffer>()                                      \
           .RemainingArgs()                                                   \
@@ -290,6 +316,19 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
         true, 8, 8, launch                                                  \
   }
 
+// The pipelined ones also take a workspace for their stream-K tail.
+#define PALLAS_GEMM_MMA_PIPE_SPEC(name, suffix)                              \
+  ::pallas_gemm::KernelSpec {                                               \
+    name,                                                                   \
+        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |             \
+            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
+        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32) |              \
+            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |         \
+            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
+        true, 8, 8, pallas_gemm_launch_##suffix,                            \
+        pallas_gemm_workspace_##suffix                                      \
+  }
+
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaSyncBn128,
     PALLAS_GEMM_MMA_SPEC("mma_sync (128x128 tile)", pallas_gemm_launch_mma_sync_bn128));
@@ -311,25 +350,25 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
 // Software-pipelined tensor-core kernels (mma_sync_pipelined.cu).
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe128X256X32,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x256x32 tile)",
-                         pallas_gemm_launch_mma_pipe_128x256x32));
+    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x256x32 tile)",
+                              mma_pipe_128x256x32));
 
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe256X128X32,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 256x128x32 tile)",
-                         pallas_gemm_launch_mma_pipe_256x128x32));
+    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 256x128x32 tile)",
+                              mma_pipe_256x128x32));
 
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe128X256X64,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x256x64 tile)",
-                         pallas_gemm_launch_mma_pipe_128x256x64));
+    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x256x64 tile)",
+                              mma_pipe_128x256x64));
 
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe128X128X32,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x128x32 tile)",
-                         pallas_gemm_launch_mma_pipe_128x128x32));
+    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x128x32 tile)",
+                              mma_pipe_128x128x32));
 
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaPipe128X128X64,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (pipelined 128x128x64 tile)",
-                         pallas_gemm_launch_mma_pipe_128x128x64));
+    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x128x64 tile)",
+                              mma_pipe_128x128x64));

@@ -30,11 +30,18 @@ struct GemmParams {
   int batch, m, n, k;
   float alpha, beta;
   ElementType in_type, out_type;
+  // Scratch device memory for kernels that ask for it (see the mma_pipe
+  // launchers' workspace functions); nullptr/0 makes them fall back to a
+  // plan that needs none.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // A kernel's launcher: enqueues the work on `stream` and returns the launch
 // status (cudaGetLastError right after the launch).
 using LaunchFn = cudaError_t (*)(const GemmParams&, cudaStream_t);
+// The workspace bytes a launcher wants for these parameters (0: none).
+using WorkspaceFn = size_t (*)(const GemmParams&);
 
 constexpr int Bit(ElementType t) { return 1 << static_cast<int>(t); }
 

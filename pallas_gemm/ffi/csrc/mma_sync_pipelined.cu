@@ -38,6 +38,8 @@
 // (the default: 442-494 TFLOP/s at 8192^3 across runs, median 483);
 // 128x128x32 (4 stages) and 128x128x64 (3 stages) with 4 warps and two
 // blocks per SM.
+#include <algorithm>
+
 #include "gemm_params.cuh"
 #include "mma_sync_common.cuh"
 #include "sweep.cuh"
@@ -102,24 +104,53 @@ struct Tiling {
   static_assert(kSmemBytes * kMinBlocksPerSm <= 227 * 1024, "shared memory");
 };
 
+// How the grid shares out the output tiles (computed by MakeTailPlan).
+//
+// The tiles, taken in the grouped order, are one flat sequence of K tiles:
+// tile t owns K tiles [t * k_tiles, (t + 1) * k_tiles). Blocks below
+// whole_tiles compute one tile each, as a plain grid would. The
+// tail_blocks blocks after them split the K tiles of the last tail_tiles
+// tiles evenly between them (stream-K), so the last, partial wave of a
+// plain grid becomes a full one of shorter blocks:
+//
+//   plain, 8192^3 on 132 SMs:  15 waves of 128x256 tiles, then 68 tiles
+//                              on 132 SMs (the other 64 SMs idle)
+//   with the tail plan:        15 waves, then 132 blocks of 68/132 of a
+//                              tile each: the last wave ends ~half a
+//                              tile sooner (~3 % of the whole)
+//
+// A tail block's range covers parts of at most a few tiles. Every share of
+// a tile writes its float32 partial sums to its own slot; the share that
+// arrives last (an atomic count per tile) adds the slots in slot order, so
+// the result does not depend on which block finished first, and runs the
+// ordinary epilogue.
+struct TailPlan {
+  int whole_tiles;  // blocks [0, whole_tiles) own one tile each
+  int tail_tiles;   // the last tail_tiles tiles are shared
+  int tail_blocks;  // blocks after the whole tiles, one K range each
+  int k_tiles;      // K tiles per output tile
+  int max_shares;   // partial-sum slots per tail tile
+  int* arrivals;    // [tail_tiles], zeroed before the launch
+  float* partials;  // [tail_tiles][max_shares][block M * block N]
+};
+
+// The tail block whose K range holds flat K tile x (tail-relative): the
+// largest b with floor(b * work / blocks) <= x.
+__host__ __device__ inline int TailBlockOf(long long x, long long work,
+                                           int blocks) {
+  return static_cast<int>(((x + 1) * blocks + work - 1) / work) - 1;
+}
+
 template <typename T, typename TOut, typename Tile>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
-MmaSyncPipelinedGemm(GemmParams p) {
+MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
   constexpr int kStages = Tile::kStages, kBlockK = Tile::kBlockK;
   extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int arrival_rank;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
-
-  // Grouped order: kGroupM block-rows share each block-column band in L2.
   const int blocks_m = CeilDiv(p.m, Tile::kBlockM);
   const int blocks_n = CeilDiv(p.n, Tile::kBlockN);
-  const int blocks_per_group = Tile::kGroupM * blocks_n;
-  const int group = blockIdx.x / blocks_per_group;
-  const int first_block_m = group * Tile::kGroupM;
-  const int group_rows = min(blocks_m - first_block_m, Tile::kGroupM);
-  const int in_group = blockIdx.x % blocks_per_group;
-  const int row0 = (first_block_m + in_group % group_rows) * Tile::kBlockM;
-  const int col0 = (in_group / group_rows) * Tile::kBlockN;
 
   const int batch = blockIdx.y;
   const T* a = BatchSlice<T>(p.a, batch, 1LL * p.m * p.k);
@@ -131,7 +162,7 @@ MmaSyncPipelinedGemm(GemmParams p) {
   const uint32_t smem_base =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
-  // ---- global -> shared: per-thread addresses fixed up front.
+  // Per-thread copy positions inside a tile, fixed up front.
   const int a_row = tid / Tile::kAChunksPerRow;
   const int a_col = (tid % Tile::kAChunksPerRow) * 8;
   const int b_row = tid / Tile::kBChunksPerRow;
@@ -140,39 +171,8 @@ MmaSyncPipelinedGemm(GemmParams p) {
       SwizzledChunk<Tile::kAChunksPerRow>(a_row, a_col / 8) * 16;
   const uint32_t b_smem_offset = Tile::kAStageBytes +
       SwizzledChunk<Tile::kBChunksPerRow>(b_row, b_col / 8) * 16;
-  const T* a_first = a + 1LL * (row0 + a_row) * p.k + a_col;
   const long long a_row_step = 1LL * Tile::kARowStep * p.k;
-  const T* b_first = b + 1LL * b_row * p.n + col0 + b_col;
   const long long b_row_step = 1LL * Tile::kBRowStep * p.n;
-  uint32_t a_rows_in_range = 0;  // bit j: chunk row j is inside M
-#pragma unroll
-  for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
-    if (row0 + a_row + j * Tile::kARowStep < p.m) a_rows_in_range |= 1u << j;
-  }
-  const bool b_col_in_range = col0 + b_col < p.n;
-
-  auto load_tile = [&](int stage, int k0) {
-    const uint32_t stage_base = smem_base + stage * Tile::kStageBytes;
-    const bool a_col_in_range = k0 + a_col < p.k;
-#pragma unroll
-    for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
-      const bool valid = a_col_in_range && ((a_rows_in_range >> j) & 1);
-      const T* src = valid ? a_first + j * a_row_step + k0 : a;
-      CpAsync16(stage_base + a_smem_offset +
-                    j * Tile::kARowStep * Tile::kAChunksPerRow * 16,
-                src, valid);
-    }
-    const T* b_tile = b_first + 1LL * k0 * p.n;
-#pragma unroll
-    for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
-      const bool valid =
-          b_col_in_range && k0 + b_row + j * Tile::kBRowStep < p.k;
-      const T* src = valid ? b_tile + j * b_row_step : b;
-      CpAsync16(stage_base + b_smem_offset +
-                    j * Tile::kBRowStep * Tile::kBChunksPerRow * 16,
-                src, valid);
-    }
-  };
 
   // ---- shared -> registers (ldmatrix; see the x4 matrix order).
   const int lane_row = (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -203,7 +203,7 @@ MmaSyncPipelinedGemm(GemmParams p) {
   auto stage_a = [&](int stage) { return smem_base + stage * Tile::kStageBytes; };
   auto stage_b = [&](int stage) { return stage_a(stage) + Tile::kAStageBytes; };
 
-  float acc[kMmaTilesM][kMmaTilesN][4] = {};
+  float acc[kMmaTilesM][kMmaTilesN][4];
   // The mma.sync of one slice (fragment buffer `current`), with the
   // ldmatrix of the next slice (buffer `next`, from `stage`) interleaved:
   // before row mi of mma.sync, A row mi and B column pair mi load. Odd rows
@@ -223,48 +223,90 @@ MmaSyncPipelinedGemm(GemmParams p) {
     }
   };
 
-  const int k_tiles = CeilDiv(p.k, kBlockK);
+  // acc = the tile at (row0, col0) summed over K tiles [kt_begin, kt_end).
+  auto accumulate = [&](int row0, int col0, int kt_begin, int kt_end) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_tile(s, s * kBlockK);
-    CpAsyncCommit();  // empty groups keep the wait counts uniform
-  }
-  CpAsyncWait<kStages - 2>();
-  __syncthreads();  // tile 0 is visible
-
-  int read_stage = 0, write_stage = kStages - 1;
-  int next_k = (kStages - 1) * kBlockK;  // first k of the next tile to fetch
+    for (int mi = 0; mi < kMmaTilesM; ++mi)
 #pragma unroll
-  for (int mi = 0; mi < kMmaTilesM; ++mi) {
-    load_a_fragment(0, stage_a(0), 0, mi);
-    load_b_fragments(0, stage_b(0), 0, mi);
-  }
-
-  for (int kt = 0; kt < k_tiles; ++kt) {
+      for (int ni = 0; ni < kMmaTilesN; ++ni)
 #pragma unroll
-    for (int slice = 0; slice < Tile::kSlices; ++slice) {
-      if (slice == 0) {
-        // The stage written here was last read during tile kt - 1, before
-        // the previous iteration's barrier.
-        if (next_k < p.k) load_tile(write_stage, next_k);
-        CpAsyncCommit();
-        write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
-        next_k += kBlockK;
-      }
-      if (slice == Tile::kSlices - 1) {
-        // Groups committed so far: kStages - 1 + kt + 1, one per tile; so
-        // at most kStages - 2 pending means tile kt + 1 has landed. After
-        // the barrier every warp has also finished reading stage kt, which
-        // the next iteration's copies overwrite. On the last tile this
-        // loads fragments nobody uses, from a stage no copy is writing.
-        CpAsyncWait<kStages - 2>();
-        __syncthreads();
-        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-      }
-      load_next_and_mma((slice + 1) & 1, read_stage,
-                        (slice + 1) % Tile::kSlices, slice & 1);
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    const T* a_first = a + 1LL * (row0 + a_row) * p.k + a_col;
+    const T* b_first = b + 1LL * b_row * p.n + col0 + b_col;
+    uint32_t a_rows_in_range = 0;  // bit j: chunk row j is inside M
+#pragma unroll
+    for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
+      if (row0 + a_row + j * Tile::kARowStep < p.m) a_rows_in_range |= 1u << j;
     }
-  }
+    const bool b_col_in_range = col0 + b_col < p.n;
+    auto load_tile = [&](int stage, int k0) {
+      const uint32_t stage_base = smem_base + stage * Tile::kStageBytes;
+      const bool a_col_in_range = k0 + a_col < p.k;
+#pragma unroll
+      for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
+        const bool valid = a_col_in_range && ((a_rows_in_range >> j) & 1);
+        const T* src = valid ? a_first + j * a_row_step + k0 : a;
+        CpAsync16(stage_base + a_smem_offset +
+                      j * Tile::kARowStep * Tile::kAChunksPerRow * 16,
+                  src, valid);
+      }
+      const T* b_tile = b_first + 1LL * k0 * p.n;
+#pragma unroll
+      for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
+        const bool valid =
+            b_col_in_range && k0 + b_row + j * Tile::kBRowStep < p.k;
+        const T* src = valid ? b_tile + j * b_row_step : b;
+        CpAsync16(stage_base + b_smem_offset +
+                      j * Tile::kBRowStep * Tile::kBChunksPerRow * 16,
+                  src, valid);
+      }
+    };
+
+    // A previous range's epilogue may still be reading shared memory.
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (kt_begin + s < kt_end) load_tile(s, (kt_begin + s) * kBlockK);
+      CpAsyncCommit();  // empty groups keep the wait counts uniform
+    }
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // the first tile is visible
+
+    int read_stage = 0, write_stage = kStages - 1;
+    int next_kt = kt_begin + kStages - 1;  // the next K tile to fetch
+#pragma unroll
+    for (int mi = 0; mi < kMmaTilesM; ++mi) {
+      load_a_fragment(0, stage_a(0), 0, mi);
+      load_b_fragments(0, stage_b(0), 0, mi);
+    }
+
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+#pragma unroll
+      for (int slice = 0; slice < Tile::kSlices; ++slice) {
+        if (slice == 0) {
+          // The stage written here was last read during tile kt - 1, before
+          // the previous iteration's barrier.
+          if (next_kt < kt_end) load_tile(write_stage, next_kt * kBlockK);
+          CpAsyncCommit();
+          write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+          ++next_kt;
+        }
+        if (slice == Tile::kSlices - 1) {
+          // One group is committed per tile, so at most kStages - 2 pending
+          // means tile kt + 1 has landed. After the barrier every warp has
+          // also finished reading stage kt, which the next iteration's
+          // copies overwrite. On the last tile this loads fragments nobody
+          // uses, from a stage no copy is writing.
+          CpAsyncWait<kStages - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+        }
+        load_next_and_mma((slice + 1) & 1, read_stage,
+                          (slice + 1) % Tile::kSlices, slice & 1);
+      }
+    }
+    CpAsyncWait<0>();  // only empty groups remain; leave none behind
+  };
 
   // Epilogue: fragments -> shared (f32) -> 8 contiguous outputs per thread.
   //
@@ -278,33 +320,25 @@ MmaSyncPipelinedGemm(GemmParams p) {
     return r * Tile::kOutStride + ((chunk ^ ((chunk >> 3) & 1)) << 2) +
            (col & 3);
   };
-  CpAsyncWait<0>();
-  __syncthreads();  // every warp is done with the pipeline's shared memory
   float* staged = reinterpret_cast<float*>(smem);
-  const int group_id = lane >> 2, quad = lane & 3;
+  auto stage_acc = [&]() {
+    __syncthreads();  // every warp is done with the pipeline's shared memory
+    const int group_id = lane >> 2, quad = lane & 3;
 #pragma unroll
-  for (int mi = 0; mi < kMmaTilesM; ++mi) {
+    for (int mi = 0; mi < kMmaTilesM; ++mi) {
 #pragma unroll
-    for (int ni = 0; ni < kMmaTilesN; ++ni) {
-      const int r = warp_m * kWarpM + mi * 16 + group_id;
-      const int col = warp_n * kWarpN + ni * 8 + quad * 2;
-      *reinterpret_cast<float2*>(&staged[staged_offset(r, col)]) =
-          make_float2(p.alpha * acc[mi][ni][0], p.alpha * acc[mi][ni][1]);
-      *reinterpret_cast<float2*>(&staged[staged_offset(r + 8, col)]) =
-          make_float2(p.alpha * acc[mi][ni][2], p.alpha * acc[mi][ni][3]);
+      for (int ni = 0; ni < kMmaTilesN; ++ni) {
+        const int r = warp_m * kWarpM + mi * 16 + group_id;
+        const int col = warp_n * kWarpN + ni * 8 + quad * 2;
+        *reinterpret_cast<float2*>(&staged[staged_offset(r, col)]) =
+            make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+        *reinterpret_cast<float2*>(&staged[staged_offset(r + 8, col)]) =
+            make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+      }
     }
-  }
-  __syncthreads();
-  constexpr int kOutChunksPerRow = Tile::kBlockN / 8;
-  constexpr int kOutChunks = Tile::kBlockM * kOutChunksPerRow;
-  static_assert(kOutChunks % Tile::kThreads == 0, "even split");
-#pragma unroll 4
-  for (int j = 0; j < kOutChunks / Tile::kThreads; ++j) {
-    const int i = tid + j * Tile::kThreads;
-    const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
-    const int out_row = row0 + r, out_col = col0 + col;
-    if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
-    float v[8];
+    __syncthreads();
+  };
+  auto read_staged = [&](int r, int col, float (&v)[8]) {
     // col is a multiple of 8, so its two chunks share the flip bit.
     const float4 lo = *reinterpret_cast<const float4*>(
         &staged[staged_offset(r, col)]);
@@ -312,7 +346,26 @@ MmaSyncPipelinedGemm(GemmParams p) {
         &staged[staged_offset(r, col + 4)]);
     v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
     v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-    const long long index = 1LL * out_row * p.n + out_col;
+  };
+  // fn(r, col, index) for each 8-wide chunk of the tile inside the output:
+  // row r, column col of the tile, element `index` of out.
+  auto for_each_out_chunk = [&](int row0, int col0, auto&& fn) {
+    constexpr int kOutChunksPerRow = Tile::kBlockN / 8;
+    constexpr int kOutChunks = Tile::kBlockM * kOutChunksPerRow;
+    static_assert(kOutChunks % Tile::kThreads == 0, "even split");
+#pragma unroll 4
+    for (int j = 0; j < kOutChunks / Tile::kThreads; ++j) {
+      const int i = tid + j * Tile::kThreads;
+      const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
+      const int out_row = row0 + r, out_col = col0 + col;
+      if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
+      fn(r, col, 1LL * out_row * p.n + out_col);
+    }
+  };
+  // out = alpha * v + beta * c at `index`.
+  auto write_out = [&](float (&v)[8], long long index) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] *= p.alpha;
     if (c != nullptr) {
       float c_values[8];
       Load8(c + index, c_values);
@@ -320,35 +373,220 @@ MmaSyncPipelinedGemm(GemmParams p) {
       for (int e = 0; e < 8; ++e) v[e] += p.beta * c_values[e];
     }
     Store8(out + index, v);
+  };
+  auto store = [&](int row0, int col0) {
+    stage_acc();
+    for_each_out_chunk(row0, col0, [&](int r, int col, long long index) {
+      float v[8];
+      read_staged(r, col, v);
+      write_out(v, index);
+    });
+  };
+
+  // A tail tile's partial sums: one row-major block M x N float32 slot per
+  // share, written from (and summed through) the staged tile, one 8-wide
+  // chunk at a time, so the sum never holds more than a chunk in registers.
+  // .cg keeps the slots out of L1: other SMs write and read them.
+  constexpr int kTileFloats = Tile::kBlockM * Tile::kBlockN;
+  auto store_share = [&](int row0, int col0, float* slots, int share,
+                         int shares, int tail_tile) {
+    stage_acc();
+    for_each_out_chunk(row0, col0, [&](int r, int col, long long) {
+      float v[8];
+      read_staged(r, col, v);
+      float4* dst = reinterpret_cast<float4*>(
+          slots + 1LL * share * kTileFloats + r * Tile::kBlockN + col);
+      __stcg(dst, make_float4(v[0], v[1], v[2], v[3]));
+      __stcg(dst + 1, make_float4(v[4], v[5], v[6], v[7]));
+    });
+    __threadfence();  // the slot is visible before the arrival counts
+    __syncthreads();
+    if (tid == 0) arrival_rank = atomicAdd(&plan.arrivals[tail_tile], 1);
+    __syncthreads();
+    if (arrival_rank != shares - 1) return;
+    __threadfence();  // read the other shares only after seeing them count
+    // The last share adds every slot in share order (its own from shared
+    // memory), so the sum is the same whichever block finished last.
+    for_each_out_chunk(row0, col0, [&](int r, int col, long long index) {
+      float v[8];
+#pragma unroll 1
+      for (int s = 0; s < shares; ++s) {
+        float part[8];
+        if (s == share) {
+          read_staged(r, col, part);
+        } else {
+          const float4* src = reinterpret_cast<const float4*>(
+              slots + 1LL * s * kTileFloats + r * Tile::kBlockN + col);
+          const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+          part[0] = lo.x; part[1] = lo.y; part[2] = lo.z; part[3] = lo.w;
+          part[4] = hi.x; part[5] = hi.y; part[6] = hi.z; part[7] = hi.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = s == 0 ? part[e] : v[e] + part[e];
+      }
+      write_out(v, index);
+    });
+  };
+
+  // This block's range of flat K tiles (see TailPlan).
+  const long long k_tiles = plan.k_tiles;
+  const long long tail_start = 1LL * plan.whole_tiles * k_tiles;
+  const long long tail_work = 1LL * plan.tail_tiles * k_tiles;
+  const int tail_block = static_cast<int>(blockIdx.x) - plan.whole_tiles;
+  long long begin, end;
+  if (tail_block < 0) {
+    begin = blockIdx.x * k_tiles;
+    end = begin + k_tiles;
+  } else {
+    begin = tail_start + tail_work * tail_block / plan.tail_blocks;
+    end = tail_start + tail_work * (tail_block + 1) / plan.tail_blocks;
+  }
+#pragma unroll 1
+  while (begin < end) {
+    const int tile = static_cast<int>(begin / k_tiles);
+    const int kt_begin = static_cast<int>(begin - tile * k_tiles);
+    const int kt_end = static_cast<int>(
+        min(k_tiles, static_cast<long long>(kt_begin) + (end - begin)));
+    begin += kt_end - kt_begin;
+
+    // Grouped order: kGroupM block-rows walk each block-column band
+    // together, so their A rows and B columns stay in L2.
+    const int blocks_per_group = Tile::kGroupM * blocks_n;
+    const int group = tile / blocks_per_group;
+    const int first_block_m = group * Tile::kGroupM;
+    const int group_rows = min(blocks_m - first_block_m, Tile::kGroupM);
+    const int in_group = tile % blocks_per_group;
+    const int row0 = (first_block_m + in_group % group_rows) * Tile::kBlockM;
+    const int col0 = (in_group / group_rows) * Tile::kBlockN;
+
+    accumulate(row0, col0, kt_begin, kt_end);
+    if (tile < plan.whole_tiles) {
+      store(row0, col0);
+      continue;
+    }
+    const int tail_tile = tile - plan.whole_tiles;
+    const long long tile_start = 1LL * tail_tile * k_tiles;
+    const int first_share = TailBlockOf(tile_start, tail_work, plan.tail_blocks);
+    const int shares =
+        TailBlockOf(tile_start + k_tiles - 1, tail_work, plan.tail_blocks) -
+        first_share + 1;
+    store_share(row0, col0,
+                plan.partials + 1LL * tail_tile * plan.max_shares * kTileFloats,
+                tail_block - first_share, shares, tail_tile);
   }
 }
 
-template <typename T, typename TOut, typename Tile>
+// The tail plan for `p` on `sms` SMs: the plain grid's last, partial wave
+// of tiles becomes stream-K. Returns a plan with no tail when there is no
+// partial wave, when p is batched, or when the ranges would be too short
+// for the pipeline to fill (fewer than kMinKTilesPerBlock K tiles).
+template <typename Tile>
+TailPlan MakeTailPlan(const GemmParams& p, int sms) {
+  constexpr int kMinKTilesPerBlock = 4;
+  TailPlan plan{};
+  const long long tiles = 1LL * CeilDiv(p.m, Tile::kBlockM) *
+                          CeilDiv(p.n, Tile::kBlockN);
+  // k = 0 still runs one (zero-filled) K tile, so every output is written.
+  plan.k_tiles = std::max(1, CeilDiv(p.k, Tile::kBlockK));
+  plan.whole_tiles = static_cast<int>(tiles);
+  const int resident = sms * Tile::kMinBlocksPerSm;
+  const int partial_wave = static_cast<int>(tiles % resident);
+  if (p.batch != 1 || resident <= 0 || partial_wave == 0) return plan;
+  const long long work = 1LL * partial_wave * plan.k_tiles;
+  const long long blocks =
+      std::min<long long>(resident, work / kMinKTilesPerBlock);
+  if (blocks <= partial_wave) return plan;  // no better than whole tiles
+  plan.whole_tiles = static_cast<int>(tiles - partial_wave);
+  plan.tail_tiles = partial_wave;
+  plan.tail_blocks = static_cast<int>(blocks);
+  for (int t = 0; t < plan.tail_tiles; ++t) {
+    const long long start = 1LL * t * plan.k_tiles;
+    const int shares =
+        TailBlockOf(start + plan.k_tiles - 1, work, plan.tail_blocks) -
+        TailBlockOf(start, work, plan.tail_blocks) + 1;
+    plan.max_shares = std::max(plan.max_shares, shares);
+  }
+  return plan;
+}
+
+// Workspace layout: the arrival counts, then the partial-sum slots.
+constexpr size_t kArrivalsBytes(int tail_tiles) {
+  return (static_cast<size_t>(tail_tiles) * sizeof(int) + 255) / 256 * 256;
+}
+template <typename Tile>
+size_t TailWorkspaceBytes(const TailPlan& plan) {
+  if (plan.tail_tiles == 0) return 0;
+  return kArrivalsBytes(plan.tail_tiles) +
+         sizeof(float) * plan.tail_tiles * plan.max_shares * Tile::kBlockM *
+             Tile::kBlockN;
+}
+
+inline int SmCount() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess) {
+    return 0;
+  }
+  return sms;
+}
+
+// kStreamKTail: use the tail plan when p.workspace is large enough for it;
+// otherwise (and always when false) launch the plain grid.
+template <typename T, typename TOut, typename Tile, bool kStreamKTail>
 cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
   auto kernel = MmaSyncPipelinedGemm<T, TOut, Tile>;
   // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
   cudaError_t status = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
   if (status != cudaSuccess) return status;
-  const long long blocks = 1LL * CeilDiv(p.m, Tile::kBlockM) *
-                           CeilDiv(p.n, Tile::kBlockN);
-  if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
-  dim3 grid(static_cast<unsigned>(blocks), p.batch);
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  TailPlan plan{};
+  if (kStreamKTail) {
+    plan = MakeTailPlan<Tile>(p, SmCount());
+    if (plan.tail_tiles > 0 &&
+        (p.workspace == nullptr ||
+         p.workspace_bytes < TailWorkspaceBytes<Tile>(plan))) {
+      plan = TailPlan{};
+    }
+  }
+  if (plan.tail_tiles == 0) {
+    // k = 0 still runs one (zero-filled) K tile, so every output is written.
+  plan.k_tiles = std::max(1, CeilDiv(p.k, Tile::kBlockK));
+    const long long tiles = 1LL * CeilDiv(p.m, Tile::kBlockM) *
+                            CeilDiv(p.n, Tile::kBlockN);
+    if (tiles > 2147483647LL) return cudaErrorInvalidConfiguration;
+    plan.whole_tiles = static_cast<int>(tiles);
+  } else {
+    plan.arrivals = static_cast<int*>(p.workspace);
+    plan.partials = reinterpret_cast<float*>(
+        static_cast<unsigned char*>(p.workspace) +
+        kArrivalsBytes(plan.tail_tiles));
+    status = cudaMemsetAsync(plan.arrivals, 0,
+                             sizeof(int) * plan.tail_tiles, stream);
+    if (status != cudaSuccess) return status;
+  }
+  dim3 grid(static_cast<unsigned>(plan.whole_tiles + plan.tail_blocks),
+            p.batch);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();
 }
 
 template <typename Tile>
+size_t WorkspaceBytes(const GemmParams& p) {
+  return TailWorkspaceBytes<Tile>(MakeTailPlan<Tile>(p, SmCount()));
+}
+
+template <typename Tile, bool kStreamKTail>
 cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
   using E = ElementType;
   if (p.in_type == E::kBF16 && p.out_type == E::kF32)
-    return Launch<__nv_bfloat16, float, Tile>(p, stream);
+    return Launch<__nv_bfloat16, float, Tile, kStreamKTail>(p, stream);
   if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
-    return Launch<__nv_bfloat16, __nv_bfloat16, Tile>(p, stream);
+    return Launch<__nv_bfloat16, __nv_bfloat16, Tile, kStreamKTail>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF32)
-    return Launch<__half, float, Tile>(p, stream);
+    return Launch<__half, float, Tile, kStreamKTail>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF16)
-    return Launch<__half, __half, Tile>(p, stream);
+    return Launch<__half, __half, Tile, kStreamKTail>(p, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -356,13 +594,22 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace pallas_gemm
 
 // Launchers, named block M x N x K; the stage count and blocks per SM are
-// fixed per shape (see the file comment).
+// fixed per shape (see the file comment). Each comes with the size of the
+// workspace its tail plan needs for p (0: none); without it, it launches the
+// plain grid.
 #define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm) \
   extern "C" cudaError_t pallas_gemm_launch_##name(                    \
       const pallas_gemm::GemmParams& p, cudaStream_t stream) {         \
     return pallas_gemm::mma_sync_pipelined::Dispatch<                  \
         pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
-                                                per_sm>>(p, stream);   \
+                                                per_sm>,               \
+        true>(p, stream);                                              \
+  }                                                                    \
+  extern "C" size_t pallas_gemm_workspace_##name(                      \
+      const pallas_gemm::GemmParams& p) {                              \
+    return pallas_gemm::mma_sync_pipelined::WorkspaceBytes<            \
+        pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
+                                                per_sm>>(p);           \
   }
 
 PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1)
@@ -373,22 +620,24 @@ PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2)
 #undef PALLAS_GEMM_PIPELINED_LAUNCHER
 
 // Sweep-only candidates (bf16 in and out; see sweep.cuh): the stage counts
-// and group sizes around the default, and the 256x128 transpose of it.
+// and group sizes around the default, the 256x128 transpose of it, and the
+// plain grid (no stream-K tail) of the shipped tilings.
 namespace pallas_gemm {
 namespace mma_sync_pipelined {
-template <int bm, int bn, int bk, int stages, int per_sm, int group_m = 8>
+template <bool tail, int bm, int bn, int bk, int stages, int per_sm,
+          int group_m = 8>
 constexpr LaunchFn kSweepLaunch =
     &Launch<__nv_bfloat16, __nv_bfloat16,
-            Tiling<bm, bn, bk, stages, per_sm, group_m>>;
+            Tiling<bm, bn, bk, stages, per_sm, group_m>, tail>;
 
 #define PALLAS_GEMM_MMA_SWEEP(id, label, ...)                  \
   PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16,   \
                               (kSweepLaunch<__VA_ARGS__>))
-PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", 128, 256, 64, 4, 1)
-PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", 128, 256, 64, 3, 1, 16)
-PALLAS_GEMM_MMA_SWEEP(g4_128x256x64, "mma 128x256x64 s3 g4", 128, 256, 64, 3, 1, 4)
-PALLAS_GEMM_MMA_SWEEP(s4_256x128x64, "mma 256x128x64 s4 g8", 256, 128, 64, 4, 1)
-PALLAS_GEMM_MMA_SWEEP(s6_128x256x32, "mma 128x256x32 s6 g8", 128, 256, 32, 6, 1)
+PALLAS_GEMM_MMA_SWEEP(plain_128x256x64, "mma 128x256x64 s3 g8 plain grid", false, 128, 256, 64, 3, 1)
+PALLAS_GEMM_MMA_SWEEP(plain_128x128x64, "mma 128x128x64 s3 2/SM plain grid", false, 128, 128, 64, 3, 2)
+PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", true, 128, 256, 64, 4, 1)
+PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", true, 128, 256, 64, 3, 1, 16)
+PALLAS_GEMM_MMA_SWEEP(g4_128x256x64, "mma 128x256x64 s3 g4", true, 128, 256, 64, 3, 1, 4)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm

@@ -15,7 +15,8 @@
 using pallas_gemm::ElementType;
 using pallas_gemm::FromBits;
 using pallas_gemm::GemmParams;
-using LaunchFn = cudaError_t (*)(const GemmParams&, cudaStream_t);
+using pallas_gemm::LaunchFn;
+using pallas_gemm::WorkspaceFn;
 
 extern "C" {
 #define DECLARE(name) \
@@ -34,12 +35,16 @@ DECLARE(mma_sync_bn128)
 DECLARE(mma_sync_bn256)
 DECLARE(mma_sync_bn256_bk64)
 DECLARE(mma_sync_bn128_w4)
-DECLARE(mma_pipe_128x256x32)
-DECLARE(mma_pipe_256x128x32)
-DECLARE(mma_pipe_128x256x64)
-DECLARE(mma_pipe_128x128x32)
-DECLARE(mma_pipe_128x128x64)
 #undef DECLARE
+#define DECLARE_WITH_WORKSPACE(name)                                      \
+  cudaError_t pallas_gemm_launch_##name(const GemmParams&, cudaStream_t); \
+  size_t pallas_gemm_workspace_##name(const GemmParams&);
+DECLARE_WITH_WORKSPACE(mma_pipe_128x256x32)
+DECLARE_WITH_WORKSPACE(mma_pipe_256x128x32)
+DECLARE_WITH_WORKSPACE(mma_pipe_128x256x64)
+DECLARE_WITH_WORKSPACE(mma_pipe_128x128x32)
+DECLARE_WITH_WORKSPACE(mma_pipe_128x128x64)
+#undef DECLARE_WITH_WORKSPACE
 }
 
 namespace {
@@ -95,9 +100,9 @@ void* Upload(const std::vector<unsigned char>& bytes) {
   return device;
 }
 
-bool RunCase(const char* name, LaunchFn launch, int batch, int m, int n,
-             int k, ElementType in_type, ElementType out_type, bool with_c,
-             unsigned seed) {
+bool RunCase(const char* name, LaunchFn launch, WorkspaceFn workspace,
+             int batch, int m, int n, int k, ElementType in_type,
+             ElementType out_type, bool with_c, unsigned seed) {
   const float alpha = 0.75f, beta = with_c ? -0.5f : 0.f;
   HostArray a = Random(size_t(batch) * m * k, in_type, &seed);
   HostArray b = Random(size_t(batch) * k * n, in_type, &seed);
@@ -112,6 +117,13 @@ bool RunCase(const char* name, LaunchFn launch, int batch, int m, int n,
   p.batch = batch; p.m = m; p.n = n; p.k = k;
   p.alpha = alpha; p.beta = beta;
   p.in_type = in_type; p.out_type = out_type;
+  const size_t workspace_bytes = workspace ? workspace(p) : 0;
+  if (workspace_bytes > 0) {
+    // Poisoned too: a share that read a slot nobody wrote would show NaN.
+    CHECK_CUDA(cudaMalloc(&p.workspace, workspace_bytes));
+    CHECK_CUDA(cudaMemset(p.workspace, 0xFF, workspace_bytes));
+    p.workspace_bytes = workspace_bytes;
+  }
   CHECK_CUDA(launch(p, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<unsigned char> out(out_bytes);
@@ -145,13 +157,14 @@ bool RunCase(const char* name, LaunchFn launch, int batch, int m, int n,
   const double tolerance = out_type == ElementType::kF32
       ? (in_type == ElementType::kF32 ? 1e-5 : 1e-4) : 1e-2;
   const bool ok = std::isfinite(relative) && relative <= tolerance;
-  std::printf("%-26s batch=%d m=%d n=%d k=%d in=%d out=%d c=%d  rel_err=%.3e  %s\n",
+  std::printf("%-26s batch=%d m=%d n=%d k=%d in=%d out=%d c=%d ws=%zu  rel_err=%.3e  %s\n",
               name, batch, m, n, k, int(in_type), int(out_type), int(with_c),
-              relative, ok ? "ok" : "FAIL");
+              workspace_bytes, relative, ok ? "ok" : "FAIL");
   CHECK_CUDA(cudaFree(const_cast<void*>(p.a)));
   CHECK_CUDA(cudaFree(const_cast<void*>(p.b)));
   if (p.c) CHECK_CUDA(cudaFree(const_cast<void*>(p.c)));
   CHECK_CUDA(cudaFree(p.out));
+  if (p.workspace) CHECK_CUDA(cudaFree(p.workspace));
   return ok;
 }
 
@@ -160,7 +173,10 @@ bool RunCase(const char* name, LaunchFn launch, int batch, int m, int n,
 int main(int argc, char** argv) {
   // Optional argument: run only kernels whose name contains it.
   const char* only = argc > 1 ? argv[1] : nullptr;
-  struct Kernel { const char* name; LaunchFn launch; bool tensor_core; int align; };
+  struct Kernel {
+    const char* name; LaunchFn launch; bool tensor_core; int align;
+    WorkspaceFn workspace = nullptr;
+  };
   const Kernel kernels[] = {
       {"sgemm_01_naive", pallas_gemm_launch_sgemm_01_naive, false, 1},
       {"sgemm_02_coalesced", pallas_gemm_launch_sgemm_02_coalesced, false, 1},
@@ -176,11 +192,16 @@ int main(int argc, char** argv) {
       {"mma_sync_bn256", pallas_gemm_launch_mma_sync_bn256, true, 8},
       {"mma_sync_bn256_bk64", pallas_gemm_launch_mma_sync_bn256_bk64, true, 8},
       {"mma_sync_bn128_w4", pallas_gemm_launch_mma_sync_bn128_w4, true, 8},
-      {"mma_pipe_128x256x32", pallas_gemm_launch_mma_pipe_128x256x32, true, 8},
-      {"mma_pipe_256x128x32", pallas_gemm_launch_mma_pipe_256x128x32, true, 8},
-      {"mma_pipe_128x256x64", pallas_gemm_launch_mma_pipe_128x256x64, true, 8},
-      {"mma_pipe_128x128x32", pallas_gemm_launch_mma_pipe_128x128x32, true, 8},
-      {"mma_pipe_128x128x64", pallas_gemm_launch_mma_pipe_128x128x64, true, 8},
+      {"mma_pipe_128x256x32", pallas_gemm_launch_mma_pipe_128x256x32, true, 8,
+       pallas_gemm_workspace_mma_pipe_128x256x32},
+      {"mma_pipe_256x128x32", pallas_gemm_launch_mma_pipe_256x128x32, true, 8,
+       pallas_gemm_workspace_mma_pipe_256x128x32},
+      {"mma_pipe_128x256x64", pallas_gemm_launch_mma_pipe_128x256x64, true, 8,
+       pallas_gemm_workspace_mma_pipe_128x256x64},
+      {"mma_pipe_128x128x32", pallas_gemm_launch_mma_pipe_128x128x32, true, 8,
+       pallas_gemm_workspace_mma_pipe_128x128x32},
+      {"mma_pipe_128x128x64", pallas_gemm_launch_mma_pipe_128x128x64, true, 8,
+       pallas_gemm_workspace_mma_pipe_128x128x64},
   };
   bool all_ok = true;
   unsigned seed = 1234;
@@ -194,20 +215,25 @@ int main(int argc, char** argv) {
     const int k = kernel.align == 1 ? 45 : (kernel.align == 4 ? 44 : 200);
     if (!kernel.tensor_core) {
       for (bool with_c : {false, true}) {
-        all_ok &= RunCase(kernel.name, kernel.launch, 2, m, n, k,
+        all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 2, m, n, k,
                           ElementType::kF32, ElementType::kF32, with_c, ++seed);
       }
-      all_ok &= RunCase(kernel.name, kernel.launch, 1, 1, n, k,
+      all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 1, 1, n, k,
                         ElementType::kF32, ElementType::kF32, false, ++seed);
     } else {
-      all_ok &= RunCase(kernel.name, kernel.launch, 2, m, n, k,
+      all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 2, m, n, k,
                         ElementType::kBF16, ElementType::kF32, false, ++seed);
-      all_ok &= RunCase(kernel.name, kernel.launch, 2, m, n, k,
+      all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 2, m, n, k,
                         ElementType::kBF16, ElementType::kBF16, true, ++seed);
-      all_ok &= RunCase(kernel.name, kernel.launch, 1, 1, 8, 8,
+      all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 1, 1, 8, 8,
                         ElementType::kF16, ElementType::kF16, true, ++seed);
-      all_ok &= RunCase(kernel.name, kernel.launch, 1, 17, n, k,
+      all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 1, 17, n, k,
                         ElementType::kF16, ElementType::kF32, true, ++seed);
+      // Unbatched with more K tiles than the tiles can fill the SMs with:
+      // the pipelined kernels share the tiles out stream-K (ws > 0 above).
+      all_ok &= RunCase(kernel.name, kernel.launch, kernel.workspace, 1, 300,
+                        520, 1000, ElementType::kBF16, ElementType::kBF16,
+                        true, ++seed);
     }
   }
   std::printf(all_ok ? "ALL OK\n" : "SOME CHECKS FAILED\n");

@@ -187,7 +187,9 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
     if (bytes > 0) {
       // XLA's allocator, on this call's stream: freed when the call returns,
       // which is safe because later work on the stream runs after the kernel.
-      std::optional<void*> memory = scratch.Allocate(bytes, 256);
+      // XLA's FFI accepts alignments up to 16; its allocations are 256-byte
+      // aligned in practice, but 16 is all the kernels rely on.
+      std::optional<void*> memory = scratch.Allocate(bytes, 16);
       if (!memory.has_value()) {
         return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                           who + "could not allocate a " +

@@ -406,26 +406,49 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
     if (arrival_rank != shares - 1) return;
     __threadfence();  // read the other shares only after seeing them count
     // The last share adds every slot in share order (its own from shared
-    // memory), so the sum is the same whichever block finished last.
-    for_each_out_chunk(row0, col0, [&](int r, int col, long long index) {
-      float v[8];
+    // memory), so the sum is the same whichever block finished last. Shares
+    // form the outer loop and a batch of kBatch chunks the inner one, so
+    // each share's loads go out together instead of one L2 round trip per
+    // chunk; the batch bounds the registers they need.
+    constexpr int kOutChunksPerRow = Tile::kBlockN / 8;
+    constexpr int kChunksPerThread =
+        Tile::kBlockM * kOutChunksPerRow / Tile::kThreads;
+    constexpr int kBatch = 2;
+    static_assert(kChunksPerThread % kBatch == 0, "whole batches");
+#pragma unroll 1
+    for (int first = 0; first < kChunksPerThread; first += kBatch) {
+      float v[kBatch][8];
 #pragma unroll 1
       for (int s = 0; s < shares; ++s) {
-        float part[8];
-        if (s == share) {
-          read_staged(r, col, part);
-        } else {
-          const float4* src = reinterpret_cast<const float4*>(
-              slots + 1LL * s * kTileFloats + r * Tile::kBlockN + col);
-          const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
-          part[0] = lo.x; part[1] = lo.y; part[2] = lo.z; part[3] = lo.w;
-          part[4] = hi.x; part[5] = hi.y; part[6] = hi.z; part[7] = hi.w;
-        }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = s == 0 ? part[e] : v[e] + part[e];
+        for (int j = 0; j < kBatch; ++j) {
+          const int i = tid + (first + j) * Tile::kThreads;
+          const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
+          float part[8];
+          if (row0 + r >= p.m || col0 + col >= p.n) continue;  // never written
+          if (s == share) {
+            read_staged(r, col, part);
+          } else {
+            const float4* src = reinterpret_cast<const float4*>(
+                slots + 1LL * s * kTileFloats + r * Tile::kBlockN + col);
+            const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+            part[0] = lo.x; part[1] = lo.y; part[2] = lo.z; part[3] = lo.w;
+            part[4] = hi.x; part[5] = hi.y; part[6] = hi.z; part[7] = hi.w;
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            v[j][e] = s == 0 ? part[e] : v[j][e] + part[e];
+        }
       }
-      write_out(v, index);
-    });
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = tid + (first + j) * Tile::kThreads;
+        const int r = i / kOutChunksPerRow, col = (i % kOutChunksPerRow) * 8;
+        const int out_row = row0 + r, out_col = col0 + col;
+        if (out_row >= p.m || out_col >= p.n) continue;
+        write_out(v[j], 1LL * out_row * p.n + out_col);
+      }
+    }
   };
 
   // This block's range of flat K tiles (see TailPlan).
@@ -480,7 +503,10 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
 // of tiles becomes stream-K. Returns a plan with no tail when there is no
 // partial wave, when p is batched, or when the ranges would be too short
 // for the pipeline to fill (fewer than kMinKTilesPerBlock K tiles).
-template <typename Tile>
+// When a launch shares out its last wave.
+enum class Tail { kNever, kWhenWorthIt, kAlways };
+
+template <typename Tile, Tail kTail = Tail::kWhenWorthIt>
 TailPlan MakeTailPlan(const GemmParams& p, int sms) {
   constexpr int kMinKTilesPerBlock = 4;
   TailPlan plan{};
@@ -492,6 +518,17 @@ TailPlan MakeTailPlan(const GemmParams& p, int sms) {
   const int resident = sms * Tile::kMinBlocksPerSm;
   const int partial_wave = static_cast<int>(tiles % resident);
   if (p.batch != 1 || resident <= 0 || partial_wave == 0) return plan;
+  // Sharing saves the idle part of the last wave, (1 - partial_wave /
+  // resident) of a tile's K loop; it costs each tail block a second
+  // pipeline fill and every tail tile a round trip of partial sums through
+  // L2. Below kMinSavedKTiles K tiles of saving (4096^3 on 132 SMs saves
+  // 7.7 of 64) the plain grid is faster.
+  constexpr int kMinSavedKTiles = 16;
+  if (kTail == Tail::kWhenWorthIt &&
+      1LL * (resident - partial_wave) * plan.k_tiles <
+          1LL * kMinSavedKTiles * resident) {
+    return plan;
+  }
   const long long work = 1LL * partial_wave * plan.k_tiles;
   const long long blocks =
       std::min<long long>(resident, work / kMinKTilesPerBlock);
@@ -531,9 +568,9 @@ inline int SmCount() {
   return sms;
 }
 
-// kStreamKTail: use the tail plan when p.workspace is large enough for it;
-// otherwise (and always when false) launch the plain grid.
-template <typename T, typename TOut, typename Tile, bool kStreamKTail>
+// Uses the tail plan when kTail allows and p.workspace is large enough for
+// it; otherwise launches the plain grid.
+template <typename T, typename TOut, typename Tile, Tail kTail>
 cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
   auto kernel = MmaSyncPipelinedGemm<T, TOut, Tile>;
   // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
@@ -541,8 +578,8 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
   if (status != cudaSuccess) return status;
   TailPlan plan{};
-  if (kStreamKTail) {
-    plan = MakeTailPlan<Tile>(p, SmCount());
+  if (kTail != Tail::kNever) {
+    plan = MakeTailPlan<Tile, kTail>(p, SmCount());
     if (plan.tail_tiles > 0 &&
         (p.workspace == nullptr ||
          p.workspace_bytes < TailWorkspaceBytes<Tile>(plan))) {
@@ -576,17 +613,17 @@ size_t WorkspaceBytes(const GemmParams& p) {
   return TailWorkspaceBytes<Tile>(MakeTailPlan<Tile>(p, SmCount()));
 }
 
-template <typename Tile, bool kStreamKTail>
+template <typename Tile, Tail kTail>
 cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
   using E = ElementType;
   if (p.in_type == E::kBF16 && p.out_type == E::kF32)
-    return Launch<__nv_bfloat16, float, Tile, kStreamKTail>(p, stream);
+    return Launch<__nv_bfloat16, float, Tile, kTail>(p, stream);
   if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
-    return Launch<__nv_bfloat16, __nv_bfloat16, Tile, kStreamKTail>(p, stream);
+    return Launch<__nv_bfloat16, __nv_bfloat16, Tile, kTail>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF32)
-    return Launch<__half, float, Tile, kStreamKTail>(p, stream);
+    return Launch<__half, float, Tile, kTail>(p, stream);
   if (p.in_type == E::kF16 && p.out_type == E::kF16)
-    return Launch<__half, __half, Tile, kStreamKTail>(p, stream);
+    return Launch<__half, __half, Tile, kTail>(p, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -603,7 +640,7 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
     return pallas_gemm::mma_sync_pipelined::Dispatch<                  \
         pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
                                                 per_sm>,               \
-        true>(p, stream);                                              \
+        pallas_gemm::mma_sync_pipelined::Tail::kWhenWorthIt>(p, stream); \
   }                                                                    \
   extern "C" size_t pallas_gemm_workspace_##name(                      \
       const pallas_gemm::GemmParams& p) {                              \
@@ -624,7 +661,7 @@ PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2)
 // plain grid (no stream-K tail) of the shipped tilings.
 namespace pallas_gemm {
 namespace mma_sync_pipelined {
-template <bool tail, int bm, int bn, int bk, int stages, int per_sm,
+template <Tail tail, int bm, int bn, int bk, int stages, int per_sm,
           int group_m = 8>
 constexpr LaunchFn kSweepLaunch =
     &Launch<__nv_bfloat16, __nv_bfloat16,
@@ -633,11 +670,12 @@ constexpr LaunchFn kSweepLaunch =
 #define PALLAS_GEMM_MMA_SWEEP(id, label, ...)                  \
   PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16,   \
                               (kSweepLaunch<__VA_ARGS__>))
-PALLAS_GEMM_MMA_SWEEP(plain_128x256x64, "mma 128x256x64 s3 g8 plain grid", false, 128, 256, 64, 3, 1)
-PALLAS_GEMM_MMA_SWEEP(plain_128x128x64, "mma 128x128x64 s3 2/SM plain grid", false, 128, 128, 64, 3, 2)
-PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", true, 128, 256, 64, 4, 1)
-PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", true, 128, 256, 64, 3, 1, 16)
-PALLAS_GEMM_MMA_SWEEP(g4_128x256x64, "mma 128x256x64 s3 g4", true, 128, 256, 64, 3, 1, 4)
+PALLAS_GEMM_MMA_SWEEP(plain_128x256x64, "mma 128x256x64 s3 g8 plain grid", Tail::kNever, 128, 256, 64, 3, 1)
+PALLAS_GEMM_MMA_SWEEP(always_128x256x64, "mma 128x256x64 s3 g8 tail always", Tail::kAlways, 128, 256, 64, 3, 1)
+PALLAS_GEMM_MMA_SWEEP(plain_128x128x64, "mma 128x128x64 s3 2/SM plain grid", Tail::kNever, 128, 128, 64, 3, 2)
+PALLAS_GEMM_MMA_SWEEP(always_128x128x64, "mma 128x128x64 s3 2/SM tail always", Tail::kAlways, 128, 128, 64, 3, 2)
+PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", Tail::kWhenWorthIt, 128, 256, 64, 4, 1)
+PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", Tail::kWhenWorthIt, 128, 256, 64, 3, 1, 16)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm

@@ -24,6 +24,10 @@
 //    tile ago, which is the stage the next cp.async batch overwrites, so no
 //    second barrier is needed. 64-wide K tiles halve how often warps meet.
 //  * Global addresses are computed once; per tile only k advances.
+//  * When the tiles leave the last wave of a plain grid half empty (8192^3:
+//    2048 tiles of 128x256 on 132 SMs is 15.5 waves), a second kernel
+//    shares the last wave's tiles out evenly over all SMs (stream-K; see
+//    TailPlan), with partial sums in an XLA scratch workspace.
 //
 // What did not help, measured with `python -m pallas_gemm.ffi sweep` on an
 // H200 (experiments/results/nvidia_h200/ffi/README.md): replacing the block
@@ -227,8 +231,11 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
     }
   };
 
-  // acc = the tile at (row0, col0) summed over K tiles [kt_begin, kt_end).
-  auto accumulate = [&](int row0, int col0, int kt_begin, int kt_end) {
+  // acc = the tile at (row0, col0) summed over k in [k_start, k_stop):
+  // k_start a multiple of kBlockK, k_stop one too or p.k. Whole tiles pass
+  // (0, p.k), which folds to the same main loop as a kernel without tails.
+  auto accumulate = [&](int row0, int col0, int k_start, int k_stop) {
+    const int k_tiles = CeilDiv(k_stop - k_start, kBlockK);
 #pragma unroll
     for (int mi = 0; mi < kMmaTilesM; ++mi)
 #pragma unroll
@@ -270,30 +277,30 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (kt_begin + s < kt_end) load_tile(s, (kt_begin + s) * kBlockK);
+      if (s < k_tiles) load_tile(s, k_start + s * kBlockK);
       CpAsyncCommit();  // empty groups keep the wait counts uniform
     }
     CpAsyncWait<kStages - 2>();
     __syncthreads();  // the first tile is visible
 
     int read_stage = 0, write_stage = kStages - 1;
-    int next_kt = kt_begin + kStages - 1;  // the next K tile to fetch
+    int next_k = k_start + (kStages - 1) * kBlockK;  // the next tile's k
 #pragma unroll
     for (int mi = 0; mi < kMmaTilesM; ++mi) {
       load_a_fragment(0, stage_a(0), 0, mi);
       load_b_fragments(0, stage_b(0), 0, mi);
     }
 
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
+    for (int kt = 0; kt < k_tiles; ++kt) {
 #pragma unroll
       for (int slice = 0; slice < Tile::kSlices; ++slice) {
         if (slice == 0) {
           // The stage written here was last read during tile kt - 1, before
           // the previous iteration's barrier.
-          if (next_kt < kt_end) load_tile(write_stage, next_kt * kBlockK);
+          if (next_k < k_stop) load_tile(write_stage, next_k);
           CpAsyncCommit();
           write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
-          ++next_kt;
+          next_k += kBlockK;
         }
         if (slice == Tile::kSlices - 1) {
           // One group is committed per tile, so at most kStages - 2 pending
@@ -335,9 +342,9 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
         const int r = warp_m * kWarpM + mi * 16 + group_id;
         const int col = warp_n * kWarpN + ni * 8 + quad * 2;
         *reinterpret_cast<float2*>(&staged[staged_offset(r, col)]) =
-            make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+            make_float2(p.alpha * acc[mi][ni][0], p.alpha * acc[mi][ni][1]);
         *reinterpret_cast<float2*>(&staged[staged_offset(r + 8, col)]) =
-            make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+            make_float2(p.alpha * acc[mi][ni][2], p.alpha * acc[mi][ni][3]);
       }
     }
     __syncthreads();
@@ -366,10 +373,8 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
       fn(r, col, 1LL * out_row * p.n + out_col);
     }
   };
-  // out = alpha * v + beta * c at `index`.
+  // out = v + beta * c at `index` (v already holds alpha * acc).
   auto write_out = [&](float (&v)[8], long long index) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] *= p.alpha;
     if (c != nullptr) {
       float c_values[8];
       Load8(c + index, c_values);
@@ -388,8 +393,8 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
   };
 
   // A tail tile's partial sums: one row-major block M x N float32 slot per
-  // share, written from (and summed through) the staged tile, one 8-wide
-  // chunk at a time, so the sum never holds more than a chunk in registers.
+  // share, holding alpha times the share's sum, copied from the staged tile
+  // in 8-wide chunks.
   // .cg keeps the slots out of L1: other SMs write and read them.
   constexpr int kTileFloats = Tile::kBlockM * Tile::kBlockN;
   auto store_share = [&](int row0, int col0, float* slots, int share,
@@ -470,7 +475,7 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
   if constexpr (!kTailBlocks) {
     int row0, col0;
     tile_origin(blockIdx.x, row0, col0);
-    accumulate(row0, col0, 0, plan.k_tiles);
+    accumulate(row0, col0, 0, p.k);
     store(row0, col0);
   } else {
     // This block's range of the tail's flat K tiles (see TailPlan); it
@@ -489,7 +494,8 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
       begin += kt_end - kt_begin;
       int row0, col0;
       tile_origin(plan.whole_tiles + tail_tile, row0, col0);
-      accumulate(row0, col0, kt_begin, kt_end);
+      accumulate(row0, col0, kt_begin * kBlockK,
+                 min(p.k, kt_end * kBlockK));
       const long long tile_start = 1LL * tail_tile * k_tiles;
       const int first_share =
           TailBlockOf(tile_start, tail_work, plan.tail_blocks);
@@ -595,7 +601,7 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
     plan.k_tiles = std::max(1, CeilDiv(p.k, Tile::kBlockK));
     plan.whole_tiles = static_cast<int>(tiles);
   }
-  cudaError_t status;
+  cudaError_t status = cudaSuccess;
   if (plan.whole_tiles > 0) {
     auto kernel = MmaSyncPipelinedGemm<T, TOut, Tile, false>;
     // Over 48 KiB of dynamic shared memory needs an explicit opt-in.
@@ -607,7 +613,8 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
     status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
-  if (plan.tail_tiles > 0) {
+  if constexpr (kTail != Tail::kNever) {
+    if (plan.tail_tiles == 0) return status;
     // Stream order runs the tail after the whole tiles: their last wave is
     // full, so only the launch gap separates the two.
     plan.arrivals = static_cast<int*>(p.workspace);
@@ -628,9 +635,10 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
   return status;
 }
 
-template <typename Tile>
+template <typename Tile, Tail kTail>
 size_t WorkspaceBytes(const GemmParams& p) {
-  return TailWorkspaceBytes<Tile>(MakeTailPlan<Tile>(p, SmCount()));
+  if (kTail == Tail::kNever) return 0;
+  return TailWorkspaceBytes<Tile>(MakeTailPlan<Tile, kTail>(p, SmCount()));
 }
 
 template <typename Tile, Tail kTail>
@@ -650,35 +658,39 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm
 
-// Launchers, named block M x N x K; the stage count and blocks per SM are
-// fixed per shape (see the file comment). Each comes with the size of the
-// workspace its tail plan needs for p (0: none); without it, it launches the
-// plain grid.
-#define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm) \
-  extern "C" cudaError_t pallas_gemm_launch_##name(                    \
-      const pallas_gemm::GemmParams& p, cudaStream_t stream) {         \
-    return pallas_gemm::mma_sync_pipelined::Dispatch<                  \
-        pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
-                                                per_sm>,               \
-        pallas_gemm::mma_sync_pipelined::Tail::kWhenWorthIt>(p, stream); \
-  }                                                                    \
-  extern "C" size_t pallas_gemm_workspace_##name(                      \
-      const pallas_gemm::GemmParams& p) {                              \
-    return pallas_gemm::mma_sync_pipelined::WorkspaceBytes<            \
-        pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,    \
-                                                per_sm>>(p);           \
+// Launchers, named block M x N x K; the stage count, blocks per SM and
+// tail policy are fixed per shape (see the file comment). Each comes with
+// the size of the workspace its tail plan needs for p (0: none); without
+// it, it launches the plain grid. The two-blocks-per-SM tilings never use
+// a tail: it measured slower for them at every size from 2048^3 to
+// 12288^3, and their tail kernel would need more than 255 registers.
+#define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm, \
+                                       tail)                             \
+  extern "C" cudaError_t pallas_gemm_launch_##name(                      \
+      const pallas_gemm::GemmParams& p, cudaStream_t stream) {           \
+    return pallas_gemm::mma_sync_pipelined::Dispatch<                    \
+        pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,      \
+                                                per_sm>,                 \
+        pallas_gemm::mma_sync_pipelined::Tail::tail>(p, stream);         \
+  }                                                                      \
+  extern "C" size_t pallas_gemm_workspace_##name(                        \
+      const pallas_gemm::GemmParams& p) {                                \
+    return pallas_gemm::mma_sync_pipelined::WorkspaceBytes<              \
+        pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,      \
+                                                per_sm>,                 \
+        pallas_gemm::mma_sync_pipelined::Tail::tail>(p);                 \
   }
 
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1, kWhenWorthIt)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1, kWhenWorthIt)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1, kWhenWorthIt)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2, kNever)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2, kNever)
 #undef PALLAS_GEMM_PIPELINED_LAUNCHER
 
-// Sweep-only candidates (bf16 in and out; see sweep.cuh): the stage counts
-// and group sizes around the default, the 256x128 transpose of it, and the
-// plain grid (no stream-K tail) of the shipped tilings.
+// Sweep-only candidates (bf16 in and out; see sweep.cuh): the default
+// tiling without a tail and with one at every size, and the stage count
+// and group size around it.
 namespace pallas_gemm {
 namespace mma_sync_pipelined {
 template <Tail tail, int bm, int bn, int bk, int stages, int per_sm,
@@ -692,8 +704,6 @@ constexpr LaunchFn kSweepLaunch =
                               (kSweepLaunch<__VA_ARGS__>))
 PALLAS_GEMM_MMA_SWEEP(plain_128x256x64, "mma 128x256x64 s3 g8 plain grid", Tail::kNever, 128, 256, 64, 3, 1)
 PALLAS_GEMM_MMA_SWEEP(always_128x256x64, "mma 128x256x64 s3 g8 tail always", Tail::kAlways, 128, 256, 64, 3, 1)
-PALLAS_GEMM_MMA_SWEEP(plain_128x128x64, "mma 128x128x64 s3 2/SM plain grid", Tail::kNever, 128, 128, 64, 3, 2)
-PALLAS_GEMM_MMA_SWEEP(always_128x128x64, "mma 128x128x64 s3 2/SM tail always", Tail::kAlways, 128, 128, 64, 3, 2)
 PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", Tail::kWhenWorthIt, 128, 256, 64, 4, 1)
 PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", Tail::kWhenWorthIt, 128, 256, 64, 3, 1, 16)
 #undef PALLAS_GEMM_MMA_SWEEP

@@ -257,11 +257,12 @@ def _register_sgemm(kernel: FfiKernel) -> None:
 
 #: Defaults, both software-pipelined. Measured on an H200 (bf16):
 #: 128x256x64 with 3 stages, its ldmatrix interleaved with the mma.sync,
-#: runs 442-494 TFLOP/s at 8192^3 across runs (median 483) and 480-485 at
-#: 4096^3 (experiments/results/nvidia_h200/ffi/, runs 4-7); 128x256x32 with
-#: 4 stages was the default before at 439-465. The 128x128x32 with 4 warps (two blocks per
-#: SM) keeps smaller tiles for grids too small to fill the SMs with 128x256
-#: tiles; that choice is by tile count, not timed.
+#: runs 480-485 TFLOP/s at 4096^3 and 403-501 at 8192^3, where the GPU's
+#: power cap lowers the clock (experiments/results/nvidia_h200/ffi/, runs
+#: 4-8); 128x256x32 with 4 stages was the default before at 439-465. The
+#: 128x128x32 with 4 warps (two blocks per SM) keeps smaller tiles for
+#: grids too small to fill the SMs with 128x256 tiles; that choice is by
+#: tile count, not timed.
 MMA_SYNC_DEFAULT_LARGE = MmaSyncConfig(block_n=256, block_k=64, num_warps=8,
                                        block_m=128, stages=3, pipelined=True)
 MMA_SYNC_DEFAULT_SMALL = MmaSyncConfig(block_n=128, block_k=32, num_warps=4,

@@ -307,7 +307,8 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
 
 // Tensor-core kernels: fp16 or bf16 in; f32 or the input type out. k and n
 // must be multiples of 8 (16-byte cp.async chunks); the wrapper pads.
-#define PALLAS_GEMM_MMA_SPEC(name, launch)                                   \
+// `workspace` sizes the scratch a launcher wants (nullptr: none).
+#define PALLAS_GEMM_MMA_SPEC_WITH_WORKSPACE(name, launch, workspace)        \
   ::pallas_gemm::KernelSpec {                                               \
     name,                                                                   \
         ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |             \
@@ -315,21 +316,14 @@ PALLAS_GEMM_DEFINE_FFI_HANDLER(
         ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32) |              \
             ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |         \
             ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
-        true, 8, 8, launch                                                  \
+        true, 8, 8, launch, workspace                                       \
   }
-
-// The pipelined ones also take a workspace for their stream-K tail.
-#define PALLAS_GEMM_MMA_PIPE_SPEC(name, suffix)                              \
-  ::pallas_gemm::KernelSpec {                                               \
-    name,                                                                   \
-        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |             \
-            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
-        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32) |              \
-            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |         \
-            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
-        true, 8, 8, pallas_gemm_launch_##suffix,                            \
-        pallas_gemm_workspace_##suffix                                      \
-  }
+#define PALLAS_GEMM_MMA_SPEC(name, launch) \
+  PALLAS_GEMM_MMA_SPEC_WITH_WORKSPACE(name, launch, nullptr)
+// The pipelined ones take a workspace for their stream-K tail.
+#define PALLAS_GEMM_MMA_PIPE_SPEC(name, suffix)                        \
+  PALLAS_GEMM_MMA_SPEC_WITH_WORKSPACE(name, pallas_gemm_launch_##suffix, \
+                                      pallas_gemm_workspace_##suffix)
 
 PALLAS_GEMM_DEFINE_FFI_HANDLER(
     PallasGemmMmaSyncBn128,

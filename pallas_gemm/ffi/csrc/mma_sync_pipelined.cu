@@ -42,7 +42,11 @@
 // (the default: 480-485 TFLOP/s at 4096^3; 403-501 at 8192^3, where the
 // H200 reaches its power cap and lowers the clock); 128x128x32 (4 stages)
 // and 128x128x64 (3 stages) with 4 warps and two blocks per SM.
+#include <cuda.h>  // CUtensorMap (types only; no libcuda link)
+#include <cudaTypedefs.h>
+
 #include <algorithm>
+#include <type_traits>
 
 #include "gemm_params.cuh"
 #include "mma_sync_common.cuh"
@@ -65,8 +69,11 @@ constexpr int kWarpM = 64, kWarpN = 64;
 constexpr int kMmaTilesM = kWarpM / 16, kMmaTilesN = kWarpN / 8;
 
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kStages_,
-          int kMinBlocksPerSm_, int kGroupM_ = 8>
+          int kMinBlocksPerSm_, int kGroupM_ = 8, bool kTma_ = false>
 struct Tiling {
+  // Operands reach shared memory by TMA (one thread issues whole tiles,
+  // mbarriers signal arrival) instead of by every thread's cp.async.
+  static constexpr bool kTma = kTma_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_,
                        kBlockK = kBlockK_, kStages = kStages_,
                        kMinBlocksPerSm = kMinBlocksPerSm_;
@@ -89,8 +96,14 @@ struct Tiling {
   static constexpr int kOutStride = kBlockN + 8;  // see mma_sync.cu
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kEpilogueBytes = kBlockM * kOutStride * 4;
-  static constexpr int kSmemBytes =
+  static constexpr int kDataBytes =
       kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
+  // TMA's 128-byte swizzle repeats every 1024 bytes and is computed from
+  // the shared address, so stages start on 1024-byte boundaries (the base
+  // is rounded up at run time); the stage barriers follow the data.
+  static constexpr int kTmaBoxN = 64;  // 128 bytes of B per TMA box row
+  static constexpr int kSmemBytes =
+      kTma ? kDataBytes + 1024 + 8 * kStages : kDataBytes;
 
   static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warp grid");
   // Fragment buffer (slice & 1) lines up across tiles only for even counts.
@@ -106,7 +119,51 @@ struct Tiling {
                 "the swizzle handles 64-byte rows or multiples of 128 bytes");
   static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
   static_assert(kSmemBytes * kMinBlocksPerSm <= 227 * 1024, "shared memory");
+  static_assert(!kTma || (kBlockK == 64 && kBlockN % kTmaBoxN == 0),
+                "TMA boxes are 128 bytes wide: K tiles of 64, N of 64s");
 };
+
+// TMA descriptors for A (k, m, batch) and B (n, k, batch); zero when the
+// tiling copies with cp.async.
+struct TmaMaps {
+  CUtensorMap a, b;
+};
+
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+               "r"(count));
+}
+__device__ __forceinline__ void MbarrierExpectTx(uint32_t bar, int bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Orders this thread's earlier generic-proxy accesses to shared memory
+// before later async-proxy (TMA) ones.
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map,
+                                          int x, int y, int z, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile"
+      ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
+      : "memory");
+}
 
 // How the grid shares out the output tiles (computed by MakeTailPlan).
 //
@@ -151,7 +208,8 @@ __host__ __device__ inline int TailBlockOf(long long x, long long work,
 // would without a tail (one shared loop cost about 3 % at 4096^3).
 template <typename T, typename TOut, typename Tile, bool kTailBlocks>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
-MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
+MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
+                     const __grid_constant__ TmaMaps maps) {
   constexpr int kStages = Tile::kStages, kBlockK = Tile::kBlockK;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int arrival_rank;
@@ -167,8 +225,20 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
       p.c ? BatchSlice<TOut>(p.c, batch, 1LL * p.m * p.n) : nullptr;
   TOut* out = BatchSliceMut<TOut>(p.out, batch, 1LL * p.m * p.n);
 
-  const uint32_t smem_base =
-      static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if constexpr (Tile::kTma) smem_base = (smem_base + 1023) & ~1023u;
+  // Stage s's "full" barrier: its TMA bytes have landed.
+  auto full_barrier = [&](int stage) {
+    return smem_base + Tile::kDataBytes + 8 * stage;
+  };
+  if constexpr (Tile::kTma) {
+    if (tid == 0) {
+      for (int s = 0; s < kStages; ++s) MbarrierInit(full_barrier(s), 1);
+      // The async proxy (TMA) must see the initialised barriers.
+      FenceProxyAsync();
+    }
+    __syncthreads();
+  }
 
   // Per-thread copy positions inside a tile, fixed up front.
   const int a_row = tid / Tile::kAChunksPerRow;
@@ -201,8 +271,16 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
     const int r = slice * 16 + lane_row;
     const int chunk = (warp_n * kWarpN + nj * 16) / 8 + lane_chunk;
     uint32_t t[4];
-    LdMatrixX4Trans(t,
-                    b_base + SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
+    if constexpr (Tile::kTma) {
+      // B arrives as kBlockN / 64 boxes of (K tile x 64 columns), each row
+      // 128 bytes with TMA's 128-byte swizzle: chunk c of row r sits at
+      // c ^ (r % 8).
+      LdMatrixX4Trans(t, b_base + (chunk >> 3) * (Tile::kBlockK * 128) +
+                             r * 128 + (((chunk & 7) ^ (r & 7)) << 4));
+    } else {
+      LdMatrixX4Trans(
+          t, b_base + SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16);
+    }
     b_frag[buffer][2 * nj][0] = t[0];
     b_frag[buffer][2 * nj][1] = t[1];
     b_frag[buffer][2 * nj + 1][0] = t[2];
@@ -252,6 +330,22 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
     const bool b_col_in_range = col0 + b_col < p.n;
     auto load_tile = [&](int stage, int k0) {
       const uint32_t stage_base = smem_base + stage * Tile::kStageBytes;
+      if constexpr (Tile::kTma) {
+        if (tid == 0) {
+          FenceProxyAsync();  // this stage's ldmatrix reads came first
+          MbarrierExpectTx(full_barrier(stage), Tile::kStageBytes);
+          TmaLoad3d(stage_base, &maps.a, k0, row0, batch,
+                    full_barrier(stage));
+#pragma unroll
+          for (int j = 0; j < Tile::kBlockN / Tile::kTmaBoxN; ++j) {
+            TmaLoad3d(stage_base + Tile::kAStageBytes +
+                          j * Tile::kBlockK * Tile::kTmaBoxN * 2,
+                      &maps.b, col0 + j * Tile::kTmaBoxN, k0, batch,
+                      full_barrier(stage));
+          }
+        }
+        return;
+      }
       const bool a_col_in_range = k0 + a_col < p.k;
 #pragma unroll
       for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
@@ -280,8 +374,12 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
       if (s < k_tiles) load_tile(s, k_start + s * kBlockK);
       CpAsyncCommit();  // empty groups keep the wait counts uniform
     }
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();  // the first tile is visible
+    if constexpr (Tile::kTma) {
+      if (k_tiles > 0) MbarrierWait(full_barrier(0), 0);
+    } else {
+      CpAsyncWait<kStages - 2>();
+      __syncthreads();  // the first tile is visible
+    }
 
     int read_stage = 0, write_stage = kStages - 1;
     int next_k = k_start + (kStages - 1) * kBlockK;  // the next tile's k
@@ -308,9 +406,19 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
           // also finished reading stage kt, which the next iteration's
           // copies overwrite. On the last tile this loads fragments nobody
           // uses, from a stage no copy is writing.
-          CpAsyncWait<kStages - 2>();
-          __syncthreads();
-          read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+          if constexpr (Tile::kTma) {
+            __syncthreads();  // every warp is done with stage kt
+            read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+            // Stage s holds tile t = kt + 1 on its (t / kStages)-th use.
+            if (kt + 1 < k_tiles) {
+              MbarrierWait(full_barrier(read_stage),
+                           ((kt + 1) / kStages) & 1);
+            }
+          } else {
+            CpAsyncWait<kStages - 2>();
+            __syncthreads();
+            read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+          }
         }
         load_next_and_mma((slice + 1) & 1, read_stage,
                           (slice + 1) % Tile::kSlices, slice & 1);
@@ -331,7 +439,8 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan) {
     return r * Tile::kOutStride + ((chunk ^ ((chunk >> 3) & 1)) << 2) +
            (col & 3);
   };
-  float* staged = reinterpret_cast<float*>(smem);
+  float* staged = reinterpret_cast<float*>(
+      smem + (smem_base - static_cast<uint32_t>(__cvta_generic_to_shared(smem))));
   auto stage_acc = [&]() {
     __syncthreads();  // every warp is done with the pipeline's shared memory
     const int group_id = lane >> 2, quad = lane & 3;
@@ -569,6 +678,54 @@ size_t TailWorkspaceBytes(const TailPlan& plan) {
              Tile::kBlockN;
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so the
+// library needs no libcuda at link time; nullptr if the driver lacks it.
+inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function,
+                                         12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encoder;
+}
+
+// The A and B descriptors of a TMA tiling: 3-D (minor dim first), boxes of
+// one K tile by a block's rows (A) or by 64 columns (B), 128-byte swizzle,
+// zero fill past every edge.
+template <typename T, typename Tile>
+cudaError_t MakeTmaMaps(const GemmParams& p, TmaMaps* maps) {
+  const auto encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const CUtensorMapDataType type = std::is_same_v<T, __half>
+                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint32_t unit_strides[3] = {1, 1, 1};
+  auto make = [&](CUtensorMap* map, const void* base, cuuint64_t cols,
+                  cuuint64_t rows, cuuint32_t box_cols, cuuint32_t box_rows) {
+    const cuuint64_t dims[3] = {cols, rows, static_cast<cuuint64_t>(p.batch)};
+    const cuuint64_t strides[2] = {cols * sizeof(T), rows * cols * sizeof(T)};
+    const cuuint32_t box[3] = {box_cols, box_rows, 1};
+    return encode(map, type, 3, const_cast<void*>(base), dims, strides, box,
+                  unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  if (make(&maps->a, p.a, p.k, p.m, Tile::kBlockK, Tile::kBlockM) !=
+          CUDA_SUCCESS ||
+      make(&maps->b, p.b, p.n, p.k, Tile::kTmaBoxN, Tile::kBlockK) !=
+          CUDA_SUCCESS) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
 inline int SmCount() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -586,6 +743,13 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
   const long long tiles = 1LL * CeilDiv(p.m, Tile::kBlockM) *
                           CeilDiv(p.n, Tile::kBlockN);
   if (tiles > 2147483647LL) return cudaErrorInvalidConfiguration;
+  // The TMA path tracks barrier phases over one K range per block.
+  static_assert(!Tile::kTma || kTail == Tail::kNever, "TMA has no tail");
+  TmaMaps maps{};
+  if constexpr (Tile::kTma) {
+    const cudaError_t made = MakeTmaMaps<T, Tile>(p, &maps);
+    if (made != cudaSuccess) return made;
+  }
   TailPlan plan{};
   if (kTail != Tail::kNever) {
     plan = MakeTailPlan<Tile, kTail>(p, SmCount());
@@ -608,7 +772,8 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
     if (status != cudaSuccess) return status;
     dim3 grid(static_cast<unsigned>(plan.whole_tiles), p.batch);
-    kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p, plan);
+    kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p, plan,
+                                                               maps);
     status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
@@ -628,7 +793,7 @@ cudaError_t Launch(const GemmParams& p, cudaStream_t stream) {
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
     if (status != cudaSuccess) return status;
     kernel<<<plan.tail_blocks, Tile::kThreads, Tile::kSmemBytes, stream>>>(
-        p, plan);
+        p, plan, maps);
     status = cudaGetLastError();
   }
   return status;
@@ -693,10 +858,10 @@ PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2, kNever)
 namespace pallas_gemm {
 namespace mma_sync_pipelined {
 template <Tail tail, int bm, int bn, int bk, int stages, int per_sm,
-          int group_m = 8>
+          int group_m = 8, bool tma = false>
 constexpr LaunchFn kSweepLaunch =
     &Launch<__nv_bfloat16, __nv_bfloat16,
-            Tiling<bm, bn, bk, stages, per_sm, group_m>, tail>;
+            Tiling<bm, bn, bk, stages, per_sm, group_m, tma>, tail>;
 
 #define PALLAS_GEMM_MMA_SWEEP(id, label, ...)                  \
   PALLAS_GEMM_SWEEP_CANDIDATE(id, label, ElementType::kBF16,   \
@@ -705,6 +870,8 @@ PALLAS_GEMM_MMA_SWEEP(plain_128x256x64, "mma 128x256x64 s3 g8 plain grid", Tail:
 PALLAS_GEMM_MMA_SWEEP(always_128x256x64, "mma 128x256x64 s3 g8 tail always", Tail::kAlways, 128, 256, 64, 3, 1)
 PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", Tail::kWhenWorthIt, 128, 256, 64, 4, 1)
 PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", Tail::kWhenWorthIt, 128, 256, 64, 3, 1, 16)
+PALLAS_GEMM_MMA_SWEEP(tma_s3_128x256x64, "mma 128x256x64 s3 g8 TMA", Tail::kNever, 128, 256, 64, 3, 1, 8, true)
+PALLAS_GEMM_MMA_SWEEP(tma_s4_128x256x64, "mma 128x256x64 s4 g8 TMA", Tail::kNever, 128, 256, 64, 4, 1, 8, true)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined
 }  // namespace pallas_gemm

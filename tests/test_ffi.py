@@ -276,13 +276,16 @@ def test_pipelined_variants_on_odd_shapes(variant, dtype, shape):
 
 @pytest.mark.gpu
 def test_stream_k_tail_is_deterministic():
-  """4095x4097x4093 leaves a partial wave of 128x256 tiles, so the default
-  kernel shares its last 16 tiles between all SMs (up to ten partial sums
-  per tile). The sums are added in a fixed order: repeated calls must agree
-  bit for bit, whichever block finished last."""
+  """4095x4097x4093 leaves a partial wave of 128x256 tiles, so the cp.async
+  128x256x64 kernel shares its last 16 tiles between all SMs (up to ten
+  partial sums per tile). The sums are added in a fixed order: repeated
+  calls must agree bit for bit, whichever block finished last."""
   shape = (4095, 4097, 4093)
   a, b = _operands(shape, "bfloat16")
-  fn = jax.jit(lambda a, b: pallas_gemm.matmul(a, b, kernel="ffi/mma_sync"))
+  config = kernels.MmaSyncConfig(block_n=256, block_k=64, num_warps=8,
+                                 block_m=128, stages=3, pipelined=True)
+  fn = jax.jit(lambda a, b: pallas_gemm.matmul(
+      a, b, kernel="ffi/mma_sync", config=config))
   first = np.asarray(fn(a, b).astype(jnp.float32))
   err = numerics.relative_error(first, numerics.reference_matmul(a, b))
   assert err <= numerics.tolerance("bfloat16", "default", "bfloat16")

@@ -64,6 +64,7 @@ HANDLERS = {
     "pallas_gemm_mma_pipe_128x256x64": "PallasGemmMmaPipe128X256X64",
     "pallas_gemm_mma_pipe_128x128x32": "PallasGemmMmaPipe128X128X32",
     "pallas_gemm_mma_pipe_128x128x64": "PallasGemmMmaPipe128X128X64",
+    "pallas_gemm_mma_pipe_128x256x64_tma": "PallasGemmMmaPipe128X256X64Tma",
 }
 
 _NVCC_MISSING = (

@@ -64,6 +64,9 @@ class MmaSyncConfig:
   pipelined=True: csrc/mma_sync_pipelined.cu: 64x64 warp tiles, ldmatrix
   fragments double-buffered in registers across k16 slices and K tiles,
   one barrier per K tile.
+  tma=True (pipelined only): one thread loads each stage with the TMA
+  instead of every thread with cp.async; on a GPU before Hopper the same
+  tiling runs with cp.async.
 
   Compiled variants: the keys of MMA_SYNC_VARIANTS, in field order.
   """
@@ -74,6 +77,7 @@ class MmaSyncConfig:
   block_m: int = 128
   stages: int = 4
   pipelined: bool = False
+  tma: bool = False
 
   def __post_init__(self):
     if self.key not in MMA_SYNC_VARIANTS:
@@ -83,7 +87,7 @@ class MmaSyncConfig:
           f"{sorted(MMA_SYNC_VARIANTS)}")
 
   @property
-  def key(self) -> tuple[int, int, int, int, int, bool]:
+  def key(self) -> tuple[int, int, int, int, int, bool, bool]:
     return dataclasses.astuple(self)
 
   @property
@@ -94,20 +98,22 @@ class MmaSyncConfig:
   def label(self) -> str:
     kind = "pipelined" if self.pipelined else "basic"
     return (f"{kind} {self.block_m}x{self.block_n}x{self.block_k} "
-            f"w{self.num_warps} s{self.stages}")
+            f"w{self.num_warps} s{self.stages}" + (" tma" if self.tma else ""))
 
 
-#: (block_n, block_k, num_warps, block_m, stages, pipelined) -> FFI target.
+#: (block_n, block_k, num_warps, block_m, stages, pipelined, tma) -> FFI
+#: target.
 MMA_SYNC_VARIANTS = {
-    (128, 32, 8, 128, 4, False): "pallas_gemm_mma_sync_bn128",
-    (256, 32, 8, 128, 4, False): "pallas_gemm_mma_sync_bn256",
-    (256, 64, 8, 128, 4, False): "pallas_gemm_mma_sync_bn256_bk64",
-    (128, 32, 4, 128, 4, False): "pallas_gemm_mma_sync_bn128_w4",
-    (256, 32, 8, 128, 4, True): "pallas_gemm_mma_pipe_128x256x32",
-    (128, 32, 8, 256, 4, True): "pallas_gemm_mma_pipe_256x128x32",
-    (256, 64, 8, 128, 3, True): "pallas_gemm_mma_pipe_128x256x64",
-    (128, 32, 4, 128, 4, True): "pallas_gemm_mma_pipe_128x128x32",
-    (128, 64, 4, 128, 3, True): "pallas_gemm_mma_pipe_128x128x64",
+    (128, 32, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn128",
+    (256, 32, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn256",
+    (256, 64, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn256_bk64",
+    (128, 32, 4, 128, 4, False, False): "pallas_gemm_mma_sync_bn128_w4",
+    (256, 32, 8, 128, 4, True, False): "pallas_gemm_mma_pipe_128x256x32",
+    (128, 32, 8, 256, 4, True, False): "pallas_gemm_mma_pipe_256x128x32",
+    (256, 64, 8, 128, 3, True, False): "pallas_gemm_mma_pipe_128x256x64",
+    (128, 32, 4, 128, 4, True, False): "pallas_gemm_mma_pipe_128x128x32",
+    (128, 64, 4, 128, 3, True, False): "pallas_gemm_mma_pipe_128x128x64",
+    (256, 64, 8, 128, 3, True, True): "pallas_gemm_mma_pipe_128x256x64_tma",
 }
 
 
@@ -257,14 +263,16 @@ def _register_sgemm(kernel: FfiKernel) -> None:
 
 #: Defaults, both software-pipelined. Measured on an H200 (bf16):
 #: 128x256x64 with 3 stages, its ldmatrix interleaved with the mma.sync,
-#: runs 480-485 TFLOP/s at 4096^3 and 403-501 at 8192^3, where the GPU's
-#: power cap lowers the clock (experiments/results/nvidia_h200/ffi/, runs
-#: 4-8); 128x256x32 with 4 stages was the default before at 439-465. The
+#: ran 480-485 TFLOP/s at 4096^3 and 403-501 at 8192^3 with cp.async
+#: (experiments/results/nvidia_h200/ffi/, runs 4-8) and 518-520 / 543-549
+#: with TMA loads (run 9), hence tma=True (cp.async before Hopper);
+#: 128x256x32 with 4 stages was the default before at 439-465. The
 #: 128x128x32 with 4 warps (two blocks per SM) keeps smaller tiles for
 #: grids too small to fill the SMs with 128x256 tiles; that choice is by
 #: tile count, not timed.
 MMA_SYNC_DEFAULT_LARGE = MmaSyncConfig(block_n=256, block_k=64, num_warps=8,
-                                       block_m=128, stages=3, pipelined=True)
+                                       block_m=128, stages=3, pipelined=True,
+                                       tma=True)
 MMA_SYNC_DEFAULT_SMALL = MmaSyncConfig(block_n=128, block_k=32, num_warps=4,
                                        block_m=128, stages=4, pipelined=True)
 _DEFAULT_NUM_SMS = 132  # an H100/H200, when the device is not known

@@ -129,17 +129,30 @@ struct TmaMaps {
   CUtensorMap a, b;
 };
 
+// The TMA helpers exist only on sm_90+. Launch never runs a TMA tiling on
+// an older GPU, so there their bodies compile to nothing.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define PALLAS_GEMM_HAS_TMA 1
+#else
+#define PALLAS_GEMM_HAS_TMA 0
+#endif
+
 __device__ __forceinline__ void MbarrierInit(uint32_t bar, int count) {
+#if PALLAS_GEMM_HAS_TMA
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
                "r"(count));
+#endif
 }
 __device__ __forceinline__ void MbarrierExpectTx(uint32_t bar, int bytes) {
+#if PALLAS_GEMM_HAS_TMA
   asm volatile(
       "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
       "r"(bytes)
       : "memory");
+#endif
 }
 __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+#if PALLAS_GEMM_HAS_TMA
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
@@ -149,20 +162,25 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+#endif
 }
 // Orders this thread's earlier generic-proxy accesses to shared memory
 // before later async-proxy (TMA) ones.
 __device__ __forceinline__ void FenceProxyAsync() {
+#if PALLAS_GEMM_HAS_TMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map,
                                           int x, int y, int z, uint32_t bar) {
+#if PALLAS_GEMM_HAS_TMA
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile"
       ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
       : "memory");
+#endif
 }
 
 // How the grid shares out the output tiles (computed by MakeTailPlan).
@@ -726,6 +744,15 @@ cudaError_t MakeTmaMaps(const GemmParams& p, TmaMaps* maps) {
   return cudaSuccess;
 }
 
+// Whether the current device has the TMA (compute capability 9.0+).
+inline bool DeviceHasTma() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                device) == cudaSuccess &&
+         major >= 9;
+}
+
 inline int SmCount() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -808,6 +835,15 @@ size_t WorkspaceBytes(const GemmParams& p) {
 template <typename Tile, Tail kTail>
 cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
   using E = ElementType;
+  if constexpr (Tile::kTma) {
+    // Before Hopper: the same tiling with every thread's cp.async.
+    if (!DeviceHasTma()) {
+      return Dispatch<Tiling<Tile::kBlockM, Tile::kBlockN, Tile::kBlockK,
+                             Tile::kStages, Tile::kMinBlocksPerSm,
+                             Tile::kGroupM, false>,
+                      kTail>(p, stream);
+    }
+  }
   if (p.in_type == E::kBF16 && p.out_type == E::kF32)
     return Launch<__nv_bfloat16, float, Tile, kTail>(p, stream);
   if (p.in_type == E::kBF16 && p.out_type == E::kBF16)
@@ -829,27 +865,29 @@ cudaError_t Dispatch(const GemmParams& p, cudaStream_t stream) {
 // a tail: it measured slower for them at every size from 2048^3 to
 // 12288^3, and their tail kernel would need more than 255 registers.
 #define PALLAS_GEMM_PIPELINED_LAUNCHER(name, bm, bn, bk, stages, per_sm, \
-                                       tail)                             \
+                                       tail, tma)                        \
   extern "C" cudaError_t pallas_gemm_launch_##name(                      \
       const pallas_gemm::GemmParams& p, cudaStream_t stream) {           \
     return pallas_gemm::mma_sync_pipelined::Dispatch<                    \
         pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,      \
-                                                per_sm>,                 \
+                                                per_sm, 8, tma>,         \
         pallas_gemm::mma_sync_pipelined::Tail::tail>(p, stream);         \
   }                                                                      \
   extern "C" size_t pallas_gemm_workspace_##name(                        \
       const pallas_gemm::GemmParams& p) {                                \
     return pallas_gemm::mma_sync_pipelined::WorkspaceBytes<              \
         pallas_gemm::mma_sync_pipelined::Tiling<bm, bn, bk, stages,      \
-                                                per_sm>,                 \
+                                                per_sm, 8, tma>,         \
         pallas_gemm::mma_sync_pipelined::Tail::tail>(p);                 \
   }
 
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1, kWhenWorthIt)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1, kWhenWorthIt)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1, kWhenWorthIt)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2, kNever)
-PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2, kNever)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x32, 128, 256, 32, 4, 1, kWhenWorthIt, false)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_256x128x32, 256, 128, 32, 4, 1, kWhenWorthIt, false)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64, 128, 256, 64, 3, 1, kWhenWorthIt, false)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x32, 128, 128, 32, 4, 2, kNever, false)
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x128x64, 128, 128, 64, 3, 2, kNever, false)
+// The default on Hopper: 128x256x64 with TMA loads (cp.async before sm_90).
+PALLAS_GEMM_PIPELINED_LAUNCHER(mma_pipe_128x256x64_tma, 128, 256, 64, 3, 1, kNever, true)
 #undef PALLAS_GEMM_PIPELINED_LAUNCHER
 
 // Sweep-only candidates (bf16 in and out; see sweep.cuh): the default
@@ -870,7 +908,6 @@ PALLAS_GEMM_MMA_SWEEP(plain_128x256x64, "mma 128x256x64 s3 g8 plain grid", Tail:
 PALLAS_GEMM_MMA_SWEEP(always_128x256x64, "mma 128x256x64 s3 g8 tail always", Tail::kAlways, 128, 256, 64, 3, 1)
 PALLAS_GEMM_MMA_SWEEP(s4_128x256x64, "mma 128x256x64 s4 g8", Tail::kWhenWorthIt, 128, 256, 64, 4, 1)
 PALLAS_GEMM_MMA_SWEEP(g16_128x256x64, "mma 128x256x64 s3 g16", Tail::kWhenWorthIt, 128, 256, 64, 3, 1, 16)
-PALLAS_GEMM_MMA_SWEEP(tma_s3_128x256x64, "mma 128x256x64 s3 g8 TMA", Tail::kNever, 128, 256, 64, 3, 1, 8, true)
 PALLAS_GEMM_MMA_SWEEP(tma_s4_128x256x64, "mma 128x256x64 s4 g8 TMA", Tail::kNever, 128, 256, 64, 4, 1, 8, true)
 #undef PALLAS_GEMM_MMA_SWEEP
 }  // namespace mma_sync_pipelined

@@ -44,6 +44,7 @@ DECLARE_WITH_WORKSPACE(mma_pipe_256x128x32)
 DECLARE_WITH_WORKSPACE(mma_pipe_128x256x64)
 DECLARE_WITH_WORKSPACE(mma_pipe_128x128x32)
 DECLARE_WITH_WORKSPACE(mma_pipe_128x128x64)
+DECLARE_WITH_WORKSPACE(mma_pipe_128x256x64_tma)
 #undef DECLARE_WITH_WORKSPACE
 }
 
@@ -202,6 +203,8 @@ int main(int argc, char** argv) {
        pallas_gemm_workspace_mma_pipe_128x128x32},
       {"mma_pipe_128x128x64", pallas_gemm_launch_mma_pipe_128x128x64, true, 8,
        pallas_gemm_workspace_mma_pipe_128x128x64},
+      {"mma_pipe_128x256x64_tma", pallas_gemm_launch_mma_pipe_128x256x64_tma,
+       true, 8, pallas_gemm_workspace_mma_pipe_128x256x64_tma},
   };
   bool all_ok = true;
   unsigned seed = 1234;

@@ -55,6 +55,7 @@ DECLARE(sgemm_09_two_blocks_per_sm)
 DECLARE(mma_pipe_128x256x32)
 DECLARE(mma_pipe_256x128x32)
 DECLARE(mma_pipe_128x256x64)
+DECLARE(mma_pipe_128x256x64_tma)
 #undef DECLARE
 }
 
@@ -347,6 +348,8 @@ int main(int argc, char** argv) {
        ElementType::kBF16},
       {"shipped mma_pipe_128x256x64 s3", pallas_gemm_launch_mma_pipe_128x256x64,
        ElementType::kBF16},
+      {"shipped mma_pipe_128x256x64_tma s3",
+       pallas_gemm_launch_mma_pipe_128x256x64_tma, ElementType::kBF16},
   };
   for (const Candidate& c : pallas_gemm::sweep::Candidates()) {
     candidates.push_back(c);

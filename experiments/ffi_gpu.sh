@@ -65,7 +65,7 @@ if has ncu && [ -n "$SWEEP" ]; then
   # One launch of each, 4096^3: shared-memory bank conflicts per access
   # kind (the swizzle's evidence) and where the warps stall.
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for pattern in "shipped mma_pipe_128x256x64 s3" "(default)"; do
+  for pattern in "shipped mma_pipe_128x256x64_tma" "(default)"; do
     stage "ncu: $pattern"
     "$NCU" --clock-control none -k 'regex:[Gg]emm' -c 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \

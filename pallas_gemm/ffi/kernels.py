@@ -145,8 +145,9 @@ SGEMM_LADDER = (
 
 MMA_SYNC = FfiKernel(
     "mma_sync",
-    "tensor cores via mma.sync m16n8k16 + ldmatrix, 4-stage cp.async, "
-    "swizzled smem, grouped order, smem-staged epilogue",
+    "tensor cores via mma.sync m16n8k16 + ldmatrix, multi-stage cp.async "
+    "(TMA loads on Hopper), swizzled smem, grouped order, smem-staged "
+    "epilogue",
     ("bfloat16", "float16"), 8, min_compute_capability=(8, 0))
 
 

@@ -16,6 +16,8 @@ Stages:
            bandwidth (bytes of A, B and out over the kernel time).
   odd      non-tile-multiple shapes next to their divisible neighbours.
   sweep    every fitting candidate config at --sweep-shape.
+  pingpong the cooperative default against pingpong consumer schedules over
+           the large suite (--hopper-example adds JAX's example kernel).
 
 Timing: CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), every kernel
 launched by the call counted (pads and transposes included), one warm-up
@@ -327,6 +329,28 @@ def stage_odd(args):
     time_problem("odd", problem, [cfg.ws_heuristic(problem)], iters=args.iters)
 
 
+def pingpong_configs(problem):
+  """The cooperative default next to pingpong schedules of similar size."""
+  heur = cfg.ws_heuristic(problem)
+  tile_k = heur.tile_k
+  extra = [MosaicConfig(tile_m=tm, tile_n=tn, tile_k=tile_k,
+                        max_concurrent_steps=stages, epi_tile_n=64,
+                        grid_band=band, pingpong=True)
+           for tm, tn, stages, band in ((128, 128, 6, 8), (128, 128, 5, 8),
+                                        (128, 128, 6, 16), (64, 256, 4, 8),
+                                        (128, 192, 4, 8))]
+  return [heur] + [c for c in extra if c.fits(problem)]
+
+
+def stage_pingpong(args):
+  """Cooperative against pingpong consumers over the large suite."""
+  for m, n, k in shapes.LARGE:
+    problem = problem_for(m, n, k)
+    time_problem("pingpong", problem, pingpong_configs(problem),
+                 iters=args.iters,
+                 compare_hopper_example=args.hopper_example)
+
+
 def stage_sweep(args):
   m, n, k = args.sweep_shape
   problem = problem_for(m, n, k, args.sweep_dtype)
@@ -336,7 +360,8 @@ def stage_sweep(args):
 
 STAGES = {"check": stage_check, "large": stage_large, "suite": stage_suite,
           "tf32": stage_tf32,
-          "decode": stage_decode, "odd": stage_odd, "sweep": stage_sweep}
+          "decode": stage_decode, "odd": stage_odd, "sweep": stage_sweep,
+          "pingpong": stage_pingpong}
 
 
 def main():
@@ -351,6 +376,8 @@ def main():
   parser.add_argument("--sweep-dtype", default="bfloat16")
   parser.add_argument("--sweep-max", type=int, default=12)
   parser.add_argument("--decode-alternatives", action="store_true")
+  parser.add_argument("--hopper-example", action="store_true",
+                      help="also time JAX's hopper_matmul_mgpu (pingpong)")
   parser.add_argument("--tf32-nt", action="store_true",
                       help="also time TF32 with B given as (n, k)")
   parser.add_argument("--interpret", action="store_true",

@@ -50,7 +50,8 @@ class MosaicConfig:
   """One launch of `mosaic/ws_persistent`.
 
   tile_m, tile_n: the output tile each of the two consumer warpgroups owns;
-    the CTA tile is twice that along `wg_dimension`.
+    the CTA tile is twice that along `wg_dimension` (cooperative), or the
+    same tile (`pingpong`).
   tile_k: the K extent of one pipeline stage.
   max_concurrent_steps: pipeline stages resident in shared memory.
   epi_tile_m, epi_tile_n: the sub-tile the epilogue stages through shared
@@ -63,6 +64,11 @@ class MosaicConfig:
   wg_dimension: the dimension split between the two consumer warpgroups.
   warpgroup_semantics: lower with Mosaic's warpgroup-level semantics (layouts
     inferred) instead of lane-level semantics (layouts explicit).
+  pingpong: the two consumer warpgroups take alternate output tiles of the
+    CTA instead of halves of one tile. Their main loops then follow each
+    other through the shared ring, so one warpgroup's epilogue runs while
+    the other keeps the tensor cores busy; in the cooperative schedule both
+    stop for the epilogue. `wg_dimension` is ignored.
   """
 
   tile_m: int = 128
@@ -75,6 +81,7 @@ class MosaicConfig:
   grid_band: int = 8
   wg_dimension: Dim = Dim.N
   warpgroup_semantics: bool = False
+  pingpong: bool = False
 
   def __post_init__(self):
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
@@ -105,12 +112,19 @@ class MosaicConfig:
       elif not isinstance(value, Dim):
         raise TypeError(f"{name}={value!r} must be Dim.M or Dim.N")
 
+    if not isinstance(self.pingpong, bool):
+      raise TypeError(f"pingpong={self.pingpong!r} must be a bool")
+
   @property
   def cta_tile_m(self) -> int:
+    if self.pingpong:
+      return self.tile_m
     return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
 
   @property
   def cta_tile_n(self) -> int:
+    if self.pingpong:
+      return self.tile_n
     return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
 
   @property

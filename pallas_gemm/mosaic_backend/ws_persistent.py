@@ -15,6 +15,19 @@ the producer starts loading tile t+1 while the consumers are still in tile
 t's epilogue: there is no pipeline drain or refill between tiles. Tiles are
 handed out round-robin over the persistent grid in a banded snake order.
 
+Two consumer schedules (`MosaicConfig.pingpong`):
+
+  cooperative   both consumers work on one CTA tile, each on its half; both
+                stop issuing wgmma while they run the epilogue.
+  pingpong      consumer w owns the CTA's local tiles w, w+2, w+4, ... and
+                passes over the other's stages without computing. The ring
+                serialises the two main loops, so one consumer's epilogue
+                overlaps the other's main loop and the tensor cores do not
+                wait for stores:
+
+                  wg0  [main t0][epi t0]        [main t2][epi t2]
+                  wg1           [main t1][epi t1]        [main t3] ...
+
 Ragged edges are left to the TMA: loads past the end of an array read
 zeros (zero rows/columns add nothing to the product) and stores past the end
 are dropped. Operands whose dims are not multiples of the TMA tiling are
@@ -198,7 +211,9 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      if config.wg_dimension == Dim.M:
+      if config.pingpong:
+        wg_m_offset = wg_n_offset = 0
+      elif config.wg_dimension == Dim.M:
         wg_m_offset, wg_n_offset = wg * tile_m, 0
       else:
         wg_m_offset, wg_n_offset = 0, wg * tile_n
@@ -213,11 +228,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
           return b_smem.at[slot, pl.ds(wg_n_offset, tile_n), :].T
         return b_smem.at[slot, :, pl.ds(wg_n_offset, tile_n)]
 
-      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-      def _tile(info):
-        batch_idx, m_idx, n_idx = coords(info.index[0])
-        first_step = info.local_index * k_iters
-
+      def compute_tile(batch_idx, m_idx, n_idx, first_step):
         def mma_scope(acc_ref):
           def mma_stage(kk, carry):
             step = first_step + kk
@@ -274,6 +285,36 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
                                     out_gmem.at[batch_idx, rows, cols])
+
+      def follow_tile(first_step):
+        # The other warpgroup's tile: observe each stage's load and release
+        # it at once. Every consumer sees every phase of every stage barrier
+        # (Mosaic tracks barrier parity per thread), and the producer cannot
+        # refill a stage before both consumers have passed it.
+        def pass_stage(kk, carry):
+          slot = lax.rem(first_step + kk, stages)
+          plgpu.barrier_wait(stage_loaded.at[slot])
+          plgpu.barrier_arrive(stage_consumed.at[slot])
+          return carry
+
+        lax.fori_loop(0, k_iters, pass_stage, None)
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        batch_idx, m_idx, n_idx = coords(info.index[0])
+        first_step = info.local_index * k_iters
+        if not config.pingpong:
+          compute_tile(batch_idx, m_idx, n_idx, first_step)
+          return
+        owner = lax.rem(info.local_index, NUM_CONSUMERS)
+
+        @pl.when(owner == wg)
+        def _own():
+          compute_tile(batch_idx, m_idx, n_idx, first_step)
+
+        @pl.when(owner != wg)
+        def _other():
+          follow_tile(first_step)
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

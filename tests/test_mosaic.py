@@ -6,6 +6,7 @@ tiny); on an H100/H200 the same tests run the compiled kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -130,6 +131,54 @@ def test_small_m_split_k_has_no_races():
   assert not _races_found()
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="race detection runs in interpret mode")
+def test_ws_persistent_pingpong_has_no_races():
+  """Each consumer owns alternate tiles and passes over the other's stages;
+  with two CTAs of four tiles each, both consumers own two tiles."""
+  epilogue = Epilogue(alpha=0.5, beta=-1.0, has_c=True, has_bias=True,
+                      activation="silu")
+  problem = GemmProblem(1, 70, 200, 150, "bfloat16", "float32",
+                        transpose_b=True, epilogue=epilogue,
+                        c_dtype="float32")
+  config = dataclasses.replace(SMALL_WS, pingpong=True)
+  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
+               detect_races=True)
+  assert not _races_found()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="race detection runs in interpret mode")
+@pytest.mark.parametrize("cluster_dim", [Dim.M, Dim.N])
+def test_ws_persistent_cluster_has_no_races(cluster_dim):
+  """2-CTA clusters: the shared operand is multicast and a stage is released
+  by the consumers of both CTAs."""
+  epilogue = Epilogue(beta=1.0, has_c=True, has_bias=True)
+  problem = GemmProblem(1, 200, 150, 150, "bfloat16", "bfloat16",
+                        epilogue=epilogue, c_dtype="float32")
+  config = dataclasses.replace(SMALL_WS, cluster_dim=cluster_dim)
+  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
+               detect_races=True)
+  assert not _races_found()
+
+
+@pytest.mark.parametrize("cluster_dim,pingpong", [(Dim.M, False),
+                                                  (Dim.N, True)])
+def test_ws_persistent_cluster_with_odd_tile_count_and_batch(cluster_dim,
+                                                             pingpong):
+  """An odd number of CTA tiles along the cluster dimension leaves the
+  second CTA of the last pair past the edge: it must read zeros and store
+  nothing, while still taking its half of the multicast."""
+  config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
+                        max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
+                        grid_band=2, wg_dimension=Dim.M,
+                        cluster_dim=cluster_dim, pingpong=pingpong)
+  problem = GemmProblem(2, 300, 130, 90, "float16", "float16",
+                        transpose_a=True)
+  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
+               detect_races=False)
+
+
 def test_ws_persistent_wg_split_along_m_and_batch():
   config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
                         max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
@@ -165,6 +214,12 @@ def test_config_validation_names_the_argument():
     SmallMConfig(max_concurrent_steps=1)
   with pytest.raises(TypeError, match="band_dim"):
     MosaicConfig(band_dim="m")
+  with pytest.raises(TypeError, match="cluster_dim"):
+    MosaicConfig(cluster_dim="m")
+  with pytest.raises(TypeError, match="pingpong"):
+    MosaicConfig(pingpong=1)
+  assert MosaicConfig(cluster_dim=0).cluster_dim is Dim.M
+  assert MosaicConfig(pingpong=True, tile_m=128).cta_tile_m == 128
   one = jnp.zeros((1, 64, 64), jnp.bfloat16)
   with pytest.raises(ValueError, match="tile_n=32"):
     ws_persistent.ws_persistent_matmul(

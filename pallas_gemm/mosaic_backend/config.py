@@ -69,6 +69,12 @@ class MosaicConfig:
     other through the shared ring, so one warpgroup's epilogue runs while
     the other keeps the tensor cores busy; in the cooperative schedule both
     stop for the epilogue. `wg_dimension` is ignored.
+  cluster_dim: None, or the dimension along which two neighbouring CTA
+    tiles form a 2-CTA cluster. The operand tile both need (B's for Dim.M,
+    A's for Dim.N) is fetched once from L2, half by each CTA, and the TMA
+    multicasts it into both CTAs' shared memory: that operand's L2 traffic
+    halves. A stage is refilled only when the consumers of both CTAs have
+    released it.
   """
 
   tile_m: int = 128
@@ -82,6 +88,7 @@ class MosaicConfig:
   wg_dimension: Dim = Dim.N
   warpgroup_semantics: bool = False
   pingpong: bool = False
+  cluster_dim: Dim | None = None
 
   def __post_init__(self):
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
@@ -114,6 +121,15 @@ class MosaicConfig:
 
     if not isinstance(self.pingpong, bool):
       raise TypeError(f"pingpong={self.pingpong!r} must be a bool")
+    if self.cluster_dim is not None:
+      if isinstance(self.cluster_dim, bool) or self.cluster_dim not in (0, 1):
+        raise TypeError(
+            f"cluster_dim={self.cluster_dim!r} must be None, Dim.M or Dim.N")
+      object.__setattr__(self, "cluster_dim", Dim(self.cluster_dim))
+
+  @property
+  def cluster_size(self) -> int:
+    return 1 if self.cluster_dim is None else 2
 
   @property
   def cta_tile_m(self) -> int:

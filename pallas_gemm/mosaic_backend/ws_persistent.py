@@ -28,6 +28,11 @@ Two consumer schedules (`MosaicConfig.pingpong`):
                   wg0  [main t0][epi t0]        [main t2][epi t2]
                   wg1           [main t1][epi t1]        [main t3] ...
 
+With `MosaicConfig.cluster_dim`, pairs of CTAs form 2-CTA clusters that
+walk pairs of neighbouring tiles together; the operand tile the pair shares
+is multicast by the TMA (each CTA fetches half and both receive all of it),
+and the stage-release barrier spans the cluster.
+
 Ragged edges are left to the TMA: loads past the end of an array read
 zeros (zero rows/columns add nothing to the product) and stores past the end
 are dropped. Operands whose dims are not multiples of the TMA tiling are
@@ -128,6 +133,9 @@ def _tiled_transforms(minor_elems: int, dtype):
 
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                  k_iters: int, m_tiles: int, n_tiles: int):
+  """One CTA. Tiles are counted in cluster tiles: a cluster of two CTAs owns
+  two neighbouring CTA tiles along `cluster_dim` (one CTA tile when there
+  is no cluster)."""
   has_c, has_bias = problem.epilogue.has_c, problem.epilogue.has_bias
   refs = list(refs)
   a_gmem, b_gmem = refs.pop(0), refs.pop(0)
@@ -143,7 +151,12 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages = config.max_concurrent_steps
   out_slots = config.out_slots
-  num_tiles = problem.batch * m_tiles * n_tiles
+  clustered = config.cluster_dim is not None
+  m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
+  n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
+  num_tiles = problem.batch * m_units * n_units
+  # The operand both CTAs of a cluster read; None without a cluster.
+  shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[config.cluster_dim]
 
   a_block = (tile_k, cta_m) if transpose_a else (cta_m, tile_k)
   b_block = (cta_n, tile_k) if transpose_b else (tile_k, cta_n)
@@ -152,9 +165,16 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   out_transforms = _tiled_transforms(epi_n, out_dtype)
 
   def coords(linear):
-    return tile_coordinates(
-        linear, m_tiles=m_tiles, n_tiles=n_tiles,
+    batch_idx, m_idx, n_idx = tile_coordinates(
+        linear, m_tiles=m_units, n_tiles=n_units,
         band_dim=config.band_dim, band=config.grid_band)
+    # With an odd tile count the second CTA's tile may lie past the edge:
+    # its loads then read zeros and its stores are dropped by the TMA.
+    if config.cluster_dim == Dim.M:
+      m_idx = m_idx * 2 + lax.axis_index("cluster")
+    elif config.cluster_dim == Dim.N:
+      n_idx = n_idx * 2 + lax.axis_index("cluster")
+    return batch_idx, m_idx, n_idx
 
   def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
              c_loaded, bias_smem, bias_loaded):
@@ -185,10 +205,12 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                    else a_gmem.at[batch_idx, m_slice, k_slice])
           b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
                    else b_gmem.at[batch_idx, k_slice, n_slice])
-          plgpu.copy_gmem_to_smem(a_src, a_smem.at[slot],
-                                  stage_loaded.at[slot])
-          plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot],
-                                  stage_loaded.at[slot])
+          plgpu.copy_gmem_to_smem(
+              a_src, a_smem.at[slot], stage_loaded.at[slot],
+              collective_axes="cluster" if shared_operand == "a" else None)
+          plgpu.copy_gmem_to_smem(
+              b_src, b_smem.at[slot], stage_loaded.at[slot],
+              collective_axes="cluster" if shared_operand == "b" else None)
           return carry
 
         lax.fori_loop(0, k_iters, load_stage, None)
@@ -324,8 +346,13 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       a_smem=plgpu.SMEM((stages, *a_block), in_dtype, transforms=a_transforms),
       b_smem=plgpu.SMEM((stages, *b_block), in_dtype, transforms=b_transforms),
       stage_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                   num_barriers=stages),
+      # A multicast writes into both CTAs' stage, so with a cluster a stage
+      # is free only once the consumers of both CTAs have released it.
+      stage_consumed=(
+          plgpu.ClusterBarrier(collective_axes=("cluster",),
+                               num_arrivals=NUM_CONSUMERS, num_barriers=stages)
+          if clustered else
+          plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)),
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
                           transforms=out_transforms),
       c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
@@ -383,6 +410,8 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
                          config: MosaicConfig | None, interpret=False):
   params = interpret_params(interpret)
   num_sms = INTERPRET_CTAS if params is not None else _device_num_sms()
+  if config is not None and params is not None:
+    num_sms *= config.cluster_size
   if config is None:
     config = cfg.ws_heuristic(problem, num_sms)
   if not isinstance(config, MosaicConfig):
@@ -398,8 +427,12 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   m_tiles = cdiv(problem.m, config.cta_tile_m)
   n_tiles = cdiv(problem.n, config.cta_tile_n)
   k_iters = cdiv(problem.k, config.tile_k)
-  num_tiles = problem.batch * m_tiles * n_tiles
-  num_ctas = min(num_sms, num_tiles)
+  cluster_size = config.cluster_size
+  m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
+  n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
+  num_clusters = min(num_sms // cluster_size, problem.batch * m_units * n_units)
+  cluster_kwargs = ({} if cluster_size == 1 else
+                    dict(cluster=(cluster_size,), cluster_names=("cluster",)))
   semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
@@ -408,8 +441,9 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
       functools.partial(_kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
       out_type=out_type,
-      grid=(num_ctas,),
+      grid=(num_clusters,),
       grid_names=("sm",),
+      **cluster_kwargs,
       num_threads=NUM_CONSUMERS + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),

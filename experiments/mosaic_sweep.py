@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -409,11 +408,8 @@ def main():
                       help="CPU dry run of the script in GPU interpret mode")
   args = parser.parse_args()
   OUT_FILE, BUDGET_S, INTERPRET = args.out, args.budget_s, args.interpret
-  try:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip()
-  except OSError:
-    sha = "unknown"
+  from experiments.benchmark import git_revision
+  sha = git_revision()  # honours PALLAS_GEMM_GIT_SHA (stale .git on devices)
   emit({"stage": "env", "device": str(jax.devices()[0].device_kind),
         "jax": jax.__version__, "git_sha": sha, "argv": sys.argv,
         "num_sms": pallas_gemm.device_info().num_sms,

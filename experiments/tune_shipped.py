@@ -37,6 +37,13 @@ def _parse_args(argv=None):
                       help="MxNxK,... (overrides --suite)")
   parser.add_argument("--dtypes", default="bfloat16")
   parser.add_argument("--max_candidates", type=int, default=6)
+  parser.add_argument("--order", default="diverse",
+                      choices=("diverse", "listed"),
+                      help="diverse: round-robin over tile shapes first; "
+                      "listed: the search space's own order")
+  parser.add_argument("--precision", default="default",
+                      choices=("default", "ieee"),
+                      help="ieee: exact float32 (only for --dtypes=float32)")
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--budget_s", type=float, default=300.0,
                       help="stop starting new problems after this long")
@@ -105,7 +112,7 @@ def main(argv=None) -> int:
       break
     problem = problem_from_shapes(
         (1, m, k), (1, k, n), in_dtype=dtype, out_dtype=dtype,
-        transpose_a=False, transpose_b=False, precision="default",
+        transpose_a=False, transpose_b=False, precision=args.precision,
         epilogue=pallas_gemm.Epilogue())
     entry = registry.get_kernel(kernel)
     reason = registry.why_unsupported(entry, problem, device)
@@ -114,9 +121,11 @@ def main(argv=None) -> int:
             f"{reason}", flush=True)
       continue
     heuristic = entry.default_config(problem, device)
-    candidates = [heuristic] + [
-        c for c in _diverse(autotune.search_space(problem, kernel, device))
-        if c != heuristic][:max(args.max_candidates - 1, 0)]
+    space = autotune.search_space(problem, kernel, device)
+    if args.order == "diverse":
+      space = _diverse(space)
+    candidates = [heuristic] + [c for c in space if c != heuristic][
+        :max(args.max_candidates - 1, 0)]
     result = autotune.tune(problem, kernel, candidates, device=device,
                            iterations=args.iters)
     default_ms = dict(

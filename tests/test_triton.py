@@ -76,6 +76,62 @@ def test_tuned_split_k_path(shape):
       "bfloat16", "default")
 
 
+_PERSISTENT_CASES = [
+    # (batch, m, n, k, dtype, layout, epilogue, programs_per_sm)
+    (1, 130, 70, 90, "bfloat16", "NN", {}, 1),
+    (2, 97, 61, 131, "float16", "TT",
+     dict(alpha=0.5, beta=-1.0, with_c=True, with_bias=True,
+          activation="gelu"), 2),
+    (1, 64, 128, 64, "float32", "NT", {}, 1),
+    (1, 1, 96, 80, "bfloat16", "TN", dict(with_bias=True), 3),
+]
+
+
+@pytest.mark.parametrize("case", _PERSISTENT_CASES)
+def test_tuned_persistent_grid(case):
+  """Rung 6 on a persistent grid: few programs, each looping over many
+  tiles, with ragged edges, every layout, a batch and the full epilogue."""
+  batch, m, n, k, dtype, layout, epi, programs_per_sm = case
+  precision = "ieee" if dtype == "float32" else "default"
+  epilogue = pallas_gemm.Epilogue(
+      alpha=epi.get("alpha", 1.0), beta=epi.get("beta", 0.0),
+      has_c=epi.get("with_c", False), has_bias=epi.get("with_bias", False),
+      activation=epi.get("activation"))
+  out_dtype = "float32" if epilogue.has_c else dtype
+  problem = GemmProblem(batch, m, n, k, dtype, out_dtype,
+                        transpose_a=layout[0] == "T",
+                        transpose_b=layout[1] == "T", precision=precision,
+                        epilogue=epilogue,
+                        c_dtype="float32" if epilogue.has_c else None)
+  a, b = make_operands((m, n, k), dtype, layout=layout, batch=batch)
+  key = numerics.fresh_key()
+  kc, kd = jax.random.split(key)
+  c = (numerics.random_normal(kc, (batch, m, n), "float32")
+       if epilogue.has_c else None)
+  bias = (numerics.random_normal(kd, (n,), "float32")
+          if epilogue.has_bias else None)
+  config = common.TritonConfig(32, 32, 16, num_warps=4, num_stages=2,
+                               group_m=2, programs_per_sm=programs_per_sm)
+  out = k06_tuned.tuned_matmul(a, b, c, bias, problem=problem, config=config,
+                               interpret=jax.default_backend() == "cpu")
+  ref = numerics.reference_matmul(a, b, transpose_a=problem.transpose_a,
+                                  transpose_b=problem.transpose_b,
+                                  epilogue=epilogue, c=c, bias=bias)
+  assert numerics.relative_error(out, ref) <= numerics.tolerance(
+      dtype, precision, out_dtype)
+
+
+def test_heuristic_is_persistent_for_16bit_on_hopper_only():
+  problem = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  assert k06_tuned.heuristic_config(problem, H200_LIKE).programs_per_sm == 1
+  assert k06_tuned.heuristic_config(problem, ADA_LIKE).programs_per_sm == 0
+  ieee = GemmProblem(1, 4096, 4096, 4096, "float32", "float32",
+                     precision="ieee")
+  assert k06_tuned.heuristic_config(ieee, H200_LIKE).programs_per_sm == 0
+  with pytest.raises(ValueError, match="programs_per_sm"):
+    common.TritonConfig(programs_per_sm=-1)
+
+
 def test_split_k_is_deterministic():
   shape = (17, 33, 1031)
   a, b = make_operands(shape, "float32")

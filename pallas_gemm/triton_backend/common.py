@@ -46,6 +46,10 @@ class TritonConfig:
   the kernel. Hopper's wgmma reads 32-bit (TF32) operands from shared
   memory only K-major, so without the copy Triton falls back to mma.sync
   for TF32; the copy costs one pass over the operand.
+
+  `programs_per_sm` (rung 6 only): 0 launches one program per output tile;
+  n > 0 launches n programs per SM that each loop over output tiles (a
+  persistent grid). Only rung 6 reads it.
   """
 
   block_m: int = 64
@@ -56,6 +60,7 @@ class TritonConfig:
   group_m: int = 1
   split_k: int = 1
   k_major: bool = False
+  programs_per_sm: int = 0
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k"):
@@ -73,6 +78,11 @@ class TritonConfig:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
     if not isinstance(self.k_major, bool):
       raise TypeError(f"k_major={self.k_major!r} must be a bool")
+    if (isinstance(self.programs_per_sm, bool)
+        or not isinstance(self.programs_per_sm, int)
+        or not 0 <= self.programs_per_sm <= 8):
+      raise ValueError(f"programs_per_sm={self.programs_per_sm!r} must be an "
+                       "int in [0, 8] (0: one program per output tile)")
 
   def smem_bytes(self, in_dtype: str) -> int:
     """Shared memory the software pipeline holds: one A and one B tile per

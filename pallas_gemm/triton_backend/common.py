@@ -189,53 +189,71 @@ def _k_offset(k_index, bk: int, hint: bool):
 
 
 def load_a_tile(a_ref, k_index, *, problem: GemmProblem, rows, bk: int,
-                masks: EdgeMasks = EdgeMasks(), hint: bool = False):
-  """The (block_m, block_k) tile of op(a) for K step `k_index`, zero-masked."""
+                masks: EdgeMasks = EdgeMasks(), hint: bool = False,
+                row_start=None):
+  """The (block_m, block_k) tile of op(a) for K step `k_index`, zero-masked.
+
+  `row_start`: where the tile's rows begin when `a_ref` spans all of M (the
+  persistent grid); None when the BlockSpec already placed the ref on them.
+  The row and K offsets go into one indexer: the Triton lowering takes a
+  single `.at[...]` per load.
+  """
   start = _k_offset(k_index, bk, hint)
   k_ok = (k_index * bk + jnp.arange(bk)) < problem.k if masks.k else None
   row_ok = rows < problem.m if masks.rows else None
+  row_span = (slice(None) if row_start is None
+              else pl.ds(row_start, rows.shape[0]))
   if problem.transpose_a:
     mask = _and_masks(None if k_ok is None else k_ok[:, None],
                       None if row_ok is None else row_ok[None, :])
-    tile = pltriton.load(a_ref.at[pl.ds(start, bk), :], mask=mask,
+    tile = pltriton.load(a_ref.at[pl.ds(start, bk), row_span], mask=mask,
                          other=None if mask is None else 0)
     return tile.T
   mask = _and_masks(None if row_ok is None else row_ok[:, None],
                     None if k_ok is None else k_ok[None, :])
-  return pltriton.load(a_ref.at[:, pl.ds(start, bk)], mask=mask,
+  return pltriton.load(a_ref.at[row_span, pl.ds(start, bk)], mask=mask,
                        other=None if mask is None else 0)
 
 
 def load_b_tile(b_ref, k_index, *, problem: GemmProblem, cols, bk: int,
-                masks: EdgeMasks = EdgeMasks(), hint: bool = False):
-  """The (block_k, block_n) tile of op(b) for K step `k_index`, zero-masked."""
+                masks: EdgeMasks = EdgeMasks(), hint: bool = False,
+                col_start=None):
+  """The (block_k, block_n) tile of op(b) for K step `k_index`, zero-masked
+  (`col_start` as `row_start` in `load_a_tile`)."""
   start = _k_offset(k_index, bk, hint)
   k_ok = (k_index * bk + jnp.arange(bk)) < problem.k if masks.k else None
   col_ok = cols < problem.n if masks.cols else None
+  col_span = (slice(None) if col_start is None
+              else pl.ds(col_start, cols.shape[0]))
   if problem.transpose_b:
     mask = _and_masks(None if col_ok is None else col_ok[:, None],
                       None if k_ok is None else k_ok[None, :])
-    tile = pltriton.load(b_ref.at[:, pl.ds(start, bk)], mask=mask,
+    tile = pltriton.load(b_ref.at[col_span, pl.ds(start, bk)], mask=mask,
                          other=None if mask is None else 0)
     return tile.T
   mask = _and_masks(None if k_ok is None else k_ok[:, None],
                     None if col_ok is None else col_ok[None, :])
-  return pltriton.load(b_ref.at[pl.ds(start, bk), :], mask=mask,
+  return pltriton.load(b_ref.at[pl.ds(start, bk), col_span], mask=mask,
                        other=None if mask is None else 0)
 
 
 def accumulate_k_range(a_ref, b_ref, *, problem, config, rows, cols,
                        k_start, k_stop, masks: EdgeMasks = EdgeMasks(),
-                       hint: bool = False):
-  """acc = Σ_{k in [k_start, k_stop)} A[rows, k-tile] · B[k-tile, cols]."""
+                       hint: bool = False, tile_start=None):
+  """acc = Σ_{k in [k_start, k_stop)} A[rows, k-tile] · B[k-tile, cols].
+
+  `tile_start`: (row, column) where the tile begins when the refs span the
+  whole matrix (the persistent grid), else None."""
   bk = config.block_k
   precision = dot_precision(problem)
+  row_start, col_start = tile_start if tile_start is not None else (None,
+                                                                    None)
 
   def body(k_index, acc):
     a_tile = load_a_tile(a_ref, k_index, problem=problem, rows=rows, bk=bk,
-                         masks=masks, hint=hint)
+                         masks=masks, hint=hint, row_start=row_start)
     b_tile = load_b_tile(b_ref, k_index, problem=problem, cols=cols, bk=bk,
-                         masks=masks, hint=hint)
+                         masks=masks, hint=hint, col_start=col_start)
     return acc + jnp.dot(a_tile, b_tile, precision=precision,
                          preferred_element_type=jnp.float32)
 

@@ -266,14 +266,10 @@ def _persistent_matmul(a, b, c, bias, *, problem, config, masks, interpret):
       col0 = pl.multiple_of(j * bn, bn)
       rows, cols = common.program_rows_cols(i, j, config)
       row_slice, col_slice = pl.ds(row0, bm), pl.ds(col0, bn)
-      a_tile = (a_ref.at[:, row_slice] if problem.transpose_a
-                else a_ref.at[row_slice, :])
-      b_tile = (b_ref.at[col_slice, :] if problem.transpose_b
-                else b_ref.at[:, col_slice])
       acc = common.accumulate_k_range(
-          a_tile, b_tile, problem=problem, config=config, rows=rows,
+          a_ref, b_ref, problem=problem, config=config, rows=rows,
           cols=cols, k_start=0, k_stop=cdiv(problem.k, bk), masks=masks,
-          hint=True)
+          hint=True, tile_start=(row0, col0))
       common.store_output(
           o_ref.at[row_slice, col_slice], acc, problem=problem, rows=rows,
           cols=cols,

@@ -50,6 +50,12 @@ class TritonConfig:
   `programs_per_sm` (rung 6 only): 0 launches one program per output tile;
   n > 0 launches n programs per SM that each loop over output tiles (a
   persistent grid). Only rung 6 reads it.
+
+  `flat_loop` (rung 6, persistent grid only): one loop over a program's
+  (tile, K step) pairs instead of a K loop nested in a tile loop. Triton's
+  software pipeliner then prefetches the next tile's first K steps while the
+  current tile finishes and stores, instead of refilling its pipeline after
+  every tile.
   """
 
   block_m: int = 64
@@ -61,6 +67,7 @@ class TritonConfig:
   split_k: int = 1
   k_major: bool = False
   programs_per_sm: int = 0
+  flat_loop: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k"):
@@ -83,6 +90,11 @@ class TritonConfig:
         or not 0 <= self.programs_per_sm <= 8):
       raise ValueError(f"programs_per_sm={self.programs_per_sm!r} must be an "
                        "int in [0, 8] (0: one program per output tile)")
+    if not isinstance(self.flat_loop, bool):
+      raise TypeError(f"flat_loop={self.flat_loop!r} must be a bool")
+    if self.flat_loop and not self.programs_per_sm:
+      raise ValueError("flat_loop=True needs a persistent grid "
+                       "(programs_per_sm > 0)")
 
   def smem_bytes(self, in_dtype: str) -> int:
     """Shared memory the software pipeline holds: one A and one B tile per
@@ -262,16 +274,22 @@ def accumulate_k_range(a_ref, b_ref, *, problem, config, rows, cols,
 
 
 def store_output(o_ref, acc, *, problem, rows, cols, c_ref=None,
-                 bias_ref=None):
-  """Applies the fused epilogue to the f32 tile and stores the in-range part."""
-  row_ok = rows < problem.m
-  col_ok = cols < problem.n
-  mask = row_ok[:, None] & col_ok[None, :]
+                 bias_ref=None, masks: EdgeMasks | None = None):
+  """Applies the fused epilogue to the f32 tile and stores the in-range part.
+
+  `masks`: the edges that may be ragged (`edge_masks_for`); None masks both,
+  which is always correct. A dropped mask lets Triton store unpredicated.
+  """
+  row_ok = rows < problem.m if masks is None or masks.rows else None
+  col_ok = cols < problem.n if masks is None or masks.cols else None
+  mask = _and_masks(None if row_ok is None else row_ok[:, None],
+                    None if col_ok is None else col_ok[None, :])
   c_tile = bias_tile = None
   if problem.epilogue.has_c:
-    c_tile = pltriton.load(c_ref, mask=mask, other=0)
+    c_tile = pltriton.load(c_ref, mask=mask, other=None if mask is None else 0)
   if problem.epilogue.has_bias:
-    bias_tile = pltriton.load(bias_ref, mask=col_ok, other=0)[None, :]
+    bias_tile = pltriton.load(bias_ref, mask=col_ok,
+                              other=None if col_ok is None else 0)[None, :]
   out = apply_epilogue(acc, problem.epilogue, c_tile, bias_tile)
   pltriton.store(o_ref, out.astype(o_ref.dtype), mask=mask)
 

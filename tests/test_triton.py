@@ -87,9 +87,8 @@ _PERSISTENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("flat_loop", [False, True])
 @pytest.mark.parametrize("case", _PERSISTENT_CASES)
-def test_tuned_persistent_grid(case, flat_loop):
+def test_tuned_persistent_grid(case):
   """Rung 6 on a persistent grid: few programs, each looping over many
   tiles, with ragged edges, every layout, a batch and the full epilogue."""
   batch, m, n, k, dtype, layout, epi, programs_per_sm = case
@@ -112,8 +111,7 @@ def test_tuned_persistent_grid(case, flat_loop):
   bias = (numerics.random_normal(kd, (n,), "float32")
           if epilogue.has_bias else None)
   config = common.TritonConfig(32, 32, 16, num_warps=4, num_stages=2,
-                               group_m=2, programs_per_sm=programs_per_sm,
-                               flat_loop=flat_loop)
+                               group_m=2, programs_per_sm=programs_per_sm)
   out = k06_tuned.tuned_matmul(a, b, c, bias, problem=problem, config=config,
                                interpret=jax.default_backend() == "cpu")
   ref = numerics.reference_matmul(a, b, transpose_a=problem.transpose_a,
@@ -132,8 +130,6 @@ def test_heuristic_is_persistent_for_16bit_on_hopper_only():
   assert k06_tuned.heuristic_config(ieee, H200_LIKE).programs_per_sm == 0
   with pytest.raises(ValueError, match="programs_per_sm"):
     common.TritonConfig(programs_per_sm=-1)
-  with pytest.raises(ValueError, match="flat_loop"):
-    common.TritonConfig(flat_loop=True)
 
 
 def test_split_k_is_deterministic():

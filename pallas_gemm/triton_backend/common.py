@@ -50,12 +50,6 @@ class TritonConfig:
   `programs_per_sm` (rung 6 only): 0 launches one program per output tile;
   n > 0 launches n programs per SM that each loop over output tiles (a
   persistent grid). Only rung 6 reads it.
-
-  `flat_loop` (rung 6, persistent grid only): one loop over a program's
-  (tile, K step) pairs instead of a K loop nested in a tile loop. Triton's
-  software pipeliner then prefetches the next tile's first K steps while the
-  current tile finishes and stores, instead of refilling its pipeline after
-  every tile.
   """
 
   block_m: int = 64
@@ -67,7 +61,6 @@ class TritonConfig:
   split_k: int = 1
   k_major: bool = False
   programs_per_sm: int = 0
-  flat_loop: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k"):
@@ -90,11 +83,6 @@ class TritonConfig:
         or not 0 <= self.programs_per_sm <= 8):
       raise ValueError(f"programs_per_sm={self.programs_per_sm!r} must be an "
                        "int in [0, 8] (0: one program per output tile)")
-    if not isinstance(self.flat_loop, bool):
-      raise TypeError(f"flat_loop={self.flat_loop!r} must be a bool")
-    if self.flat_loop and not self.programs_per_sm:
-      raise ValueError("flat_loop=True needs a persistent grid "
-                       "(programs_per_sm > 0)")
 
   def smem_bytes(self, in_dtype: str) -> int:
     """Shared memory the software pipeline holds: one A and one B tile per

@@ -54,7 +54,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -89,12 +88,7 @@ _PREFERRED = {
 # Persistent-grid candidates, searched first (see `search_space`).
 _PERSISTENT = {
     "16bit": (
-        TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=8,
-                     programs_per_sm=1, flat_loop=True),
-        TritonConfig(128, 256, 64, num_warps=8, num_stages=4, group_m=8,
-                     programs_per_sm=1, flat_loop=True),
-        TritonConfig(256, 128, 64, num_warps=8, num_stages=3, group_m=8,
-                     programs_per_sm=1, flat_loop=True),
+
         TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=8,
                      programs_per_sm=1),
         TritonConfig(256, 128, 64, num_warps=8, num_stages=3, group_m=8,
@@ -114,8 +108,7 @@ _PERSISTENT = {
     ),
     # Exact f32 runs several programs per SM (FFMA latency hiding).
     "ieee": (
-        TritonConfig(64, 128, 32, num_warps=4, num_stages=3, group_m=8,
-                     programs_per_sm=3, flat_loop=True),
+
         TritonConfig(64, 128, 32, num_warps=4, num_stages=3, group_m=8,
                      programs_per_sm=3),
         TritonConfig(64, 128, 32, num_warps=4, num_stages=3, group_m=8,
@@ -250,8 +243,7 @@ def _persistent_matmul(a, b, c, bias, *, problem, config, masks, interpret):
   sms = device.num_sms if device.is_gpu else _INTERPRET_SMS
   programs = max(1, min(num_tiles, config.programs_per_sm * max(sms, 1)))
   m_span, n_span = grid_m * bm, grid_n * bn
-  k_steps = cdiv(problem.k, bk)
-  k_span = k_steps * bk
+  k_span = cdiv(problem.k, bk) * bk
 
   def whole(*block):
     return pl.BlockSpec((None, *block), lambda prog, batch: (batch, 0, 0))
@@ -290,47 +282,7 @@ def _persistent_matmul(a, b, c, bias, *, problem, config, masks, interpret):
 
     # Program p owns tiles p, p + programs, p + 2 * programs, ...
     my_tiles = jax.lax.div(num_tiles - prog + programs - 1, programs)
-    if not config.flat_loop:
-      jax.lax.fori_loop(0, my_tiles, tile_body, 0)
-      return
-
-    # One loop over (tile, K step) pairs; the tile's store and the reset of
-    # the accumulator happen on its last K step.
-    def tile_origin(t):
-      i, j = common.grouped_tile_index(prog + t * programs, grid_m=grid_m,
-                                       grid_n=grid_n, group_m=config.group_m)
-      return i, j, pl.multiple_of(i * bm, bm), pl.multiple_of(j * bn, bn)
-
-    def flat_step(step, acc):
-      t = jax.lax.div(step, k_steps)
-      k_index = jax.lax.rem(step, k_steps)
-      i, j, row0, col0 = tile_origin(t)
-      rows, cols = common.program_rows_cols(i, j, config)
-      a_tile = common.load_a_tile(a_ref, k_index, problem=problem, rows=rows,
-                                  bk=bk, masks=masks, hint=True,
-                                  row_start=row0)
-      b_tile = common.load_b_tile(b_ref, k_index, problem=problem, cols=cols,
-                                  bk=bk, masks=masks, hint=True,
-                                  col_start=col0)
-      acc = acc + jnp.dot(a_tile, b_tile,
-                          precision=common.dot_precision(problem),
-                          preferred_element_type=jnp.float32)
-
-      def store_and_reset(acc):
-        row_slice, col_slice = pl.ds(row0, bm), pl.ds(col0, bn)
-        common.store_output(
-            o_ref.at[row_slice, col_slice], acc, problem=problem, rows=rows,
-            cols=cols,
-            c_ref=None if c_ref is None else c_ref.at[row_slice, col_slice],
-            bias_ref=None if bias_ref is None else bias_ref.at[col_slice],
-            masks=masks)
-        return jnp.zeros_like(acc)
-
-      return jax.lax.cond(k_index == k_steps - 1, store_and_reset,
-                          lambda acc: acc, acc)
-
-    jax.lax.fori_loop(0, my_tiles * k_steps, flat_step,
-                      jnp.zeros((bm, bn), jnp.float32))
+    jax.lax.fori_loop(0, my_tiles, tile_body, 0)
 
   return pl.pallas_call(
       kernel,

@@ -5,12 +5,14 @@ size). This script times the remaining knobs of issue #4 on rung 6's best
 configs, as kernel variants written here (tile-multiple NN problems only,
 plain epilogue, so that nothing but the knob changes):
 
-  base        rung 6 as shipped (`triton/06_tuned` with the given config)
-  evict_last  A and B loads marked evict_last / .cg (keep operands in L2,
-              bypass L1)
-  unroll2     the K loop written with two K steps (two dots) per iteration
+  base        rung 6 (`triton/06_tuned`) with the given config;
+              base_persistent the same on its persistent grid
+  evict_last  A and B loads marked evict_last (keep operands in L2)
+  unroll2     the K loop written with two K steps (two dots) per iteration,
+              each half as deep
   persistent  one program per SM looping over its output tiles (grouped
-              order), the K loop inside
+              order), the K loop inside; persistent_evict_loads/_store/_both
+              add evict_last operand loads and/or evict_first output stores
   out_f32     the epilogue stores an f32 tile and XLA converts it (the
               epilogue dtype knob)
 
@@ -90,7 +92,9 @@ def _tile_loop(a_ref, b_ref, problem, config, rows0, cols0, *,
 
 def variant_fn(variant, problem, config, num_sms):
   """A jitted (a, b) -> out for one knob variant."""
-  if variant == "base":
+  if variant in ("base", "base_persistent"):
+    if variant == "base_persistent":
+      config = dataclasses.replace(config, programs_per_sm=1)
     entry = registry.get_kernel("triton/06_tuned")
     return jax.jit(lambda a, b: entry.fn(a, b, None, None, problem=problem,
                                          config=config, interpret=INTERPRET))
@@ -100,7 +104,13 @@ def variant_fn(variant, problem, config, num_sms):
       problem.out_dtype)
   params = pltriton.CompilerParams(num_warps=config.num_warps,
                                    num_stages=config.num_stages)
-  if variant == "persistent":
+  if variant.startswith("persistent"):
+    load_evict = ({"eviction_policy": "evict_last"}
+                  if variant in ("persistent_evict_loads",
+                                 "persistent_evict_both") else {})
+    store_evict = ({"eviction_policy": "evict_first"}
+                   if variant in ("persistent_evict_store",
+                                  "persistent_evict_both") else {})
     num_tiles = grid_m * grid_n
     programs = min(num_sms, num_tiles)
 
@@ -113,9 +123,10 @@ def variant_fn(variant, problem, config, num_sms):
                                          group_m=config.group_m)
         rows0 = pl.multiple_of(i * bm, bm)
         cols0 = pl.multiple_of(j * bn, bn)
-        acc = _tile_loop(a_ref, b_ref, problem, config, rows0, cols0)
+        acc = _tile_loop(a_ref, b_ref, problem, config, rows0, cols0,
+                         load_kwargs=load_evict)
         pltriton.store(o_ref.at[pl.ds(rows0, bm), pl.ds(cols0, bn)],
-                       acc.astype(out_dtype))
+                       acc.astype(out_dtype), **store_evict)
         return carry
 
       my_tiles = jax.lax.div(num_tiles - pid + programs - 1, programs)
@@ -136,9 +147,14 @@ def variant_fn(variant, problem, config, num_sms):
   load_kwargs = {}
   steps_per_iter = 1
   if variant == "evict_last":
-    load_kwargs = dict(eviction_policy="evict_last", cache_modifier=".cg")
+    # cache_modifier is unusable in jax 0.11.2: the lowering accepts ".cg"
+    # but looks it up without the dot (KeyError), so eviction only.
+    load_kwargs = dict(eviction_policy="evict_last")
   elif variant == "unroll2":
+    # Two K steps of half the depth, so the pipelined footprint is the
+    # same as the base's (two full steps overflowed shared memory).
     steps_per_iter = 2
+    config = dataclasses.replace(config, block_k=config.block_k // 2)
 
   def kernel(a_ref, b_ref, o_ref):
     i, j = common.grouped_tile_index(pl.program_id(0), grid_m=grid_m,
@@ -165,7 +181,9 @@ def variant_fn(variant, problem, config, num_sms):
       problem.out_dtype))
 
 
-VARIANTS = ("base", "evict_last", "unroll2", "persistent", "out_f32")
+VARIANTS = ("base", "base_persistent", "evict_last", "unroll2", "persistent",
+            "persistent_evict_loads", "persistent_evict_store",
+            "persistent_evict_both", "out_f32")
 
 
 def jnp_dot(problem):

@@ -44,12 +44,22 @@ sass = subprocess.run([tool, "--dump-sass", cubin], capture_output=True,
                       text=True).stdout
 def count(text, *words):
   return "  ".join(f"{w}={text.count(w)}" for w in words)
-print("triton", triton.__version__)
+usage = subprocess.run([tool, "--dump-resource-usage", cubin],
+                       capture_output=True, text=True).stdout
+print("triton", triton.__version__, " shared bytes:", kernel.metadata.shared)
+print("resources:", " ".join(
+    line.strip() for line in usage.splitlines() if "REG" in line))
 print("TTGIR:", count(ttgir, "warp_group_dot", "async_copy_global_to_local",
                       "local_alloc"))
 print("PTX:  ", count(ptx, "wgmma.mma_async", "mma.sync", "cp.async.cg",
                       "cp.async.ca", "cp.async.bulk.tensor"))
 print("SASS: ", count(sass, "HGMMA", "HMMA", "FFMA", "LDGSTS", "UTMALDG"))
+import collections, re
+shared_loads = collections.Counter(re.findall(r"\b(LDS(?:\.[A-Z0-9]+)*)", sass))
+print("SASS shared loads:", dict(sorted(shared_loads.items())))
+for line in ttgir.splitlines():
+  if line.startswith("#blocked"):
+    print("  ", line)
 for line in ttgir.splitlines():
   if line.startswith("#") and ("nvmma_shared" in line or "nvidia_mma" in line):
     print("  ", line)

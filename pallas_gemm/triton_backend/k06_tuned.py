@@ -85,10 +85,14 @@ _PREFERRED = {
         TritonConfig(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
     ),
 }
-# Persistent-grid candidates, searched first (see `search_space`).
-_PERSISTENT = {
+# Candidates searched before the generic grid (see `search_space`): for
+# 16-bit the persistent grid, which won every shape measured on the H200;
+# for exact f32 16-warp blocks, which ptxas fits in <= 128 registers (one
+# 512-thread block per SM, 16 warps to hide shared-memory latency) where
+# 4- and 8-warp FFMA blocks take ~196 registers and leave 8 warps per SM
+# (register counts from experiments/triton_sass.py).
+_SEARCH_FIRST = {
     "16bit": (
-
         TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=8,
                      programs_per_sm=1),
         TritonConfig(256, 128, 64, num_warps=8, num_stages=3, group_m=8,
@@ -106,15 +110,12 @@ _PERSISTENT = {
         TritonConfig(128, 128, 32, num_warps=4, num_stages=4, group_m=8,
                      k_major=True, programs_per_sm=1),
     ),
-    # Exact f32 runs several programs per SM (FFMA latency hiding).
     "ieee": (
-
-        TritonConfig(64, 128, 32, num_warps=4, num_stages=3, group_m=8,
-                     programs_per_sm=3),
-        TritonConfig(64, 128, 32, num_warps=4, num_stages=3, group_m=8,
-                     programs_per_sm=4),
-        TritonConfig(64, 128, 16, num_warps=4, num_stages=4, group_m=8,
-                     programs_per_sm=4),
+        TritonConfig(128, 128, 16, num_warps=16, num_stages=3, group_m=8),
+        TritonConfig(128, 128, 16, num_warps=16, num_stages=4, group_m=8),
+        TritonConfig(64, 256, 16, num_warps=16, num_stages=4, group_m=8),
+        TritonConfig(128, 64, 16, num_warps=8, num_stages=4, group_m=8),
+        TritonConfig(64, 128, 16, num_warps=8, num_stages=4, group_m=8),
     ),
 }
 
@@ -174,9 +175,7 @@ def search_space(problem, device) -> list[TritonConfig]:
     tiles = [(128, 128, 16), (64, 128, 32), (128, 64, 32), (64, 64, 32),
              (128, 128, 32), (64, 64, 16)]
   k_majors = (False, True) if family == "tf32" else (False,)
-  # The persistent grid first: it won every 16-bit shape measured on the
-  # H200 (experiments/results/nvidia_h200/triton/knobs/).
-  space = list(_PERSISTENT[family]) + [
+  space = list(_SEARCH_FIRST[family]) + [
       TritonConfig(bm, bn, bk, num_warps=warps, num_stages=stages,
                    group_m=8, k_major=k_major)
       for bm, bn, bk in tiles for warps in (4, 8) for stages in (3, 4)

@@ -86,11 +86,10 @@ _PREFERRED = {
     ),
 }
 # Candidates searched before the generic grid (see `search_space`): for
-# 16-bit the persistent grid, which won every shape measured on the H200;
-# for exact f32 16-warp blocks, which ptxas fits in <= 128 registers (one
-# 512-thread block per SM, 16 warps to hide shared-memory latency) where
-# 4- and 8-warp FFMA blocks take ~196 registers and leave 8 warps per SM
-# (register counts from experiments/triton_sass.py).
+# 16-bit the persistent grid, which won every shape measured on the H200.
+# Exact f32 has none: persistent grids (26-27 TFLOP/s against 44-46) and
+# 16-warp FFMA blocks (<= 128 registers, 16 warps per SM; 3-14 % slower)
+# both lost to the 4-warp 64x128x32 block on the H200.
 _SEARCH_FIRST = {
     "16bit": (
         TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=8,
@@ -110,13 +109,7 @@ _SEARCH_FIRST = {
         TritonConfig(128, 128, 32, num_warps=4, num_stages=4, group_m=8,
                      k_major=True, programs_per_sm=1),
     ),
-    "ieee": (
-        TritonConfig(128, 128, 16, num_warps=16, num_stages=3, group_m=8),
-        TritonConfig(128, 128, 16, num_warps=16, num_stages=4, group_m=8),
-        TritonConfig(64, 256, 16, num_warps=16, num_stages=4, group_m=8),
-        TritonConfig(128, 64, 16, num_warps=8, num_stages=4, group_m=8),
-        TritonConfig(64, 128, 16, num_warps=8, num_stages=4, group_m=8),
-    ),
+    "ieee": (),
 }
 
 # Interpret mode cost grows with the number of grid steps times K steps;

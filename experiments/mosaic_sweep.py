@@ -357,22 +357,20 @@ def cluster_configs(problem):
   return [heur] + [c for c in extra if c.fits(problem)]
 
 
-def stage_pingpong(args):
-  """Cooperative against pingpong consumers over the large suite."""
-  for m, n, k in shapes.LARGE:
-    problem = problem_for(m, n, k)
-    time_problem("pingpong", problem, pingpong_configs(problem),
-                 iters=args.iters,
-                 compare_hopper_example=args.hopper_example)
+def _large_suite_stage(stage, configs_for):
+  def run(args):
+    for m, n, k in shapes.LARGE:
+      problem = problem_for(m, n, k)
+      time_problem(stage, problem, configs_for(problem), iters=args.iters,
+                   compare_hopper_example=args.hopper_example)
+  run.__doc__ = f"The large suite with `{configs_for.__name__}`."
+  return run
 
 
-def stage_cluster(args):
-  """No cluster against 2-CTA clusters with TMA multicast, large suite."""
-  for m, n, k in shapes.LARGE:
-    problem = problem_for(m, n, k)
-    time_problem("cluster", problem, cluster_configs(problem),
-                 iters=args.iters,
-                 compare_hopper_example=args.hopper_example)
+# Cooperative against pingpong consumers, and no cluster against 2-CTA
+# clusters with TMA multicast, over the large suite.
+stage_pingpong = _large_suite_stage("pingpong", pingpong_configs)
+stage_cluster = _large_suite_stage("cluster", cluster_configs)
 
 
 def stage_sweep(args):

@@ -90,21 +90,14 @@ _PREFERRED = {
 # Exact f32 has none: persistent grids (26-27 TFLOP/s against 44-46) and
 # 16-warp FFMA blocks (<= 128 registers, 16 warps per SM; 3-14 % slower)
 # both lost to the 4-warp 64x128x32 block on the H200.
+_PERSISTENT_16BIT = TritonConfig(128, 256, 64, num_warps=8, num_stages=3,
+                                 group_m=8, programs_per_sm=1)
 _SEARCH_FIRST = {
-    "16bit": (
-        TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=8,
-                     programs_per_sm=1),
-        TritonConfig(256, 128, 64, num_warps=8, num_stages=3, group_m=8,
-                     programs_per_sm=1),
-        TritonConfig(128, 256, 64, num_warps=8, num_stages=4, group_m=8,
-                     programs_per_sm=1),
-        TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=16,
-                     programs_per_sm=1),
-        TritonConfig(128, 256, 64, num_warps=8, num_stages=3, group_m=4,
-                     programs_per_sm=1),
-        TritonConfig(128, 256, 32, num_warps=8, num_stages=4, group_m=8,
-                     programs_per_sm=1),
-    ),
+    "16bit": (_PERSISTENT_16BIT,) + tuple(
+        dataclasses.replace(_PERSISTENT_16BIT, **change) for change in (
+            dict(block_m=256, block_n=128), dict(num_stages=4),
+            dict(group_m=16), dict(group_m=4),
+            dict(block_k=32, num_stages=4))),
     "tf32": (
         TritonConfig(128, 128, 32, num_warps=4, num_stages=4, group_m=8,
                      k_major=True, programs_per_sm=1),

@@ -68,7 +68,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
-from pallas_gemm import numerics, registry  # noqa: E402
+from pallas_gemm import autotune, numerics, registry  # noqa: E402
 from pallas_gemm.devices import DeviceInfo, device_info, peak_tflops  # noqa: E402
 from pallas_gemm.problem import FP8_DTYPES, GemmProblem, cdiv  # noqa: E402
 
@@ -161,8 +161,8 @@ BASELINE_NAME = "xla"
 HOPPER_NAME = "jax_hopper"
 # H100/H200 have 50-60 MB of L2; the rotated input sets add up to twice that
 # so that no timed call finds its operands still cached.
-L2_BYTES = 60 * 2**20
-MAX_INPUT_SETS = 16
+L2_BYTES = autotune.L2_BYTES
+MAX_INPUT_SETS = autotune.MAX_OPERAND_SETS
 INPUT_SET_MEMORY_CAP = 8 * 2**30
 # CUPTI's measure keeps every iteration's outputs alive until it syncs.
 OUTPUTS_IN_FLIGHT_CAP = 4 * 2**30

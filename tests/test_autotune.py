@@ -191,3 +191,15 @@ def test_search_space_registered_for_tuned():
   space = autotune.search_space(problem(), KERNEL, GPU)
   assert space and all(isinstance(c, TritonConfig) for c in space)
   assert len(set(space)) == len(space)
+
+
+def test_tuning_rotates_operands_past_l2_for_small_problems():
+  from pallas_gemm import autotune
+  small = GemmProblem(1, 2048, 2048, 2048, "bfloat16", "bfloat16")
+  large = GemmProblem(1, 8192, 8192, 8192, "bfloat16", "bfloat16")
+  count = autotune.operand_set_count(small, on_gpu=True)
+  set_bytes = (2048 + 2048) * 2048 * 2
+  assert count * set_bytes >= 2 * autotune.L2_BYTES
+  assert count <= autotune.MAX_OPERAND_SETS
+  assert autotune.operand_set_count(large, on_gpu=True) == 1
+  assert autotune.operand_set_count(small, on_gpu=False) == 1

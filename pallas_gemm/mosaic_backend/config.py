@@ -68,13 +68,17 @@ class MosaicConfig:
     CTA instead of halves of one tile. Their main loops then follow each
     other through the shared ring, so one warpgroup's epilogue runs while
     the other keeps the tensor cores busy; in the cooperative schedule both
-    stop for the epilogue. `wg_dimension` is ignored.
+    stop for the epilogue. `wg_dimension` is ignored. On the H200 no
+    pingpong config beat the cooperative default: a consumer's own tile is
+    then smaller, and moves more operand bytes per flop
+    (experiments/results/nvidia_h200/mosaic/README.md).
   cluster_dim: None, or the dimension along which two neighbouring CTA
     tiles form a 2-CTA cluster. The operand tile both need (B's for Dim.M,
     A's for Dim.N) is fetched once from L2, half by each CTA, and the TMA
     multicasts it into both CTAs' shared memory: that operand's L2 traffic
     halves. A stage is refilled only when the consumers of both CTAs have
-    released it.
+    released it. On the H200 it moved the large suite by -0.5 to +0.6 %
+    (along M) and cost 2-3 % (along N), so the search space leaves it out.
   """
 
   tile_m: int = 128

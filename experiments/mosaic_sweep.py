@@ -19,7 +19,6 @@ Stages:
   pingpong the cooperative default against pingpong consumer schedules over
            the large suite (--hopper-example adds JAX's example kernel).
   cluster  the default against 2-CTA clusters with TMA multicast.
-  direct   the default against direct (register to global) output stores.
 
 Timing: CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), every kernel
 launched by the call counted (pads and transposes included), one warm-up
@@ -368,19 +367,10 @@ def _large_suite_stage(stage, configs_for):
   return run
 
 
-def direct_store_configs(problem):
-  """The default with its TMA-store epilogue, then with direct stores."""
-  heur = cfg.ws_heuristic(problem)
-  return [heur, dataclasses.replace(heur, direct_store=True),
-          dataclasses.replace(heur, direct_store=True, cluster_dim=Dim.M)]
-
-
-# Cooperative against pingpong consumers, no cluster against 2-CTA clusters
-# with TMA multicast, and the TMA-store epilogue against direct stores, over
-# the large suite.
+# Cooperative against pingpong consumers, and no cluster against 2-CTA
+# clusters with TMA multicast, over the large suite.
 stage_pingpong = _large_suite_stage("pingpong", pingpong_configs)
 stage_cluster = _large_suite_stage("cluster", cluster_configs)
-stage_direct = _large_suite_stage("direct", direct_store_configs)
 
 
 def stage_sweep(args):
@@ -393,8 +383,7 @@ def stage_sweep(args):
 STAGES = {"check": stage_check, "large": stage_large, "suite": stage_suite,
           "tf32": stage_tf32,
           "decode": stage_decode, "odd": stage_odd, "sweep": stage_sweep,
-          "pingpong": stage_pingpong, "cluster": stage_cluster,
-          "direct": stage_direct}
+          "pingpong": stage_pingpong, "cluster": stage_cluster}
 
 
 def main():

@@ -179,32 +179,6 @@ def test_ws_persistent_cluster_with_odd_tile_count_and_batch(cluster_dim,
                detect_races=False)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="race detection runs in interpret mode")
-def test_ws_persistent_direct_store_has_no_races():
-  """Whole output tiles stored from registers, bias from shared memory."""
-  epilogue = Epilogue(alpha=0.5, has_bias=True, activation="silu")
-  problem = GemmProblem(1, 128, 256, 150, "bfloat16", "float32",
-                        transpose_b=True, epilogue=epilogue)
-  config = dataclasses.replace(SMALL_WS, direct_store=True)
-  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
-               detect_races=True)
-  assert not _races_found()
-
-
-@pytest.mark.parametrize("m,n", [(384, 128), (130, 70)])
-def test_ws_persistent_direct_store_edges(m, n):
-  """A cluster's tile past the edge stores nothing; a ragged output falls
-  back to the TMA epilogue."""
-  config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
-                        max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
-                        grid_band=2, wg_dimension=Dim.M, cluster_dim=Dim.M,
-                        direct_store=True)
-  problem = GemmProblem(2, m, n, 90, "float16", "float16", transpose_a=True)
-  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
-               detect_races=False)
-
-
 def test_ws_persistent_wg_split_along_m_and_batch():
   config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
                         max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
@@ -244,8 +218,6 @@ def test_config_validation_names_the_argument():
     MosaicConfig(cluster_dim="m")
   with pytest.raises(TypeError, match="pingpong"):
     MosaicConfig(pingpong=1)
-  with pytest.raises(TypeError, match="direct_store"):
-    MosaicConfig(direct_store="yes")
   assert MosaicConfig(cluster_dim=0).cluster_dim is Dim.M
   assert MosaicConfig(pingpong=True, tile_m=128).cta_tile_m == 128
   one = jnp.zeros((1, 64, 64), jnp.bfloat16)

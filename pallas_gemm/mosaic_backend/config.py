@@ -79,11 +79,6 @@ class MosaicConfig:
     halves. A stage is refilled only when the consumers of both CTAs have
     released it. On the H200 it moved the large suite by -0.5 to +0.6 %
     (along M) and cost 2-3 % (along N), so the search space leaves it out.
-  direct_store: the consumers store their output tile from registers with
-    plain global stores, which need no wait before the next tile, instead
-    of the TMA-store epilogue through shared memory. Applies only when M
-    and N are multiples of the CTA tile and there is no C operand; other
-    problems run the TMA epilogue.
   """
 
   tile_m: int = 128
@@ -98,7 +93,6 @@ class MosaicConfig:
   warpgroup_semantics: bool = False
   pingpong: bool = False
   cluster_dim: Dim | None = None
-  direct_store: bool = False
 
   def __post_init__(self):
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
@@ -131,8 +125,6 @@ class MosaicConfig:
 
     if not isinstance(self.pingpong, bool):
       raise TypeError(f"pingpong={self.pingpong!r} must be a bool")
-    if not isinstance(self.direct_store, bool):
-      raise TypeError(f"direct_store={self.direct_store!r} must be a bool")
     if self.cluster_dim is not None:
       if isinstance(self.cluster_dim, bool) or self.cluster_dim not in (0, 1):
         raise TypeError(

@@ -33,12 +33,6 @@ walk pairs of neighbouring tiles together; the operand tile the pair shares
 is multicast by the TMA (each CTA fetches half and both receive all of it),
 and the stage-release barrier spans the cluster.
 
-With `MosaicConfig.direct_store` (whole output tiles, no C operand) the
-consumers write their tile from registers straight to global memory: the
-stores drain while the next tile's wgmma run, instead of the consumers
-staging sub-tiles through shared memory and waiting for each TMA store to
-have read its slot.
-
 Ragged edges are left to the TMA: loads past the end of an array read
 zeros (zero rows/columns add nothing to the product) and stores past the end
 are dropped. Operands whose dims are not multiples of the TMA tiling are
@@ -161,10 +155,6 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
   n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
   num_tiles = problem.batch * m_units * n_units
-  # Fire-and-forget stores from registers need whole output tiles (no TMA
-  # clipping) and no C tile to stage.
-  direct_store = (config.direct_store and not has_c
-                  and problem.m % cta_m == 0 and problem.n % cta_n == 0)
   # The operand both CTAs of a cluster read; None without a cluster.
   shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[config.cluster_dim]
 
@@ -291,24 +281,6 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
           plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
                                   bias_smem.at[wg], bias_loaded.at[wg])
           plgpu.barrier_wait(bias_loaded.at[wg])
-        if direct_store:
-          bias_tile = None
-          if has_bias:
-            bias_vec = plgpu.load(bias_smem.at[wg],
-                                  layout=plgpu.Layout.WGMMA.reduce(0))
-            # The next tile's bias arrives by TMA (the async proxy): order
-            # this read before that write.
-            plgpu.commit_smem()
-            bias_tile = lax.broadcast_in_dim(bias_vec, (tile_m, tile_n), (1,))
-          value = apply_epilogue(acc, problem.epilogue, None, bias_tile)
-
-          # A cluster's second CTA may hold a tile past the edge (odd tile
-          # count); plain stores have no TMA clipping, so skip it.
-          @pl.when((m_idx < m_tiles) & (n_idx < n_tiles))
-          def _store():
-            out_gmem[batch_idx, pl.ds(row0, tile_m),
-                     pl.ds(col0, tile_n)] = value.astype(out_dtype)
-          return
         epi_index = 0
         for ei in range(tile_m // epi_m):
           for ej in range(tile_n // epi_n):
@@ -381,9 +353,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                                num_arrivals=NUM_CONSUMERS, num_barriers=stages)
           if clustered else
           plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)),
-      out_smem=(None if direct_store else
-                plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n),
-                           out_dtype, transforms=out_transforms)),
+      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
+                          transforms=out_transforms),
       c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
                          transforms=_tiled_transforms(epi_n, c_dtype))
               if has_c else None),

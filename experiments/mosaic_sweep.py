@@ -15,6 +15,7 @@ Stages:
   decode   small_m against jnp.dot on the decode suite, with achieved
            bandwidth (bytes of A, B and out over the kernel time).
   odd      non-tile-multiple shapes next to their divisible neighbours.
+  odd_parts  where a ragged shape's time goes (pads, kernel, output slice).
   sweep    every fitting candidate config at --sweep-shape.
   pingpong the cooperative default against pingpong consumer schedules over
            the large suite (--hopper-example adds JAX's example kernel).
@@ -333,6 +334,53 @@ def stage_odd(args):
     time_problem("odd", problem, [cfg.ws_heuristic(problem)], iters=args.iters)
 
 
+def stage_odd_parts(args):
+  """Where a ragged shape's time goes: the whole call, the kernel alone on
+  operands padded beforehand, each pad, the output slice, and a pad
+  written as an update of a zero buffer instead of jnp.pad."""
+  from pallas_gemm.mosaic_backend.ws_persistent import prepare_operands
+  for m, n, k in shapes.ODD_LARGE[::2]:
+    problem = problem_for(m, n, k)
+    config = cfg.ws_heuristic(problem)
+    a, b, c, bias = operands(problem)
+    pa, pb, _, _, (m_out, n_out) = prepare_operands(a, b, c, bias, problem,
+                                                    config)
+    padded = dataclasses.replace(problem, m=pa.shape[1], k=pa.shape[2],
+                                 n=pb.shape[2])
+    out = jax.jit(lambda a, b: ws_persistent_matmul(
+        a, b, None, None, problem=padded, config=config))(pa, pb)
+
+    def pad_by_update(x, shape):
+      return jnp.zeros(shape, x.dtype).at[:, :x.shape[1], :x.shape[2]].set(x)
+
+    parts = {
+        "whole call": (kernel_fn("ws_persistent", problem, config),
+                       (a, b, c, bias)),
+        "kernel on padded operands": (jax.jit(lambda a, b: ws_persistent_matmul(
+            a, b, None, None, problem=padded, config=config)), (pa, pb)),
+        "pad A (jnp.pad)": (jax.jit(lambda a: cfg.pad_to_tiling(
+            a, (pa.shape[1], pa.shape[2]))), (a,)),
+        "pad B (jnp.pad)": (jax.jit(lambda b: cfg.pad_to_tiling(
+            b, (pb.shape[1], pb.shape[2]))), (b,)),
+        "pad A (zeros + update)": (jax.jit(
+            lambda a: pad_by_update(a, pa.shape)), (a,)),
+        "pad B (zeros + update)": (jax.jit(
+            lambda b: pad_by_update(b, pb.shape)), (b,)),
+        "slice out": (jax.jit(lambda o: o[:, :m, :n]), (out,)),
+    }
+    for name, (fn, fn_args) in parts.items():
+      rec = {"stage": "odd_parts", "problem": problem.describe(),
+             "part": name, "config": str(config)}
+      try:
+        _, ms = time_fn(fn, *fn_args, iters=args.iters)
+        moved = sum(x.size * x.dtype.itemsize for x in fn_args
+                    if x is not None)
+        rec.update(ms=ms, input_gb_per_s=moved / ms / 1e6)
+      except Exception as e:  # noqa: BLE001
+        rec.update(error=short_error(e))
+      emit(rec)
+
+
 def pingpong_configs(problem):
   """The cooperative default next to pingpong schedules of similar size."""
   heur = cfg.ws_heuristic(problem)
@@ -383,7 +431,8 @@ def stage_sweep(args):
 STAGES = {"check": stage_check, "large": stage_large, "suite": stage_suite,
           "tf32": stage_tf32,
           "decode": stage_decode, "odd": stage_odd, "sweep": stage_sweep,
-          "pingpong": stage_pingpong, "cluster": stage_cluster}
+          "pingpong": stage_pingpong, "cluster": stage_cluster,
+          "odd_parts": stage_odd_parts}
 
 
 def main():

@@ -452,9 +452,7 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   operands = [a, b] + ([c] if c is not None else []) + (
       [bias] if bias is not None else [])
   out = call_kernel(kernel, operands, out_type, params)
-  if (m_out, n_out) != (problem.m, problem.n):
-    out = out[:, :problem.m, :problem.n]
-  return out
+  return cfg.unpad_output(out, problem.m, problem.n, on_gpu=params is None)
 
 
 def _device_num_sms() -> int:

@@ -355,35 +355,37 @@ def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
   return out
 
 
-#: How much slower a 128x128 CTA tile runs than a 128x256 one per unit of
-#: work (more shared-memory traffic per flop); an estimate, not a measurement.
-NARROW_TILE_PENALTY = 1.08
+#: The CTA tiles the heuristic weighs, as (tile_m, tile_n) per consumer
+#: (split over M) and how much slower each runs than the 128x256 CTA tile per
+#: unit of work on the H200 (tune/mosaic_tune_log.json: the 256x128 CTA tile
+#: 1.3-2 % over 4096^3-16384x4096x4096, the 128x128 one 7-9 %, from its
+#: extra shared-memory traffic per flop).
+CTA_TILE_CHOICES = ((64, 256, 1.0), (128, 128, 1.02), (64, 128, 1.08))
 
 
 def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
   """The default persistent-kernel config.
 
-  A 128x256 CTA tile split over M between the consumers (each warpgroup
-  holds a 64x256 f32 accumulator, 128 registers a thread) and the deepest
-  pipeline that fits: the best of the configs timed on the H200 at 4096^3
-  and 8192^3. A 128x128 CTA tile is taken instead when it wastes less of
-  the last wave of tiles (e.g. N = 4097 gives 17 columns of 256: 5 waves
-  of 132 CTAs where 128x128 tiles fill exactly 8), or when there are fewer
-  big tiles than SMs.
+  The deepest pipeline that fits, on the CTA tile whose waves of tiles
+  cost least: the number of waves times the CTA tile's area times its
+  slowdown (`CTA_TILE_CHOICES`). Usually the 128x256 tile (each warpgroup
+  holds a 64x256 f32 accumulator, 128 registers a thread), the best timed
+  on the H200; a 256x128 or 128x128 one when it wastes less of the last
+  wave (N = 4097: 17 columns of 256 make 5 waves of 132 CTAs where 256x128
+  tiles make exactly 4) or when there are fewer big tiles than SMs.
   """
   tile_k = swizzle_elems(problem.in_dtype)
 
-  def wave_cost(tile_n):
-    tiles = cdiv(problem.m, 128) * cdiv(problem.n, tile_n) * problem.batch
-    return cdiv(tiles, num_sms) * 128 * tile_n
+  def cost(tile_m, tile_n, slowdown):
+    cta_m = 2 * tile_m
+    tiles = cdiv(problem.m, cta_m) * cdiv(problem.n, tile_n) * problem.batch
+    return cdiv(tiles, num_sms) * cta_m * tile_n * slowdown
 
-  cost_wide = wave_cost(256)
-  cost_narrow = wave_cost(128) * NARROW_TILE_PENALTY
-  tile_n = 256 if cost_wide <= cost_narrow else 128
+  tile_m, tile_n, _ = min(CTA_TILE_CHOICES, key=lambda c: cost(*c))
   # One 128-byte swizzle span per staged output row: 64 bf16 or 32 f32
   # columns, which keeps a float32 output from costing a pipeline stage.
   epi_tile_n = SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
-  base = MosaicConfig(tile_m=64, tile_n=tile_n, tile_k=tile_k,
+  base = MosaicConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                       epi_tile_n=epi_tile_n, wg_dimension=Dim.M)
   for stages in (4, 3, 2):
     config = dataclasses.replace(base, max_concurrent_steps=stages)

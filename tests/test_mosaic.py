@@ -280,3 +280,17 @@ def test_padding_only_touches_ragged_operands():
   assert ragged.shape == (1, 16, 128)
   np.testing.assert_array_equal(np.asarray(ragged[0, 13:], np.float32), 0)
   np.testing.assert_array_equal(np.asarray(ragged[0, :, 70:], np.float32), 0)
+
+
+def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():
+  """A tuned 4096^3 entry (128x256 CTA tiles) makes 5 waves at N = 4097;
+  the heuristic's 256x128 tiles make 4, so the heuristic is used there,
+  while at 4096^3 itself the tuned entry stays."""
+  odd = GemmProblem(1, 4095, 4097, 4093, "bfloat16", "bfloat16")
+  even = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  wide = MosaicConfig(tile_m=64, tile_n=256, wg_dimension=Dim.M)
+  assert cfg.waves(odd, wide, 132) == 5
+  assert cfg.waves(odd, cfg.ws_heuristic(odd, 132), 132) == 4
+  chosen = ws_persistent.default_config(odd, HOPPER)
+  assert cfg.waves(odd, chosen, 132) == 4
+  assert ws_persistent.default_config(even, HOPPER).cta_tile_n == 256

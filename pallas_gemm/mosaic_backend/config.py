@@ -363,6 +363,13 @@ def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
 CTA_TILE_CHOICES = ((64, 256, 1.0), (128, 128, 1.02), (64, 128, 1.08))
 
 
+def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:
+  """How many rounds of CTA tiles the persistent grid runs."""
+  tiles = (cdiv(problem.m, config.cta_tile_m) * cdiv(problem.n, config.cta_tile_n)
+           * problem.batch)
+  return cdiv(tiles, max(num_sms, 1))
+
+
 def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
   """The default persistent-kernel config.
 

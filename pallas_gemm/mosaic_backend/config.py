@@ -363,11 +363,14 @@ def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
 CTA_TILE_CHOICES = ((64, 256, 1.0), (128, 128, 1.02), (64, 128, 1.08))
 
 
+def _waves_of(problem: GemmProblem, cta_m: int, cta_n: int, num_sms: int):
+  tiles = cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n) * problem.batch
+  return cdiv(tiles, max(num_sms, 1))
+
+
 def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:
   """How many rounds of CTA tiles the persistent grid runs."""
-  tiles = (cdiv(problem.m, config.cta_tile_m) * cdiv(problem.n, config.cta_tile_n)
-           * problem.batch)
-  return cdiv(tiles, max(num_sms, 1))
+  return _waves_of(problem, config.cta_tile_m, config.cta_tile_n, num_sms)
 
 
 def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
@@ -384,9 +387,9 @@ def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
   tile_k = swizzle_elems(problem.in_dtype)
 
   def cost(tile_m, tile_n, slowdown):
-    cta_m = 2 * tile_m
-    tiles = cdiv(problem.m, cta_m) * cdiv(problem.n, tile_n) * problem.batch
-    return cdiv(tiles, num_sms) * cta_m * tile_n * slowdown
+    cta_m = 2 * tile_m  # the consumers split the CTA tile over M
+    return (_waves_of(problem, cta_m, tile_n, num_sms) * cta_m * tile_n
+            * slowdown)
 
   tile_m, tile_n, _ = min(CTA_TILE_CHOICES, key=lambda c: cost(*c))
   # One 128-byte swizzle span per staged output row: 64 bf16 or 32 f32

@@ -131,6 +131,14 @@ def _tiled_transforms(minor_elems: int, dtype):
   return (plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(swizzle))
 
 
+def _cluster_units(config: MosaicConfig, m_tiles: int, n_tiles: int):
+  """(m, n) counts of the units the persistent grid hands out: CTA tiles,
+  or pairs of them along `cluster_dim` with a 2-CTA cluster."""
+  m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
+  n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
+  return m_units, n_units
+
+
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                  k_iters: int, m_tiles: int, n_tiles: int):
   """One CTA. Tiles are counted in cluster tiles: a cluster of two CTAs owns
@@ -152,8 +160,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   stages = config.max_concurrent_steps
   out_slots = config.out_slots
   clustered = config.cluster_dim is not None
-  m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
-  n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
+  m_units, n_units = _cluster_units(config, m_tiles, n_tiles)
   num_tiles = problem.batch * m_units * n_units
   # The operand both CTAs of a cluster read; None without a cluster.
   shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[config.cluster_dim]
@@ -428,8 +435,7 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   n_tiles = cdiv(problem.n, config.cta_tile_n)
   k_iters = cdiv(problem.k, config.tile_k)
   cluster_size = config.cluster_size
-  m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
-  n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
+  m_units, n_units = _cluster_units(config, m_tiles, n_tiles)
   num_clusters = min(num_sms // cluster_size, problem.batch * m_units * n_units)
   cluster_kwargs = ({} if cluster_size == 1 else
                     dict(cluster=(cluster_size,), cluster_names=("cluster",)))
@@ -487,13 +493,11 @@ def default_config(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
   heuristic's 256x128 tiles make 4 (measured 498 against 569 TFLOP/s).
   """
   num_sms = max(device.num_sms, 1) if device.is_gpu else INTERPRET_CTAS
-  heuristic = functools.partial(cfg.ws_heuristic, problem, num_sms)
-  config = autotune.config_for(problem, NAME, device, MosaicConfig, heuristic)
-  if not config.fits(problem):
-    return heuristic()
-  fallback = heuristic()
-  if (cfg.waves(problem, config, num_sms)
-      > cfg.waves(problem, fallback, num_sms)):
+  fallback = cfg.ws_heuristic(problem, num_sms)
+  config = autotune.config_for(problem, NAME, device, MosaicConfig,
+                               lambda: fallback)
+  if not config.fits(problem) or (cfg.waves(problem, config, num_sms)
+                                  > cfg.waves(problem, fallback, num_sms)):
     return fallback
   return config
 

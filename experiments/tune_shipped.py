@@ -51,7 +51,12 @@ def _parse_args(argv=None):
                       help="folder for the log JSON and the updated defaults")
   parser.add_argument("--dry_run", action="store_true",
                       help="tune nothing; print the plan (works on a CPU)")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  dtypes = {d.strip() for d in args.dtypes.split(",") if d.strip()}
+  if args.precision == "ieee" and dtypes != {"float32"}:
+    parser.error(f"--precision=ieee needs --dtypes=float32, got "
+                 f"--dtypes={args.dtypes}")
+  return args
 
 
 # Config fields that change the shape of the work; the rest (pipeline depth,

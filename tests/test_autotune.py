@@ -203,3 +203,12 @@ def test_tuning_rotates_operands_past_l2_for_small_problems():
   assert count <= autotune.MAX_OPERAND_SETS
   assert autotune.operand_set_count(large, on_gpu=True) == 1
   assert autotune.operand_set_count(small, on_gpu=False) == 1
+
+
+def test_tune_shipped_rejects_exact_precision_for_16bit_dtypes(capsys):
+  from experiments import tune_shipped
+  with pytest.raises(SystemExit):
+    tune_shipped._parse_args(["--precision=ieee", "--dtypes=bfloat16"])
+  assert "--precision=ieee" in capsys.readouterr().err
+  args = tune_shipped._parse_args(["--precision=ieee", "--dtypes=float32"])
+  assert args.precision == "ieee"

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Nsight Compute on the Pallas-Triton kernels XLA actually launches: one
+# profile per case (registers, occupancy, instruction mix, warp stalls, and
+# the SASS with per-instruction counts). Clocks are left alone
+# (--clock-control none).
+#
+#   OUT=/some/dir experiments/triton_ncu.sh ["ARGS1" "ARGS2" ...]
+#
+# Each argument is a set of experiments/triton_ncu.py flags; without any,
+# the cases below. Writes $WORK/<n>.{txt,sass.csv} and packs them into
+# $OUT/triton_ncu.tar.gz (the device machine returns at most 8 files).
+# Pass the revision as PALLAS_GEMM_GIT_SHA (the device copy may lack .git).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${OUT:-./out}
+PY=${PYTHON:-python3}
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export PATH="$PATH:/usr/local/cuda/bin"
+DIR=${WORK:-/tmp/pallas_gemm_ncu}
+rm -rf "$DIR"
+mkdir -p "$DIR" "$OUT"
+exec > >(tee -a "$DIR/log.txt") 2>&1
+
+if [ $# -eq 0 ]; then
+  set -- \
+    "--case tf32:NN --block 128x128x32 --num-warps 4 --num-stages 4 --k-major" \
+    "--case tf32:NN --block 128x256x32 --num-warps 8 --num-stages 3 --k-major" \
+    "--case bf16:NN --block 128x256x64 --num-warps 8 --num-stages 3 --programs-per-sm 1" \
+    "--case ieee:NN --block 64x128x32 --num-warps 4 --num-stages 3"
+fi
+
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
+"$NCU" --version | tail -n 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+"$PY" -c "import jax; print('jax', jax.__version__)"
+
+case_number=0
+for flags in "$@"; do
+  case_number=$((case_number + 1))
+  name="case$case_number"
+  echo
+  echo "=== $name: $flags (${SECONDS}s in)"
+  # shellcheck disable=SC2086  # flags is a word list on purpose
+  "$NCU" --clock-control none -k 'regex:^tuned' -s 1 -c 1 \
+    --section LaunchStats --section Occupancy --section SpeedOfLight \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section SourceCounters \
+    --import-source no -o "$DIR/$name" -f \
+    "$PY" experiments/triton_ncu.py $flags
+  echo "exit $?"
+  "$NCU" -i "$DIR/$name.ncu-rep" --page details > "$DIR/$name.txt" 2>&1
+  "$NCU" -i "$DIR/$name.ncu-rep" --page source --csv --print-source sass \
+    > "$DIR/$name.sass.csv" 2>&1
+  grep -E "Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|Duration|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued" \
+    "$DIR/$name.txt" | head -n 24
+  echo "tensor-core opcodes in the SASS (executed instructions per opcode):"
+  grep -oE '"(HGMMA|HMMA|FFMA|LDGSTS|BAR)[^"]*"' "$DIR/$name.sass.csv" \
+    | sort | uniq -c | sort -rn | head -n 8
+done
+
+tar -C "$DIR" -czf "$OUT/triton_ncu.tar.gz" --exclude='*.ncu-rep' .
+cp "$DIR/log.txt" "$OUT/log.txt"

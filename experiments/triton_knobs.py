@@ -15,6 +15,10 @@ plain epilogue, so that nothing but the knob changes):
               add evict_last operand loads and/or evict_first output stores
   out_f32     the epilogue stores an f32 tile and XLA converts it (the
               epilogue dtype knob)
+  config:BMxBNxBK/wW/sS/gG/pP
+              rung 6 itself with that config (warps, stages, group size,
+              programs per SM; omitted fields keep the case's config), for
+              configs outside the search space
 
 Every variant is checked against jnp.dot before it is timed. Timing: CUPTI
 (`jax.experimental.mosaic.gpu.profiler.measure`), every kernel a call
@@ -90,8 +94,24 @@ def _tile_loop(a_ref, b_ref, problem, config, rows0, cols0, *,
   return jax.lax.fori_loop(0, k_steps // steps_per_iter, body, acc)
 
 
+def parse_config(spec: str, base: TritonConfig) -> TritonConfig:
+  """`BMxBNxBK/w8/s2/g8/p1` -> a TritonConfig (missing fields from `base`)."""
+  block, *fields = spec.split("/")
+  bm, bn, bk = (int(x) for x in block.split("x"))
+  names = {"w": "num_warps", "s": "num_stages", "g": "group_m",
+           "p": "programs_per_sm"}
+  changes = {names[f[0]]: int(f[1:]) for f in fields}
+  return dataclasses.replace(base, block_m=bm, block_n=bn, block_k=bk,
+                             **changes)
+
+
 def variant_fn(variant, problem, config, num_sms):
   """A jitted (a, b) -> out for one knob variant."""
+  if variant.startswith("config:"):
+    config = parse_config(variant.removeprefix("config:"), config)
+    entry = registry.get_kernel("triton/06_tuned")
+    return jax.jit(lambda a, b: entry.fn(a, b, None, None, problem=problem,
+                                         config=config, interpret=INTERPRET))
   if variant in ("base", "base_persistent"):
     if variant == "base_persistent":
       config = dataclasses.replace(config, programs_per_sm=1)
@@ -208,6 +228,10 @@ def main():
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--budget-s", type=float, default=400)
   parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--families", default="bf16,ieee",
+                      help="which of bf16, ieee to run")
+  parser.add_argument("--shapes", default="",
+                      help="MxNxK,... for every family (default: built-in)")
   parser.add_argument("--dry-run", action="store_true",
                       help="interpret mode on a CPU at small sizes")
   args = parser.parse_args()
@@ -237,8 +261,15 @@ def main():
         "num_sms": num_sms, "command": "python3 experiments/triton_knobs.py "
         + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in
                    vars(args).items() if k != "out")})
-  cases = [("bfloat16", "default", s, BF16_CONFIG) for s in BF16_SHAPES] + [
-      ("float32", "ieee", s, IEEE_CONFIG) for s in IEEE_SHAPES]
+  if args.shapes:
+    BF16_SHAPES = IEEE_SHAPES = [
+        tuple(int(x) for x in shape.split("x"))
+        for shape in args.shapes.split(",")]
+  families = set(args.families.split(","))
+  cases = [("bfloat16", "default", s, BF16_CONFIG) for s in BF16_SHAPES
+           if "bf16" in families] + [
+      ("float32", "ieee", s, IEEE_CONFIG) for s in IEEE_SHAPES
+      if "ieee" in families]
   key = numerics.fresh_key()
   for dtype, precision, (m, n, k), config in cases:
     problem = GemmProblem(1, m, n, k, dtype, dtype, precision=precision)
@@ -253,8 +284,10 @@ def main():
       if time.time() - START > args.budget_s:
         emit({"skipped": "budget"})
         return
+      shown = (parse_config(variant.removeprefix("config:"), config)
+               if variant.startswith("config:") else config)
       record = {"problem": problem.describe(), "variant": variant,
-                "config": str(config)}
+                "config": str(shown)}
       try:
         out, ms = measure(variant_fn(variant, problem, config, num_sms), a, b,
                           args.iters)

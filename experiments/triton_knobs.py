@@ -284,8 +284,11 @@ def main():
       if time.time() - START > args.budget_s:
         emit({"skipped": "budget"})
         return
-      shown = (parse_config(variant.removeprefix("config:"), config)
-               if variant.startswith("config:") else config)
+      shown = config
+      if variant.startswith("config:"):
+        shown = parse_config(variant.removeprefix("config:"), config)
+      elif variant == "base_persistent":
+        shown = dataclasses.replace(config, programs_per_sm=1)
       record = {"problem": problem.describe(), "variant": variant,
                 "config": str(shown)}
       try:

@@ -7,7 +7,8 @@
 #   OUT=/some/dir experiments/triton_ncu.sh ["ARGS1" "ARGS2" ...]
 #
 # Each argument is a set of experiments/triton_ncu.py flags; without any,
-# the cases below. Writes $WORK/<n>.{txt,sass.csv} and packs them into
+# the cases below. Writes $WORK/<n>.{txt,sass.csv.gz} and digest.txt
+# (experiments/ncu_sass_digest.py), and packs them into
 # $OUT/triton_ncu.tar.gz (the device machine returns at most 8 files).
 # Pass the revision as PALLAS_GEMM_GIT_SHA (the device copy may lack .git).
 set -uo pipefail
@@ -57,9 +58,9 @@ for flags in "$@"; do
     > "$DIR/$name.sass.csv" 2>&1
   grep -E "Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|Duration|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued" \
     "$DIR/$name.txt" | head -n 24
-  echo "tensor-core opcodes in the SASS (executed instructions per opcode):"
-  grep -oE '"(HGMMA|HMMA|FFMA|LDGSTS|BAR)[^"]*"' "$DIR/$name.sass.csv" \
-    | sort | uniq -c | sort -rn | head -n 8
+  gzip -9 "$DIR/$name.sass.csv"
+  "$PY" experiments/ncu_sass_digest.py "$DIR/$name.sass.csv.gz" \
+    | tee -a "$DIR/digest.txt" | head -n 40
 done
 
 tar -C "$DIR" -czf "$OUT/triton_ncu.tar.gz" --exclude='*.ncu-rep' .

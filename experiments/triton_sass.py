@@ -12,8 +12,12 @@ MMA and copy instructions in TTGIR, PTX and SASS.
 Why not XLA's own dump: with jaxlib 0.11.2, `--xla_dump_to` wrote HLO and
 thunk files but no PTX for the Triton custom call (see
 results/nvidia_h200/triton/xla_dump_attempt.txt). The pip Triton is not the
-Triton build inside jaxlib, so treat the counts as strong evidence of what
-the TTIR asks for, not as XLA's exact binary.
+Triton build inside jaxlib, so treat the counts as evidence of what the TTIR
+asks for, not as XLA's exact binary. Step 2 runs Triton's own TTIR passes
+first, as XLA does. It does not run the pass XLA adds in front of them,
+which rounds every operand of a TF32 dot to TF32 (`cvt.rna`) and so routes
+both operands through registers: for TF32 the binary XLA runs differs a lot.
+`triton_ncu.sh` profiles that binary on the GPU; use it for the real SASS.
 """
 
 from __future__ import annotations
@@ -31,10 +35,26 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 COMPILE_SNIPPET = r'''
 import os, subprocess, sys
 import triton
+from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
 path, warps, stages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": warps, "num_stages": stages})
+target = GPUTarget("cuda", 90, 32)
+options = {"num_warps": warps, "num_stages": stages}
+# triton.compile starts a .ttir file *after* make_ttir; XLA runs those passes
+# (canonicalize, combine: acc + dot(a, b, 0) -> dot(a, b, acc), ...) on the
+# TTIR Pallas hands it, so run them here too before compiling.
+context = ir.context()
+ir.load_dialects(context)
+backend = CUDABackend(target)
+backend.load_dialects(context)
+module = ir.parse_mlir_module(path, context)
+module.context = context
+module = CUDABackend.make_ttir(module, {}, backend.parse_options(options),
+                               target.arch)
+path = path.replace(".ttir", ".combined.ttir")
+open(path, "w").write(str(module))
+kernel = triton.compile(path, target=target, options=options)
 ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
 cubin = path + ".cubin"
 open(cubin, "wb").write(kernel.asm["cubin"])

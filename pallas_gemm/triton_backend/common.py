@@ -43,9 +43,9 @@ class TritonConfig:
 
   `k_major`: copy an operand whose contraction dim is not the contiguous
   one (A given as (K, M), B as (K, N)) into K-contiguous form in XLA before
-  the kernel. Hopper's wgmma reads 32-bit (TF32) operands from shared
-  memory only K-major, so without the copy Triton falls back to mma.sync
-  for TF32; the copy costs one pass over the operand.
+  the kernel. Hopper's wgmma reads 32-bit (TF32) operands only K-major, so
+  without the copy Triton moves such an operand 4 bytes at a time; on the
+  H200 the copy (one pass over the operand) made TF32 2.0-2.7x faster.
 
   `programs_per_sm` (rung 6 only): 0 launches one program per output tile;
   n > 0 launches n programs per SM that each loop over output tiles (a

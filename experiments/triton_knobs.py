@@ -96,11 +96,16 @@ def _tile_loop(a_ref, b_ref, problem, config, rows0, cols0, *,
 
 def parse_config(spec: str, base: TritonConfig) -> TritonConfig:
   """`BMxBNxBK/w8/s2/g8/p1` -> a TritonConfig (missing fields from `base`)."""
-  block, *fields = spec.split("/")
-  bm, bn, bk = (int(x) for x in block.split("x"))
   names = {"w": "num_warps", "s": "num_stages", "g": "group_m",
            "p": "programs_per_sm"}
-  changes = {names[f[0]]: int(f[1:]) for f in fields}
+  block, *fields = spec.split("/")
+  try:
+    bm, bn, bk = (int(x) for x in block.split("x"))
+    changes = {names[f[0]]: int(f[1:]) for f in fields}
+  except (KeyError, IndexError, ValueError):
+    raise ValueError(
+        f"config spec {spec!r} must look like 128x256x64/w8/s3/g8/p1 "
+        f"(fields after the block: {', '.join(names)})") from None
   return dataclasses.replace(base, block_m=bm, block_n=bn, block_k=bk,
                              **changes)
 

@@ -337,3 +337,51 @@ def test_replot_redraws_from_results_json(tmp_path):
   assert {p.name for p in written} == {"tflops.png", "roofline.png"}
   for path in written:
     assert path.stat().st_size > 10_000
+
+
+def _ncu_csv(rows):
+  header = ["Address", "Source", "Warp Stall Sampling (All Samples)",
+            "Instructions Executed", "stall_barrier", "stall_dispatch",
+            "stall_barrier (Not Issued)"]
+  lines = ['"Kernel Name","tuned"', ",".join(f'"{h}"' for h in header)]
+  lines += [",".join(f'"{v}"' for v in row) for row in rows]
+  return "\n".join(lines) + "\n"
+
+
+def test_ncu_sass_digest_counts_opcodes_and_stalls(tmp_path):
+  import gzip
+  from experiments import ncu_sass_digest
+  rows = [("0x0", "      FFMA R1, R2, R3, R1", "30", "1000", "0", "20", "0"),
+          ("0x10", "      @!PT  LDS RZ, [RZ]", "60", "100", "50", "0", "9"),
+          ("0x20", "      HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4], R24",
+           "10", "100", "0", "5", "0")]
+  path = tmp_path / "case.sass.csv.gz"
+  with gzip.open(path, "wt") as f:
+    f.write(_ncu_csv(rows))
+  text = ncu_sass_digest.digest(str(path))
+  assert "kernel tuned, 3 SASS instructions, 1,200 warp instructions" in text
+  assert "FFMA" in text and "83.3 %" in text        # 1000 of 1200
+  assert any(line.split()[:1] == ["LDS"] for line in text.splitlines())
+  assert "barrier           50.0 %" in text          # 50 of 100 samples
+  assert "HGMMA.64x256x16.F32.BF16" in text.splitlines()[-1]
+
+
+def test_ncu_sass_digest_rejects_other_csv(tmp_path):
+  from experiments import ncu_sass_digest
+  path = tmp_path / "other.csv"
+  path.write_text("a,b\n1,2\n")
+  with pytest.raises(ValueError, match="other.csv"):
+    ncu_sass_digest.digest(str(path))
+
+
+def test_triton_knobs_config_spec():
+  from experiments import triton_knobs
+  base = triton_knobs.BF16_CONFIG
+  config = triton_knobs.parse_config("128x128x32/w4/s5/p2", base)
+  assert (config.block_m, config.block_n, config.block_k) == (128, 128, 32)
+  assert (config.num_warps, config.num_stages, config.programs_per_sm) == (
+      4, 5, 2)
+  assert config.group_m == base.group_m
+  for bad in ("128x128/w4", "128x128x32/q4", "128x128x32/w", "axbxc"):
+    with pytest.raises(ValueError, match="must look like"):
+      triton_knobs.parse_config(bad, base)

@@ -75,9 +75,10 @@ def digest(path: str, top: int = 12) -> str:
         f"  {100 * number(row, samples_col) / all_samples:5.1f} %  "
         f"{row[source_col].strip()[:64]:<64} "
         + ", ".join(f"{reason} {n}" for n, reason in reasons if n))
+  tensor_opcodes = ("HGMMA", "HMMA", "IGMMA", "IMMA", "QGMMA")
   forms = sorted({re.sub(r"\s+", " ", r[source_col].strip())[:72]
-                  for r in data if re.search(r"\b[HI]?G?MMA\b|HGMMA|HMMA",
-                                             r[source_col])})
+                  for r in data
+                  if _opcode(r[source_col].strip()) in tensor_opcodes})
   lines.append("tensor-core instruction forms: "
                + ("; ".join(forms[:4]) if forms else "none"))
   return "\n".join(lines)

@@ -159,9 +159,8 @@ flags.DEFINE_float(
 LAYOUTS = ("NN", "NT", "TN", "TT")
 BASELINE_NAME = "xla"
 HOPPER_NAME = "jax_hopper"
-# H100/H200 have 50-60 MB of L2; the rotated input sets add up to twice that
-# so that no timed call finds its operands still cached.
-L2_BYTES = autotune.L2_BYTES
+# The rotated input sets add up to twice L2 so that no timed call finds its
+# operands still cached: the same rule as the autotuner's.
 MAX_INPUT_SETS = autotune.MAX_OPERAND_SETS
 INPUT_SET_MEMORY_CAP = 8 * 2**30
 # CUPTI's measure keeps every iteration's outputs alive until it syncs.
@@ -616,7 +615,7 @@ def input_set_count(problem: GemmProblem, on_gpu: bool) -> int:
   if not on_gpu:
     return 2  # rotation is exercised; L2 effects do not matter on a host
   set_bytes = (problem.m + problem.n) * problem.k * _itemsize(problem.in_dtype)
-  wanted = max(1, min(MAX_INPUT_SETS, cdiv(2 * L2_BYTES, set_bytes)))
+  wanted = autotune.operand_set_count(problem, on_gpu=True)
   cap = INPUT_SET_MEMORY_CAP
   try:
     limit = jax.devices()[0].memory_stats().get("bytes_limit")

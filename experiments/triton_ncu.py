@@ -23,8 +23,8 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from pallas_gemm import numerics  # noqa: E402
-from pallas_gemm.problem import GemmProblem  # noqa: E402
+from experiments import triton_sass  # noqa: E402
+from pallas_gemm import autotune  # noqa: E402
 from pallas_gemm.triton_backend import common, k06_tuned  # noqa: E402
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
 
@@ -43,31 +43,21 @@ def main(argv=None):
   parser.add_argument("--programs-per-sm", type=int, default=0)
   args = parser.parse_args(argv)
 
-  family, _, layout = args.case.partition(":")
-  if family not in ("bf16", "tf32", "ieee") or layout not in (
-      "NN", "NT", "TN", "TT"):
-    parser.error(f"--case={args.case!r} must look like tf32:NN")
-  dims = [int(x) for x in args.size.split("x")]
-  if len(dims) == 1:
-    dims *= 3
-  if len(dims) != 3:
-    parser.error(f"--size={args.size!r} must be N or MxNxK")
-  m, n, k = dims
-  dtype = "bfloat16" if family == "bf16" else "float32"
-  precision = {"bf16": "default"}.get(family, family)
-  problem = GemmProblem(1, m, n, k, dtype, dtype,
-                        transpose_a=layout[0] == "T",
-                        transpose_b=layout[1] == "T", precision=precision)
-  bm, bn, bk = (int(x) for x in args.block.split("x"))
-  config = TritonConfig(bm, bn, bk, num_warps=args.num_warps,
-                        num_stages=args.num_stages, group_m=args.group_m,
-                        k_major=args.k_major,
-                        programs_per_sm=args.programs_per_sm)
-  key_a, key_b = jax.random.split(numerics.fresh_key())
-  a = numerics.random_normal(
-      key_a, (1, k, m) if problem.transpose_a else (1, m, k), dtype)
-  b = numerics.random_normal(
-      key_b, (1, n, k) if problem.transpose_b else (1, k, n), dtype)
+  try:
+    dims = [int(x) for x in args.size.split("x")]
+    if len(dims) == 1:
+      dims *= 3
+    if len(dims) != 3:
+      raise ValueError(f"--size={args.size!r} must be N or MxNxK")
+    problem = triton_sass.case_problem(args.case, dims)
+    bm, bn, bk = (int(x) for x in args.block.split("x"))
+    config = TritonConfig(bm, bn, bk, num_warps=args.num_warps,
+                          num_stages=args.num_stages, group_m=args.group_m,
+                          k_major=args.k_major,
+                          programs_per_sm=args.programs_per_sm)
+  except (TypeError, ValueError) as err:
+    parser.error(f"{err} (--size={args.size!r}, --block={args.block!r})")
+  a, b, _, _ = autotune.random_operands(problem)
   kernel = jax.jit(lambda a, b: k06_tuned.tuned_matmul(
       a, b, None, None, problem=problem, config=config, interpret=False))
   out = jax.block_until_ready(kernel(a, b))  # compile and a first launch

@@ -129,6 +129,22 @@ def lower_to_ttir(problem, config) -> str:
   return captured[-1]
 
 
+def case_problem(case: str, dims):
+  """The problem for `--case` FAMILY:LAYOUT (FAMILY in bf16, tf32, ieee;
+  LAYOUT in NN, NT, TN, TT) at dims (M, N, K)."""
+  from pallas_gemm.problem import GemmProblem
+
+  family, _, layout = case.partition(":")
+  if family not in ("bf16", "tf32", "ieee") or layout not in (
+      "NN", "NT", "TN", "TT"):
+    raise ValueError(f"--case={case!r} must look like tf32:NN")
+  dtype = "bfloat16" if family == "bf16" else "float32"
+  precision = {"bf16": "default"}.get(family, family)
+  m, n, k = dims
+  return GemmProblem(1, m, n, k, dtype, dtype, transpose_a=layout[0] == "T",
+                     transpose_b=layout[1] == "T", precision=precision)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--case", default="tf32:NN",
@@ -143,19 +159,13 @@ def main(argv=None):
   parser.add_argument("--keep", default=None, help="folder to keep the TTIR")
   args = parser.parse_args(argv)
 
-  from pallas_gemm.problem import GemmProblem
   from pallas_gemm.triton_backend.common import TritonConfig
 
+  try:
+    problem = case_problem(args.case, (args.size,) * 3)
+  except ValueError as err:
+    parser.error(str(err))
   family, _, layout = args.case.partition(":")
-  if family not in ("bf16", "tf32", "ieee") or layout not in (
-      "NN", "NT", "TN", "TT"):
-    parser.error(f"--case={args.case!r} must look like tf32:NN")
-  dtype = "bfloat16" if family == "bf16" else "float32"
-  precision = {"bf16": "default"}.get(family, family)
-  size = args.size
-  problem = GemmProblem(1, size, size, size, dtype, dtype,
-                        transpose_a=layout[0] == "T",
-                        transpose_b=layout[1] == "T", precision=precision)
   bm, bn, bk = (int(x) for x in args.block.split("x"))
   config = TritonConfig(bm, bn, bk, num_warps=args.num_warps,
                         num_stages=args.num_stages, group_m=8,

@@ -12,6 +12,8 @@ import warnings as _warnings
 from pallas_gemm import xla_backend  # noqa: F401  (registers "xla")
 from pallas_gemm.api import dot_general, matmul
 from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.dispatch import Resolution, resolve
+from pallas_gemm.explain import Explanation, explain
 from pallas_gemm.primitive import pallas_gemm_p
 from pallas_gemm.problem import ACTIVATIONS, Epilogue, GemmProblem
 from pallas_gemm.registry import get_kernel, list_kernels, select_kernel
@@ -41,7 +43,8 @@ from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "DeviceInfo", "Epilogue", "GemmProblem", "TritonConfig",
-    "backend_errors", "device_info", "dot_general", "get_kernel",
-    "list_kernels", "matmul", "pallas_gemm_p", "select_kernel",
+    "ACTIVATIONS", "DeviceInfo", "Epilogue", "Explanation", "GemmProblem",
+    "Resolution", "TritonConfig", "backend_errors", "device_info",
+    "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
+    "pallas_gemm_p", "resolve", "select_kernel",
 ]

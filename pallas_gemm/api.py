@@ -16,6 +16,11 @@ from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES,
                                  normalize_precision)
 
 
+#: Why recent `dot_general` calls stayed on `jax.lax.dot_general` (read and
+#: cleared by `pallas_gemm.explain`).
+LAX_REASONS: list[str] = []
+
+
 def _as_array(x, name):
   if x is None:
     raise TypeError(f"{name} must be an array, got None")
@@ -219,6 +224,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
                       tuple(rhs_contract), tuple(lhs_batch), tuple(rhs_batch))
   floating = all(dtype_name(x.dtype) in SUPPORTED_INPUT_DTYPES for x in (lhs, rhs))
   if mapped is None or not floating or kwargs.get("out_sharding") is not None:
+    LAX_REASONS.append(
+        "the dimension numbers do not map onto one GEMM" if mapped is None
+        else "non-float operands" if not floating else
+        "out_sharding is given")
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type,
                                **kwargs)

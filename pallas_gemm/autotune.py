@@ -2,13 +2,20 @@
 
 How a config is found for a call that passes none (`config=None`), in order:
 
-1. the user's tuning cache, a JSON file per device in
-   `$PALLAS_GEMM_CACHE_DIR`, else `$XDG_CACHE_HOME/pallas_gemm`, else
-   `~/.cache/pallas_gemm`;
-2. the defaults shipped with the package, `pallas_gemm/tuned/<device>.json`,
-   measured by `experiments/triton_sweep.py` on that device (nearest shape
-   bucket if the exact one is missing);
+1. the user's tuning cache, a JSON file per device in the `tuning/`
+   folder of `$PALLAS_GEMM_CACHE_DIR`, else `$XDG_CACHE_HOME/pallas_gemm`,
+   else `~/.cache/pallas_gemm` (the FFI build cache has its own folder);
+2. the defaults shipped with the package, `pallas_gemm/tuned/<device>.json`
+   (nearest shape bucket if the exact one is missing), which also hold the
+   measured dispatch table that `pallas_gemm.dispatch` reads;
 3. the kernel's own heuristic.
+
+`pallas_gemm.dispatch.resolve` walks these steps; this module owns the files.
+Reading them never breaks a matmul: a missing, unreadable or corrupt file
+counts as empty, an entry that does not fit its kernel's config class is
+dropped with one warning per file (and the user's file is rewritten without
+it), and anything but a regular file (a FIFO, a folder) is not opened.
+Writers take a cross-process lock, so concurrent tuners keep every entry.
 
 A first call never waits on a sweep. Tuning is opt-in, two ways:
 
@@ -28,15 +35,18 @@ candidates, a search space registered with `register_search_space`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import pathlib
+import stat
 import statistics
 import tempfile
 import threading
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -48,7 +58,9 @@ from pallas_gemm.problem import GemmProblem
 
 CACHE_DIR_ENV = "PALLAS_GEMM_CACHE_DIR"
 AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"
-CACHE_FORMAT_VERSION = 1
+#: Version 2 added the "dispatch" section; version 1 files still read.
+CACHE_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 SHIPPED_DIR = pathlib.Path(__file__).parent / "tuned"
 # A shipped entry stands in for a missing bucket only this close (sum over
 # batch, M, N, K of |log2 ratio|): 8192³ may serve 4096x8192x8192, not 1x8192².
@@ -56,7 +68,7 @@ NEAREST_BUCKET_DISTANCE = 2
 
 SearchSpace = Callable[[GemmProblem, DeviceInfo], Sequence[Any]]
 _SEARCH_SPACES: dict[str, SearchSpace] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
 def shape_bucket(size: int) -> int:
@@ -104,7 +116,13 @@ class CacheKey:
         (self.k, other.k)))
 
 
+class CacheError(RuntimeError):
+  """The tuning cache location cannot be used (named in the message)."""
+
+
 def cache_dir() -> pathlib.Path:
+  """The root of pallas_gemm's caches (tuning JSON and FFI builds live in
+  their own subfolders)."""
   override = os.environ.get(CACHE_DIR_ENV)
   if override:
     return pathlib.Path(override).expanduser()
@@ -114,37 +132,174 @@ def cache_dir() -> pathlib.Path:
   return base / "pallas_gemm"
 
 
+def tuning_dir() -> pathlib.Path:
+  return cache_dir() / "tuning"
+
+
 def cache_path(device_key: str) -> pathlib.Path:
-  return cache_dir() / f"{device_key}.json"
+  return tuning_dir() / f"{device_key}.json"
 
 
 def shipped_path(device_key: str) -> pathlib.Path:
   return SHIPPED_DIR / f"{device_key}.json"
 
 
-def read_entries(path: pathlib.Path) -> dict[str, dict]:
-  """The entries of one cache file; {} if it is missing or unreadable (a
-  corrupt cache must never break a matmul)."""
+#: Parsed files by (path, mtime_ns, size): a file is read once per version.
+_FILE_MEMO: dict[str, tuple[tuple, dict]] = {}
+#: Counters a test reads: JSON files actually opened and parsed.
+STATS = {"json_reads": 0}
+
+
+def _is_regular_file(path: pathlib.Path):
+  """The stat of `path` if it is a regular file, else None (missing, a
+  folder, a FIFO: opening a FIFO would block every matmul)."""
   try:
-    with open(path) as f:
+    st = os.stat(path)
+  except OSError:
+    return None
+  return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _read_file(path: pathlib.Path, rewrite_invalid: bool = True) -> dict:
+  """The parsed payload of a cache file, {} when it is missing or not a
+  readable cache file; memoized per file version."""
+  st = _is_regular_file(path)
+  if st is None:
+    return {}
+  stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+  memo = _FILE_MEMO.get(str(path))
+  if memo is not None and memo[0] == stamp:
+    return memo[1]
+  with _lock:
+    STATS["json_reads"] += 1
+  try:
+    with open(path, encoding="utf-8") as f:
       data = json.load(f)
   except (OSError, ValueError):
-    return {}
-  if not isinstance(data, dict) or data.get("version") != CACHE_FORMAT_VERSION:
-    return {}
+    data = {}
+  if not isinstance(data, dict) or data.get("version") not in (
+      READABLE_VERSIONS):
+    data = {}
+  data = _validated(path, data, rewrite_invalid)
+  _FILE_MEMO[str(path)] = (stamp, data)
+  return data
+
+
+def _entry_problem(name: str, record) -> str | None:
+  """Why a tuning entry is invalid, or None. Entries of kernels that are
+  not registered (a backend that did not import) are kept, unchecked."""
+  from pallas_gemm import registry
+  try:
+    key = CacheKey.parse("any", name)
+  except ValueError:
+    return f"key {name!r} is malformed"
+  if not isinstance(record, dict) or not isinstance(record.get("config"),
+                                                    dict):
+    return f"{name}: the entry is not a {{'config': {{...}}}} record"
+  entry = registry._REGISTRY.get(key.kernel)
+  if entry is None or entry.config_cls is None:
+    return None
+  if config_from_json(entry.config_cls, record["config"]) is None:
+    return (f"{name}: {record['config']} is not a valid "
+            f"{entry.config_cls.__name__}")
+  return None
+
+
+def _validated(path: pathlib.Path, data: dict, rewrite: bool) -> dict:
+  """`data` without invalid tuning entries; warns once per file version and
+  rewrites the user's file (never the shipped one) without them."""
   entries = data.get("entries")
-  return entries if isinstance(entries, dict) else {}
+  if not isinstance(entries, dict):
+    entries = {}
+  problems = {name: _entry_problem(name, record)
+              for name, record in entries.items()}
+  bad = {name: why for name, why in problems.items() if why is not None}
+  dispatch = data.get("dispatch")
+  data = dict(data, entries={n: r for n, r in entries.items() if n not in bad},
+              dispatch=dispatch if isinstance(dispatch, dict) else {})
+  if bad:
+    first = next(iter(bad.values()))
+    warnings.warn(
+        f"pallas_gemm: dropped {len(bad)} invalid tuning entr"
+        f"{'y' if len(bad) == 1 else 'ies'} from {path} (first: {first})",
+        RuntimeWarning, stacklevel=4)
+    if rewrite and path.parent != SHIPPED_DIR:
+      try:
+        with _file_lock(path):
+          write_payload(path, data)
+      except (OSError, CacheError):
+        pass  # read-only: the entries are still ignored
+  return data
+
+
+def read_entries(path: pathlib.Path) -> dict[str, dict]:
+  """The valid tuning entries of one cache file; {} if it is missing or
+  unreadable (a corrupt cache must never break a matmul)."""
+  return read_section(path, "entries")
+
+
+def read_section(path: pathlib.Path, section: str) -> dict[str, dict]:
+  """One section ("entries" or "dispatch") of a cache file, or {}."""
+  return dict(_read_file(path).get(section, {}))
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+  """A cross-process lock beside `path` (filelock), so that read-merge-write
+  cycles of concurrent processes do not lose each other's entries."""
+  import filelock
+  _ensure_dir(path.parent)
+  lock = filelock.FileLock(str(path) + ".lock", timeout=60)
+  try:
+    with lock:
+      yield
+  except filelock.Timeout:
+    raise CacheError(f"timed out waiting for the lock on {path}") from None
+
+
+def _ensure_dir(folder: pathlib.Path) -> None:
+  for parent in (folder, *folder.parents):
+    if parent.exists() and not parent.is_dir():
+      raise CacheError(
+          f"{parent} is a file, so the cache folder {folder} cannot be "
+          f"made; point {CACHE_DIR_ENV} at a folder")
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+  except FileExistsError:
+    raise CacheError(
+        f"the cache folder {folder} is a file; point {CACHE_DIR_ENV} at a "
+        "folder") from None
+  except OSError as err:
+    raise CacheError(f"cannot create the cache folder {folder}: {err}") from None
+  if not folder.is_dir():
+    raise CacheError(
+        f"the cache folder {folder} is not a folder; point {CACHE_DIR_ENV} "
+        "at a folder")
 
 
 def write_entries(path: pathlib.Path, entries: dict[str, dict]) -> None:
+  """Replaces the tuning entries of `path`, keeping its other sections."""
+  data = dict(_read_file(path))
+  data["entries"] = entries
+  write_payload(path, data)
+
+
+def write_payload(path: pathlib.Path, data: dict) -> None:
   """Writes the file atomically: readers see the old or the new file, never
   half of one, even if this process dies mid-write."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  payload = {"version": CACHE_FORMAT_VERSION, "entries": entries}
-  fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                                  dir=path.parent)
+  _ensure_dir(path.parent)
+  payload = {"version": CACHE_FORMAT_VERSION,
+             **{k: v for k, v in data.items() if k != "version"}}
+  if _is_regular_file(path) is None and path.exists():
+    raise CacheError(f"{path} exists and is not a regular file")
   try:
-    with os.fdopen(fd, "w") as f:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                                    dir=path.parent)
+  except OSError as err:
+    raise CacheError(f"cannot write to the cache folder {path.parent}: "
+                     f"{err}") from None
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
       json.dump(payload, f, indent=1, sort_keys=True)
       f.flush()
       os.fsync(f.fileno())
@@ -166,6 +321,8 @@ def config_to_json(config) -> dict:
 def config_from_json(config_cls: type, fields: dict):
   """The config, or None when the entry no longer fits the class (a field
   was renamed or a value is out of range): stale entries are skipped."""
+  if not isinstance(fields, dict):
+    return None
   try:
     return config_cls(**fields)
   except (TypeError, ValueError):
@@ -183,13 +340,26 @@ def store(problem: GemmProblem, kernel: str, config, *, device: DeviceInfo,
   if time_ms is not None:
     record["time_ms"] = time_ms
     record["tflops"] = problem.flops / (time_ms * 1e-3) / 1e12
-  with _lock:
-    # Merge with what is on disk now, so two processes tuning different
-    # shapes keep each other's entries (last writer wins per entry).
-    entries = read_entries(path)
-    entries[key.entry_name] = record
-    write_entries(path, entries)
+  update_section(path, "entries", {key.entry_name: record})
   return key
+
+
+def update_section(path: pathlib.Path, section: str,
+                   records: dict[str, dict], meta: dict | None = None) -> None:
+  """Merges `records` into one section of `path` under the cross-process
+  lock (last writer wins per record, every writer's records survive)."""
+  with _lock, _file_lock(path):
+    _FILE_MEMO.pop(str(path), None)
+    data = dict(_read_file(path, rewrite_invalid=False))
+    merged = dict(data.get(section, {}))
+    merged.update(records)
+    data[section] = merged
+    if meta is not None:
+      data["meta"] = meta
+    write_payload(path, data)
+    _FILE_MEMO.pop(str(path), None)
+  from pallas_gemm import dispatch
+  dispatch.clear_cache()
 
 
 def _config_in(entries, key: CacheKey, config_cls, *, nearest: bool):
@@ -215,20 +385,37 @@ def _config_in(entries, key: CacheKey, config_cls, *, nearest: bool):
   return best
 
 
+def lookup_user(problem: GemmProblem, kernel: str, device: DeviceInfo,
+                config_cls: type):
+  """The user's tuned config for this exact bucket, or None."""
+  key = CacheKey.for_problem(problem, kernel, device)
+  return _config_in(read_entries(cache_path(device.key)), key, config_cls,
+                    nearest=False)
+
+
+def lookup_shipped(problem: GemmProblem, kernel: str, device: DeviceInfo,
+                   config_cls: type):
+  """The shipped config for this bucket or the nearest one, or None."""
+  key = CacheKey.for_problem(problem, kernel, device)
+  return _config_in(read_entries(shipped_path(device.key)), key, config_cls,
+                    nearest=True)
+
+
 def lookup(problem: GemmProblem, kernel: str, device: DeviceInfo,
            config_cls: type):
-  """A measured config for this problem's bucket, or None (steps 1-2)."""
-  key = CacheKey.for_problem(problem, kernel, device)
-  config = _config_in(read_entries(cache_path(device.key)), key, config_cls,
-                      nearest=False)
+  """A measured config for this problem's bucket, or None."""
+  config = lookup_user(problem, kernel, device, config_cls)
   if config is None:
-    config = _config_in(read_entries(shipped_path(device.key)), key,
-                        config_cls, nearest=True)
+    config = lookup_shipped(problem, kernel, device, config_cls)
   return config
 
 
 def register_search_space(kernel: str, space: SearchSpace) -> None:
   _SEARCH_SPACES[kernel] = space
+
+
+def has_search_space(kernel: str) -> bool:
+  return kernel in _SEARCH_SPACES
 
 
 def search_space(problem: GemmProblem, kernel: str,
@@ -369,19 +556,10 @@ def tune(problem: GemmProblem, kernel: str,
     raise RuntimeError(f"no candidate of {kernel} ran {problem.describe()}")
   best, best_ms = min(ran, key=lambda item: item[1])
   if save:
-    store(problem, kernel, best, device=device, time_ms=best_ms)
-  return TuneResult(best, best_ms, tuple(timings), tuple(skipped))
-
-
-def config_for(problem: GemmProblem, kernel: str, device: DeviceInfo,
-               config_cls: type, heuristic: Callable[[], Any]):
-  """Cache, shipped defaults, opt-in tuning, then `heuristic()`."""
-  config = lookup(problem, kernel, device, config_cls)
-  if config is not None and fits_device(config, problem, device):
-    return config
-  if autotune_enabled() and device.is_gpu and kernel in _SEARCH_SPACES:
     try:
-      return tune(problem, kernel, device=device).best
-    except RuntimeError:
-      pass
-  return heuristic()
+      store(problem, kernel, best, device=device, time_ms=best_ms)
+    except (OSError, CacheError) as err:
+      # The measurement is still the caller's: warn instead of losing it.
+      warnings.warn(f"pallas_gemm: tuning result not saved: {err}",
+                    RuntimeWarning, stacklevel=2)
+  return TuneResult(best, best_ms, tuple(timings), tuple(skipped))

@@ -22,6 +22,15 @@ class DeviceInfo:
     return self.platform == "gpu"
 
   @property
+  def planning_sms(self) -> int:
+    """The SM count heuristics plan for: the GPU's own, or on a host (Pallas
+    interpret mode) a nominal Hopper's, so that CPU tests exercise the
+    decisions a GPU run makes."""
+    if self.is_gpu and self.num_sms > 1:
+      return self.num_sms
+    return NOMINAL_INTERPRET_SMS
+
+  @property
   def is_hopper(self) -> bool:
     return self.compute_capability is not None and self.compute_capability[0] == 9
 
@@ -30,6 +39,9 @@ class DeviceInfo:
     """A filesystem- and cache-friendly name, e.g. "nvidia_h200"."""
     return "".join(ch if ch.isalnum() else "_" for ch in self.device_kind.lower())
 
+
+#: The SM count of an H100/H200 SXM, used to plan work in interpret mode.
+NOMINAL_INTERPRET_SMS = 132
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide
 # table "Technical Specifications per Compute Capability").

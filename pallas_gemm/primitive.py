@@ -30,11 +30,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch  # no public hook for "needs devices"
+from jax._src import dispatch as jax_dispatch  # no public hook for "needs devices"
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
-from pallas_gemm import registry, sharding
+from pallas_gemm import dispatch, registry, sharding
 from pallas_gemm.devices import device_info
 from pallas_gemm.problem import (ACTIVATIONS, Epilogue, GemmProblem,
                                  dtype_name)
@@ -74,6 +74,12 @@ def _join_operands(a, b, c, bias):
   return [x for x in (a, b, c, bias) if x is not None]
 
 
+def problem_from_params(operands, params) -> GemmProblem:
+  """The problem of one `pallas_gemm_p` equation, from its operands (or
+  their avals) and params."""
+  return _problem_for(operands, params)
+
+
 def _problem_for(operands, params) -> GemmProblem:
   a, b, c, _ = _split_operands(operands, params["epilogue"])
   return problem_from_shapes(
@@ -87,26 +93,20 @@ def _problem_for(operands, params) -> GemmProblem:
 def bind(a, b, c=None, bias=None, *, kernel=None, config=None,
          transpose_a=False, transpose_b=False, precision="default",
          epilogue=Epilogue(), out_dtype=None):
-  """Chooses the kernel and its config for these operands, then binds.
+  """Resolves the kernel and its config for these operands, then binds.
 
   `kernel` may be None (automatic choice). A named kernel that cannot run the
   problem fails with the kernel's own reason; a config of the wrong class is
-  a TypeError.
+  a TypeError. The decision is `dispatch.resolve`'s, made once per problem.
   """
   operands = _join_operands(a, b, c, bias)
   params = dict(transpose_a=transpose_a, transpose_b=transpose_b,
                 precision=precision, epilogue=epilogue,
                 out_dtype=dtype_name(out_dtype if out_dtype is not None
                                      else a.dtype))
-  problem, device = _problem_for(operands, params), device_info()
-  entry = registry.select_kernel(problem, device, kernel)
-  if config is not None and entry.config_cls is None:
-    raise TypeError(f"kernel={entry.name!r} takes no config, got {config!r}")
-  if config is not None and not isinstance(config, entry.config_cls):
-    raise TypeError(
-        f"config for kernel={entry.name!r} must be a "
-        f"{entry.config_cls.__name__}, got {type(config).__name__}")
-  return _bind_entry(entry, config, problem, device, operands, params)
+  problem = _problem_for(operands, params)
+  resolution = dispatch.resolve(problem, device_info(), kernel, config)
+  return _bind_resolved(resolution, operands, params)
 
 
 def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
@@ -114,7 +114,7 @@ def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
   """Binds a derived product (a tangent, a cotangent, a batched copy).
 
   It keeps the original kernel and config when that kernel supports the new
-  problem, and otherwise lets the automatic order choose.
+  problem, and otherwise lets the automatic choice decide.
   """
   operands = _join_operands(a, b, c, bias)
   params = dict(transpose_a=transpose_a, transpose_b=transpose_b,
@@ -123,15 +123,15 @@ def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
   problem, device = _problem_for(operands, params), device_info()
   entry = registry.get_kernel(kernel)
   if registry.why_unsupported(entry, problem, device) is not None:
-    entry, config = registry.select_kernel(problem, device), None
-  return _bind_entry(entry, config, problem, device, operands, params)
+    kernel, config = None, None
+  resolution = dispatch.resolve(problem, device, kernel, config)
+  return _bind_resolved(resolution, operands, params)
 
 
-def _bind_entry(entry, config, problem, device, operands, params):
-  if config is None:
-    config = entry.default_config(problem, device)
+def _bind_resolved(resolution, operands, params):
   return pallas_gemm_p.bind(*sharding.match_varying_axes(operands),
-                            kernel=entry.name, config=config, **params)
+                            kernel=resolution.kernel,
+                            config=resolution.config, **params)
 
 
 # ---------------------------------------------------------- abstract eval ---
@@ -202,7 +202,7 @@ mlir.register_lowering(pallas_gemm_p, _lowering_for("cpu"), platform="cpu")
 # fallback: no Pallas-Triton or CUDA kernel here targets it.
 mlir.register_lowering(pallas_gemm_p, _lowering_for("cpu"))
 # The partitioned lowering needs the device assignment while lowering.
-dispatch.prim_requires_devices_during_lowering.add(pallas_gemm_p)
+jax_dispatch.prim_requires_devices_during_lowering.add(pallas_gemm_p)
 
 
 def _impl(*operands, **params):

@@ -177,6 +177,11 @@ def normalize_precision(precision, in_dtype: str) -> str:
       f"{type(precision).__name__}")
 
 
+def itemsize(dtype) -> int:
+  """Bytes per element of a dtype or dtype name (bfloat16 and fp8 too)."""
+  return jnp.dtype(dtype).itemsize
+
+
 def dtype_name(dtype) -> str:
   return jnp.dtype(dtype).name
 

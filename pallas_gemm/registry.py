@@ -9,17 +9,16 @@ over the canonical operands described in `pallas_gemm.problem`, plus a
 `supports(problem, device)` check that returns None when the kernel can run
 the problem, or a sentence saying why not.
 
-`kernel=None` walks `auto_order(device)` and takes the first kernel whose
-check passes. The order is explicit and ends in XLA's own dot, which supports
-everything:
+Which kernel and config a call gets is decided in one place,
+`pallas_gemm.dispatch.resolve`. This module holds what it decides from: the
+registered kernels, their checks, and the fixed order used where no measured
+dispatch table exists (a CPU, or a GPU without one), ending in XLA's own
+dot, which supports everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
-  Hopper, exact fp32: xla (measured on an H200: triton/06_tuned reaches
-                      0.86-0.89x of cuBLAS's exact-fp32 GEMM, and wgmma has
-                      no exact-fp32 mode; ffi/sgemm_10_pipelined reaches
-                      1.01-1.02x but stays opt-in, since it compiles CUDA
-                      with nvcc on first use and pads or transposes operands
-                      that are not 4-aligned NN)
+  Hopper, exact fp32: xla (wgmma has no exact-fp32 mode; see the results
+                      notes in experiments/results/nvidia_h200/ for how the
+                      exact-fp32 kernels compare)
   other CUDA GPUs:    triton/05_split_k (skinny) -> triton/06_tuned -> xla
   CPU:                triton/06_tuned in interpret mode (small problems) -> xla
 
@@ -44,16 +43,22 @@ class KernelEntry:
   name: str  # "<backend>/<kernel>", e.g. "triton/02_k_loop"
   fn: Callable[..., Any]
   supports: SupportsFn
-  # Returns the config to use when the caller gives none (heuristic or cache).
-  default_config: Callable[[GemmProblem, DeviceInfo], Any]
+  # The untuned config for a problem: a pure function of (problem, device)
+  # that reads no file. Stored configs come from `dispatch.resolve`.
+  heuristic: Callable[[GemmProblem, DeviceInfo], Any]
   config_cls: type | None = None
   # True if the kernel also runs on a CPU (Pallas interpret mode or plain XLA).
   runs_on_cpu: bool = False
   description: str = ""
+  # Why a stored config must not serve this problem (None if it may), e.g.
+  # a tuned tile that makes more waves here than the heuristic's.
+  check_config: Callable[[Any, GemmProblem, DeviceInfo], "str | None"] | None = None
 
-  @property
-  def backend(self) -> str:
-    return self.name.split("/", 1)[0]
+  def default_config(self, problem: GemmProblem, device: DeviceInfo):
+    """The config `kernel=<this kernel>` gets with no explicit config: what
+    `dispatch.resolve` chooses (tuning cache, shipped table, heuristic)."""
+    from pallas_gemm import dispatch
+    return dispatch.resolve(problem, device, self.name).config
 
 
 _REGISTRY: dict[str, KernelEntry] = {}

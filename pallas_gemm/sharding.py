@@ -394,12 +394,14 @@ def _local_params(call: GemmCall, local_shapes, dtypes, *, epilogue,
       epilogue=epilogue,
       c_dtype=jnp.dtype(dtypes[2]).name if epilogue.has_c else None)
   device = device_info()
-  entry, config = registry.get_kernel(call.kernel), call.config
-  if registry.why_unsupported(entry, problem, device) is not None:
-    entry = registry.select_kernel(problem, device)
-    config = entry.default_config(problem, device)
-  return dict(kernel=entry.name, config=config, epilogue=epilogue,
-              out_dtype=out_dtype)
+  kernel, config = call.kernel, call.config
+  if registry.why_unsupported(registry.get_kernel(kernel), problem,
+                              device) is not None:
+    kernel, config = None, None
+  from pallas_gemm import dispatch
+  resolution = dispatch.resolve(problem, device, kernel, config)
+  return dict(kernel=resolution.kernel, config=resolution.config,
+              epilogue=epilogue, out_dtype=out_dtype)
 
 
 def _partition(call: GemmCall, mesh: Mesh, arg_shapes, result_shape):

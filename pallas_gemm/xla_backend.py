@@ -36,7 +36,7 @@ registry.register(registry.KernelEntry(
     name="xla",
     fn=xla_matmul,
     supports=lambda problem, device: None,
-    default_config=lambda problem, device: None,
+    heuristic=lambda problem, device: None,
     runs_on_cpu=True,
     description="XLA's dot_general (cuBLAS on CUDA); the universal fallback",
 ))

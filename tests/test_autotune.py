@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from pallas_gemm import autotune
+from pallas_gemm import autotune, dispatch
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import GemmProblem
 from pallas_gemm.triton_backend.common import TritonConfig
@@ -74,7 +74,7 @@ def test_round_trip(cache_dir):
                          TritonConfig) == config
   assert autotune.lookup(problem(dtype="float16"), KERNEL, GPU,
                          TritonConfig) is None
-  data = json.loads((cache_dir / "nvidia_h200.json").read_text())
+  data = json.loads((cache_dir / "tuning" / "nvidia_h200.json").read_text())
   (record,) = data["entries"].values()
   assert record["time_ms"] == 0.25 and record["tflops"] > 0
 
@@ -93,7 +93,7 @@ def test_env_override_and_xdg(tmp_path, monkeypatch):
 def test_write_is_atomic(cache_dir, monkeypatch):
   config = TritonConfig(64, 64, 32)
   autotune.store(problem(), KERNEL, config, device=GPU)
-  path = cache_dir / "nvidia_h200.json"
+  path = cache_dir / "tuning" / "nvidia_h200.json"
   before = path.read_bytes()
 
   def crash(*args, **kwargs):
@@ -102,7 +102,8 @@ def test_write_is_atomic(cache_dir, monkeypatch):
   with pytest.raises(OSError, match="disk full"):
     autotune.store(problem(8192, 8192, 8192), KERNEL, config, device=GPU)
   assert path.read_bytes() == before
-  assert [p.name for p in cache_dir.iterdir()] == ["nvidia_h200.json"]
+  assert sorted(p.name for p in path.parent.iterdir()) == [
+      "nvidia_h200.json", "nvidia_h200.json.lock"]
 
 
 def test_store_merges_with_file(cache_dir):
@@ -115,18 +116,20 @@ def test_store_merges_with_file(cache_dir):
 
 
 def test_corrupt_and_stale_entries_are_ignored(cache_dir):
-  cache_dir.mkdir(parents=True)
-  path = cache_dir / "nvidia_h200.json"
+  path = cache_dir / "tuning" / "nvidia_h200.json"
+  path.parent.mkdir(parents=True)
   path.write_text("{not json")
   assert autotune.lookup(problem(), KERNEL, GPU, TritonConfig) is None
   key = autotune.CacheKey.for_problem(problem(), KERNEL, GPU)
   path.write_text(json.dumps({"version": 1, "entries": {
       key.entry_name: {"config": {"block_m": 24, "block_n": 64,
                                   "block_k": 32}}}}))
-  assert autotune.lookup(problem(), KERNEL, GPU, TritonConfig) is None
+  with pytest.warns(RuntimeWarning, match="dropped 1 invalid"):
+    assert autotune.lookup(problem(), KERNEL, GPU, TritonConfig) is None
   path.write_text(json.dumps({"version": 1, "entries": {
-      key.entry_name: {"config": {"no_such_field": 1}}}}))
-  assert autotune.lookup(problem(), KERNEL, GPU, TritonConfig) is None
+      key.entry_name: {"config": {"no_such_field": 1}, "pad": "x" * 40}}}))
+  with pytest.warns(RuntimeWarning, match="dropped 1 invalid"):
+    assert autotune.lookup(problem(), KERNEL, GPU, TritonConfig) is None
 
 
 def test_shipped_defaults_nearest_bucket(cache_dir, tmp_path, monkeypatch):
@@ -148,12 +151,12 @@ def test_shipped_defaults_nearest_bucket(cache_dir, tmp_path, monkeypatch):
                          TritonConfig) == mine
 
 
-def test_config_for_skips_cached_config_over_smem(cache_dir):
+def test_resolve_skips_cached_config_over_smem(cache_dir):
   big = TritonConfig(256, 256, 64, num_stages=4)
   autotune.store(problem(), KERNEL, big, device=SMALL_SMEM_GPU)
-  fallback = TritonConfig(64, 64, 32)
-  assert autotune.config_for(problem(), KERNEL, SMALL_SMEM_GPU, TritonConfig,
-                             heuristic=lambda: fallback) == fallback
+  resolution = dispatch.resolve(problem(), SMALL_SMEM_GPU, KERNEL)
+  assert resolution.config != big
+  assert resolution.config_source == "heuristic"
 
 
 def test_fits_device():
@@ -194,7 +197,7 @@ def test_search_space_registered_for_tuned():
 
 
 def test_tuning_rotates_operands_past_l2_for_small_problems():
-  from pallas_gemm import autotune
+  from pallas_gemm import autotune, dispatch
   small = GemmProblem(1, 2048, 2048, 2048, "bfloat16", "bfloat16")
   large = GemmProblem(1, 8192, 8192, 8192, "bfloat16", "bfloat16")
   count = autotune.operand_set_count(small, on_gpu=True)

@@ -107,7 +107,7 @@ def broken_kernel():
   registry.register(registry.KernelEntry(
       name=BROKEN_NAME, fn=_skips_last_k_tile,
       supports=lambda problem, device: None,
-      default_config=lambda problem, device: None,
+      heuristic=lambda problem, device: None,
       runs_on_cpu=True, description="drops the last K tile (test only)"))
   try:
     yield BROKEN_NAME

@@ -148,7 +148,7 @@ def test_mma_sync_config_validates():
 
 
 def test_mma_sync_default_config_is_pipelined():
-  default = registry.get_kernel("ffi/mma_sync").default_config
+  default = registry.get_kernel("ffi/mma_sync").heuristic
   big = default(_problem("bfloat16", "default", m=8192, n=8192, k=8192),
                 HOPPER)
   small = default(_problem("bfloat16", "default", m=256, n=256, k=4096),

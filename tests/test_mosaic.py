@@ -16,7 +16,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernel_test_base import KernelTestBase
-from pallas_gemm import numerics
+from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import config as cfg
 from pallas_gemm.mosaic_backend import small_m, ws_persistent
@@ -251,7 +251,7 @@ def test_heuristics_fit_in_shared_memory(m, n, k):
       beta=1.0, has_c=True, has_bias=True))):
     problem = GemmProblem(1, m, n, k, "bfloat16", out_dtype, epilogue=epilogue,
                           c_dtype="float32" if epilogue.has_c else None)
-    assert cfg.ws_heuristic(problem).fits(problem)
+    assert cfg.ws_heuristic(problem, 132).fits(problem)
     if m <= 128:
       config = cfg.small_m_heuristic(problem, 132)
       tile_m = 64 if m <= 64 else 128
@@ -291,6 +291,7 @@ def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():
   wide = MosaicConfig(tile_m=64, tile_n=256, wg_dimension=Dim.M)
   assert cfg.waves(odd, wide, 132) == 5
   assert cfg.waves(odd, cfg.ws_heuristic(odd, 132), 132) == 4
-  chosen = ws_persistent.default_config(odd, HOPPER)
+  entry = registry.get_kernel(ws_persistent.NAME)
+  chosen = entry.default_config(odd, HOPPER)
   assert cfg.waves(odd, chosen, 132) == 4
-  assert ws_persistent.default_config(even, HOPPER).cta_tile_n == 256
+  assert entry.default_config(even, HOPPER).cta_tile_n == 256

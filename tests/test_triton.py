@@ -158,7 +158,7 @@ def test_split_k_declines_full_outputs():
 def test_split_k_accepts_skinny_long_k():
   problem = GemmProblem(1, 16, 1024, 16384, "bfloat16", "bfloat16")
   assert k05_split_k.supports(problem, H200_LIKE) is None
-  assert k05_split_k.default_config(problem, H200_LIKE).split_k >= 2
+  assert k05_split_k.heuristic_config(problem, H200_LIKE).split_k >= 2
 
 
 def test_naive_declines_long_k_with_reason():

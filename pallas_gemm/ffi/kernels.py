@@ -258,7 +258,7 @@ def _register_sgemm(kernel: FfiKernel) -> None:
 
   registry.register(registry.KernelEntry(
       name=kernel.registry_name, fn=fn, supports=_sgemm_supports(kernel),
-      default_config=lambda problem, device: None, config_cls=None,
+      heuristic=lambda problem, device: None, config_cls=None,
       runs_on_cpu=False, description=f"CUDA SIMT SGEMM: {kernel.description}"))
 
 
@@ -290,7 +290,6 @@ def _mma_default_config(problem: GemmProblem, device: DeviceInfo | None):
 
 def _mma_fn(a, b, c, bias, *, problem, config, interpret):
   del interpret
-  config = config or _mma_default_config(problem, None)
   return run_ffi_kernel(MMA_SYNC, config.target, a, b, c, bias,
                         problem=problem)
 
@@ -300,5 +299,5 @@ for _kernel in SGEMM_LADDER:
 
 registry.register(registry.KernelEntry(
     name=MMA_SYNC.registry_name, fn=_mma_fn, supports=_mma_supports,
-    default_config=_mma_default_config, config_cls=MmaSyncConfig,
+    heuristic=_mma_default_config, config_cls=MmaSyncConfig,
     runs_on_cpu=False, description=f"CUDA tensor cores: {MMA_SYNC.description}"))

@@ -373,7 +373,7 @@ def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:
   return _waves_of(problem, config.cta_tile_m, config.cta_tile_n, num_sms)
 
 
-def ws_heuristic(problem: GemmProblem, num_sms: int = 132) -> MosaicConfig:
+def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
   """The default persistent-kernel config.
 
   The deepest pipeline that fits, on the CTA tile whose waves of tiles

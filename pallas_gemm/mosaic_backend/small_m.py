@@ -157,11 +157,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
 
 def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
-                   config: SmallMConfig | None, interpret=False):
+                   config: SmallMConfig, interpret=False):
   params = interpret_params(interpret)
-  if config is None:
-    num_sms = 132 if params is not None else max(device_info().num_sms, 1)
-    config = cfg.small_m_heuristic(problem, num_sms)
   if not isinstance(config, SmallMConfig):
     raise TypeError(
         f"config must be a SmallMConfig, got {type(config).__name__}")
@@ -251,19 +248,21 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
   return None
 
 
-def default_config(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:
-  """The tuning cache's entry for this shape bucket if there is one, else
-  the bandwidth model of `config.small_m_heuristic`."""
-  num_sms = max(device.num_sms, 1) if device.is_gpu else 132
-  heuristic = functools.partial(cfg.small_m_heuristic, problem, num_sms)
-  config = autotune.config_for(problem, NAME, device, SmallMConfig, heuristic)
+def heuristic(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:
+  """The bandwidth model of `config.small_m_heuristic`."""
+  return cfg.small_m_heuristic(problem, device.planning_sms)
+
+
+def check_config(config: SmallMConfig, problem: GemmProblem,
+                 device: DeviceInfo) -> str | None:
+  del device
   if config.smem_bytes(problem) > cfg.HOPPER_SMEM_BYTES:
-    return heuristic()
-  return config
+    return f"needs {config.smem_bytes(problem)} bytes of shared memory"
+  return None
 
 
 def search_space(problem: GemmProblem, device: DeviceInfo):
-  num_sms = max(device.num_sms, 1) if device.is_gpu else 132
+  num_sms = device.planning_sms
   out = []
   for tile_n in (64, 128):
     for k_splits in (1, 2, 4):
@@ -283,7 +282,8 @@ registry.register(registry.KernelEntry(
     name=NAME,
     fn=small_m_matmul,
     supports=supports,
-    default_config=default_config,
+    heuristic=heuristic,
+    check_config=check_config,
     config_cls=SmallMConfig,
     runs_on_cpu=True,
     description=("decode GEMM (M <= 128): N strips x K splits over all SMs, "

@@ -414,15 +414,13 @@ def prepare_operands(a, b, c, bias, problem: GemmProblem,
 
 
 def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
-                         config: MosaicConfig | None, interpret=False):
+                         config: MosaicConfig, interpret=False):
   params = interpret_params(interpret)
   num_sms = INTERPRET_CTAS if params is not None else _device_num_sms()
-  if config is not None and params is not None:
-    num_sms *= config.cluster_size
-  if config is None:
-    config = cfg.ws_heuristic(problem, num_sms)
   if not isinstance(config, MosaicConfig):
     raise TypeError(f"config must be a MosaicConfig, got {type(config).__name__}")
+  if params is not None:
+    num_sms *= config.cluster_size
   cfg.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
                          tile_n=config.tile_n)
   if not config.fits(problem):
@@ -483,23 +481,27 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
   return None
 
 
-def default_config(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
-  """The tuning cache's entry for this shape bucket if there is one, else
-  `config.ws_heuristic`.
+def heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
+  return cfg.ws_heuristic(problem, device.planning_sms)
 
-  The heuristic also wins where the cached config does not fit this
-  problem's shared memory, or needs more waves of CTA tiles on it: an entry
-  measured at 4096^3 makes 5 waves of 128x256 tiles at N = 4097, where the
-  heuristic's 256x128 tiles make 4 (measured 498 against 569 TFLOP/s).
+
+def check_config(config: MosaicConfig, problem: GemmProblem,
+                 device: DeviceInfo) -> str | None:
+  """Why a stored config must not serve this problem.
+
+  Besides shared memory, a config tuned for one shape may tile another one
+  of its bucket badly: a tile that divides 4096 leaves a nearly empty extra
+  wave at 4097. The heuristic weighs waves, so a stored config that needs
+  more waves of CTA tiles than the heuristic's gives way to it.
   """
-  num_sms = max(device.num_sms, 1) if device.is_gpu else INTERPRET_CTAS
-  fallback = cfg.ws_heuristic(problem, num_sms)
-  config = autotune.config_for(problem, NAME, device, MosaicConfig,
-                               lambda: fallback)
-  if not config.fits(problem) or (cfg.waves(problem, config, num_sms)
-                                  > cfg.waves(problem, fallback, num_sms)):
-    return fallback
-  return config
+  if not config.fits(problem):
+    return f"needs {config.smem_bytes(problem)} bytes of shared memory"
+  sms = device.planning_sms
+  fallback = heuristic(problem, device)
+  if cfg.waves(problem, config, sms) > cfg.waves(problem, fallback, sms):
+    return (f"makes {cfg.waves(problem, config, sms)} waves of CTA tiles "
+            f"where the heuristic makes {cfg.waves(problem, fallback, sms)}")
+  return None
 
 
 def search_space(problem: GemmProblem, device: DeviceInfo):
@@ -514,7 +516,8 @@ registry.register(registry.KernelEntry(
     name=NAME,
     fn=ws_persistent_matmul,
     supports=supports,
-    default_config=default_config,
+    heuristic=heuristic,
+    check_config=check_config,
     config_cls=MosaicConfig,
     runs_on_cpu=True,
     description=("persistent warp-specialised wgmma GEMM: TMA ring across "

@@ -325,18 +325,18 @@ def program_rows_cols(i, j, config: TritonConfig):
 def register_fixed_config_rung(name: str, fn, default: TritonConfig,
                                description: str):
   """Registers a rung whose only tuning is one default config, shrunk for
-  small problems, and returns its `default_config(problem, device)`."""
-  def default_config(problem, device):
+  small problems, and returns its `heuristic(problem, device)`."""
+  def heuristic(problem, device):
     del device
     return small_problem_config(problem, default)
 
   def supports(problem, device):
-    return triton_supports(problem, device, default_config(problem, device))
+    return triton_supports(problem, device, heuristic(problem, device))
 
   registry.register(registry.KernelEntry(
-      name=name, fn=fn, supports=supports, default_config=default_config,
+      name=name, fn=fn, supports=supports, heuristic=heuristic,
       config_cls=TritonConfig, runs_on_cpu=True, description=description))
-  return default_config
+  return heuristic
 
 
 def small_problem_config(problem: GemmProblem, base: TritonConfig) -> TritonConfig:

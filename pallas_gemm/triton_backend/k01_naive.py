@@ -49,7 +49,6 @@ def footprint_bytes(problem, config: common.TritonConfig) -> int:
 
 
 def naive_matmul(a, b, c, bias, *, problem, config, interpret):
-  config = config or default_config(problem, None)
   whole_k = padded_k(problem.k)
   # The K loop of the shared helpers, run once over a single K block.
   whole_k_config = common.TritonConfig(
@@ -77,7 +76,7 @@ def naive_matmul(a, b, c, bias, *, problem, config, interpret):
                           block_index=lambda b, i, j: (b, i, j))
 
 
-def default_config(problem, device):
+def heuristic_config(problem, device):
   del device
   return common.small_problem_config(
       problem, DEFAULT_CONFIG)
@@ -87,7 +86,7 @@ def supports(problem, device):
   reason = common.triton_supports(problem, device)
   if reason is not None:
     return reason
-  config = default_config(problem, device)
+  config = heuristic_config(problem, device)
   needed = footprint_bytes(problem, config)
   if needed > FOOTPRINT_BUDGET_BYTES:
     return (f"k={problem.k} pads to a whole-K tile of {padded_k(problem.k)}; "
@@ -100,7 +99,7 @@ registry.register(registry.KernelEntry(
     name=NAME,
     fn=naive_matmul,
     supports=supports,
-    default_config=default_config,
+    heuristic=heuristic_config,
     config_cls=common.TritonConfig,
     runs_on_cpu=True,
     description="one tile per program, whole K in one masked block",

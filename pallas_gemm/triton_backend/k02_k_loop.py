@@ -32,8 +32,7 @@ DEFAULT_CONFIG = common.TritonConfig(block_m=64, block_n=64, block_k=32,
 
 
 def k_loop_matmul(a, b, c, bias, *, problem, config, interpret):
-  config = config or default_config(problem, None)
-
+  
   def kernel(*refs):
     a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
     rows, cols = common.program_rows_cols(pl.program_id(1), pl.program_id(2),
@@ -51,6 +50,6 @@ def k_loop_matmul(a, b, c, bias, *, problem, config, interpret):
                           grid=grid, block_index=lambda b, i, j: (b, i, j))
 
 
-default_config = common.register_fixed_config_rung(
+heuristic_config = common.register_fixed_config_rung(
     NAME, k_loop_matmul, DEFAULT_CONFIG,
     "K loop over BlockSpec tiles, one stage")

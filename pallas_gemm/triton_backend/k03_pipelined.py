@@ -35,9 +35,9 @@ def pipelined_matmul(a, b, c, bias, *, problem, config, interpret):
   """Rung 2's kernel, unchanged: pipelining is a compile option, not code."""
   return k02_k_loop.k_loop_matmul(
       a, b, c, bias, problem=problem,
-      config=config or default_config(problem, None), interpret=interpret)
+      config=config, interpret=interpret)
 
 
-default_config = common.register_fixed_config_rung(
+heuristic_config = common.register_fixed_config_rung(
     NAME, pipelined_matmul, DEFAULT_CONFIG,
     "K loop with software pipelining (num_stages > 1)")

@@ -66,8 +66,7 @@ def grouped_launch(kernel_body, a, b, c, bias, *, problem, config, interpret,
 
 
 def grouped_matmul(a, b, c, bias, *, problem, config, interpret):
-  config = config or default_config(problem, None)
-
+  
   def body(refs, rows, cols):
     a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
     acc = common.accumulate_k_range(
@@ -80,6 +79,6 @@ def grouped_matmul(a, b, c, bias, *, problem, config, interpret):
                         interpret=interpret, name="grouped")
 
 
-default_config = common.register_fixed_config_rung(
+heuristic_config = common.register_fixed_config_rung(
     NAME, grouped_matmul, DEFAULT_CONFIG,
     "pipelined K loop, grouped program order for L2 reuse")

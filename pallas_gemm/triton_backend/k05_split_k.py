@@ -36,21 +36,12 @@ from pallas_gemm.problem import cdiv
 from pallas_gemm.triton_backend import common
 
 NAME = "triton/05_split_k"
-# Interpret mode has no SMs; plan splits as if on a mid-size GPU so the CPU
-# tests exercise the same decisions a GPU would make.
-NOMINAL_SMS = 132
 # Each split should walk at least this many K blocks, or the pipeline never
 # reaches steady state and the partial traffic outweighs the gain.
 MIN_K_BLOCKS_PER_SPLIT = 4
 MAX_SPLIT_K = 32
 # Past this many rows the tiles fill the GPU on their own for any real N.
 MAX_SKINNY_M = 256
-
-
-def _sm_count(device) -> int:
-  if device is not None and device.is_gpu and device.num_sms > 1:
-    return device.num_sms
-  return NOMINAL_SMS
 
 
 def base_config(problem) -> common.TritonConfig:
@@ -80,7 +71,7 @@ def choose_split_k(problem, config: common.TritonConfig, device) -> int:
   """
   tiles = problem.batch * cdiv(problem.m, config.block_m) * cdiv(
       problem.n, config.block_n)
-  sms = _sm_count(device)
+  sms = device.planning_sms
   if 2 * tiles > sms:
     return 1
   k_blocks = cdiv(problem.k, config.block_k)
@@ -89,14 +80,13 @@ def choose_split_k(problem, config: common.TritonConfig, device) -> int:
   return max(1, min(wanted, most, MAX_SPLIT_K))
 
 
-def default_config(problem, device):
+def heuristic_config(problem, device):
   config = base_config(problem)
   return dataclasses.replace(
       config, split_k=choose_split_k(problem, config, device))
 
 
 def split_k_matmul(a, b, c, bias, *, problem, config, interpret):
-  config = config or default_config(problem, None)
   partials = common.split_k_partials(
       a, b, problem=problem, config=config, interpret=interpret,
       name="split_k", grouped=True)
@@ -104,7 +94,7 @@ def split_k_matmul(a, b, c, bias, *, problem, config, interpret):
 
 
 def supports(problem, device):
-  config = default_config(problem, device)
+  config = heuristic_config(problem, device)
   reason = common.triton_supports(problem, device, config)
   if reason is not None:
     return reason
@@ -122,7 +112,7 @@ registry.register(registry.KernelEntry(
     name=NAME,
     fn=split_k_matmul,
     supports=supports,
-    default_config=default_config,
+    heuristic=heuristic_config,
     config_cls=common.TritonConfig,
     runs_on_cpu=True,
     description="split-K with a deterministic fixed-order reduction",

@@ -128,7 +128,7 @@ def heuristic_config(problem, device) -> TritonConfig:
     return common.small_problem_config(problem, _INTERPRET_CONFIG)
   if problem.m <= k05_split_k.MAX_SKINNY_M:
     # Few rows: rung 5's skinny tiles, split only where that pays.
-    skinny = k05_split_k.default_config(problem, device)
+    skinny = k05_split_k.heuristic_config(problem, device)
     if autotune.fits_device(skinny, problem, device):
       return skinny
   # wgmma takes 32-bit operands from shared memory only K-major.
@@ -143,13 +143,6 @@ def heuristic_config(problem, device) -> TritonConfig:
           problem, dataclasses.replace(config, k_major=k_major,
                                        programs_per_sm=programs_per_sm))
   return common.small_problem_config(problem, _PREFERRED[_family(problem)][-1])
-
-
-def default_config(problem, device):
-  device = device or device_info()
-  return autotune.config_for(
-      problem, NAME, device, TritonConfig,
-      heuristic=lambda: heuristic_config(problem, device))
 
 
 def search_space(problem, device) -> list[TritonConfig]:
@@ -170,7 +163,7 @@ def search_space(problem, device) -> list[TritonConfig]:
                    group_m=8, k_major=k_major)
       for bm, bn, bk in tiles for warps in (4, 8) for stages in (3, 4)
       for k_major in k_majors]
-  skinny = k05_split_k.default_config(problem, device)
+  skinny = k05_split_k.heuristic_config(problem, device)
   if skinny.split_k > 1:
     space += [dataclasses.replace(skinny, split_k=s)
               for s in sorted({max(2, skinny.split_k // 2), skinny.split_k,
@@ -184,7 +177,6 @@ def search_space(problem, device) -> list[TritonConfig]:
 
 
 def tuned_matmul(a, b, c, bias, *, problem, config, interpret):
-  config = config or default_config(problem, None)
   if config.k_major:
     a, b, problem = common.to_k_major(a, b, problem)
   masks = common.edge_masks_for(problem, config)
@@ -289,7 +281,7 @@ def _persistent_matmul(a, b, c, bias, *, problem, config, masks, interpret):
 
 def supports(problem, device):
   return common.triton_supports(problem, device,
-                                default_config(problem, device))
+                                heuristic_config(problem, device))
 
 
 autotune.register_search_space(NAME, search_space)
@@ -297,7 +289,7 @@ registry.register(registry.KernelEntry(
     name=NAME,
     fn=tuned_matmul,
     supports=supports,
-    default_config=default_config,
+    heuristic=heuristic_config,
     config_cls=TritonConfig,
     runs_on_cpu=True,
     description="grouped, pipelined, autotuned; split-K for skinny outputs",

@@ -1,0 +1,317 @@
+"""The one place where a call's kernel and config are decided.
+
+`resolve(problem, device, kernel, config)` returns a `Resolution`: the
+kernel that will run, the config it receives, where that choice came from
+and why. Every entry point (`matmul`, derived products under autodiff and
+vmap, the sharded lowering, `explain`) goes through it, and it is memoized
+per (problem, device, request), so a call resolves once however often JAX
+retraces it.
+
+The kernel, when the caller names none (`kernel=None`):
+
+1. On a GPU with a measured dispatch table (`pallas_gemm/tuned/<gpu>.json`,
+   section "dispatch", or the same section of the user's tuning cache), the
+   problem's bucket decides. A bucket is the problem's dtypes, layout,
+   precision, epilogue kind and 16-byte alignment, plus its batch, M, N and
+   K on a half-octave grid. Each bucket records the fastest kernel measured
+   for it, `xla` included, and that kernel's speed relative to `xla`.
+   - the exact bucket: its winner runs;
+   - no exact bucket: the nearest one within `NEAREST_BUCKET_DISTANCE`
+     octaves, and its winner runs only if it beat `xla` there by
+     `NEAREST_BUCKET_MARGIN`, else `xla` runs;
+   - no bucket near enough: `xla`, the kernel no measurement contradicts.
+2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
+   `registry.auto_order` whose `supports()` accepts the problem.
+
+The config, for the kernel chosen: the caller's; else the user's tuning
+cache for this exact bucket; else the config the dispatch table measured;
+else the shipped tuning entries (nearest bucket); else, with
+`PALLAS_GEMM_AUTOTUNE=1` on a GPU, a tuning run; else the kernel's
+heuristic. A stored config that no longer fits the problem (the kernel's
+`check_config` says why) is passed over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+from typing import Any
+
+from pallas_gemm import autotune, registry
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.problem import GemmProblem, itemsize
+
+#: How far (in octaves, summed over batch, M, N and K) a dispatch bucket may
+#: lie from the problem's and still decide for it.
+NEAREST_BUCKET_DISTANCE = 1.5
+#: A kernel measured in a neighbouring bucket must have beaten xla there by
+#: this factor to be trusted with an unmeasured shape.
+NEAREST_BUCKET_MARGIN = 1.03
+#: Buckets are this many steps per octave (2: sizes within a factor of
+#: sqrt(2) share a bucket).
+STEPS_PER_OCTAVE = 2
+
+_stats_lock = threading.Lock()
+#: Counters a test reads: how many times a resolution was computed (not
+#: served from the memo).
+STATS = {"resolutions": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+  kernel: str
+  config: Any
+  # "explicit", "dispatch table", "nearest bucket", "order", "fallback"
+  kernel_source: str
+  # "explicit", "user cache", "dispatch table", "shipped", "autotune",
+  # "heuristic", "none"
+  config_source: str
+  reason: str
+
+  def __str__(self) -> str:
+    return (f"kernel={self.kernel} ({self.kernel_source}), "
+            f"config={self.config} ({self.config_source}): {self.reason}")
+
+
+# ------------------------------------------------------------ the buckets ---
+
+
+def _grid(size: int) -> int:
+  return round(STEPS_PER_OCTAVE * math.log2(max(size, 1)))
+
+
+def epilogue_kind(problem: GemmProblem) -> str:
+  return "plain" if problem.epilogue.is_identity else "fused"
+
+
+def alignment(problem: GemmProblem) -> str:
+  """"a16" when every stored row is a multiple of 16 bytes (what the TMA and
+  cuBLAS's fast paths need), else "u"."""
+  in_size, out_size = itemsize(problem.in_dtype), itemsize(problem.out_dtype)
+  a_row = problem.m if problem.transpose_a else problem.k
+  b_row = problem.k if problem.transpose_b else problem.n
+  aligned = (a_row * in_size % 16 == 0 and b_row * in_size % 16 == 0
+             and problem.n * out_size % 16 == 0)
+  return "a16" if aligned else "u"
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchKey:
+  in_dtype: str
+  out_dtype: str
+  layout: str
+  precision: str
+  epilogue: str
+  align: str
+  batch: int  # on the half-octave grid
+  m: int
+  n: int
+  k: int
+
+  @classmethod
+  def for_problem(cls, problem: GemmProblem) -> DispatchKey:
+    return cls(problem.in_dtype, problem.out_dtype, problem.layout,
+               problem.precision, epilogue_kind(problem), alignment(problem),
+               _grid(problem.batch), _grid(problem.m), _grid(problem.n),
+               _grid(problem.k))
+
+  @property
+  def name(self) -> str:
+    return (f"{self.in_dtype}|{self.out_dtype}|{self.layout}|"
+            f"{self.precision}|{self.epilogue}|{self.align}|"
+            f"{self.batch}x{self.m}x{self.n}x{self.k}")
+
+  @classmethod
+  def parse(cls, name: str) -> DispatchKey:
+    *fields, dims = name.split("|")
+    if len(fields) != 6:
+      raise ValueError(f"dispatch key {name!r} has {len(fields)} fields")
+    batch, m, n, k = (int(d) for d in dims.split("x"))
+    return cls(*fields, batch, m, n, k)
+
+  def same_class(self, other: DispatchKey) -> bool:
+    return dataclasses.astuple(self)[:6] == dataclasses.astuple(other)[:6]
+
+  def distance(self, other: DispatchKey) -> float:
+    """Octaves between the two buckets' sizes, summed over the four dims."""
+    return sum(abs(x - y) for x, y in (
+        (self.batch, other.batch), (self.m, other.m), (self.n, other.n),
+        (self.k, other.k))) / STEPS_PER_OCTAVE
+
+
+def dispatch_records(device: DeviceInfo) -> dict[str, dict]:
+  """The device's measured buckets: the shipped table, overridden entry by
+  entry by the user cache's dispatch section."""
+  records = dict(autotune.read_section(autotune.shipped_path(device.key),
+                                       "dispatch"))
+  records.update(autotune.read_section(autotune.cache_path(device.key),
+                                       "dispatch"))
+  return records
+
+
+def _valid_record(record) -> bool:
+  return (isinstance(record, dict) and isinstance(record.get("kernel"), str)
+          and isinstance(record.get("ratio_to_xla", 1.0), (int, float)))
+
+
+def nearest_record(problem: GemmProblem, records: dict[str, dict]):
+  """(record, distance) of the nearest bucket of the problem's class within
+  `NEAREST_BUCKET_DISTANCE`, or (None, None)."""
+  key = DispatchKey.for_problem(problem)
+  exact = records.get(key.name)
+  if _valid_record(exact):
+    return exact, 0.0
+  best, best_distance = None, None
+  for name, record in sorted(records.items()):
+    try:
+      other = DispatchKey.parse(name)
+    except ValueError:
+      continue
+    if not other.same_class(key) or not _valid_record(record):
+      continue
+    distance = key.distance(other)
+    if distance <= NEAREST_BUCKET_DISTANCE and (
+        best_distance is None or distance < best_distance):
+      best, best_distance = record, distance
+  return best, best_distance
+
+
+# ------------------------------------------------------------ the configs ---
+
+
+def _usable(entry, config, problem, device) -> bool:
+  if config is None or not isinstance(config, entry.config_cls):
+    return False
+  if not autotune.fits_device(config, problem, device):
+    return False
+  check = entry.check_config
+  return check is None or check(config, problem, device) is None
+
+
+def _config_for(entry, problem, device, table_config=None):
+  """(config, source) for an automatically configured kernel."""
+  if entry.config_cls is None:
+    return None, "none"
+  user = autotune.lookup_user(problem, entry.name, device, entry.config_cls)
+  if _usable(entry, user, problem, device):
+    return user, "user cache"
+  if _usable(entry, table_config, problem, device):
+    return table_config, "dispatch table"
+  shipped = autotune.lookup_shipped(problem, entry.name, device,
+                                    entry.config_cls)
+  if _usable(entry, shipped, problem, device):
+    return shipped, "shipped"
+  if autotune.autotune_enabled() and device.is_gpu and autotune.has_search_space(
+      entry.name):
+    try:
+      tuned = autotune.tune(problem, entry.name, device=device).best
+      if _usable(entry, tuned, problem, device):
+        return tuned, "autotune"
+    except RuntimeError:
+      pass
+  return entry.heuristic(problem, device), "heuristic"
+
+
+def _check_config_type(entry, config):
+  if entry.config_cls is None:
+    raise TypeError(f"kernel={entry.name!r} takes no config, got {config!r}")
+  if not isinstance(config, entry.config_cls):
+    raise TypeError(
+        f"config for kernel={entry.name!r} must be a "
+        f"{entry.config_cls.__name__}, got {type(config).__name__}")
+
+
+# ------------------------------------------------------------- resolution ---
+
+
+def resolve(problem: GemmProblem, device: DeviceInfo,
+            kernel: str | None = None, config=None) -> Resolution:
+  """The kernel and config that run `problem` on `device` (see the module
+  docstring). Raises ValueError for a named kernel that cannot run the
+  problem, TypeError for a config of the wrong class."""
+  if kernel is not None and not isinstance(kernel, str):
+    raise TypeError(f"kernel must be a str or None, got {type(kernel).__name__}")
+  if config is not None:
+    if kernel is None:
+      raise ValueError(
+          f"config={config!r} was given with kernel=None; a config belongs "
+          f"to one kernel, so name it too (kernel=...)")
+    _check_config_type(registry.get_kernel(kernel), config)
+  return _resolve(problem, device, kernel, config)
+
+
+def clear_cache() -> None:
+  """Forgets memoized resolutions (after the tuning cache changed)."""
+  _resolve.cache_clear()
+
+
+@functools.lru_cache(maxsize=8192)
+def _resolve(problem, device, kernel, config) -> Resolution:
+  with _stats_lock:
+    STATS["resolutions"] += 1
+  if kernel is not None:
+    entry = registry.select_kernel(problem, device, kernel)
+    if config is not None:
+      return Resolution(entry.name, config, "explicit", "explicit",
+                        "the caller named the kernel and its config")
+    chosen, source = _config_for(entry, problem, device)
+    return Resolution(entry.name, chosen, "explicit", source,
+                      "the caller named the kernel")
+  if device.is_gpu and problem.flops > 0:
+    records = dispatch_records(device)
+    if records:
+      return _from_table(problem, device, records)
+  entry = registry.select_kernel(problem, device)
+  chosen, source = _config_for(entry, problem, device)
+  reason = (f"first kernel of the {_order_name(device)} order "
+            f"({' -> '.join(registry.auto_order(device, problem))}) that "
+            f"supports the problem")
+  if device.platform == "cpu" and problem.flops > (
+      registry.CPU_INTERPRET_FLOP_BUDGET):
+    reason += (f"; interpret mode is kept to problems of at most "
+               f"{registry.CPU_INTERPRET_FLOP_BUDGET} flops")
+  return Resolution(entry.name, chosen, "order", source, reason)
+
+
+def _order_name(device: DeviceInfo) -> str:
+  if device.platform == "cpu":
+    return "CPU"
+  return "Hopper" if device.is_hopper else "GPU"
+
+
+def _from_table(problem, device, records) -> Resolution:
+  record, distance = nearest_record(problem, records)
+  if record is None:
+    return Resolution(
+        "xla", None, "fallback", "none",
+        f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "
+        f"{problem.describe()} in the {device.key} dispatch table")
+  name, ratio = record["kernel"], float(record.get("ratio_to_xla", 1.0))
+  where = ("its bucket" if distance == 0 else
+           f"the nearest bucket ({distance:g} octaves away)")
+  if name == "xla":
+    return Resolution("xla", None, "dispatch table" if distance == 0
+                      else "nearest bucket", "none",
+                      f"xla measured fastest in {where}")
+  entry = registry._REGISTRY.get(name)
+  reason = (f"{name} is not registered" if entry is None else
+            registry.why_unsupported(entry, problem, device))
+  if reason is not None:
+    return Resolution("xla", None, "fallback", "none",
+                      f"{where} chose {name}, which cannot run this problem "
+                      f"({reason})")
+  if distance > 0 and ratio < NEAREST_BUCKET_MARGIN:
+    return Resolution(
+        "xla", None, "nearest bucket", "none",
+        f"{name} led xla by only {ratio:.3f}x in {where}, under the "
+        f"{NEAREST_BUCKET_MARGIN}x margin for unmeasured shapes")
+  table_config = None
+  if record.get("config") is not None and entry.config_cls is not None:
+    table_config = autotune.config_from_json(entry.config_cls,
+                                             record["config"])
+  chosen, source = _config_for(entry, problem, device, table_config)
+  return Resolution(
+      name, chosen, "dispatch table" if distance == 0 else "nearest bucket",
+      source, f"{name} measured {ratio:.3f}x xla in {where}")

@@ -1,0 +1,239 @@
+"""The one resolver: kernel and config chosen once per call, the measured
+dispatch table read as data (xla chosen where it measured faster, the
+nearest-bucket rule with its margin), and caches that survive bad files and
+concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pathlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas_gemm
+from pallas_gemm import autotune, dispatch, numerics
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.problem import Epilogue, GemmProblem
+from pallas_gemm.triton_backend.common import TritonConfig
+
+warnings.filterwarnings("ignore", category=DeprecationWarning,
+                        message=".*[Tt]riton.*")
+
+HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+WS = "mosaic/ws_persistent"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+  """An empty user cache and an empty shipped folder; the memo cleared."""
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
+  monkeypatch.setattr(autotune, "SHIPPED_DIR", tmp_path / "shipped")
+  dispatch.clear_cache()
+  yield tmp_path
+  dispatch.clear_cache()
+
+
+def problem(m=4096, n=4096, k=4096, dtype="bfloat16", **kwargs):
+  return GemmProblem(1, m, n, k, dtype, dtype, **kwargs)
+
+
+def write_table(tmp_path, records: dict[GemmProblem, dict]):
+  path = tmp_path / "shipped" / f"{HOPPER.key}.json"
+  autotune.update_section(path, "dispatch", {
+      dispatch.DispatchKey.for_problem(p).name: r for p, r in records.items()})
+  return path
+
+
+# ---------------------------------------------------------- resolve once ---
+
+
+def test_one_matmul_call_resolves_once(cache):
+  a = numerics.random_normal(jax.random.key(0), (24, 40), jnp.float32)
+  b = numerics.random_normal(jax.random.key(1), (40, 56), jnp.float32)
+  before = dict(dispatch.STATS), dict(autotune.STATS)
+  jax.jit(pallas_gemm.matmul)(a, b).block_until_ready()
+  assert dispatch.STATS["resolutions"] - before[0]["resolutions"] == 1
+  # The device has no tuning files: none was opened.
+  assert autotune.STATS["json_reads"] == before[1]["json_reads"]
+  # Tracing again (a new jit) is served from the memo.
+  jax.jit(lambda x, y: pallas_gemm.matmul(x, y))(a, b).block_until_ready()
+  assert dispatch.STATS["resolutions"] - before[0]["resolutions"] == 1
+
+
+def test_table_file_is_parsed_once_for_many_resolutions(cache):
+  write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.1}})
+  before = autotune.STATS["json_reads"]
+  for m in (512, 1024, 2048, 4096, 8192):
+    dispatch.resolve(problem(m=m), HOPPER)
+  # The shipped file once; the user file does not exist.
+  assert autotune.STATS["json_reads"] - before == 1
+
+
+# ------------------------------------------------------ the dispatch table ---
+
+
+def test_xla_chosen_where_xla_measured_faster(cache):
+  write_table(cache, {
+      problem(): {"kernel": "xla", "ratio_to_xla": 1.0},
+      problem(16384, 16384, 16384): {"kernel": WS, "ratio_to_xla": 1.05},
+  })
+  chosen = dispatch.resolve(problem(), HOPPER)
+  assert (chosen.kernel, chosen.kernel_source) == ("xla", "dispatch table")
+  assert "xla measured fastest" in chosen.reason
+  big = dispatch.resolve(problem(16384, 16384, 16384), HOPPER)
+  assert (big.kernel, big.kernel_source) == (WS, "dispatch table")
+  assert big.config is not None
+
+
+def test_nearest_bucket_with_margin(cache):
+  write_table(cache, {
+      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.10},
+      problem(2048, 2048, 2048): {"kernel": WS, "ratio_to_xla": 1.01},
+  })
+  # 8192x8192x6144 is unmeasured; 8192^3 is half an octave away and won by
+  # more than the margin.
+  near = dispatch.resolve(problem(8192, 8192, 6144), HOPPER)
+  assert (near.kernel, near.kernel_source) == (WS, "nearest bucket")
+  # 2048x2048x1536 is near 2048^3, whose lead is under the margin: xla.
+  thin = dispatch.resolve(problem(2048, 2048, 1536), HOPPER)
+  assert (thin.kernel, thin.kernel_source) == ("xla", "nearest bucket")
+  assert "margin" in thin.reason
+  # Nothing within reach: xla, said plainly.
+  far = dispatch.resolve(problem(64, 64, 64), HOPPER)
+  assert (far.kernel, far.kernel_source) == ("xla", "fallback")
+
+
+def test_bucket_classes_do_not_mix(cache):
+  write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
+  # Same sizes, another layout: not the same class, so no bucket.
+  other = dispatch.resolve(problem(transpose_b=True), HOPPER)
+  assert other.kernel_source == "fallback"
+  fused = dispatch.resolve(problem(epilogue=Epilogue(activation="relu")),
+                           HOPPER)
+  assert fused.kernel_source == "fallback"
+
+
+def test_table_winner_that_cannot_run_falls_back(cache):
+  write_table(cache, {problem(): {"kernel": "no/such_kernel",
+                                  "ratio_to_xla": 2.0}})
+  chosen = dispatch.resolve(problem(), HOPPER)
+  assert chosen.kernel == "xla" and "not registered" in chosen.reason
+
+
+def test_user_dispatch_overrides_shipped(cache):
+  write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
+  autotune.update_section(autotune.cache_path(HOPPER.key), "dispatch", {
+      dispatch.DispatchKey.for_problem(problem()).name: {
+          "kernel": "xla", "ratio_to_xla": 1.0}})
+  assert dispatch.resolve(problem(), HOPPER).kernel == "xla"
+
+
+def test_table_config_is_used(cache):
+  tuned = dispatch.resolve(problem(), HOPPER, WS).config
+  import dataclasses
+  other = dataclasses.replace(tuned, grid_band=tuned.grid_band * 2)
+  write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2,
+                                  "config": autotune.config_to_json(other)}})
+  chosen = dispatch.resolve(problem(), HOPPER)
+  assert chosen.config == other and chosen.config_source == "dispatch table"
+
+
+def test_alignment_is_part_of_the_bucket():
+  assert dispatch.alignment(problem(4096, 4096, 4096)) == "a16"
+  assert dispatch.alignment(problem(4096, 4096, 4095)) == "u"
+  assert dispatch.alignment(problem(4095, 4096, 4096)) == "a16"  # M is free
+
+
+def test_explain_names_source_and_reason(cache):
+  text = str(pallas_gemm.explain(jnp.ones((64, 64)), jnp.ones((64, 32))))
+  assert "triton/06_tuned (order)" in text and "heuristic" in text
+  big = pallas_gemm.explain(jnp.ones((600, 600)), jnp.ones((600, 600)))
+  assert big.kernels == ("xla",) and "interpret mode" in str(big)
+
+
+def test_config_without_kernel_is_a_clear_error(cache):
+  with pytest.raises(ValueError, match="name it too"):
+    pallas_gemm.matmul(jnp.ones((600, 600)), jnp.ones((600, 600)),
+                       config=TritonConfig())
+
+
+# ----------------------------------------------------------------- caches ---
+
+
+def test_bad_entry_is_dropped_rewritten_and_matmul_works(cache):
+  path = autotune.cache_path("cpu")
+  path.parent.mkdir(parents=True)
+  bad = {"version": 1, "entries": {
+      "triton/06_tuned|float32|NN|tf32|1x64x128x64": "x",
+      "triton/06_tuned|float32|NN|tf32|1x64x64x64": {"config": {
+          "block_m": 64, "block_n": 64, "block_k": 32, "no_field": 1}},
+      "garbage key": {"config": {}}}}
+  path.write_text(json.dumps(bad))
+  a, b = jnp.ones((64, 64)), jnp.ones((64, 128))
+  with pytest.warns(RuntimeWarning, match="dropped 3 invalid"):
+    out = pallas_gemm.matmul(a, b)
+  assert float(out[0, 0]) == 64.0
+  assert json.loads(path.read_text())["entries"] == {}
+
+
+def test_fifo_in_place_of_the_cache_is_not_opened(cache):
+  path = autotune.cache_path(HOPPER.key)
+  path.parent.mkdir(parents=True)
+  os.mkfifo(path)
+  assert autotune.read_entries(path) == {}
+  assert dispatch.resolve(problem(), HOPPER, WS).config_source == "heuristic"
+
+
+def test_cache_dir_that_is_a_file(tmp_path, monkeypatch):
+  not_a_dir = tmp_path / "file"
+  not_a_dir.write_text("x")
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(not_a_dir))
+  assert autotune.read_entries(autotune.cache_path("cpu")) == {}
+  with pytest.raises(autotune.CacheError, match="is a file|not a folder"):
+    autotune.store(problem(), "triton/06_tuned", TritonConfig(),
+                   device=HOPPER)
+
+
+def test_tune_keeps_its_result_when_the_cache_is_read_only(cache,
+                                                           monkeypatch):
+  def refuse(*args, **kwargs):
+    raise autotune.CacheError("cannot write to the cache folder (test)")
+  monkeypatch.setattr(autotune, "write_payload", refuse)
+  tiny = GemmProblem(1, 16, 16, 16, "float32", "float32", precision="ieee")
+  cpu = DeviceInfo("cpu", "cpu")
+  with pytest.warns(RuntimeWarning, match="not saved"):
+    result = autotune.tune(tiny, "triton/02_k_loop",
+                           [TritonConfig(16, 16, 16)], device=cpu,
+                           iterations=1)
+  assert result.best == TritonConfig(16, 16, 16)
+
+
+def _store_many(args):
+  cache_dir, worker, count = args
+  os.environ[autotune.CACHE_DIR_ENV] = cache_dir
+  for i in range(count):
+    autotune.store(GemmProblem(1, 2 ** (worker % 8), 2 ** (i % 12 + 1),
+                               2 ** (i // 12 + 1) * (worker + 1) + 1,
+                               "bfloat16", "bfloat16"),
+                   "triton/06_tuned", TritonConfig(), device=HOPPER)
+
+
+def test_concurrent_writers_keep_every_entry(cache):
+  cache_dir = str(cache / "cache")
+  workers, per_worker = 8, 12
+  ctx = multiprocessing.get_context("spawn")
+  with ctx.Pool(workers) as pool:
+    pool.map(_store_many, [(cache_dir, w, per_worker) for w in range(workers)])
+  entries = autotune.read_entries(
+      pathlib.Path(cache_dir) / "tuning" / f"{HOPPER.key}.json")
+  expected = {autotune.CacheKey.for_problem(GemmProblem(
+      1, 2 ** (w % 8), 2 ** (i % 12 + 1), 2 ** (i // 12 + 1) * (w + 1) + 1,
+      "bfloat16", "bfloat16"), "triton/06_tuned", HOPPER).entry_name
+              for w in range(workers) for i in range(per_worker)}
+  assert expected <= set(entries)

@@ -345,13 +345,15 @@ def store(problem: GemmProblem, kernel: str, config, *, device: DeviceInfo,
 
 
 def update_section(path: pathlib.Path, section: str,
-                   records: dict[str, dict], meta: dict | None = None) -> None:
-  """Merges `records` into one section of `path` under the cross-process
-  lock (last writer wins per record, every writer's records survive)."""
+                   records: dict[str, dict], meta: dict | None = None,
+                   replace: bool = False) -> None:
+  """Merges `records` into one section of `path` (or, with `replace`,
+  replaces the section) under the cross-process lock: last writer wins per
+  record, and every writer's records survive."""
   with _lock, _file_lock(path):
     _FILE_MEMO.pop(str(path), None)
     data = dict(_read_file(path, rewrite_invalid=False))
-    merged = dict(data.get(section, {}))
+    merged = {} if replace else dict(data.get(section, {}))
     merged.update(records)
     data[section] = merged
     if meta is not None:

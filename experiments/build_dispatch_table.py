@@ -1,0 +1,305 @@
+"""Measures which kernel is fastest, xla included, and writes the dispatch table.
+
+    PYTHONPATH=. python3 experiments/build_dispatch_table.py \
+        --out_dir=experiments/results/nvidia_h100/dispatch --budget_s=240
+
+For each problem of a deterministic training set (`training_problems`, seeded
+by `--seed`; deliberately not the `wide` suite the dispatch is judged on), it
+times `xla` and every kernel of the device's automatic order that supports the
+problem, each with the config `dispatch.resolve` gives it, over rotated
+operand sets (CUPTI kernel time, median). Every measurement is appended to
+`<out_dir>/measurements.jsonl` at once, so a run that stops (its budget, the
+device call's limit) is resumed by running the same command again: measured
+problems are skipped. `--chunk=I/N` measures every N-th problem from the
+I-th, so that chunks fit separate device calls.
+
+At the end (and with `--table_only`, from the file alone) the measurements are
+folded into buckets (`dispatch.DispatchKey`): a bucket's winner is the kernel
+with the best geometric-mean speed-up over xla among those that beat xla by
+`--min_gain` on every problem measured in the bucket; otherwise xla. The
+"dispatch" section of `pallas_gemm/tuned/<gpu>.json` is replaced with these
+buckets, with the command, device, jax version and git sha in its "meta".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(_REPO_ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import pallas_gemm  # noqa: E402
+from pallas_gemm import autotune, dispatch, registry  # noqa: E402
+from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
+
+FIELDS = ("batch", "m", "n", "k", "in_dtype", "layout", "epilogue")
+
+
+def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
+  value = math.exp(rng.uniform(math.log(low), math.log(high)))
+  return max(multiple, int(round(value / multiple)) * multiple)
+
+
+def training_problems(seed: int = 20261123) -> list[dict]:
+  """The problems the table is measured on: each regime a user meets
+  (decode, small, mid, large, LLM projections, batched, transposed
+  layouts, f16, TF32, fused epilogues, unaligned sizes), sizes drawn
+  log-uniformly so that they fall between any list's round numbers."""
+  rng = random.Random(seed)
+  out = []
+
+  def add(m, n, k, *, batch=1, dtype="bfloat16", layout="NN",
+          epilogue="plain"):
+    out.append(dict(batch=batch, m=m, n=n, k=k, in_dtype=dtype, layout=layout,
+                    epilogue=epilogue))
+
+  for _ in range(8):  # decode
+    add(rng.choice((1, 8, 16, 32, 64, 128)), _log_uniform(rng, 2048, 32768, 128),
+        _log_uniform(rng, 2048, 16384, 128))
+  for _ in range(8):  # small
+    add(*(_log_uniform(rng, 256, 2048, 64) for _ in range(3)))
+  for _ in range(8):  # mid
+    add(*(_log_uniform(rng, 1024, 6144, 128) for _ in range(3)))
+  for _ in range(6):  # large
+    add(*(_log_uniform(rng, 4096, 16384, 256) for _ in range(3)))
+  for _ in range(10):  # LLM projections: tokens not a multiple of 128
+    tokens = _log_uniform(rng, 1000, 9000, 8) + rng.choice((0, 8, 24))
+    hidden = rng.choice((2048, 3072, 4096, 5120, 8192))
+    ffn = rng.choice((5632, 11008, 13824, 14336, 18944, 28672))
+    vocab = rng.choice((32000, 65536, 128256, 151936))
+    n, k = rng.choice(((ffn, hidden), (hidden, ffn), (3 * hidden, hidden),
+                       (vocab, hidden)))
+    add(tokens, n, k)
+  for _ in range(6):  # batched
+    add(_log_uniform(rng, 256, 4096, 64), _log_uniform(rng, 64, 4096, 64),
+        _log_uniform(rng, 64, 2048, 64), batch=rng.choice((4, 8, 16, 32, 64)))
+  for layout in ("NT", "NT", "NT", "TN", "TN", "NT"):  # transposed layouts
+    add(*(_log_uniform(rng, 1024, 16384, 128) for _ in range(3)), layout=layout)
+  for _ in range(4):  # f16
+    add(*(_log_uniform(rng, 1024, 8192, 128) for _ in range(3)),
+        dtype="float16")
+  for _ in range(4):  # TF32
+    add(*(_log_uniform(rng, 1024, 8192, 128) for _ in range(3)),
+        dtype="float32")
+  for _ in range(4):  # fused bias + gelu
+    add(*(_log_uniform(rng, 1024, 8192, 128) for _ in range(3)),
+        epilogue="bias_gelu")
+  for _ in range(4):  # unaligned sizes
+    add(_log_uniform(rng, 1024, 8192, 1) | 1, _log_uniform(rng, 1024, 8192, 1),
+        _log_uniform(rng, 1024, 8192, 1) | 1)
+  return out
+
+
+def to_problem(spec: dict) -> GemmProblem:
+  epilogue = (Epilogue(has_bias=True, activation="gelu")
+              if spec["epilogue"] == "bias_gelu" else Epilogue())
+  dtype = spec["in_dtype"]
+  return GemmProblem(
+      spec["batch"], spec["m"], spec["n"], spec["k"], dtype,
+      "float32" if epilogue.has_bias else dtype,
+      transpose_a=spec["layout"][0] == "T",
+      transpose_b=spec["layout"][1] == "T",
+      precision="tf32" if dtype == "float32" else "default",
+      epilogue=epilogue)
+
+
+def spec_id(spec: dict) -> str:
+  return "|".join(str(spec[f]) for f in FIELDS)
+
+
+def candidates(problem: GemmProblem, device, only=None) -> list[str]:
+  names = ["xla"]
+  for name in registry.auto_order(device, problem):
+    entry = registry._REGISTRY.get(name)
+    if name == "xla" or entry is None or (only and name not in only):
+      continue
+    if registry.why_unsupported(entry, problem, device) is None:
+      names.append(name)
+  return names
+
+
+def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int):
+  """Median ms per call of `kernel` with the config a call would get."""
+  config = dispatch.resolve(problem, device, kernel).config
+  count = autotune.operand_set_count(problem, device.is_gpu)
+  sets = []
+  for seed in range(count):
+    a, b, c, bias = autotune.random_operands(problem, seed=seed)
+    if problem.batch == 1:
+      a, b = a[0], b[0]
+    sets.append((a, b, bias))
+  kwargs = dict(kernel=kernel, config=config,
+                transpose_a=problem.transpose_a,
+                transpose_b=problem.transpose_b,
+                preferred_element_type=problem.out_dtype,
+                activation=problem.epilogue.activation,
+                precision=(jax.lax.Precision.DEFAULT
+                           if problem.precision == "tf32" else None))
+  fn = jax.jit(lambda sets: tuple(
+      pallas_gemm.matmul(a, b, bias=bias, **kwargs) for a, b, bias in sets))
+  ms = autotune.median_time_ms(fn, (tuple(sets),), iterations=iterations,
+                               on_gpu=device.is_gpu)
+  return ms / count, config
+
+
+def git_sha() -> str:
+  env = os.environ.get("PALLAS_GEMM_GIT_SHA")
+  if env:
+    return env
+  try:
+    return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
+                          cwd=_REPO_ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def fold(measurements: list[dict], min_gain: float) -> dict[str, dict]:
+  """Bucket records from per-problem timings (see the module docstring)."""
+  buckets: dict[str, list[dict]] = {}
+  for row in measurements:
+    key = dispatch.DispatchKey.for_problem(to_problem(row["spec"])).name
+    buckets.setdefault(key, []).append(row)
+  table = {}
+  for key, rows in sorted(buckets.items()):
+    kernels = set.intersection(*(set(r["ms"]) for r in rows))
+    best, best_score = "xla", 0.0
+    ratios = {}
+    for kernel in sorted(kernels - {"xla"}):
+      per_problem = [r["ms"]["xla"] / r["ms"][kernel] for r in rows]
+      ratios[kernel] = per_problem
+      geomean = math.exp(sum(map(math.log, per_problem)) / len(per_problem))
+      if min(per_problem) >= min_gain and geomean > best_score:
+        best, best_score = kernel, geomean
+    record = {"kernel": best, "problems": [r["problem"] for r in rows],
+              "ratio_to_xla": (min(ratios[best]) if best != "xla" else 1.0),
+              "ratios": {k: [round(x, 4) for x in v]
+                         for k, v in ratios.items()}}
+    if best != "xla":
+      configs = [r["configs"].get(best) for r in rows]
+      record["config"] = configs[0]
+    table[key] = record
+  return table
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--out_dir", required=True,
+                      help="folder for measurements.jsonl (resumable)")
+  parser.add_argument("--seed", type=int, default=20261123)
+  parser.add_argument("--chunk", default="0/1", help="I/N: every N-th problem")
+  parser.add_argument("--budget_s", type=float, default=240.0,
+                      help="start no new problem after this many seconds")
+  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--min_gain", type=float, default=1.01,
+                      help="a kernel must beat xla by this on every problem "
+                      "of a bucket to win it (timing noise is ~1%%)")
+  parser.add_argument("--kernels", default="",
+                      help="comma-separated kernels to consider (default: "
+                      "the device's automatic order)")
+  parser.add_argument("--table_only", action="store_true",
+                      help="measure nothing; rebuild the table from the file")
+  parser.add_argument("--allow_cpu", action="store_true",
+                      help="measure on a CPU (wall clock, interpret mode): "
+                      "for the tests only")
+  parser.add_argument("--limit", type=int, default=0,
+                      help="measure at most this many problems (0: all)")
+  parser.add_argument("--table", default="",
+                      help="where to write the table (default: the package's "
+                      "pallas_gemm/tuned/<gpu>.json)")
+  args = parser.parse_args(argv)
+  try:
+    index, count = (int(x) for x in args.chunk.split("/"))
+    if not 0 <= index < count:
+      raise ValueError
+  except ValueError:
+    parser.error(f"--chunk={args.chunk!r} must be I/N with 0 <= I < N")
+  if args.min_gain < 1.0:
+    parser.error(f"--min_gain={args.min_gain} must be >= 1.0")
+  only = {k.strip() for k in args.kernels.split(",") if k.strip()} or None
+  for name in only or ():
+    registry.get_kernel(name)
+
+  out_dir = pathlib.Path(args.out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  log_path = out_dir / "measurements.jsonl"
+  device = pallas_gemm.device_info()
+  done = {}
+  if log_path.exists():
+    for line in log_path.read_text().splitlines():
+      if line.strip():
+        row = json.loads(line)
+        if row.get("device") == device.device_kind or args.table_only:
+          done[spec_id(row["spec"])] = row
+  specs = training_problems(args.seed)[index::count]
+  start = time.perf_counter()
+  if not args.table_only:
+    if not device.is_gpu and not args.allow_cpu:
+      parser.error("measuring needs a GPU (use --table_only on a CPU)")
+    todo = [s for s in specs if spec_id(s) not in done]
+    if args.limit:
+      todo = todo[:args.limit]
+    print(f"{len(specs)} problems in chunk {args.chunk}, {len(todo)} to "
+          f"measure on {device.device_kind}", flush=True)
+    for number, spec in enumerate(todo, 1):
+      if time.perf_counter() - start > args.budget_s:
+        print(f"budget of {args.budget_s:.0f}s spent; {len(todo) - number + 1}"
+              " problems left: run the same command again to resume",
+              flush=True)
+        break
+      problem = to_problem(spec)
+      row = {"spec": spec, "problem": problem.describe(),
+             "device": device.device_kind, "ms": {}, "configs": {},
+             "git_sha": git_sha()}
+      for kernel in candidates(problem, device, only):
+        try:
+          ms, config = time_kernel(problem, kernel, device, args.iters)
+        except Exception as err:  # noqa: BLE001 - a failing kernel loses
+          print(f"  {kernel}: failed: {type(err).__name__}: {err}"[:300],
+                flush=True)
+          continue
+        row["ms"][kernel] = ms
+        row["configs"][kernel] = (None if config is None
+                                  else autotune.config_to_json(config))
+      if "xla" not in row["ms"]:
+        continue
+      line = " ".join(f"{k}={row['ms']['xla'] / v:.3f}x"
+                      for k, v in row["ms"].items() if k != "xla")
+      print(f"[{number}/{len(todo)}] {problem.describe()}: xla "
+            f"{row['ms']['xla']:.4f} ms; {line or 'no other kernel'}",
+            flush=True)
+      with open(log_path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+      done[spec_id(spec)] = row
+  table = fold([r for r in done.values() if r["device"] == device.device_kind
+                or args.table_only], args.min_gain)
+  meta = {"command": " ".join(["build_dispatch_table.py", *sys.argv[1:]]),
+          "device": device.device_kind, "jax": jax.__version__,
+          "git_sha": git_sha(), "problems_measured": len(done),
+          "min_gain": args.min_gain}
+  key = device.key if device.is_gpu else next(
+      (r["device"] for r in done.values()), "cpu")
+  key = "".join(ch if ch.isalnum() else "_" for ch in key.lower())
+  table_path = pathlib.Path(args.table) if args.table else (
+      autotune.shipped_path(key))
+  autotune.update_section(table_path, "dispatch", table, meta=meta,
+                          replace=True)
+  wins = sum(1 for r in table.values() if r["kernel"] != "xla")
+  print(f"{len(table)} buckets ({wins} won by a pallas_gemm kernel) -> "
+        f"{table_path}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

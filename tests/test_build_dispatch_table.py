@@ -1,0 +1,67 @@
+"""The dispatch-table builder: a deterministic training set, the fold rule
+(a kernel wins a bucket only by beating xla on every problem in it), and a
+resumable run end to end on a CPU."""
+
+from __future__ import annotations
+
+import json
+
+from experiments import build_dispatch_table as builder
+from pallas_gemm import autotune, dispatch
+
+
+def test_training_set_is_deterministic_and_covers_the_regimes():
+  first, again = builder.training_problems(), builder.training_problems()
+  assert first == again and len(first) >= 60
+  assert builder.training_problems(seed=1) != first
+  layouts = {s["layout"] for s in first}
+  dtypes = {s["in_dtype"] for s in first}
+  assert layouts == {"NN", "NT", "TN"}
+  assert dtypes == {"bfloat16", "float16", "float32"}
+  assert any(s["batch"] > 1 for s in first)
+  assert any(s["m"] <= 128 for s in first)
+  assert any(s["epilogue"] != "plain" for s in first)
+
+
+def _row(spec, **ms):
+  problem = builder.to_problem(spec)
+  return {"spec": spec, "problem": problem.describe(), "device": "gpu",
+          "ms": ms, "configs": {k: None for k in ms}}
+
+
+def test_fold_needs_a_win_on_every_problem_of_the_bucket():
+  spec = dict(batch=1, m=4096, n=4096, k=4096, in_dtype="bfloat16",
+              layout="NN", epilogue="plain")
+  near = dict(spec, m=4100)  # same half-octave bucket
+  other = dict(spec, m=512)
+  table = builder.fold([
+      _row(spec, xla=1.0, **{"mosaic/ws_persistent": 0.9}),
+      _row(near, xla=1.0, **{"mosaic/ws_persistent": 1.05}),
+      _row(other, xla=1.0, **{"mosaic/ws_persistent": 0.5}),
+  ], min_gain=1.01)
+  key = dispatch.DispatchKey.for_problem(builder.to_problem(spec)).name
+  assert table[key]["kernel"] == "xla"  # lost on one of its two problems
+  other_key = dispatch.DispatchKey.for_problem(builder.to_problem(other)).name
+  assert table[other_key]["kernel"] == "mosaic/ws_persistent"
+  assert table[other_key]["ratio_to_xla"] == 2.0
+
+
+def test_cpu_run_resumes_and_writes_the_table(tmp_path, monkeypatch):
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  out, table = tmp_path / "out", tmp_path / "table.json"
+  small = [dict(batch=1, m=16, n=24, k=32, in_dtype="float32", layout="NN",
+                epilogue="plain"),
+           dict(batch=2, m=8, n=16, k=16, in_dtype="bfloat16", layout="NT",
+                epilogue="plain")]
+  monkeypatch.setattr(builder, "training_problems", lambda seed: small)
+  args = [f"--out_dir={out}", f"--table={table}", "--allow_cpu", "--iters=1",
+          "--kernels=triton/06_tuned"]
+  assert builder.main(args + ["--limit=1"]) == 0
+  assert len((out / "measurements.jsonl").read_text().splitlines()) == 1
+  assert builder.main(args) == 0  # resumes: measures only the second
+  rows = [json.loads(l) for l in
+          (out / "measurements.jsonl").read_text().splitlines()]
+  assert len(rows) == 2 and all("xla" in r["ms"] for r in rows)
+  data = json.loads(table.read_text())
+  assert len(data["dispatch"]) == 2
+  assert data["meta"]["problems_measured"] == 2

@@ -284,7 +284,10 @@ def main(argv=None) -> int:
       done[spec_id(spec)] = row
   table = fold([r for r in done.values() if r["device"] == device.device_kind
                 or args.table_only], args.min_gain)
-  meta = {"command": " ".join(["build_dispatch_table.py", *sys.argv[1:]]),
+  command = " ".join(["build_dispatch_table.py", *(argv or sys.argv[1:])])
+  if os.environ.get("OUT"):  # the device machine's output folder
+    command = command.replace(os.environ["OUT"], "$OUT")
+  meta = {"command": command,
           "device": device.device_kind, "jax": jax.__version__,
           "git_sha": git_sha(), "problems_measured": len(done),
           "min_gain": args.min_gain}

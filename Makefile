@@ -1,23 +1,22 @@
 # make bench : the main job, the benchmark (interpret mode at small sizes on a CPU)
-# make test  : the test suite
-VENV ?= .venv
-PY := $(VENV)/bin/python
+# make test  : the test suite (interpret mode on a CPU; compiled kernels on a GPU)
+#
+# Both set up their environment first (scripts/setup_env.sh): an interpreter
+# that already has CUDA jax is used as it is (the project alone is installed
+# into it), otherwise a .venv with jax pinned and, when an NVIDIA driver is
+# found, the matching jax CUDA extra. PALLAS_GEMM_ENV=current|venv and
+# PALLAS_GEMM_DEVICE=cpu|cuda12|cuda13 override the detection.
 JOBS ?= 2
 
-$(VENV)/.installed: pyproject.toml constraints.txt
-	$$(scripts/find_python.sh) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
-	touch $@
+.PHONY: venv test bench clean
+venv:
+	@scripts/setup_env.sh >/dev/null
 
-.PHONY: venv test bench gpu clean
-venv: $(VENV)/.installed
+test:
+	@PY=$$(scripts/setup_env.sh) && $$PY -m pytest -q -n $(JOBS) tests
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(JOBS) tests
-
-bench: $(VENV)/.installed
-	$(PY) experiments/benchmark.py $(ARGS)
+bench:
+	@PY=$$(scripts/setup_env.sh) && $$PY experiments/benchmark.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf .venv build *.egg-info

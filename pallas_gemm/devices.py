@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import shutil
 
 import jax
 
@@ -102,3 +104,21 @@ def peak_tflops(device_kind: str, dtype: str, precision: str = "default"):
     if name in device_kind:
       return table.get(key)
   return None
+
+
+def unused_nvidia_gpu() -> str | None:
+  """Why the benchmark must not run here, or None: an NVIDIA GPU is present
+  but the installed jax has no CUDA backend, so every kernel would silently
+  run in interpret mode on the host."""
+  if jax.default_backend() == "gpu":
+    return None
+  if not (os.path.exists("/proc/driver/nvidia/version")
+          or shutil.which("nvidia-smi")):
+    return None
+  return ("this machine has an NVIDIA GPU, but the jax installed here has no "
+          "CUDA backend, so every kernel would run in interpret mode on the "
+          "CPU. Fix: `make clean && make bench` (the set-up installs the jax "
+          "CUDA extra that matches the driver; PALLAS_GEMM_DEVICE=cuda13 or "
+          "cuda12 forces one), or `pip install -c constraints.txt "
+          "'jax[cuda13]'` into this environment. To benchmark interpret mode "
+          "on purpose, set PALLAS_GEMM_ALLOW_CPU=1.")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+import jax
+import pytest
+
 from experiments import build_dispatch_table as builder
 from pallas_gemm import autotune, dispatch
 
@@ -46,6 +49,8 @@ def test_fold_needs_a_win_on_every_problem_of_the_bucket():
   assert table[other_key]["ratio_to_xla"] == 2.0
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="times in interpret mode on the host")
 def test_cpu_run_resumes_and_writes_the_table(tmp_path, monkeypatch):
   monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
   out, table = tmp_path / "out", tmp_path / "table.json"

@@ -1,6 +1,7 @@
-"""The Pallas-Triton ladder (rungs 1 and 3-6) through the shared suite, plus
-what only this backend has: grouped order, split-K, edge-mask elision, smem
-filtering. Rung 2 has its own file (test_triton_k_loop.py).
+"""The Pallas-Triton ladder (rungs 1-6) through the shared suite, plus what
+only this backend has: grouped order, split-K, edge-mask elision, smem
+filtering, config validation, x64 mode and the ladder's structure (no rung
+imports another).
 
 On a CPU every kernel runs in interpret mode; on a GPU the same tests run
 the compiled Triton kernels.
@@ -8,7 +9,10 @@ the compiled Triton kernels.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import json
+import pathlib
 import warnings
 
 import jax
@@ -17,11 +21,11 @@ import pytest
 
 import pallas_gemm
 from kernel_test_base import KernelTestBase, check_matmul, make_operands
-from pallas_gemm import numerics, registry
+from pallas_gemm import autotune, dispatch, numerics, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import GemmProblem
 from pallas_gemm.triton_backend import (common, k01_naive, k05_split_k,
-                                        k06_tuned)
+                                        k06_tuned, tuned_kernels)
 
 warnings.filterwarnings("ignore", category=DeprecationWarning,
                         message=".*[Tt]riton.*")
@@ -33,6 +37,10 @@ ADA_LIKE = DeviceInfo("gpu", "NVIDIA L4", (8, 9), 58, 99 * 1024)
 class TestNaive(KernelTestBase):
   KERNELS = ("triton/01_naive",)
   SHAPES = ((1, 37, 53), (97, 61, 131), (130, 66, 70))
+
+
+class TestKLoop(KernelTestBase):
+  KERNELS = ("triton/02_k_loop",)
 
 
 class TestPipelined(KernelTestBase):
@@ -171,7 +179,7 @@ def test_naive_declines_long_k_with_reason():
 @pytest.mark.parametrize("grid_m,grid_n,group_m",
                          [(5, 7, 3), (1, 9, 8), (8, 1, 4), (6, 6, 1)])
 def test_grouped_order_is_a_permutation(grid_m, grid_n, group_m):
-  tiles = np.arange(grid_m * grid_n)
+  tiles = np.arange(grid_m * grid_n, dtype=np.int32)
   i, j = common.grouped_tile_index(tiles, grid_m=grid_m, grid_n=grid_n,
                                    group_m=group_m)
   pairs = set(zip(np.asarray(i).tolist(), np.asarray(j).tolist()))
@@ -179,7 +187,8 @@ def test_grouped_order_is_a_permutation(grid_m, grid_n, group_m):
 
 
 def test_grouped_order_walks_columns_within_group():
-  i, j = common.grouped_tile_index(np.arange(6), grid_m=4, grid_n=5,
+  i, j = common.grouped_tile_index(np.arange(6, dtype=np.int32), grid_m=4,
+                                   grid_n=5,
                                    group_m=3)
   assert np.asarray(i).tolist() == [0, 1, 2, 0, 1, 2]
   assert np.asarray(j).tolist() == [0, 0, 0, 1, 1, 1]
@@ -188,11 +197,11 @@ def test_grouped_order_walks_columns_within_group():
 def test_edge_masks_only_where_ragged():
   config = common.TritonConfig(64, 64, 32)
   exact = GemmProblem(1, 128, 64, 96, "bfloat16", "bfloat16")
-  assert common.edge_masks_for(exact, config) == common.EdgeMasks(
-      False, False, False)
+  assert tuned_kernels.edge_masks_for(exact, config) == (
+      tuned_kernels.EdgeMasks(False, False, False))
   ragged = GemmProblem(1, 130, 64, 97, "bfloat16", "bfloat16")
-  assert common.edge_masks_for(ragged, config) == common.EdgeMasks(
-      True, False, True)
+  assert tuned_kernels.edge_masks_for(ragged, config) == (
+      tuned_kernels.EdgeMasks(True, False, True))
 
 
 def test_smem_bytes_counts_stages_and_dtype():
@@ -270,21 +279,161 @@ def test_search_space_is_filtered_by_smem():
   assert 0 < len(kept) < len(space)
 
 
-@pytest.mark.parametrize("kernel", ["triton/01_naive", "triton/03_pipelined",
-                                    "triton/04_grouped", "triton/05_split_k",
-                                    "triton/06_tuned"])
+TRITON_KERNELS = ["triton/01_naive", "triton/02_k_loop", "triton/03_pipelined",
+                  "triton/04_grouped", "triton/05_split_k", "triton/06_tuned"]
+
+
+@pytest.mark.parametrize("kernel", TRITON_KERNELS)
 def test_registered_with_docstring(kernel):
   entry = registry.get_kernel(kernel)
   assert entry.runs_on_cpu and entry.config_cls is common.TritonConfig
   module = __import__(entry.fn.__module__, fromlist=["_"])
-  assert "What it adds" in module.__doc__ or "Rung 1" in module.__doc__
+  rung = int(kernel.split("/")[1][:2])
+  if rung == 1:
+    assert module.__doc__.startswith("Rung 1")
+  elif rung < 6:
+    # A teaching rung names the one change it makes over the previous one.
+    assert f"The one change over rung {rung - 1}" in module.__doc__
+  else:
+    assert "What it adds over rungs 3-5" in module.__doc__
+
+
+def test_no_rung_imports_another_rung():
+  """The teaching rungs are self-contained; shared modules hold only what
+  the package README says they do."""
+  folder = pathlib.Path(k06_tuned.__file__).parent
+  for path in sorted(folder.glob("*.py")):
+    tree = ast.parse(path.read_text())
+    imported = {alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom)
+                and node.module == "pallas_gemm.triton_backend"
+                for alias in node.names}
+    imported |= {node.module.rsplit(".", 1)[1] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module
+                 and node.module.startswith("pallas_gemm.triton_backend.")}
+    rungs = {name for name in imported
+             if name[:1] == "k" and name[1:3].isdigit()}
+    if path.name != "__init__.py":
+      assert not rungs, f"{path.name} imports rung(s) {sorted(rungs)}"
 
 
 def test_bad_config_names_the_field():
-  with pytest.raises(ValueError, match="block_k"):
+  with pytest.raises(ValueError, match="block_k=24"):
     common.TritonConfig(64, 64, 24)
-  with pytest.raises(ValueError, match="split_k"):
+  with pytest.raises(ValueError, match="split_k=0"):
     dataclasses.replace(common.TritonConfig(), split_k=0)
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("split_k", 2.0, TypeError), ("group_m", 2.0, TypeError),
+    ("block_m", "64", TypeError), ("num_stages", 2.5, TypeError),
+    ("num_warps", True, TypeError), ("programs_per_sm", 1.0, TypeError),
+    ("k_major", 1, TypeError), ("block_n", None, TypeError),
+    ("block_m", 48, ValueError), ("block_k", 8, ValueError),
+    ("num_warps", 3, ValueError), ("num_warps", 32, ValueError),
+    ("split_k", 0, ValueError), ("num_stages", 0, ValueError),
+    ("group_m", -1, ValueError), ("programs_per_sm", -1, ValueError),
+    ("programs_per_sm", 9, ValueError)])
+def test_config_fields_are_validated(field, value, error):
+  with pytest.raises(error, match=f"{field}={value!r}"):
+    common.TritonConfig(**{field: value})
+
+
+def test_config_accepts_numpy_ints_as_ints():
+  config = common.TritonConfig(block_m=np.int64(128), split_k=np.int32(2))
+  assert type(config.block_m) is int and type(config.split_k) is int
+  assert config == common.TritonConfig(block_m=128, split_k=2)
+
+
+def test_every_shipped_triton_config_constructs():
+  path = autotune.shipped_path(H200_LIKE.key)
+  text = json.loads(path.read_text())
+  records = list(text.get("entries", {}).values()) + [
+      r for r in text.get("dispatch", {}).values()
+      if str(r.get("kernel", "")).startswith("triton/")]
+  triton = [r for r in records if isinstance(r, dict) and isinstance(
+      r.get("config"), dict) and "block_m" in r["config"]]
+  assert triton
+  for record in triton:
+    common.TritonConfig(**record["config"])
+
+
+def test_cache_entry_with_fractional_split_k_is_dropped(tmp_path, monkeypatch,
+                                                        request):
+  """A tuning-cache entry with "split_k": 2.5 once reached the grid and
+  failed there; now TritonConfig rejects it, the cache drops it with a
+  warning, and matmul runs on the heuristic."""
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path))
+  monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
+  dispatch.clear_cache()
+  request.addfinalizer(dispatch.clear_cache)
+  a = numerics.random_normal(jax.random.key(0), (48, 40), "float32")
+  b = numerics.random_normal(jax.random.key(1), (40, 56), "float32")
+  problem = GemmProblem(1, 48, 56, 40, "float32", "float32",
+                        precision="ieee")
+  cpu = pallas_gemm.device_info()
+  if cpu.platform != "cpu":
+    pytest.skip("checks the CPU cache file")
+  key = autotune.CacheKey.for_problem(problem, "triton/06_tuned", cpu)
+  path = autotune.cache_path(cpu.key)
+  path.parent.mkdir(parents=True)
+  fields = dataclasses.asdict(common.TritonConfig(32, 32, 16, split_k=2))
+  fields["split_k"] = 2.5
+  path.write_text(json.dumps({"version": 1, "entries": {
+      key.entry_name: {"config": fields, "config_cls": "TritonConfig"}}}))
+  with pytest.warns(RuntimeWarning, match="dropped 1 invalid"):
+    out = pallas_gemm.matmul(a, b, kernel="triton/06_tuned",
+                             precision="highest")
+  ref = numerics.reference_matmul(a, b)
+  assert numerics.relative_error(out, ref) <= numerics.tolerance(
+      "float32", "ieee")
+  assert json.loads(path.read_text())["entries"] == {}
+  resolution = dispatch.resolve(problem, cpu, "triton/06_tuned")
+  assert resolution.config_source == "heuristic"
+
+
+# Every rung under x64, with a shape each accepts (rung 5 needs a long K).
+_X64_CASES = [(kernel, (9, 24, 2100) if kernel == "triton/05_split_k"
+               else (37, 45, 70)) for kernel in TRITON_KERNELS]
+
+
+@pytest.mark.parametrize("kernel,shape", _X64_CASES)
+def test_x64_mode(kernel, shape):
+  """With jax_enable_x64 the Python ints in the index arithmetic used to
+  become int64 and meet the int32 program ids (lax.div raised)."""
+  with jax.enable_x64(True):
+    check_matmul(kernel, shape, "bfloat16", layout="TN", out_dtype="float32",
+                 beta=0.5, with_c=True, with_bias=True, activation="relu")
+
+
+@pytest.mark.parametrize("config", [
+    common.TritonConfig(16, 32, 16, group_m=2, programs_per_sm=2),
+    common.TritonConfig(16, 32, 64, group_m=2, split_k=3),
+    common.TritonConfig(32, 32, 32, k_major=True)])
+def test_x64_mode_tuned_paths(config):
+  """Rung 6's persistent, split-K and K-major paths under x64."""
+  shape = (40, 70, 300)
+  problem = GemmProblem(1, *shape, "float32", "float32", precision="ieee")
+  with jax.enable_x64(True):
+    a, b = make_operands(shape, "float32", batch=1)
+    out = k06_tuned.tuned_matmul(a, b, None, None, problem=problem,
+                                 config=config, interpret=True)
+    assert out.dtype == np.float32
+    ref = numerics.reference_matmul(a, b)
+  assert numerics.relative_error(out, ref) <= numerics.tolerance(
+      "float32", "ieee")
+
+
+def test_x64_default_path():
+  """The issue's reproducer: `matmul` of two f32 matrices, no kernel named."""
+  with jax.enable_x64(True):
+    a = numerics.random_normal(jax.random.key(2), (64, 64), "float32")
+    b = numerics.random_normal(jax.random.key(3), (64, 64), "float32")
+    out = pallas_gemm.matmul(a, b)
+    assert out.dtype == np.float32
+    ref = numerics.reference_matmul(a, b)
+  assert numerics.relative_error(out, ref) <= numerics.tolerance(
+      "float32", "tf32")
 
 
 def test_cpu_auto_order_picks_tuned():

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_gemm import registry
-from pallas_gemm.problem import cdiv
+from pallas_gemm.problem import apply_epilogue, cdiv
 from pallas_gemm.triton_backend import common
 
 NAME = "triton/01_naive"
@@ -49,27 +50,49 @@ def footprint_bytes(problem, config: common.TritonConfig) -> int:
 
 
 def naive_matmul(a, b, c, bias, *, problem, config, interpret):
+  bm, bn = config.block_m, config.block_n
   whole_k = padded_k(problem.k)
-  # The K loop of the shared helpers, run once over a single K block.
-  whole_k_config = common.TritonConfig(
-      block_m=config.block_m, block_n=config.block_n, block_k=whole_k,
-      num_warps=config.num_warps, num_stages=1)
 
   def kernel(*refs):
     a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
-    rows, cols = common.program_rows_cols(pl.program_id(1), pl.program_id(2),
-                                          whole_k_config)
-    a_tile = common.load_a_tile(a_ref, 0, problem=problem, rows=rows,
-                                bk=whole_k)
-    b_tile = common.load_b_tile(b_ref, 0, problem=problem, cols=cols,
-                                bk=whole_k)
+    i, j = pl.program_id(1), pl.program_id(2)
+    rows = i * bm + common.arange32(bm)
+    cols = j * bn + common.arange32(bn)
+    # Every element past M, N or K reads as 0: the zero K tail adds nothing
+    # to the dot, and rows and columns past the edge are never stored.
+    k_ok = common.arange32(whole_k) < problem.k
+    row_ok = rows < problem.m
+    if problem.transpose_a:  # A is stored (K, M)
+      a_tile = pltriton.load(a_ref.at[pl.ds(0, whole_k), :],
+                             mask=k_ok[:, None] & row_ok[None, :], other=0).T
+    else:
+      a_tile = pltriton.load(a_ref.at[:, pl.ds(0, whole_k)],
+                             mask=row_ok[:, None] & k_ok[None, :], other=0)
+    col_ok = cols < problem.n
+    if problem.transpose_b:  # B is stored (N, K)
+      b_tile = pltriton.load(b_ref.at[:, pl.ds(0, whole_k)],
+                             mask=col_ok[:, None] & k_ok[None, :], other=0).T
+    else:
+      b_tile = pltriton.load(b_ref.at[pl.ds(0, whole_k), :],
+                             mask=k_ok[:, None] & col_ok[None, :], other=0)
     acc = jnp.dot(a_tile, b_tile, precision=common.dot_precision(problem),
                   preferred_element_type=jnp.float32)
-    common.store_output(o_ref, acc, problem=problem, rows=rows, cols=cols,
-                        c_ref=c_ref, bias_ref=bias_ref)
 
-  grid = (problem.batch, cdiv(problem.m, config.block_m),
-          cdiv(problem.n, config.block_n))
+    out_ok = row_ok[:, None] & col_ok[None, :]
+    c_tile = bias_row = None
+    if problem.epilogue.has_c:
+      c_tile = pltriton.load(c_ref, mask=out_ok, other=0)
+    if problem.epilogue.has_bias:
+      bias_row = pltriton.load(bias_ref, mask=col_ok, other=0)[None, :]
+    out = apply_epilogue(acc, problem.epilogue, c_tile, bias_row)
+    pltriton.store(o_ref, out.astype(o_ref.dtype), mask=out_ok)
+
+  # The BlockSpecs hand each program its (BM, whole K) and (whole K, BN)
+  # operand blocks: a config whose K step is the whole (padded) K.
+  whole_k_config = common.TritonConfig(
+      block_m=bm, block_n=bn, block_k=whole_k, num_warps=config.num_warps,
+      num_stages=1)
+  grid = (problem.batch, cdiv(problem.m, bm), cdiv(problem.n, bn))
   return common.run_tiled(kernel, a, b, c, bias, problem=problem,
                           config=whole_k_config, interpret=interpret,
                           name="naive", grid=grid,
@@ -78,8 +101,7 @@ def naive_matmul(a, b, c, bias, *, problem, config, interpret):
 
 def heuristic_config(problem, device):
   del device
-  return common.small_problem_config(
-      problem, DEFAULT_CONFIG)
+  return common.small_problem_config(problem, DEFAULT_CONFIG)
 
 
 def supports(problem, device):

@@ -1,8 +1,9 @@
 """Rung 4: grouped (swizzled) program order for L2 reuse.
 
-What it adds over rung 3: the tiles are the same, only the order in which
-programs are launched changes. The grid is one-dimensional over tiles (plus
-batch) and program `t` computes tile (i, j) = grouped(t):
+The one change over rung 3: the tiles and the K loop are the same (rung
+3's code, copied), only the order in which programs are launched changes.
+The grid is one-dimensional over tiles (plus batch) and program `t`
+computes tile (i, j) = grouped(t):
 
     for batch in range(B):                                       # parallel
       for t in range(cdiv(M, BM) * cdiv(N, BN)):                 # parallel
@@ -26,14 +27,22 @@ and 16 B blocks, which stay in L2 and are each reused 8-16 times:
     [..........................]   [#####.....................]
     (2 rows × all columns)         (8 rows × a few columns)
 
-The diagram of the id mapping is in `common.grouped_tile_index`.
+Whether it pays depends on the L2: on the H200 at 4096³ and 8192³ it did
+not, since one wave's working set fits its L2 in either order (the results
+note experiments/results/nvidia_h200/triton/README.md, "The ladder").
+
+The id mapping, with a diagram, is `common.grouped_tile_index`: rungs 4-6
+and the experiments share it.
 """
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
-from pallas_gemm.problem import cdiv
+from pallas_gemm.problem import apply_epilogue, cdiv
 from pallas_gemm.triton_backend import common
 
 NAME = "triton/04_grouped"
@@ -41,42 +50,67 @@ DEFAULT_CONFIG = common.TritonConfig(block_m=128, block_n=128, block_k=32,
                                      num_warps=4, num_stages=3, group_m=8)
 
 
-def grouped_launch(kernel_body, a, b, c, bias, *, problem, config, interpret,
-                   name):
-  """Runs `kernel_body(refs, rows, cols)` over a 1-D grouped tile grid."""
-  grid_m = cdiv(problem.m, config.block_m)
-  grid_n = cdiv(problem.n, config.block_n)
+def grouped_matmul(a, b, c, bias, *, problem, config, interpret):
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  grid_m, grid_n = cdiv(problem.m, bm), cdiv(problem.n, bn)
 
   def block_index(tile, batch):
     i, j = common.grouped_tile_index(tile, grid_m=grid_m, grid_n=grid_n,
                                      group_m=config.group_m)
     return batch, i, j
 
+  precision = common.dot_precision(problem)
+
   def kernel(*refs):
+    a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
     _, i, j = block_index(pl.program_id(0), pl.program_id(1))
-    rows, cols = common.program_rows_cols(i, j, config)
-    kernel_body(refs, rows, cols)
+    rows = i * bm + common.arange32(bm)
+    cols = j * bn + common.arange32(bn)
+
+    def k_step(k_index, acc):
+      start = common.index32(k_index) * bk
+      # Elements past M, N or K read as 0: the zero K tail adds nothing to
+      # the dot, and rows and columns past the edge are never stored. (The
+      # row and column masks do not change with K; Triton hoists them.)
+      k_ok = (start + common.arange32(bk)) < problem.k
+      row_ok = rows < problem.m
+      if problem.transpose_a:  # A is stored (K, M)
+        a_tile = pltriton.load(a_ref.at[pl.ds(start, bk), :],
+                               mask=k_ok[:, None] & row_ok[None, :],
+                               other=0).T
+      else:
+        a_tile = pltriton.load(a_ref.at[:, pl.ds(start, bk)],
+                               mask=row_ok[:, None] & k_ok[None, :], other=0)
+      col_ok = cols < problem.n
+      if problem.transpose_b:  # B is stored (N, K)
+        b_tile = pltriton.load(b_ref.at[:, pl.ds(start, bk)],
+                               mask=col_ok[:, None] & k_ok[None, :],
+                               other=0).T
+      else:
+        b_tile = pltriton.load(b_ref.at[pl.ds(start, bk), :],
+                               mask=k_ok[:, None] & col_ok[None, :], other=0)
+      return acc + jnp.dot(a_tile, b_tile, precision=precision,
+                           preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, cdiv(problem.k, bk), k_step,
+                            jnp.zeros((bm, bn), jnp.float32))
+
+    row_ok, col_ok = rows < problem.m, cols < problem.n
+    out_ok = row_ok[:, None] & col_ok[None, :]
+    c_tile = bias_row = None
+    if problem.epilogue.has_c:
+      c_tile = pltriton.load(c_ref, mask=out_ok, other=0)
+    if problem.epilogue.has_bias:
+      bias_row = pltriton.load(bias_ref, mask=col_ok, other=0)[None, :]
+    out = apply_epilogue(acc, problem.epilogue, c_tile, bias_row)
+    pltriton.store(o_ref, out.astype(o_ref.dtype), mask=out_ok)
 
   # Tiles on grid axis 0: CUDA launches blockIdx.x fastest, so consecutive
   # ids are the ones resident together.
   grid = (grid_m * grid_n, problem.batch)
   return common.run_tiled(kernel, a, b, c, bias, problem=problem,
-                          config=config, interpret=interpret, name=name,
+                          config=config, interpret=interpret, name="grouped",
                           grid=grid, block_index=block_index)
-
-
-def grouped_matmul(a, b, c, bias, *, problem, config, interpret):
-  
-  def body(refs, rows, cols):
-    a_ref, b_ref, c_ref, bias_ref, o_ref = common.unpack_refs(refs, problem)
-    acc = common.accumulate_k_range(
-        a_ref, b_ref, problem=problem, config=config, rows=rows, cols=cols,
-        k_start=0, k_stop=cdiv(problem.k, config.block_k))
-    common.store_output(o_ref, acc, problem=problem, rows=rows, cols=cols,
-                        c_ref=c_ref, bias_ref=bias_ref)
-
-  return grouped_launch(body, a, b, c, bias, problem=problem, config=config,
-                        interpret=interpret, name="grouped")
 
 
 heuristic_config = common.register_fixed_config_rung(

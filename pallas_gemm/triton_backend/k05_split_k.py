@@ -1,6 +1,7 @@
 """Rung 5: split-K for skinny and long-K problems.
 
-What it adds over rung 4: when the output has too few tiles to fill the GPU
+The one change over rung 4 (whose grouped order and K loop are copied
+here): when the output has too few tiles to fill the GPU
 (M ≤ 256 against N = K = 8192 gives 1-2 rows of tiles, 64-128 programs for
 132 SMs), the K loop is cut into `split_k` ranges that run as separate
 programs, each writing an f32 partial. A second pass sums the partials in a
@@ -22,6 +23,8 @@ is full. The price is writing and re-reading split_k·M·N f32 values, small
 when M is small. The reduction never uses atomics, so the output is the same
 bits on every run (atomics would add the partials in arrival order).
 
+How many splits and which tiles, and the fixed-order reduction of pass 2,
+are `split_k_common` (shared with rung 6).
 `supports()` declines problems where the tiles already fill the GPU or K is
 too short to split; the GPU auto order tries this kernel first, so it must
 only accept shapes it wins.
@@ -31,66 +34,101 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
 from pallas_gemm import registry
-from pallas_gemm.problem import cdiv
-from pallas_gemm.triton_backend import common
+from pallas_gemm.problem import Epilogue, cdiv
+from pallas_gemm.triton_backend import common, split_k_common
 
 NAME = "triton/05_split_k"
-# Each split should walk at least this many K blocks, or the pipeline never
-# reaches steady state and the partial traffic outweighs the gain.
-MIN_K_BLOCKS_PER_SPLIT = 4
-MAX_SPLIT_K = 32
-# Past this many rows the tiles fill the GPU on their own for any real N.
-MAX_SKINNY_M = 256
 
 
-def base_config(problem) -> common.TritonConfig:
-  """Tiles for a short, wide output: few rows, deep K steps.
+def split_k_partials(a, b, *, problem, config, interpret):
+  """Pass 1: f32 partial products, shape (split_k, batch, m, n).
 
-  From the H200 sweep at N = K = 8192 (results/nvidia_h200/triton): for
-  M <= 16 a 16-row tile with K steps of 256 was best; for M = 128, 64×128
-  tiles beat 64×64 by 1.5×.
+  Split s sums the K blocks [s·per_split, (s+1)·per_split): each program
+  writes its own slice of the buffer, so no two programs touch the same
+  output and no atomics are needed.
   """
-  if problem.in_dtype == "float32":
-    tile = common.TritonConfig(block_m=64, block_n=64, block_k=64,
-                               num_warps=4, num_stages=3, group_m=8)
-  elif problem.m <= 16:
-    tile = common.TritonConfig(block_m=16, block_n=64, block_k=256,
-                               num_warps=4, num_stages=3, group_m=8)
-  else:
-    tile = common.TritonConfig(block_m=64, block_n=128, block_k=128,
-                               num_warps=4, num_stages=4, group_m=8)
-  return common.small_problem_config(problem, tile)
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  grid_m, grid_n = cdiv(problem.m, bm), cdiv(problem.n, bn)
+  k_blocks = cdiv(problem.k, bk)
+  per_split = cdiv(k_blocks, config.split_k)
 
+  def block_index(tile, split, batch):
+    del split
+    i, j = common.grouped_tile_index(tile, grid_m=grid_m, grid_n=grid_n,
+                                     group_m=config.group_m)
+    return batch, i, j
 
-def choose_split_k(problem, config: common.TritonConfig, device) -> int:
-  """Splits that bring the program count to about two waves, or 1.
+  precision = common.dot_precision(problem)
 
-  Only when the tiles fill less than half the SMs: on the H200 an output of
-  128 tiles (one wave on 132 SMs) lost 2-15% with any split.
-  """
-  tiles = problem.batch * cdiv(problem.m, config.block_m) * cdiv(
-      problem.n, config.block_n)
-  sms = device.planning_sms
-  if 2 * tiles > sms:
-    return 1
-  k_blocks = cdiv(problem.k, config.block_k)
-  wanted = cdiv(2 * sms, tiles)
-  most = k_blocks // MIN_K_BLOCKS_PER_SPLIT
-  return max(1, min(wanted, most, MAX_SPLIT_K))
+  def kernel(a_ref, b_ref, o_ref):
+    tile, split, batch = (pl.program_id(axis) for axis in range(3))
+    _, i, j = block_index(tile, split, batch)
+    rows = i * bm + common.arange32(bm)
+    cols = j * bn + common.arange32(bn)
 
+    def k_step(k_index, acc):
+      start = common.index32(k_index) * bk
+      # Elements past M, N or K read as 0 (see rung 2).
+      k_ok = (start + common.arange32(bk)) < problem.k
+      row_ok = rows < problem.m
+      if problem.transpose_a:  # A is stored (K, M)
+        a_tile = pltriton.load(a_ref.at[pl.ds(start, bk), :],
+                               mask=k_ok[:, None] & row_ok[None, :],
+                               other=0).T
+      else:
+        a_tile = pltriton.load(a_ref.at[:, pl.ds(start, bk)],
+                               mask=row_ok[:, None] & k_ok[None, :], other=0)
+      col_ok = cols < problem.n
+      if problem.transpose_b:  # B is stored (N, K)
+        b_tile = pltriton.load(b_ref.at[:, pl.ds(start, bk)],
+                               mask=col_ok[:, None] & k_ok[None, :],
+                               other=0).T
+      else:
+        b_tile = pltriton.load(b_ref.at[pl.ds(start, bk), :],
+                               mask=k_ok[:, None] & col_ok[None, :], other=0)
+      return acc + jnp.dot(a_tile, b_tile, precision=precision,
+                           preferred_element_type=jnp.float32)
 
-def heuristic_config(problem, device):
-  config = base_config(problem)
-  return dataclasses.replace(
-      config, split_k=choose_split_k(problem, config, device))
+    # This program's share of the K blocks; the last split may be short.
+    k_start = split * per_split
+    k_stop = jnp.minimum(k_start + per_split, k_blocks)
+    acc = jax.lax.fori_loop(k_start, k_stop, k_step,
+                            jnp.zeros((bm, bn), jnp.float32))
+    out_ok = (rows < problem.m)[:, None] & (cols < problem.n)[None, :]
+    pltriton.store(o_ref, acc, mask=out_ok)
+
+  # The partials carry no epilogue: pass 2 applies it once, to the sum.
+  bare = dataclasses.replace(problem, epilogue=Epilogue(), c_dtype=None)
+  in_specs, _ = common.operand_specs(bare, config, k_blocks=k_blocks,
+                                     block_index=block_index)
+
+  def partial_map(tile, split, batch):
+    _, i, j = block_index(tile, split, batch)
+    return split, batch, i, j
+
+  return common.launch(
+      kernel, [a, b], config=config, interpret=interpret, name="split_k",
+      grid=(grid_m * grid_n, config.split_k, problem.batch),
+      in_specs=in_specs,
+      out_specs=pl.BlockSpec((None, None, bm, bn), partial_map),
+      out_shape=jax.ShapeDtypeStruct(
+          (config.split_k, problem.batch, problem.m, problem.n), jnp.float32))
 
 
 def split_k_matmul(a, b, c, bias, *, problem, config, interpret):
-  partials = common.split_k_partials(
-      a, b, problem=problem, config=config, interpret=interpret,
-      name="split_k", grouped=True)
-  return common.reduce_partials(partials, c, bias, problem=problem)
+  partials = split_k_partials(a, b, problem=problem, config=config,
+                              interpret=interpret)
+  # Pass 2, in XLA.
+  return split_k_common.reduce_partials(partials, c, bias, problem=problem)
+
+
+heuristic_config = split_k_common.skinny_config
 
 
 def supports(problem, device):
@@ -98,13 +136,14 @@ def supports(problem, device):
   reason = common.triton_supports(problem, device, config)
   if reason is not None:
     return reason
-  if problem.m > MAX_SKINNY_M and config.split_k == 1:
-    return (f"m={problem.m} > {MAX_SKINNY_M} and the output tiles fill the "
-            f"GPU; split-K would only add partial traffic")
+  if problem.m > split_k_common.MAX_SKINNY_M and config.split_k == 1:
+    return (f"m={problem.m} > {split_k_common.MAX_SKINNY_M} and the output "
+            f"tiles fill the GPU; split-K would only add partial traffic")
   if config.split_k == 1:
     return (f"k={problem.k} is too short to split (needs >= "
-            f"{2 * MIN_K_BLOCKS_PER_SPLIT} K blocks of {config.block_k}) or "
-            f"the {problem.m}x{problem.n} output already fills the GPU")
+            f"{2 * split_k_common.MIN_K_BLOCKS_PER_SPLIT} K blocks of "
+            f"{config.block_k}) or the {problem.m}x{problem.n} output "
+            f"already fills the GPU")
   return None
 
 

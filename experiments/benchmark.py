@@ -68,7 +68,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
-from pallas_gemm import autotune, numerics, registry  # noqa: E402
+from pallas_gemm import autotune, numerics, registry, timing  # noqa: E402
 from pallas_gemm.devices import DeviceInfo, device_info, peak_tflops  # noqa: E402
 from pallas_gemm.problem import FP8_DTYPES, GemmProblem, cdiv  # noqa: E402
 
@@ -161,7 +161,7 @@ BASELINE_NAME = "xla"
 HOPPER_NAME = "jax_hopper"
 # The rotated input sets add up to twice L2 so that no timed call finds its
 # operands still cached: the same rule as the autotuner's.
-MAX_INPUT_SETS = autotune.MAX_OPERAND_SETS
+MAX_INPUT_SETS = timing.MAX_OPERAND_SETS
 INPUT_SET_MEMORY_CAP = 8 * 2**30
 # CUPTI's measure keeps every iteration's outputs alive until it syncs.
 OUTPUTS_IN_FLIGHT_CAP = 4 * 2**30
@@ -615,7 +615,7 @@ def input_set_count(problem: GemmProblem, on_gpu: bool) -> int:
   if not on_gpu:
     return 2  # rotation is exercised; L2 effects do not matter on a host
   set_bytes = (problem.m + problem.n) * problem.k * _itemsize(problem.in_dtype)
-  wanted = autotune.operand_set_count(problem, on_gpu=True)
+  wanted = timing.operand_set_count(problem, on_gpu=True)
   cap = INPUT_SET_MEMORY_CAP
   try:
     limit = jax.devices()[0].memory_stats().get("bytes_limit")
@@ -768,17 +768,12 @@ def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
   iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
   chunk = max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP // max(1, count * out_bytes)))
   try:
-    from jax.experimental.mosaic.gpu import profiler  # noqa: PLC0415
     samples: list[float] = []
     remaining = iters
     while remaining > 0:
       step = min(chunk, remaining)
-      _, per_iteration_ms = profiler.measure(call.compiled, iterations=step)(
-          *call.flat)
-      if per_iteration_ms is None:
-        raise RuntimeError("CUPTI recorded no kernel launch")
-      if not isinstance(per_iteration_ms, (list, tuple)):
-        per_iteration_ms = [per_iteration_ms]
+      _, per_iteration_ms = timing.cupti_samples_ms(
+          call.compiled, call.flat, iterations=step, warmup=0)
       samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
       remaining -= step
     return Timing(tuple(samples), "cupti")
@@ -1326,13 +1321,10 @@ def roofline_bandwidth(device_kind: str, *, measure: bool):
 def measure_copy_bandwidth_tbs() -> float | None:
   """Device copy bandwidth from a 1 GiB read + 1 GiB write, CUPTI-timed."""
   try:
-    from jax.experimental.mosaic.gpu import profiler  # noqa: PLC0415
     x = jnp.ones((2**29,), jnp.bfloat16)
     double = jax.jit(lambda v: v * 2)
-    _, times_ms = profiler.measure(double, iterations=10)(x)
-    if not times_ms:
-      return None
-    return 2 * x.nbytes / (statistics.median(times_ms) * 1e-3) / 1e12
+    ms = timing.median_time_ms(double, (x,), iterations=10, on_gpu=True)
+    return 2 * x.nbytes / (ms * 1e-3) / 1e12
   except Exception:  # noqa: BLE001 - the roofline falls back to known ceilings
     return None
 

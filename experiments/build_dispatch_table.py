@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import pallas_gemm  # noqa: E402
-from pallas_gemm import autotune, dispatch, registry  # noqa: E402
+from pallas_gemm import autotune, dispatch, registry, timing  # noqa: E402
 from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
 
 FIELDS = ("batch", "m", "n", "k", "in_dtype", "layout", "epilogue")
@@ -132,10 +132,9 @@ def candidates(problem: GemmProblem, device, only=None) -> list[str]:
 def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int):
   """Median ms per call of `kernel` with the config a call would get."""
   config = dispatch.resolve(problem, device, kernel).config
-  count = autotune.operand_set_count(problem, device.is_gpu)
   sets = []
-  for seed in range(count):
-    a, b, c, bias = autotune.random_operands(problem, seed=seed)
+  for seed in range(timing.operand_set_count(problem, device.is_gpu)):
+    a, b, c, bias = timing.random_operands(problem, seed=seed)
     if problem.batch == 1:
       a, b = a[0], b[0]
     sets.append((a, b, bias))
@@ -146,11 +145,10 @@ def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int):
                 activation=problem.epilogue.activation,
                 precision=(jax.lax.Precision.DEFAULT
                            if problem.precision == "tf32" else None))
-  fn = jax.jit(lambda sets: tuple(
-      pallas_gemm.matmul(a, b, bias=bias, **kwargs) for a, b, bias in sets))
-  ms = autotune.median_time_ms(fn, (tuple(sets),), iterations=iterations,
-                               on_gpu=device.is_gpu)
-  return ms / count, config
+  ms = timing.time_over_sets(
+      lambda a, b, bias: pallas_gemm.matmul(a, b, bias=bias, **kwargs), sets,
+      iterations=iterations, on_gpu=device.is_gpu)
+  return ms, config
 
 
 def git_sha() -> str:

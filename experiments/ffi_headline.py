@@ -40,7 +40,7 @@ def main(argv=None) -> int:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from jax.experimental.mosaic.gpu import profiler
+  from pallas_gemm import timing
 
   import pallas_gemm
   from experiments.benchmark import git_revision
@@ -48,10 +48,8 @@ def main(argv=None) -> int:
   from pallas_gemm.devices import device_info
 
   def median_ms(fn, operands):
-    jax.block_until_ready(fn(*operands))
-    jax.block_until_ready(fn(*operands))
-    _, times = profiler.measure(fn, iterations=args.iters)(*operands)
-    return float(np.median(times))
+    return timing.median_time_ms(fn, operands, iterations=args.iters,
+                                 on_gpu=True)
 
   highest = jax.lax.Precision.HIGHEST
   pairs = {

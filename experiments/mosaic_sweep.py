@@ -111,10 +111,8 @@ def kernel_fn(kernel, problem, config):
 
 
 def time_fn(fn, *args, iters):
-  from jax.experimental.mosaic.gpu import profiler
-  out = fn(*args)
-  jax.block_until_ready(out)
-  out, runtimes = profiler.measure(fn, iterations=iters)(*args)
+  from pallas_gemm import timing
+  out, runtimes = timing.cupti_samples_ms(fn, args, iterations=iters)
   jax.block_until_ready(out)
   return out, statistics.median(runtimes)
 

@@ -104,19 +104,12 @@ def _device_counts(available: int, limit: int) -> list[int]:
 
 def _cupti_ms_per_step(compiled, args, iters: int, num_devices: int):
   """Median CUPTI kernel time of one step, per device; None without CUPTI."""
+  from pallas_gemm import timing
   try:
-    from jax.experimental.mosaic.gpu import profiler
-  except ImportError:
-    return None, "no Mosaic GPU profiler"
-  try:
-    _, per_step = profiler.measure(compiled, aggregate=False,
-                                   iterations=iters)(*args)
+    _, per_step = timing.cupti_samples_ms(compiled, args, iterations=iters,
+                                          per_kernel=True, warmup=0)
   except Exception as e:  # noqa: BLE001 - reported in the results
     return None, f"CUPTI failed: {type(e).__name__}: {e}"
-  if per_step is None:
-    return None, "CUPTI saw no kernels"
-  if iters == 1:  # measure() drops the per-iteration level for one iteration
-    per_step = [per_step]
   sums = [sum(ms for _, ms in kernels) for kernels in per_step]
   kernels_per_step = len(per_step[0])
   return statistics.median(sums) / num_devices, (

@@ -221,9 +221,8 @@ def measure(fn, a, b, iters):
   if INTERPRET:
     out = jax.block_until_ready(fn(a, b))
     return out, 1.0
-  from jax.experimental.mosaic.gpu import profiler
-  jax.block_until_ready(fn(a, b))
-  out, times = profiler.measure(fn, iterations=iters)(a, b)
+  from pallas_gemm import timing
+  out, times = timing.cupti_samples_ms(fn, (a, b), iterations=iters)
   return out, statistics.median(times)
 
 

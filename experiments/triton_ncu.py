@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from experiments import triton_sass  # noqa: E402
-from pallas_gemm import autotune  # noqa: E402
+from pallas_gemm import timing  # noqa: E402
 from pallas_gemm.triton_backend import common, k06_tuned  # noqa: E402
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
 
@@ -57,7 +57,7 @@ def main(argv=None):
                           programs_per_sm=args.programs_per_sm)
   except (TypeError, ValueError) as err:
     parser.error(f"{err} (--size={args.size!r}, --block={args.block!r})")
-  a, b, _, _ = autotune.random_operands(problem)
+  a, b, _, _ = timing.random_operands(problem)
   kernel = jax.jit(lambda a, b: k06_tuned.tuned_matmul(
       a, b, None, None, problem=problem, config=config, interpret=False))
   out = jax.block_until_ready(kernel(a, b))  # compile and a first launch

@@ -41,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
-from pallas_gemm import autotune, numerics, registry  # noqa: E402
+from pallas_gemm import autotune, numerics, registry, timing  # noqa: E402
 from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
 
@@ -157,7 +157,7 @@ def xla_fn(problem):
 
 
 def time_ms(fn, args, iterations):
-  return autotune.median_time_ms(fn, args, iterations=iterations,
+  return timing.median_time_ms(fn, args, iterations=iterations,
                                  on_gpu=not INTERPRET)
 
 
@@ -199,7 +199,7 @@ def phase_check(args, results):
         if reason is not None:
           continue
         config = entry.default_config(problem, device)
-        a, b, c, bias = autotune.random_operands(problem)
+        a, b, c, bias = timing.random_operands(problem)
         try:
           numerics.poison_allocator((1, problem.m, problem.n),
                                     problem.out_dtype)
@@ -225,7 +225,7 @@ def phase_check(args, results):
 
 # ------------------------------------------------------------------- timings
 def sweep_shape(args, results, kernel, problem, candidates, tag):
-  a, b, _, _ = autotune.random_operands(problem)
+  a, b, _, _ = timing.random_operands(problem)
   xla_ms = time_ms(xla_fn(problem), (a, b), args.iterations)
   log(f"{tag} {problem.describe()}: jnp.dot {xla_ms:.4f} ms = "
       f"{tflops(problem, xla_ms):.1f} TFLOP/s")
@@ -294,7 +294,7 @@ def phase_ladder(args, results):
   device = pallas_gemm.device_info()
   for shape in [(4096, 4096, 4096), (8192, 8192, 8192)]:
     problem = make_problem(shape, "bf16")
-    a, b, _, _ = autotune.random_operands(problem)
+    a, b, _, _ = timing.random_operands(problem)
     xla_ms = time_ms(xla_fn(problem), (a, b), args.iterations)
     log(f"ladder {problem.describe()}: jnp.dot {xla_ms:.4f} ms "
         f"{tflops(problem, xla_ms):.1f} TFLOP/s")
@@ -325,7 +325,7 @@ def phase_sass(args, results):
   family, layout = args.sass_case.split("_")
   problem = make_problem((4096, 4096, 4096), family, layout.upper())
   config = CANDIDATES[family][0]
-  a, b, _, _ = autotune.random_operands(problem)
+  a, b, _, _ = timing.random_operands(problem)
   ms = time_ms(kernel_fn("triton/06_tuned", problem, config), (a, b),
                args.iterations)
   log(f"sass case {args.sass_case}: {problem.describe()} {config} "

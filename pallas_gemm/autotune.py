@@ -52,9 +52,14 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 
-from pallas_gemm import numerics, registry
+from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.problem import GemmProblem
+# The timing harness lives in pallas_gemm.timing; these names stay
+# importable from here for older callers.
+from pallas_gemm.timing import (L2_BYTES, MAX_OPERAND_SETS,  # noqa: F401
+                                median_time_ms, operand_set_count,
+                                random_operands, time_over_sets)
 
 CACHE_DIR_ENV = "PALLAS_GEMM_CACHE_DIR"
 AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"
@@ -451,60 +456,6 @@ class TuneResult:
   skipped_for_smem: tuple
 
 
-#: Timing must not find a problem's operands in L2 from the previous call
-#: (50 MiB on the H100/H200; a margin on top), as a model's GEMMs seldom do.
-L2_BYTES = 60 * 2**20
-#: At most this many operand sets are rotated through.
-MAX_OPERAND_SETS = 16
-
-
-def operand_set_count(problem: GemmProblem, on_gpu: bool) -> int:
-  """How many operand sets to rotate through so that together they are
-  twice L2's size (one on a host, where L2 does not matter)."""
-  if not on_gpu:
-    return 1
-  in_size = jnp.dtype(problem.in_dtype).itemsize
-  set_bytes = (problem.m + problem.n) * problem.k * in_size * problem.batch
-  return max(1, min(MAX_OPERAND_SETS, -(-2 * L2_BYTES // max(set_bytes, 1))))
-
-
-def random_operands(problem: GemmProblem, seed: int = 0):
-  """Normal-distributed canonical operands for timing `problem`."""
-  key = numerics.fresh_key(seed)
-  keys = jax.random.split(key, 4)
-  a_shape = ((problem.batch, problem.k, problem.m) if problem.transpose_a
-             else (problem.batch, problem.m, problem.k))
-  b_shape = ((problem.batch, problem.n, problem.k) if problem.transpose_b
-             else (problem.batch, problem.k, problem.n))
-  a = numerics.random_normal(keys[0], a_shape, problem.in_dtype)
-  b = numerics.random_normal(keys[1], b_shape, problem.in_dtype)
-  c = bias = None
-  if problem.epilogue.has_c:
-    c = numerics.random_normal(keys[2], (problem.batch, problem.m, problem.n),
-                               problem.c_dtype or problem.out_dtype)
-  if problem.epilogue.has_bias:
-    bias = numerics.random_normal(keys[3], (problem.n,), problem.out_dtype)
-  return a, b, c, bias
-
-
-def median_time_ms(fn, args, *, iterations: int, on_gpu: bool) -> float:
-  """Median per-call time of `fn(*args)`: CUPTI kernel time on a GPU (sum of
-  the kernels one call launches), wall clock elsewhere (tests only)."""
-  if on_gpu:
-    from jax.experimental.mosaic.gpu import profiler
-    _, times = profiler.measure(fn, iterations=iterations)(*args)
-    if times is None:
-      raise RuntimeError("CUPTI recorded no kernels")
-    return float(statistics.median(times))
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iterations):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - start) * 1e3)
-  return float(statistics.median(times))
-
-
 def tune(problem: GemmProblem, kernel: str,
          candidates: Iterable[Any] | None = None, *,
          device: DeviceInfo | None = None, iterations: int = 20,
@@ -525,11 +476,8 @@ def tune(problem: GemmProblem, kernel: str,
   if iterations < 1:
     raise ValueError(f"iterations={iterations} must be >= 1")
   interpret = not device.is_gpu
-  # Small problems fit in L2: one call per operand set, all sets in one
-  # jitted function, so the time is that of cold operands as in the
-  # benchmark (a hot-L2 timing once picked a config 6 % slower cold).
-  count = operand_set_count(problem, device.is_gpu)
-  operand_sets = tuple(random_operands(problem, seed=i) for i in range(count))
+  operand_sets = tuple(random_operands(problem, seed=i) for i in range(
+      operand_set_count(problem, device.is_gpu)))
   timings, skipped = [], []
   for config in candidates:
     if entry.config_cls is not None and not isinstance(config,
@@ -539,12 +487,12 @@ def tune(problem: GemmProblem, kernel: str,
     if not fits_device(config, problem, device):
       skipped.append(config)
       continue
-    fn = jax.jit(lambda sets, config=config: tuple(entry.fn(
-        *operands, problem=problem, config=config, interpret=interpret)
-        for operands in sets))
+    def call(a, b, c, bias, config=config):
+      return entry.fn(a, b, c, bias, problem=problem, config=config,
+                      interpret=interpret)
     try:
-      ms = median_time_ms(fn, (operand_sets,), iterations=iterations,
-                          on_gpu=device.is_gpu) / count
+      ms = time_over_sets(call, operand_sets, iterations=iterations,
+                          on_gpu=device.is_gpu)
     except Exception as err:  # A config that does not compile is no winner.
       if verbose:
         print(f"  {config}: failed: {type(err).__name__}: {err}"[:300])

@@ -117,7 +117,7 @@ def summarize_sass(plan, out_dir: pathlib.Path) -> None:
 def time_kernels(out_dir: pathlib.Path, quick: bool) -> dict:
   import jax
   import jax.numpy as jnp
-  from jax.experimental.mosaic.gpu import profiler
+  from pallas_gemm import timing
 
   import pallas_gemm
   from pallas_gemm import numerics
@@ -125,10 +125,7 @@ def time_kernels(out_dir: pathlib.Path, quick: bool) -> dict:
                                        MmaSyncConfig)
 
   def median_ms(fn, args, iterations):
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    jax.block_until_ready(fn(*args))
-    _, times = profiler.measure(fn, iterations=iterations)(*args)
-    return float(np.median(times))
+    return timing.median_time_ms(fn, args, iterations=iterations, on_gpu=True)
 
   def operands(size, dtype):
     key = numerics.fresh_key(0)

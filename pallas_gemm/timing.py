@@ -1,0 +1,111 @@
+"""The one timing harness: CUPTI kernel time, median, over rotated operands.
+
+Autotuning, the dispatch-table builder, the benchmark and every lab sweep
+time through these functions, so that all their numbers mean the same:
+
+  * on a GPU, the sum of the kernels one call launches, measured by CUPTI
+    (`jax.experimental.mosaic.gpu.profiler`), median of `iterations` calls
+    after a warm-up call (compilation and first-touch stay out);
+  * operands rotated over enough independent sets that together they are
+    twice L2's size, so no call finds its inputs in L2 left by the previous
+    one (a model's GEMMs seldom do);
+  * on a host (tests only), wall clock around `block_until_ready`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from pallas_gemm import numerics
+from pallas_gemm.problem import GemmProblem
+
+#: L2 of the H100/H200 is 50 MiB; a margin on top.
+L2_BYTES = 60 * 2**20
+#: At most this many operand sets are rotated through.
+MAX_OPERAND_SETS = 16
+
+
+def operand_set_count(problem: GemmProblem, on_gpu: bool) -> int:
+  """How many operand sets to rotate through so that together they are
+  twice L2's size (one on a host, where L2 does not matter)."""
+  if not on_gpu:
+    return 1
+  in_size = jnp.dtype(problem.in_dtype).itemsize
+  set_bytes = (problem.m + problem.n) * problem.k * in_size * problem.batch
+  return max(1, min(MAX_OPERAND_SETS, -(-2 * L2_BYTES // max(set_bytes, 1))))
+
+
+def random_operands(problem: GemmProblem, seed: int = 0):
+  """Normal-distributed canonical operands (a, b, c, bias) for `problem`."""
+  key = numerics.fresh_key(seed)
+  keys = jax.random.split(key, 4)
+  a_shape = ((problem.batch, problem.k, problem.m) if problem.transpose_a
+             else (problem.batch, problem.m, problem.k))
+  b_shape = ((problem.batch, problem.n, problem.k) if problem.transpose_b
+             else (problem.batch, problem.k, problem.n))
+  a = numerics.random_normal(keys[0], a_shape, problem.in_dtype)
+  b = numerics.random_normal(keys[1], b_shape, problem.in_dtype)
+  c = bias = None
+  if problem.epilogue.has_c:
+    c = numerics.random_normal(keys[2], (problem.batch, problem.m, problem.n),
+                               problem.c_dtype or problem.out_dtype)
+  if problem.epilogue.has_bias:
+    bias = numerics.random_normal(keys[3], (problem.n,), problem.out_dtype)
+  return a, b, c, bias
+
+
+def cupti_samples_ms(fn, args, *, iterations: int, per_kernel: bool = False,
+                     warmup: int = 1):
+  """(output, samples) of `fn(*args)` run `iterations` times under CUPTI.
+
+  A sample is one call's kernel time in ms (the sum over the kernels it
+  launches), or with `per_kernel` the list of (kernel name, ms) of that
+  call. Raises RuntimeError when CUPTI saw no kernel.
+  """
+  if iterations < 1:
+    raise ValueError(f"iterations={iterations} must be >= 1")
+  from jax.experimental.mosaic.gpu import profiler
+  for _ in range(warmup):  # compilation and first touch stay out
+    jax.block_until_ready(fn(*args))
+  out, samples = profiler.measure(fn, aggregate=not per_kernel,
+                                  iterations=iterations)(*args)
+  if samples is None:
+    raise RuntimeError("CUPTI recorded no kernels")
+  if iterations == 1:  # measure() drops the per-iteration level for one
+    samples = [samples]
+  return out, list(samples)
+
+
+def median_time_ms(fn, args, *, iterations: int, on_gpu: bool) -> float:
+  """Median per-call time of `fn(*args)` in ms: CUPTI kernel time on a GPU
+  (the sum of the kernels one call launches), wall clock elsewhere."""
+  if iterations < 1:
+    raise ValueError(f"iterations={iterations} must be >= 1")
+  if on_gpu:
+    _, samples = cupti_samples_ms(fn, args, iterations=iterations)
+    return float(statistics.median(samples))
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(iterations):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append((time.perf_counter() - start) * 1e3)
+  return float(statistics.median(times))
+
+
+def time_over_sets(call: Callable, operand_sets: Sequence[tuple], *,
+                   iterations: int, on_gpu: bool) -> float:
+  """Median ms of one `call(*operands)`, timed as one jitted function that
+  calls it once on every operand set (so each call finds cold operands),
+  divided by the number of sets."""
+  operand_sets = tuple(tuple(s) for s in operand_sets)
+  if not operand_sets:
+    raise ValueError("operand_sets must not be empty")
+  fn = jax.jit(lambda sets: tuple(call(*operands) for operands in sets))
+  return median_time_ms(fn, (operand_sets,), iterations=iterations,
+                        on_gpu=on_gpu) / len(operand_sets)

@@ -29,7 +29,6 @@ import math
 import os
 import pathlib
 import random
-import subprocess
 import sys
 import time
 
@@ -42,6 +41,8 @@ import jax.numpy as jnp  # noqa: E402
 import pallas_gemm  # noqa: E402
 from pallas_gemm import autotune, dispatch, registry, timing  # noqa: E402
 from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
+
+from experiments.bench.output import git_revision  # noqa: E402
 
 FIELDS = ("batch", "m", "n", "k", "in_dtype", "layout", "epilogue")
 
@@ -151,18 +152,6 @@ def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int):
   return ms, config
 
 
-def git_sha() -> str:
-  env = os.environ.get("PALLAS_GEMM_GIT_SHA")
-  if env:
-    return env
-  try:
-    return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
-                          cwd=_REPO_ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-
-
 def fold(measurements: list[dict], min_gain: float) -> dict[str, dict]:
   """Bucket records from per-problem timings (see the module docstring)."""
   buckets: dict[str, list[dict]] = {}
@@ -259,7 +248,7 @@ def main(argv=None) -> int:
       problem = to_problem(spec)
       row = {"spec": spec, "problem": problem.describe(),
              "device": device.device_kind, "ms": {}, "configs": {},
-             "git_sha": git_sha()}
+             "git_sha": git_revision()}
       for kernel in candidates(problem, device, only):
         try:
           ms, config = time_kernel(problem, kernel, device, args.iters)
@@ -287,7 +276,7 @@ def main(argv=None) -> int:
     command = command.replace(os.environ["OUT"], "$OUT")
   meta = {"command": command,
           "device": device.device_kind, "jax": jax.__version__,
-          "git_sha": git_sha(), "problems_measured": len(done),
+          "git_sha": git_revision(), "problems_measured": len(done),
           "min_gain": args.min_gain}
   key = device.key if device.is_gpu else next(
       (r["device"] for r in done.values()), "cpu")

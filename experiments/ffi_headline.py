@@ -43,7 +43,7 @@ def main(argv=None) -> int:
   from pallas_gemm import timing
 
   import pallas_gemm
-  from experiments.benchmark import git_revision
+  from experiments.bench.output import git_revision
   from pallas_gemm import numerics
   from pallas_gemm.devices import device_info
 

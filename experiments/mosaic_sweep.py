@@ -46,7 +46,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
-from experiments import shapes  # noqa: E402
+from pallas_gemm import shapes  # noqa: E402
 from pallas_gemm import numerics  # noqa: E402
 from pallas_gemm.mosaic_backend import config as cfg  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig  # noqa: E402
@@ -455,7 +455,7 @@ def main():
                       help="CPU dry run of the script in GPU interpret mode")
   args = parser.parse_args()
   OUT_FILE, BUDGET_S, INTERPRET = args.out, args.budget_s, args.interpret
-  from experiments.benchmark import git_revision
+  from experiments.bench.output import git_revision
   sha = git_revision()  # honours PALLAS_GEMM_GIT_SHA (stale .git on devices)
   emit({"stage": "env", "device": str(jax.devices()[0].device_kind),
         "jax": jax.__version__, "git_sha": sha, "argv": sys.argv,

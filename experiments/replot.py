@@ -15,7 +15,8 @@ import sys
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO_ROOT))
 
-from experiments import benchmark, plotting  # noqa: E402
+from experiments import plotting  # noqa: E402
+from experiments.bench import output  # noqa: E402
 from pallas_gemm.devices import peak_tflops  # noqa: E402
 
 
@@ -31,7 +32,7 @@ def replot(folder: pathlib.Path) -> list[pathlib.Path]:
                                   title=title):
     written.append(folder / "tflops.png")
   if meta["suite"] == "decode":
-    bandwidth, source = benchmark.roofline_bandwidth(meta["device"],
+    bandwidth, source = output.roofline_bandwidth(meta["device"],
                                                      measure=False)
     peaks = {row["dtype_label"]: peak_tflops(meta["device"], row["dtype"],
                                              row["precision"])

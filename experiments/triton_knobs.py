@@ -251,7 +251,7 @@ def main():
     BF16_CONFIG = dataclasses.replace(BF16_CONFIG, block_m=64, block_n=128,
                                       block_k=32)
     IEEE_CONFIG = dataclasses.replace(IEEE_CONFIG, block_k=16)
-  from experiments.benchmark import git_revision
+  from experiments.bench.output import git_revision
   sha = git_revision()
 
   def emit(record):

@@ -25,7 +25,7 @@ import time
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO_ROOT))
 
-from experiments import shapes  # noqa: E402
+from pallas_gemm import shapes  # noqa: E402
 
 
 def _parse_args(argv=None):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import pallas_gemm
-from experiments import shapes
+from pallas_gemm import shapes
 from pallas_gemm import numerics, registry
 from pallas_gemm.primitive import problem_from_shapes
 from pallas_gemm.problem import Epilogue, normalize_precision

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from experiments import benchmark, update_readme
-from pallas_gemm import registry
+from experiments.bench import cases as bench_cases
+from experiments.bench import checks as bench_checks
+from experiments.bench import options as bench_options
+from experiments.bench import report as bench_report
+from experiments.bench import runner as bench_runner
+from experiments.bench import output as bench_output
+from experiments.bench import targets as bench_targets
+from pallas_gemm import numerics, registry
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "experiments" / "benchmark.py"
@@ -116,10 +123,10 @@ def broken_kernel():
 
 
 def test_broken_kernel_is_failed_and_never_timed(broken_kernel, tmp_path):
-  options = benchmark.BenchmarkOptions(
-      kernels=benchmark.resolve_kernels([broken_kernel]),
+  options = bench_options.BenchmarkOptions(
+      kernels=bench_targets.resolve_kernels([broken_kernel]),
       shapes=((33, 20, 100),), suite="custom",
-      dtype_cases=(benchmark.DtypeCase("float32", "ieee"),),
+      dtype_cases=(bench_cases.DtypeCase("float32", "ieee"),),
       layouts=("NN", "TN"), iters=2, warmup=0, output_dir=str(tmp_path),
       plot=False, interpret=True)
   timed = []
@@ -140,9 +147,9 @@ def test_broken_kernel_is_failed_and_never_timed(broken_kernel, tmp_path):
 
 
 def test_an_interrupted_run_still_writes_what_it_measured(tmp_path):
-  options = benchmark.BenchmarkOptions(
+  options = bench_options.BenchmarkOptions(
       kernels=("xla",), shapes=((8, 8, 8), (16, 8, 8)), suite="custom",
-      dtype_cases=(benchmark.DtypeCase("float32", "ieee"),), iters=1,
+      dtype_cases=(bench_cases.DtypeCase("float32", "ieee"),), iters=1,
       warmup=0, output_dir=str(tmp_path), plot=False, interpret=True)
   timed = []
 
@@ -161,9 +168,9 @@ def test_an_interrupted_run_still_writes_what_it_measured(tmp_path):
 
 
 def test_unsupported_problem_is_skipped_with_the_kernels_reason(tmp_path):
-  options = benchmark.BenchmarkOptions(
+  options = bench_options.BenchmarkOptions(
       kernels=("xla", "jax_hopper"), shapes=((16, 16, 16),), suite="custom",
-      dtype_cases=(benchmark.DtypeCase("bfloat16", "default"),),
+      dtype_cases=(bench_cases.DtypeCase("bfloat16", "default"),),
       iters=1, warmup=0, output_dir=str(tmp_path), plot=False, interpret=True)
   run = benchmark.run_benchmark(options, log=lambda line: None)
   hopper = next(r for r in run.rows if r.kernel == "jax_hopper")
@@ -177,49 +184,49 @@ def test_unsupported_problem_is_skipped_with_the_kernels_reason(tmp_path):
 ])
 def test_shape_parsing_errors_name_the_bad_entry(entry, bad):
   with pytest.raises(ValueError, match=bad):
-    benchmark.parse_shape_list([entry])
+    bench_cases.parse_shape_list([entry])
 
 
 def test_shape_parsing_accepts_lists():
-  assert benchmark.parse_shape_list(["1x2x3", "4X5X6"]) == ((1, 2, 3), (4, 5, 6))
+  assert bench_cases.parse_shape_list(["1x2x3", "4X5X6"]) == ((1, 2, 3), (4, 5, 6))
 
 
 def test_other_parsing_errors_name_the_bad_entry():
   with pytest.raises(ValueError, match="int8"):
-    benchmark.parse_dtypes(["bfloat16", "int8"], ["ieee"])
+    bench_cases.parse_dtypes(["bfloat16", "int8"], ["ieee"])
   with pytest.raises(ValueError, match="'NX'"):
-    benchmark.parse_layouts(["NN", "NX"])
+    bench_cases.parse_layouts(["NN", "NX"])
   with pytest.raises(ValueError, match="nothing/"):
-    benchmark.resolve_kernels(["nothing/*"])
+    bench_targets.resolve_kernels(["nothing/*"])
   with pytest.raises(ValueError, match="nope"):
-    benchmark.suite_shapes("nope")
-  kept = benchmark.resolve_kernels(["all"], ["triton/0[1-4]*", "none/*", "xla"])
+    bench_cases.suite_shapes("nope")
+  kept = bench_targets.resolve_kernels(["all"], ["triton/0[1-4]*", "none/*", "xla"])
   assert kept[0] == "xla" and "jax_hopper" in kept
   assert not any(k.startswith(("triton/01", "triton/04")) for k in kept)
-  cases = benchmark.parse_dtypes(["f32", "bf16", "tf32"], ["ieee", "tf32"])
+  cases = bench_cases.parse_dtypes(["f32", "bf16", "tf32"], ["ieee", "tf32"])
   assert [c.label for c in cases] == ["float32/ieee", "float32/tf32", "bfloat16"]
 
 
 def test_sampled_check_covers_edges_and_every_tile():
   rng = np.random.default_rng(0)
-  rows = benchmark._sample_indices(16384, rng)
+  rows = bench_checks._sample_indices(16384, rng)
   assert rows[0] == 0 and rows[-1] == 16383
   assert len(set(rows // 128)) == 16384 // 128
-  assert list(benchmark._sample_indices(100, rng)) == list(range(100))
+  assert list(bench_checks._sample_indices(100, rng)) == list(range(100))
 
 
 def test_ladder_groups_and_gains():
-  assert benchmark.ladder_group("triton/02_k_loop") == "triton"
-  assert benchmark.ladder_group("ffi/sgemm_03_smem_tiled") == "ffi"
-  assert benchmark.ladder_group("mosaic/ws_persistent") == "mosaic"
+  assert bench_report.ladder_group("triton/02_k_loop") == "triton"
+  assert bench_report.ladder_group("ffi/sgemm_03_smem_tiled") == "ffi"
+  assert bench_report.ladder_group("mosaic/ws_persistent") == "mosaic"
 
   def row(kernel, tflops):
-    return benchmark.Measurement(
+    return bench_runner.Measurement(
         kernel=kernel, shape="4096x4096x4096", m=4096, n=4096, k=4096,
         dtype="bfloat16", precision="default", dtype_label="bfloat16",
         out_dtype="bfloat16", layout="NN", status="OK", tflops=tflops,
         pct_peak=tflops / 9.89, config="-")
-  table = benchmark.ladder_markdown(
+  table = bench_report.ladder_markdown(
       [row("xla", 700.0), row("triton/02_k_loop", 100.0),
        row("triton/01_naive", 10.0), row("triton/03_pipelined", 250.0),
        row("ffi/mma_sync", 300.0), row("ffi/sgemm_02_coalesced", 2.0)],
@@ -288,42 +295,42 @@ class _Sink:
 
 def test_gpu_timing_path_falls_back_to_a_host_clock_without_cupti():
   """The rotated-call/CUPTI path, run on a CPU where CUPTI is missing."""
-  problem = benchmark.make_problem((64, 48, 32),
-                                   benchmark.DtypeCase("float32", "ieee"), "NT")
-  sets = benchmark.make_input_sets(problem, 3, seed=0)
-  call = benchmark.RotatingCall(benchmark._build_jnp_dot(problem, None), sets,
+  problem = bench_checks.make_problem((64, 48, 32),
+                                   bench_cases.DtypeCase("float32", "ieee"), "NT")
+  sets = bench_checks.make_input_sets(problem, 3, seed=0)
+  call = bench_runner.RotatingCall(bench_targets._build_jnp_dot(problem, None), sets,
                                 on_gpu=True)
-  reference = benchmark.build_reference(problem, *sets[0], seed=0)
+  reference = bench_checks.build_reference(problem, *sets[0], seed=0)
   out = call.first_output()
   assert out.shape == (64, 48)
-  assert benchmark.numerics.relative_error(reference.select(out),
+  assert numerics.relative_error(reference.select(out),
                                            reference.reference) < 1e-5
-  timing = benchmark.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
+  timing = bench_runner.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
                                  warmup=1, cap_s=5.0)
   assert len(timing.samples_us) == 4 and timing.median_us > 0
   assert timing.method == "cupti" or timing.method.startswith("host-clock")
 
 
 def test_sampled_reference_catches_a_wrong_edge(monkeypatch):
-  monkeypatch.setattr(benchmark, "FULL_CHECK_VOLUME", 1000)
-  problem = benchmark.make_problem((400, 350, 20),
-                                   benchmark.DtypeCase("float32", "ieee"), "TN")
-  (a, b), = benchmark.make_input_sets(problem, 1, seed=1)
-  reference = benchmark.build_reference(problem, a, b, seed=1)
+  monkeypatch.setattr(bench_checks, "FULL_CHECK_VOLUME", 1000)
+  problem = bench_checks.make_problem((400, 350, 20),
+                                   bench_cases.DtypeCase("float32", "ieee"), "TN")
+  (a, b), = bench_checks.make_input_sets(problem, 1, seed=1)
+  reference = bench_checks.build_reference(problem, a, b, seed=1)
   assert reference.sampled
-  good = benchmark._build_jnp_dot(problem, None)(a, b)
-  error = benchmark.numerics.relative_error(reference.select(good),
+  good = bench_targets._build_jnp_dot(problem, None)(a, b)
+  error = numerics.relative_error(reference.select(good),
                                             reference.reference)
   assert error < 1e-5
   last_row_lost = good.at[-1, :].set(jnp.nan)
-  assert benchmark.numerics.relative_error(
+  assert numerics.relative_error(
       reference.select(last_row_lost), reference.reference) == float("inf")
 
 
 def test_roofline_roof_is_never_below_the_known_copy_rate():
-  bandwidth, source = benchmark.roofline_bandwidth("NVIDIA H200", measure=False)
+  bandwidth, source = bench_output.roofline_bandwidth("NVIDIA H200", measure=False)
   assert bandwidth == 4.3 and "device-to-device" in source
-  assert benchmark.roofline_bandwidth("cpu", measure=False) == (None, "unknown")
+  assert bench_output.roofline_bandwidth("cpu", measure=False) == (None, "unknown")
 
 
 def test_replot_redraws_from_results_json(tmp_path):

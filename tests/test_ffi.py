@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import pallas_gemm
-from experiments import shapes
+from pallas_gemm import shapes
 from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.ffi import build, kernels

@@ -137,7 +137,7 @@ class _Cases:
 
     import pallas_gemm
     from pallas_gemm import numerics
-    from experiments import shapes
+    from pallas_gemm import shapes
 
     self.jax, self.jnp, self.pallas_gemm = jax, jnp, pallas_gemm
     self.numerics, self.shapes = numerics, shapes

@@ -1,0 +1,1 @@
+"""The benchmark's modules; `experiments/benchmark.py` is the entry point."""

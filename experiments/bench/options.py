@@ -1,0 +1,77 @@
+"""One benchmark run's options, independent of how they were given."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shlex
+from typing import Sequence
+
+import jax
+
+from experiments.bench.cases import DtypeCase, LAYOUTS
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- options ---
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+  """Everything one benchmark run needs; `from_flags` builds it from argv."""
+
+  kernels: tuple[str, ...]
+  shapes: tuple[tuple[int, int, int], ...]
+  suite: str  # a suite name, or "custom" for --shapes
+  dtype_cases: tuple[DtypeCase, ...]
+  layouts: tuple[str, ...] = ("NN",)
+  iters: int = 30
+  warmup: int = 3
+  output_dir: str | None = None
+  plot: bool = True
+  autotune: bool = False
+  max_candidates: int = 4
+  interpret: bool = False
+  seed: int = 0
+  time_budget_s: float = 0.0
+  max_seconds_per_measurement: float = 5.0
+  command_line: str = ""
+
+  def __post_init__(self):
+    if not self.kernels:
+      raise ValueError("kernels must name at least one kernel")
+    if not self.shapes:
+      raise ValueError("shapes must hold at least one (M, N, K)")
+    for shape in self.shapes:
+      if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"shape {shape} must be (M, N, K) with sizes >= 1")
+    for layout in self.layouts:
+      if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
+    if self.iters < 1:
+      raise ValueError(f"iters={self.iters} must be >= 1")
+    if self.warmup < 0:
+      raise ValueError(f"warmup={self.warmup} must be >= 0")
+    if self.max_candidates < 1:
+      raise ValueError(f"max_candidates={self.max_candidates} must be >= 1")
+
+
+def _gpu_available() -> bool:
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+def command_line(argv: Sequence[str]) -> str:
+  """The command as typed, with the script named relative to the repo so
+  that results files carry no path of the machine they ran on."""
+  script = pathlib.Path(argv[0]).resolve() if argv else None
+  if script is not None and script.is_relative_to(_REPO_ROOT):
+    first = str(script.relative_to(_REPO_ROOT))
+  else:
+    first = argv[0] if argv else "benchmark.py"
+  return " ".join(shlex.quote(a) for a in ["python", first, *argv[1:]])
+
+

@@ -1,0 +1,204 @@
+"""Metadata and the files a run writes."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+import pallas_gemm
+from pallas_gemm import timing
+from pallas_gemm.devices import DeviceInfo
+from experiments.bench.cases import (CPU_TIMING_NOTE, FULL_CHECK_VOLUME, KNOWN_BANDWIDTH_TBS, MAX_INPUT_SETS)
+from experiments.bench.options import BenchmarkOptions
+from experiments.bench.runner import BenchmarkRun, Measurement
+from experiments.bench.report import (TABLE_COLUMNS, format_markdown_table, ladder_markdown, summary_markdown, table_cells)
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------- metadata ---
+
+
+def _run_quiet(argv, cwd=None) -> str | None:
+  try:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
+                          timeout=20, check=False)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_revision() -> str:
+  # A copy of the tree shipped to a GPU machine gets the revision from
+  # whoever shipped it: its .git, if it has one, may be a stale snapshot.
+  shipped = os.environ.get("PALLAS_GEMM_GIT_SHA")
+  if shipped:
+    return shipped
+  sha = _run_quiet(["git", "rev-parse", "--short=12", "HEAD"], cwd=_REPO_ROOT)
+  if not sha:
+    return "n/a"
+  dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"],
+                     cwd=_REPO_ROOT)
+  return sha + ("-dirty" if dirty else "")
+
+
+def driver_version() -> str:
+  out = _run_quiet(["nvidia-smi", "--query-gpu=driver_version",
+                    "--format=csv,noheader"])
+  return out.splitlines()[0].strip() if out else "n/a"
+
+
+def collect_metadata(run: BenchmarkRun) -> dict:
+  import jaxlib  # noqa: PLC0415
+  opts = run.options
+  return {
+      "device": run.device.device_kind,
+      "device_key": run.device.key,
+      "platform": "cpu (interpret mode)" if not run.on_gpu else run.device.platform,
+      "compute_capability": run.device.compute_capability,
+      "num_sms": run.device.num_sms,
+      "driver_version": driver_version(),
+      "jax_version": jax.__version__,
+      "jaxlib_version": getattr(jaxlib, "__version__", None)
+      or jaxlib.version.__version__,
+      "pallas_gemm_version": pallas_gemm.__version__,
+      "git": git_revision(),
+      "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+      "input_distribution": (
+          "standard normal N(0, 1) from jax.random.normal in float32, cast to "
+          f"the input dtype; seed {opts.seed}; timing rotates over several "
+          "input sets (2 on a CPU, enough to exceed 2x a 60 MB L2 on a GPU, "
+          f"at most {MAX_INPUT_SETS})"),
+      "timing": ("CUPTI kernel time, median of the timed iterations"
+                 if run.on_gpu else CPU_TIMING_NOTE),
+      "check": ("relative Frobenius error against a float64 NumPy reference; "
+                f"full when M*N*K <= {FULL_CHECK_VOLUME}, else a strided "
+                "sample of rows and columns"),
+      "suite": opts.suite,
+      "iters": opts.iters,
+      "warmup": opts.warmup,
+      "autotune": opts.autotune,
+      "command_line": opts.command_line,
+      "backend_errors": pallas_gemm.backend_errors(),
+  }
+
+
+# ----------------------------------------------------------------- output ---
+
+
+def default_output_dir(options: BenchmarkOptions, device: DeviceInfo,
+                       on_gpu: bool) -> pathlib.Path:
+  if on_gpu:
+    return _REPO_ROOT / "experiments" / "results" / device.key / options.suite
+  return _REPO_ROOT / "build" / "bench" / options.suite
+
+
+def roofline_bandwidth(device_kind: str, *, measure: bool):
+  """The memory roof: the higher of an elementwise copy measured now and the
+  device-to-device copy rate known for this GPU type.
+
+  XLA's elementwise copy reads and writes at once and lands below what a
+  kernel that only streams reads achieves (3.4 vs 4.1 TB/s on an H200), so a
+  roof from it alone would sit under real data points.
+  """
+  candidates = []
+  if measure:
+    measured = measure_copy_bandwidth_tbs()
+    if measured is not None:
+      candidates.append((measured, "elementwise copy measured now"))
+  for name, value in KNOWN_BANDWIDTH_TBS.items():
+    if name in device_kind:
+      candidates.append((value, "device-to-device copy on this GPU type"))
+  if not candidates:
+    return None, "unknown"
+  return max(candidates)
+
+
+def measure_copy_bandwidth_tbs() -> float | None:
+  """Device copy bandwidth from a 1 GiB read + 1 GiB write, CUPTI-timed."""
+  try:
+    x = jnp.ones((2**29,), jnp.bfloat16)
+    double = jax.jit(lambda v: v * 2)
+    ms = timing.median_time_ms(double, (x,), iterations=10, on_gpu=True)
+    return 2 * x.nbytes / (ms * 1e-3) / 1e12
+  except Exception:  # noqa: BLE001 - the roofline falls back to known ceilings
+    return None
+
+
+def write_records(output_dir: pathlib.Path, metadata: dict,
+                  rows: Sequence[Measurement]) -> list[pathlib.Path]:
+  """results.csv and results.json. Also called after every row, so that a
+  run killed half-way (a timeout, a hung kernel) leaves what it measured."""
+  output_dir.mkdir(parents=True, exist_ok=True)
+  records = [dataclasses.asdict(r) for r in rows]
+  csv_path = output_dir / "results.csv"
+  with csv_path.open("w", newline="") as f:
+    for key in ("device", "driver_version", "jax_version", "jaxlib_version",
+                "git", "date_utc", "input_distribution", "timing",
+                "command_line", "complete"):
+      f.write(f"# {key}: {metadata[key]}\n")
+    writer = csv.DictWriter(f, fieldnames=[fl.name for fl in
+                                           dataclasses.fields(Measurement)])
+    writer.writeheader()
+    writer.writerows(records)
+  json_path = output_dir / "results.json"
+  json_path.write_text(json.dumps({"metadata": metadata, "results": records},
+                                  indent=1, default=str) + "\n")
+  return [csv_path, json_path]
+
+
+def write_outputs(run: BenchmarkRun, output_dir: pathlib.Path,
+                  metadata: dict) -> list[pathlib.Path]:
+  rows = run.rows
+  records = [dataclasses.asdict(r) for r in rows]
+  written = write_records(output_dir, metadata, rows)
+
+  provenance = (f"{metadata['device']}, jax {metadata['jax_version']}, "
+                f"git {metadata['git']}, {metadata['date_utc']}, "
+                f"`{metadata['command_line']}`")
+  note = "" if run.on_gpu else f"\n\n> {CPU_TIMING_NOTE}"
+  body = [table_cells(r) for r in rows]
+  md_path = output_dir / "results.md"
+  md_path.write_text(f"Results: {provenance}{note}\n\n"
+                     + format_markdown_table(TABLE_COLUMNS, body) + "\n")
+  written.append(md_path)
+
+  summary_path = output_dir / "summary.md"
+  summary_path.write_text(summary_markdown(rows, metadata["device"])
+                          + f"\n<sub>{provenance}</sub>{note}\n")
+  written.append(summary_path)
+
+  if run.options.suite == "ladder":
+    ladder_path = output_dir / "ladder.md"
+    ladder_path.write_text(ladder_markdown(rows, metadata["device"])
+                           + f"\n<sub>{provenance}</sub>{note}\n")
+    written.append(ladder_path)
+
+  if run.options.plot:
+    from experiments import plotting  # noqa: PLC0415 - matplotlib is optional
+    timing_kind = "CUPTI" if run.on_gpu else "interpret mode, not meaningful"
+    title = (f"{metadata['device']} — suite {run.options.suite} "
+             f"({timing_kind}) — git {metadata['git']}")
+    png = output_dir / "tflops.png"
+    if plotting.plot_tflops_vs_size(records, str(png), title=title):
+      written.append(png)
+    if run.options.suite == "decode":
+      bandwidth, source = roofline_bandwidth(
+          run.device.device_kind, measure=run.on_gpu)
+      peaks = {case.label: run._peak(case) for case in run.options.dtype_cases}
+      png = output_dir / "roofline.png"
+      if plotting.plot_roofline(records, str(png), title="Roofline: " + title,
+                                bandwidth_tbs=bandwidth,
+                                bandwidth_source=source, peaks=peaks):
+        written.append(png)
+  return written

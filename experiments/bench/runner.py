@@ -1,0 +1,395 @@
+"""Timing and the measurement grid."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+
+from pallas_gemm import numerics, timing
+from pallas_gemm.devices import device_info, peak_tflops
+from pallas_gemm.problem import GemmProblem
+
+from experiments.bench.cases import BASELINE_NAME, DtypeCase, OUTPUTS_IN_FLIGHT_CAP
+from experiments.bench.targets import BenchTarget, make_target
+from experiments.bench.options import BenchmarkOptions
+from experiments.bench.checks import (ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------- timing ---
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  samples_us: tuple[float, ...]
+  method: str
+
+  @property
+  def median_us(self) -> float:
+    return statistics.median(self.samples_us)
+
+
+def _effective_iters(seconds_per_iter: float, iters: int, cap_s: float) -> int:
+  if cap_s <= 0 or seconds_per_iter <= 0:
+    return iters
+  return max(min(3, iters), min(iters, int(cap_s / seconds_per_iter)))
+
+
+class RotatingCall:
+  """One compiled kernel call over the rotated input sets.
+
+  On a GPU one call runs the kernel once on every set inside one jitted
+  function, so consecutive calls read different operands and never find them
+  in L2; its first output is what the check looks at, so the function that
+  is checked is the very one that is timed, and it compiles once. On a CPU a
+  single-set function is jitted and the Python loop rotates the sets.
+  """
+
+  def __init__(self, fn: Callable, sets, *, on_gpu: bool):
+    self.sets = sets
+    self.on_gpu = on_gpu
+    if on_gpu:
+      count = len(sets)
+
+      def every_set(*flat):
+        return tuple(fn(flat[2 * i], flat[2 * i + 1]) for i in range(count))
+
+      self.compiled = jax.jit(every_set)
+      self.flat = [x for pair in sets for x in pair]
+    else:
+      self.compiled = jax.jit(fn)
+
+  def first_output(self):
+    """The kernel's output on input set 0."""
+    if self.on_gpu:
+      return jax.block_until_ready(self.compiled(*self.flat))[0]
+    return jax.block_until_ready(self.compiled(*self.sets[0]))
+
+
+def time_on_host(call: RotatingCall, *, iters: int, warmup: int,
+                 cap_s: float) -> Timing:
+  """Host clock around block_until_ready of the jitted call (interpret mode)."""
+  sets = call.sets
+  for i in range(max(1, warmup)):
+    jax.block_until_ready(call.compiled(*sets[i % len(sets)]))
+  start = time.perf_counter()
+  jax.block_until_ready(call.compiled(*sets[0]))
+  iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
+  samples = []
+  for i in range(iters):
+    a, b = sets[i % len(sets)]
+    start = time.perf_counter()
+    jax.block_until_ready(call.compiled(a, b))
+    samples.append((time.perf_counter() - start) * 1e6)
+  return Timing(tuple(samples), "host-clock (interpret mode, not meaningful)")
+
+
+def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
+                warmup: int, cap_s: float) -> Timing:
+  """CUPTI kernel time of one kernel call, median over iterations.
+
+  CUPTI sums the device time of every kernel one rotated call launches (a
+  split-K reduction or a layout copy counts too); divided by the number of
+  sets that is the time of one GEMM. Launch gaps and Python overhead do not
+  count.
+  """
+  count = len(call.sets)
+  for _ in range(max(1, warmup)):
+    jax.block_until_ready(call.compiled(*call.flat))
+  start = time.perf_counter()
+  jax.block_until_ready(call.compiled(*call.flat))
+  iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
+  chunk = max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP // max(1, count * out_bytes)))
+  try:
+    samples: list[float] = []
+    remaining = iters
+    while remaining > 0:
+      step = min(chunk, remaining)
+      _, per_iteration_ms = timing.cupti_samples_ms(
+          call.compiled, call.flat, iterations=step, warmup=0)
+      samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
+      remaining -= step
+    return Timing(tuple(samples), "cupti")
+  except (ImportError, RuntimeError) as e:
+    reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+    samples = []
+    for _ in range(iters):
+      start = time.perf_counter()
+      jax.block_until_ready(call.compiled(*call.flat))
+      samples.append((time.perf_counter() - start) * 1e6 / count)
+    return Timing(tuple(samples), f"host-clock (no CUPTI: {reason})")
+
+
+def tflops_text(value: float | None) -> str:
+  """Enough digits for a GPU's hundreds and for interpret mode's 0.00x."""
+  if value is None:
+    return "-"
+  if value >= 10:
+    return f"{value:.1f}"
+  if value >= 0.1:
+    return f"{value:.2f}"
+  return f"{value:.2g}"
+
+
+
+# ------------------------------------------------------------ measurement ---
+
+
+@dataclasses.dataclass
+class Measurement:
+  """One row of the results table."""
+
+  kernel: str
+  shape: str
+  m: int
+  n: int
+  k: int
+  dtype: str
+  precision: str
+  dtype_label: str
+  out_dtype: str
+  layout: str
+  status: str  # OK | FAILED | SKIPPED
+  reason: str = ""
+  us: float | None = None
+  us_min: float | None = None
+  tflops: float | None = None
+  pct_peak: float | None = None
+  vs_jnp_dot: float | None = None
+  config: str = ""
+  candidates_tried: int = 0
+  rel_error: float | None = None
+  tolerance: float | None = None
+  check: str = ""  # "full" or "sampled RxC"
+  timer: str = ""
+  iters: int = 0
+  input_sets: int = 0
+  flops: int = 0
+  min_bytes: int = 0
+
+
+def describe_config(config) -> str:
+  if config is None:
+    return "-"
+  if dataclasses.is_dataclass(config):
+    parts = []
+    for field in dataclasses.fields(config):
+      value = getattr(config, field.name)
+      if hasattr(value, "name") and not isinstance(value, (int, float, str)):
+        value = value.name  # enums
+      parts.append(f"{field.name}={value}")
+    return " ".join(parts)
+  return str(config)
+
+
+def _short_config(text: str) -> str:
+  """block_m=128 num_warps=4 -> bm=128 nw=4, for the console table."""
+  def short(name):
+    return "".join(part[0] for part in name.split("_") if part)
+  return " ".join(
+      f"{short(item.partition('=')[0])}={item.partition('=')[2]}"
+      if "=" in item else item for item in text.split())
+
+
+def _error_text(e: BaseException) -> str:
+  first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  return f"raised {type(e).__name__}: {first[:200]}"
+
+
+class BenchmarkRun:
+  """Runs the options' grid of measurements; `rows` holds the results."""
+
+  def __init__(self, options: BenchmarkOptions, *, log=print):
+    self.options = options
+    self.log = log
+    self.rows: list[Measurement] = []
+    self.device_obj = (jax.devices("cpu")[0] if options.interpret
+                       else jax.devices()[0])
+    self.device = device_info(self.device_obj)
+    self.on_gpu = self.device.is_gpu and not options.interpret
+    self.targets = [make_target(name) for name in options.kernels]
+    self._deadline = (time.monotonic() + options.time_budget_s
+                      if options.time_budget_s > 0 else None)
+    # Hook for tests: called with (kernel, problem) right before timing.
+    self.on_timing: Callable[[str, GemmProblem], None] | None = None
+    # Called after every recorded row (run_benchmark saves partial results).
+    self.on_row: Callable[[], Any] | None = None
+
+  # -- bookkeeping --
+
+  def _peak(self, case: DtypeCase):
+    return peak_tflops(self.device.device_kind, case.in_dtype,
+                       case.peak_precision)
+
+  def total(self) -> int:
+    return (len(self.options.shapes) * len(self.options.dtype_cases)
+            * len(self.options.layouts) * len(self.targets))
+
+  def _record(self, row: Measurement) -> None:
+    self.rows.append(row)
+    self.log(progress_line(row, len(self.rows), self.total()))
+    sys.stdout.flush()
+    if self.on_row is not None:
+      self.on_row()
+
+  # -- the grid --
+
+  def run(self) -> list[Measurement]:
+    with jax.default_device(self.device_obj):
+      for shape in self.options.shapes:
+        for case in self.options.dtype_cases:
+          for layout in self.options.layouts:
+            self._run_problem(shape, case, layout)
+    return self.rows
+
+  def _blank_row(self, target_name, problem: GemmProblem,
+                 case: DtypeCase) -> Measurement:
+    return Measurement(
+        kernel=target_name, shape=f"{problem.m}x{problem.n}x{problem.k}",
+        m=problem.m, n=problem.n, k=problem.k, dtype=case.in_dtype,
+        precision=case.precision, dtype_label=case.label,
+        out_dtype=case.out_dtype, layout=problem.layout, status="SKIPPED",
+        flops=problem.flops, min_bytes=problem.min_bytes)
+
+  def _run_problem(self, shape, case: DtypeCase, layout: str) -> None:
+    problem = make_problem(shape, case, layout)
+    state: dict[str, Any] = {}
+    baseline_us = None
+    for target in self.targets:
+      row = self._blank_row(target.name, problem, case)
+      if self._deadline is not None and time.monotonic() > self._deadline:
+        row.reason = (f"time budget of {self.options.time_budget_s:g} s "
+                      "exhausted")
+      else:
+        reason = target.why_unsupported(problem, self.device)
+        if reason is not None:
+          row.reason = reason
+        else:
+          try:
+            self._measure(target, problem, case, row, state)
+          except Exception as e:  # noqa: BLE001 - one bad row must not end the run
+            row.status, row.reason = "FAILED", _error_text(e)
+      if row.status == "OK":
+        if target.name == BASELINE_NAME:
+          baseline_us = row.us
+        if baseline_us:
+          row.vs_jnp_dot = baseline_us / row.us
+      self._record(row)
+
+  def _inputs(self, problem: GemmProblem, state: dict):
+    if "sets" not in state:
+      count = input_set_count(problem, self.on_gpu)
+      state["sets"] = make_input_sets(problem, count, self.options.seed)
+      a, b = state["sets"][0]
+      state["reference"] = build_reference(problem, a, b, self.options.seed)
+    return state["sets"], state["reference"]
+
+  def _check(self, call: RotatingCall, problem, reference: ReferenceCheck):
+    """Runs the call once; returns (rel_error, failure text or None)."""
+    if self.on_gpu:
+      numerics.poison_allocator((problem.m, problem.n), problem.out_dtype)
+    try:
+      out = call.first_output()
+    except Exception as e:  # noqa: BLE001
+      return None, _error_text(e)
+    if tuple(out.shape) != (problem.m, problem.n):
+      return None, (f"returned shape {tuple(out.shape)}, expected "
+                    f"{(problem.m, problem.n)}")
+    return numerics.relative_error(reference.select(out), reference.reference), None
+
+  def _time(self, target_name: str, call: RotatingCall, problem,
+            iters: int) -> Timing:
+    opts = self.options
+    if self.on_timing:
+      self.on_timing(target_name, problem)
+    if self.on_gpu:
+      out_bytes = problem.m * problem.n * _itemsize(problem.out_dtype)
+      return time_on_gpu(call, out_bytes=out_bytes, iters=iters,
+                         warmup=opts.warmup,
+                         cap_s=opts.max_seconds_per_measurement)
+    return time_on_host(call, iters=iters, warmup=opts.warmup,
+                        cap_s=opts.max_seconds_per_measurement)
+
+  def _measure(self, target: BenchTarget, problem: GemmProblem,
+               case: DtypeCase, row: Measurement, state: dict) -> None:
+    opts = self.options
+    sets, reference = self._inputs(problem, state)
+    tol = numerics.tolerance(case.in_dtype, case.precision, case.out_dtype)
+    row.tolerance = tol
+    row.input_sets = len(sets)
+    row.check = ("full" if not reference.sampled else
+                 f"sampled {len(reference.rows)}x{len(reference.cols)}")
+    configs = target.candidate_configs(problem, self.device, opts.autotune,
+                                       opts.max_candidates)
+    row.candidates_tried = len(configs)
+    passed = []  # (call, config, rel_error), each checked before any timing
+    failures = []
+    for config in configs:
+      call = RotatingCall(target.build(problem, config), sets,
+                          on_gpu=self.on_gpu)
+      error, failure = self._check(call, problem, reference)
+      if failure is None and not error <= tol:  # NaN and inf fail too
+        failure = f"wrong result: relative error {error:.3g} > tolerance {tol:g}"
+      if failure is not None:
+        failures.append(f"[{describe_config(config)}] {failure}")
+        if row.rel_error is None:
+          row.rel_error = error
+        continue
+      passed.append((call, config, error))
+    if not passed:
+      row.status = "FAILED"
+      row.reason = failures[0] + (
+          f" (and {len(failures) - 1} more configs)" if len(failures) > 1 else "")
+      return
+    if len(passed) > 1:
+      quick_iters = max(3, opts.iters // 4)
+      scored = []
+      for call, config, error in passed:
+        try:
+          quick = self._time(target.name, call, problem, quick_iters)
+          scored.append((quick.median_us, call, config, error))
+        except Exception as e:  # noqa: BLE001
+          failures.append(f"[{describe_config(config)}] {_error_text(e)}")
+      if not scored:
+        row.status, row.reason = "FAILED", failures[0]
+        return
+      _, call, config, error = min(scored, key=lambda item: item[0])
+    else:
+      call, config, error = passed[0]
+    timing = self._time(target.name, call, problem, opts.iters)
+    row.status = "OK"
+    row.rel_error = error
+    row.config = describe_config(config)
+    row.us = timing.median_us
+    row.us_min = min(timing.samples_us)
+    row.iters = len(timing.samples_us)
+    row.timer = timing.method
+    row.tflops = problem.flops / (row.us * 1e-6) / 1e12
+    peak = self._peak(case)
+    row.pct_peak = 100.0 * row.tflops / peak if peak else None
+    if failures:
+      row.reason = (f"{len(failures)} of {len(configs)} configs did not "
+                    f"compile, raised or were wrong; first: {failures[0][:160]}")
+
+
+def progress_line(row: Measurement, index: int, total: int) -> str:
+  head = (f"[{index:>{len(str(total))}}/{total}] {row.kernel:<28} {row.shape:<18} "
+          f"{row.dtype_label:<13} {row.layout}  ")
+  if row.status != "OK":
+    return head + f"{row.status}: {row.reason}"
+  extras = [f"{row.us:10.2f} us", f"{tflops_text(row.tflops):>8} TFLOP/s"]
+  if row.pct_peak is not None:
+    extras.append(f"{row.pct_peak:5.1f}% peak")
+  if row.vs_jnp_dot is not None:
+    extras.append(f"{row.vs_jnp_dot:5.2f}x jnp.dot")
+  extras.append(f"err {row.rel_error:.2g}")
+  if row.config != "-":
+    extras.append(f"[{_short_config(row.config)}]")
+  return head + "OK " + "  ".join(extras)

@@ -35,6 +35,7 @@ suite) and ladder.md (ladder suite).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import signal
 import sys
@@ -53,12 +54,13 @@ warnings.filterwarnings("ignore", category=DeprecationWarning,
 from absl import app, flags  # noqa: E402
 
 import pallas_gemm  # noqa: E402
+from pallas_gemm import devices  # noqa: E402
 from pallas_gemm import shapes as shape_suites  # noqa: E402
 from experiments.bench.cases import (CPU_TIMING_NOTE, parse_dtypes, parse_layouts, parse_shape_list, suite_shapes)  # noqa: E402
 from experiments.bench.targets import resolve_kernels  # noqa: E402
 from experiments.bench.options import BenchmarkOptions, _gpu_available, command_line  # noqa: E402
 from experiments.bench.runner import BenchmarkRun  # noqa: E402
-from experiments.bench.report import final_table, ladder_markdown  # noqa: E402
+from experiments.bench.report import final_table, ladder_markdown, regime_markdown  # noqa: E402
 from experiments.bench.output import (collect_metadata, default_output_dir, write_outputs, write_records)  # noqa: E402
 
 # ------------------------------------------------------------------ flags ---
@@ -69,7 +71,8 @@ flags.DEFINE_list(
     "kernels", ["all"],
     "Kernels to run: registered names or globs over pallas_gemm.list_kernels() "
     "(e.g. 'triton/*'), the baselines 'xla' (jnp.dot) and 'jax_hopper' "
-    "(JAX's hopper_matmul_mgpu, Hopper only), or 'all'. jnp.dot always runs "
+    "(JAX's hopper_matmul_mgpu, Hopper only), 'auto' (kernel=None: what a "
+    "user's call runs), or 'all' (every one of them). jnp.dot always runs "
     "as the baseline of the 'x jnp.dot' column.")
 flags.DEFINE_list(
     "skip_kernels", [],
@@ -91,8 +94,14 @@ flags.DEFINE_string(
     "suite", None,
     "A shape suite from pallas_gemm/shapes.py: "
     + ", ".join(sorted(shape_suites.SUITES))
-    + ". 'ladder' also prints and writes the optimisation ladder. Default: "
+    + ". 'ladder' also prints and writes the optimisation ladder; 'wide' is "
+    "a seeded list of whole problems (each with its own dtype, layout and "
+    "batch) in eight regimes, and reports auto/jnp.dot per regime. Default: "
     "'cpu' in interpret mode, 'large' on a GPU.")
+flags.DEFINE_list(
+    "regimes", None,
+    "With --suite=wide: only these regimes (default: all of "
+    + ", ".join(shape_suites.WIDE_REGIMES) + ").")
 flags.DEFINE_list(
     "shapes", None,
     "Explicit shapes MxNxK (out[M,N] = A[M,K] @ B[K,N]), comma-separated; "
@@ -136,17 +145,71 @@ flags.DEFINE_float(
     "time_budget_s", 0.0,
     "Stop starting new measurements after this many seconds (0: no limit); "
     "the rest are reported SKIPPED.", lower_bound=0.0)
+flags.DEFINE_bool(
+    "allow_large_interpret", False,
+    "Run suites sized for a GPU in interpret mode anyway (hours).")
 flags.DEFINE_float(
     "max_seconds_per_measurement", 5.0,
     "Fewer timed iterations (at least 3) for a kernel so slow that --iters "
     "would take longer than this.", lower_bound=0.0)
 
+def _given_but_empty(name: str) -> bool:
+  return FLAGS[name].present and not [v for v in FLAGS[name].value or ()
+                                      if v.strip()]
+
+
+def _wide_problems(interpret: bool) -> tuple:
+  """The wide suite's problems, less the regimes --regimes leaves out."""
+  for name in ("dtypes", "layouts", "shapes"):
+    if FLAGS[name].present:
+      raise ValueError(f"--{name} cannot be combined with --suite=wide: its "
+                       "problems carry their own shapes, dtypes and layouts")
+  regimes = FLAGS.regimes or list(shape_suites.WIDE_REGIMES)
+  for regime in regimes:
+    if regime not in shape_suites.WIDE_REGIMES:
+      raise ValueError(f"--regimes entry {regime!r} is not one of "
+                       f"{shape_suites.WIDE_REGIMES}")
+  if interpret and not FLAGS.allow_large_interpret:
+    raise ValueError("--suite=wide is sized for a GPU; in interpret mode its "
+                     "problems would take hours (--allow_large_interpret "
+                     "runs it anyway)")
+  return tuple(p for p in shape_suites.WIDE if p.regime in regimes)
+
+
+def _check_output_dir(path: str | None) -> None:
+  """Fails now, not after measuring, when results could not be written."""
+  if not path:
+    return
+  target = pathlib.Path(path)
+  try:
+    target.mkdir(parents=True, exist_ok=True)
+    probe = target / ".write_test"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise ValueError(f"--output_dir={path!r} is not writable: {e}") from None
+
+
 def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
-  del argv  # absl leaves only positional arguments there; there are none
+  if len(argv) > 1:
+    raise ValueError(f"unexpected positional arguments {argv[1:]}; every "
+                     "option is a --flag")
+  for name in ("shapes", "dtypes", "kernels", "layouts", "regimes",
+               "f32_precisions"):
+    if _given_but_empty(name):
+      raise ValueError(f"--{name} is given but empty")
   interpret = FLAGS.interpret
   if interpret is None:
     interpret = not _gpu_available()
-  if FLAGS.shapes:
+  problems = ()
+  if FLAGS.regimes is not None and FLAGS.suite != "wide":
+    raise ValueError("--regimes needs --suite=wide")
+  if FLAGS.suite == "wide":
+    problems = _wide_problems(interpret)
+    shapes, suite = tuple(p.shape for p in problems), "wide"
+    if not problems:
+      raise ValueError("--regimes selects no problem")
+  elif FLAGS.shapes:
     # --suite then only names the run (and turns on ladder mode).
     shapes, suite = parse_shape_list(FLAGS.shapes), FLAGS.suite or "custom"
     if suite != "custom":
@@ -162,6 +225,7 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
     dtype_names = ["bfloat16", "float32"]
   else:
     dtype_names = ["bfloat16"]
+  _check_output_dir(FLAGS.output_dir)
   return BenchmarkOptions(
       kernels=resolve_kernels(FLAGS.kernels, FLAGS.skip_kernels),
       shapes=shapes,
@@ -179,6 +243,7 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
       time_budget_s=FLAGS.time_budget_s,
       max_seconds_per_measurement=FLAGS.max_seconds_per_measurement,
       command_line=command_line(sys.argv),
+      problems=problems,
   )
 
 
@@ -220,6 +285,9 @@ def run_benchmark(options: BenchmarkOptions, *, log=print,
     log("\n" + final_table(run.rows))
     if options.suite == "ladder":
       log("\nLadder:\n\n" + ladder_markdown(run.rows, run.device.device_kind))
+    regimes = regime_markdown(run.rows, run.device.device_kind)
+    if regimes:
+      log("\n" + regimes)
     written = write_outputs(run, output_dir, metadata)
     log("\nwrote " + ", ".join(str(p) for p in written))
     if not run.on_gpu:
@@ -229,6 +297,10 @@ def run_benchmark(options: BenchmarkOptions, *, log=print,
 
 
 def main(argv):
+  problem = devices.unused_nvidia_gpu()
+  if problem and os.environ.get("PALLAS_GEMM_ALLOW_CPU") != "1":
+    print(f"error: {problem}", file=sys.stderr)
+    return 2
   try:
     options = options_from_flags(argv)
   except ValueError as e:

@@ -1,9 +1,16 @@
 """Every problem shape the tests and the benchmark use, defined once.
 
-A shape is (M, N, K): out[M, N] = A[M, K] @ B[K, N].
+A shape is (M, N, K): out[M, N] = A[M, K] @ B[K, N]. Most suites are lists
+of shapes that the benchmark crosses with its --dtypes and --layouts; the
+`wide` suite is a list of whole problems (`SuiteProblem`: shape, batch,
+dtype, layout and the regime it stands for).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
+import random
 
 # Interpret-mode correctness: small, ragged and degenerate shapes that
 # exercise every masked edge (M=1, primes, non-multiples of any tile).
@@ -67,6 +74,88 @@ SKINNY = [(m, 8192, 8192) for m in (1, 16, 128)]
 # The ladder table: every rung at these sizes.
 LADDER = [(4096, 4096, 4096), (8192, 8192, 8192)]
 
+@dataclasses.dataclass(frozen=True)
+class SuiteProblem:
+  """One whole benchmark problem. `dtype` is a benchmark dtype name:
+  bfloat16, float16 or tf32 (float32 at default precision)."""
+
+  m: int
+  n: int
+  k: int
+  batch: int = 1
+  dtype: str = "bfloat16"
+  layout: str = "NN"
+  regime: str = ""
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    return (self.m, self.n, self.k)
+
+
+#: The seed of the `wide` suite. Changing it draws another suite; results
+#: files record the suite they measured, so keep it unless a suite is wanted
+#: that no table was measured against.
+WIDE_SEED = 20261124
+WIDE_PER_REGIME = 13
+WIDE_REGIMES = ("small", "mid", "large", "llm", "decode", "batched",
+                "transposed", "f16_tf32")
+
+
+def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
+  value = math.exp(rng.uniform(math.log(low), math.log(high)))
+  return max(multiple, int(round(value / multiple)) * multiple)
+
+
+def _llm_projection(rng: random.Random, tokens: int) -> tuple[int, int, int]:
+  hidden = rng.choice((2048, 3072, 4096, 5120, 6144, 8192))
+  ffn = rng.choice((5632, 8192, 11008, 13824, 14336, 18944, 28672))
+  vocab = rng.choice((32000, 32768, 64000, 128256, 151936))
+  n, k = rng.choice(((3 * hidden, hidden), (ffn, hidden), (hidden, ffn),
+                     (hidden, hidden), (vocab, hidden)))
+  return tokens, n, k
+
+
+def wide_suite(seed: int = WIDE_SEED) -> list[SuiteProblem]:
+  """`WIDE_PER_REGIME` problems in each of `WIDE_REGIMES`, drawn
+  deterministically from `seed`: sizes log-uniform between each regime's
+  bounds, so they fall between any tuned list's round numbers. At most one
+  problem in ten has a K whose rows are not 16-byte aligned (cuBLAS's slow
+  path, where pallas_gemm wins easily), so those cannot carry the mean."""
+  rng = random.Random(seed)
+  out: list[SuiteProblem] = []
+
+  def add(regime, m, n, k, **kwargs):
+    out.append(SuiteProblem(m, n, k, regime=regime, **kwargs))
+
+  for i in range(WIDE_PER_REGIME):
+    add("small", *(_log_uniform(rng, 128, 2048, 16) for _ in range(3)))
+    add("mid", *(_log_uniform(rng, 2048, 6144, 64) for _ in range(3)))
+    add("large", *(_log_uniform(rng, 6144, 16384, 256) for _ in range(3)))
+    tokens = _log_uniform(rng, 1000, 9000, 8)
+    if tokens % 128 == 0:
+      tokens += 8
+    m, n, k = _llm_projection(rng, tokens)
+    if i in (3, 9):  # unaligned K: a ragged head dimension
+      k += rng.choice((1, 3, 5))
+    add("llm", m, n, k)
+    m, n, k = _llm_projection(rng, rng.choice((1, 2, 8, 16, 32, 64, 96, 128)))
+    add("decode", m, n, k)
+    seq = _log_uniform(rng, 256, 4096, 64)
+    head = rng.choice((64, 128))
+    heads = rng.choice((8, 16, 32, 64))
+    if i % 2 == 0:  # attention scores: (seq x head) @ (head x seq)
+      add("batched", seq, seq, head, batch=heads)
+    else:  # attention times values: (seq x seq) @ (seq x head)
+      add("batched", seq, head, seq, batch=heads)
+    m, n, k = (_log_uniform(rng, 1024, 12288, 64) for _ in range(3))
+    add("transposed", m, n, k, layout="NT" if i % 3 else "TN")
+    m, n, k = (_log_uniform(rng, 1024, 8192, 64) for _ in range(3))
+    add("f16_tf32", m, n, k, dtype="float16" if i % 2 else "tf32")
+  return out
+
+
+WIDE = wide_suite()
+
 SUITES = {
     "odd": ODD,
     "cpu": CPU_SMALL,
@@ -77,6 +166,7 @@ SUITES = {
     "odd_large": ODD_LARGE,
     "skinny": SKINNY,
     "ladder": LADDER,
+    "wide": WIDE,
 }
 
 

@@ -392,3 +392,66 @@ def test_triton_knobs_config_spec():
   for bad in ("128x128/w4", "128x128x32/q4", "128x128x32/w", "axbxc"):
     with pytest.raises(ValueError, match="must look like"):
       triton_knobs.parse_config(bad, base)
+
+
+# ------------------------------------------------------- wide suite, auto ---
+
+
+def test_wide_suite_is_seeded_balanced_and_mostly_aligned():
+  from pallas_gemm import shapes
+  wide = shapes.WIDE
+  assert wide == shapes.wide_suite(shapes.WIDE_SEED)
+  assert wide != shapes.wide_suite(shapes.WIDE_SEED + 1)
+  assert len(wide) >= 100
+  counts = {r: sum(p.regime == r for p in wide) for r in shapes.WIDE_REGIMES}
+  assert len(counts) == 8 and min(counts.values()) == max(counts.values())
+  itemsize = {"bfloat16": 2, "float16": 2, "tf32": 4}
+  unaligned = [p for p in wide if p.k * itemsize[p.dtype] % 16]
+  assert len(unaligned) <= len(wide) // 10
+  assert all(p.m <= 128 for p in wide if p.regime == "decode")
+  assert all(max(p.shape) <= 2048 for p in wide if p.regime == "small")
+  assert all(p.m % 128 for p in wide if p.regime == "llm")
+  assert {p.layout for p in wide if p.regime == "transposed"} == {"NT", "TN"}
+  assert all(p.batch > 1 for p in wide if p.regime == "batched")
+
+
+def test_auto_target_over_whole_problems_reports_regimes(tmp_path):
+  from pallas_gemm.shapes import SuiteProblem
+  problems = (SuiteProblem(24, 40, 56, regime="small"),
+              SuiteProblem(16, 24, 32, batch=3, layout="NT", regime="batched"),
+              SuiteProblem(20, 36, 16, dtype="tf32", layout="TN",
+                           regime="f16_tf32"))
+  options = bench_options.BenchmarkOptions(
+      kernels=bench_targets.resolve_kernels(["auto"]),
+      shapes=tuple(p.shape for p in problems), suite="wide",
+      dtype_cases=(bench_cases.DtypeCase("bfloat16", "default"),),
+      iters=2, warmup=0, output_dir=str(tmp_path), plot=False,
+      interpret=True, problems=problems)
+  run = benchmark.run_benchmark(options, log=lambda line: None)
+  assert [r.status for r in run.rows] == ["OK"] * 6, [r.reason for r in run.rows]
+  assert {r.kernel for r in run.rows} == {"xla", "auto"}
+  assert [r.batch for r in run.rows if r.kernel == "auto"] == [1, 3, 1]
+  regimes = (tmp_path / "regimes.md").read_text()
+  for regime in ("small", "batched", "f16_tf32", "all"):
+    assert f"| {regime} |" in regimes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes="], "--shapes is given but empty"),
+    (["--dtypes="], "--dtypes is given but empty"),
+    (["--kernels="], "--kernels is given but empty"),
+    (["stray"], "unexpected positional arguments"),
+    (["--regimes=small"], "--regimes needs --suite=wide"),
+    (["--suite=wide", "--dtypes=bfloat16"], "cannot be combined"),
+])
+def test_flag_errors_name_the_flag(args, message):
+  result = _run_script(*args)
+  assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_unwritable_output_dir_fails_before_measuring(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  result = _run_script(f"--output_dir={blocker}/sub", "--shapes=16x16x16")
+  assert result.returncode == 2 and "not writable" in result.stderr
+  assert "OK" not in result.stdout

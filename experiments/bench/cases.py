@@ -19,6 +19,8 @@ _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
 BASELINE_NAME = "xla"
+# kernel=None: the automatic choice a user's call gets.
+AUTO_NAME = "auto"
 HOPPER_NAME = "jax_hopper"
 # The rotated input sets add up to twice L2 so that no timed call finds its
 # operands still cached: the same rule as the autotuner's.

@@ -19,9 +19,10 @@ _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # ----------------------------------------------------------------- inputs ---
 
 
-def make_problem(shape, case: DtypeCase, layout: str) -> GemmProblem:
+def make_problem(shape, case: DtypeCase, layout: str,
+                 batch: int = 1) -> GemmProblem:
   m, n, k = shape
-  return GemmProblem(batch=1, m=m, n=n, k=k, in_dtype=case.in_dtype,
+  return GemmProblem(batch=batch, m=m, n=n, k=k, in_dtype=case.in_dtype,
                      out_dtype=case.out_dtype, transpose_a=layout[0] == "T",
                      transpose_b=layout[1] == "T", precision=case.precision)
 
@@ -29,7 +30,14 @@ def make_problem(shape, case: DtypeCase, layout: str) -> GemmProblem:
 def _operand_shapes(problem: GemmProblem):
   a_shape = (problem.k, problem.m) if problem.transpose_a else (problem.m, problem.k)
   b_shape = (problem.n, problem.k) if problem.transpose_b else (problem.k, problem.n)
+  if problem.batch > 1:
+    return (problem.batch, *a_shape), (problem.batch, *b_shape)
   return a_shape, b_shape
+
+
+def output_shape(problem: GemmProblem) -> tuple[int, ...]:
+  batch = (problem.batch,) if problem.batch > 1 else ()
+  return batch + (problem.m, problem.n)
 
 
 def _itemsize(dtype: str) -> int:
@@ -40,7 +48,8 @@ def input_set_count(problem: GemmProblem, on_gpu: bool) -> int:
   """How many (a, b) pairs to rotate through while timing."""
   if not on_gpu:
     return 2  # rotation is exercised; L2 effects do not matter on a host
-  set_bytes = (problem.m + problem.n) * problem.k * _itemsize(problem.in_dtype)
+  set_bytes = ((problem.m + problem.n) * problem.k * problem.batch
+               * _itemsize(problem.in_dtype))
   wanted = timing.operand_set_count(problem, on_gpu=True)
   cap = INPUT_SET_MEMORY_CAP
   try:
@@ -84,12 +93,16 @@ class ReferenceCheck:
   reference: np.ndarray
   rows: np.ndarray | None
   cols: np.ndarray | None
+  # Batched problems are checked on batch entry 0.
+  batched: bool = False
 
   @property
   def sampled(self) -> bool:
     return self.rows is not None
 
   def select(self, out) -> np.ndarray:
+    if self.batched:
+      out = out[0]
     if self.rows is None:
       return np.asarray(out.astype(jnp.float32))
     picked = jnp.take(jnp.take(out, self.rows, axis=0), self.cols, axis=1)
@@ -97,13 +110,17 @@ class ReferenceCheck:
 
 
 def build_reference(problem: GemmProblem, a, b, seed: int) -> ReferenceCheck:
+  batched = problem.batch > 1
+  if batched:
+    a, b = a[0], b[0]
   if problem.m * problem.n * problem.k <= FULL_CHECK_VOLUME:
     ref = numerics.reference_matmul(a, b, transpose_a=problem.transpose_a,
                                     transpose_b=problem.transpose_b)
-    return ReferenceCheck(ref, None, None)
+    return ReferenceCheck(ref, None, None, batched)
   rng = np.random.default_rng(seed)
   rows = _sample_indices(problem.m, rng)
   cols = _sample_indices(problem.n, rng)
   a_rows = jnp.take(a, rows, axis=1).T if problem.transpose_a else jnp.take(a, rows, axis=0)
   b_cols = jnp.take(b, cols, axis=0).T if problem.transpose_b else jnp.take(b, cols, axis=1)
-  return ReferenceCheck(numerics.reference_matmul(a_rows, b_cols), rows, cols)
+  return ReferenceCheck(numerics.reference_matmul(a_rows, b_cols), rows, cols,
+                        batched)

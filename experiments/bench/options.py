@@ -37,6 +37,9 @@ class BenchmarkOptions:
   time_budget_s: float = 0.0
   max_seconds_per_measurement: float = 5.0
   command_line: str = ""
+  # A suite of whole problems (shapes.SuiteProblem), run as listed instead
+  # of crossing `shapes` with `dtype_cases` and `layouts`.
+  problems: tuple = ()
 
   def __post_init__(self):
     if not self.kernels:

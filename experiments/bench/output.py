@@ -20,7 +20,7 @@ from pallas_gemm.devices import DeviceInfo
 from experiments.bench.cases import (CPU_TIMING_NOTE, FULL_CHECK_VOLUME, KNOWN_BANDWIDTH_TBS, MAX_INPUT_SETS)
 from experiments.bench.options import BenchmarkOptions
 from experiments.bench.runner import BenchmarkRun, Measurement
-from experiments.bench.report import (TABLE_COLUMNS, format_markdown_table, ladder_markdown, summary_markdown, table_cells)
+from experiments.bench.report import (regime_markdown, TABLE_COLUMNS, format_markdown_table, ladder_markdown, summary_markdown, table_cells)
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -177,6 +177,12 @@ def write_outputs(run: BenchmarkRun, output_dir: pathlib.Path,
   summary_path.write_text(summary_markdown(rows, metadata["device"])
                           + f"\n<sub>{provenance}</sub>{note}\n")
   written.append(summary_path)
+
+  regimes = regime_markdown(rows, metadata["device"])
+  if regimes:
+    regime_path = output_dir / "regimes.md"
+    regime_path.write_text(regimes + f"\n<sub>{provenance}</sub>{note}\n")
+    written.append(regime_path)
 
   if run.options.suite == "ladder":
     ladder_path = output_dir / "ladder.md"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pathlib
 import re
 from typing import Sequence
 
 
-from experiments.bench.cases import BASELINE_NAME, HOPPER_NAME
+from experiments.bench.cases import AUTO_NAME, BASELINE_NAME, HOPPER_NAME
 from experiments.bench.runner import Measurement, _short_config, tflops_text
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -177,3 +180,45 @@ def ladder_markdown(rows: Sequence[Measurement], device_kind: str) -> str:
   if not sections:
     return "(no ladder rung ran)\n"
   return "\n\n".join(sections) + "\n"
+
+
+# ------------------------------------------------------------ auto regimes ---
+
+#: A shape where the automatic choice runs below this fraction of jnp.dot
+#: counts as a loss in the regime table.
+LOSS_THRESHOLD = 0.97
+
+
+def regime_stats(rows) -> dict[str, dict]:
+  """Per regime (and "all"): count, geomean, median and min of
+  auto/jnp.dot, and how many shapes fall below `LOSS_THRESHOLD`."""
+  ratios: dict[str, list[float]] = {}
+  for row in rows:
+    if row.kernel == AUTO_NAME and row.status == "OK" and row.vs_jnp_dot:
+      ratios.setdefault(row.regime or "-", []).append(row.vs_jnp_dot)
+  if ratios:
+    ratios["all"] = [r for values in list(ratios.values()) for r in values]
+  stats = {}
+  for regime, values in ratios.items():
+    stats[regime] = {
+        "count": len(values),
+        "geomean": math.exp(sum(map(math.log, values)) / len(values)),
+        "median": statistics.median(values),
+        "min": min(values),
+        "below": sum(1 for v in values if v < LOSS_THRESHOLD),
+    }
+  return stats
+
+
+def regime_markdown(rows, device_kind: str) -> str:
+  """The `auto` row against jnp.dot, per regime of the wide suite."""
+  stats = regime_stats(rows)
+  if not stats:
+    return ""
+  header = ("regime", "shapes", "geomean", "median", "min",
+            f"below {LOSS_THRESHOLD}x")
+  body = [[regime, str(s["count"]), f"{s['geomean']:.3f}x",
+           f"{s['median']:.3f}x", f"{s['min']:.3f}x", str(s["below"])]
+          for regime, s in stats.items()]
+  return (f"`auto` (kernel=None) / jnp.dot, {device_kind}:\n\n"
+          + format_markdown_table(header, body) + "\n")

@@ -15,10 +15,10 @@ from pallas_gemm import numerics, timing
 from pallas_gemm.devices import device_info, peak_tflops
 from pallas_gemm.problem import GemmProblem
 
-from experiments.bench.cases import BASELINE_NAME, DtypeCase, OUTPUTS_IN_FLIGHT_CAP
+from experiments.bench.cases import parse_dtypes, BASELINE_NAME, DtypeCase, OUTPUTS_IN_FLIGHT_CAP
 from experiments.bench.targets import BenchTarget, make_target
 from experiments.bench.options import BenchmarkOptions
-from experiments.bench.checks import (ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
+from experiments.bench.checks import (output_shape, ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -173,6 +173,8 @@ class Measurement:
   input_sets: int = 0
   flops: int = 0
   min_bytes: int = 0
+  batch: int = 1
+  regime: str = ""  # the wide suite's regime of this problem
 
 
 def describe_config(config) -> str:
@@ -210,6 +212,7 @@ class BenchmarkRun:
     self.options = options
     self.log = log
     self.rows: list[Measurement] = []
+    self._regime = ""
     self.device_obj = (jax.devices("cpu")[0] if options.interpret
                        else jax.devices()[0])
     self.device = device_info(self.device_obj)
@@ -228,9 +231,21 @@ class BenchmarkRun:
     return peak_tflops(self.device.device_kind, case.in_dtype,
                        case.peak_precision)
 
+  def cells(self):
+    """(shape, dtype case, layout, batch, regime) of every problem: the
+    suite's own problems, or the shapes crossed with dtypes and layouts."""
+    if self.options.problems:
+      for p in self.options.problems:
+        yield p.shape, parse_dtypes([p.dtype], ("tf32",))[0], p.layout, \
+            p.batch, p.regime
+      return
+    for shape in self.options.shapes:
+      for case in self.options.dtype_cases:
+        for layout in self.options.layouts:
+          yield shape, case, layout, 1, ""
+
   def total(self) -> int:
-    return (len(self.options.shapes) * len(self.options.dtype_cases)
-            * len(self.options.layouts) * len(self.targets))
+    return sum(1 for _ in self.cells()) * len(self.targets)
 
   def _record(self, row: Measurement) -> None:
     self.rows.append(row)
@@ -243,23 +258,25 @@ class BenchmarkRun:
 
   def run(self) -> list[Measurement]:
     with jax.default_device(self.device_obj):
-      for shape in self.options.shapes:
-        for case in self.options.dtype_cases:
-          for layout in self.options.layouts:
-            self._run_problem(shape, case, layout)
+      for shape, case, layout, batch, regime in self.cells():
+        self._run_problem(shape, case, layout, batch, regime)
     return self.rows
 
   def _blank_row(self, target_name, problem: GemmProblem,
                  case: DtypeCase) -> Measurement:
     return Measurement(
-        kernel=target_name, shape=f"{problem.m}x{problem.n}x{problem.k}",
+        kernel=target_name, shape=(f"{problem.batch}x" if problem.batch > 1 else "")
+        + f"{problem.m}x{problem.n}x{problem.k}",
         m=problem.m, n=problem.n, k=problem.k, dtype=case.in_dtype,
         precision=case.precision, dtype_label=case.label,
         out_dtype=case.out_dtype, layout=problem.layout, status="SKIPPED",
-        flops=problem.flops, min_bytes=problem.min_bytes)
+        flops=problem.flops, min_bytes=problem.min_bytes,
+        batch=problem.batch, regime=self._regime)
 
-  def _run_problem(self, shape, case: DtypeCase, layout: str) -> None:
-    problem = make_problem(shape, case, layout)
+  def _run_problem(self, shape, case: DtypeCase, layout: str, batch: int = 1,
+                   regime: str = "") -> None:
+    problem = make_problem(shape, case, layout, batch)
+    self._regime = regime
     state: dict[str, Any] = {}
     baseline_us = None
     for target in self.targets:
@@ -293,15 +310,15 @@ class BenchmarkRun:
 
   def _check(self, call: RotatingCall, problem, reference: ReferenceCheck):
     """Runs the call once; returns (rel_error, failure text or None)."""
+    expected = output_shape(problem)
     if self.on_gpu:
-      numerics.poison_allocator((problem.m, problem.n), problem.out_dtype)
+      numerics.poison_allocator(expected, problem.out_dtype)
     try:
       out = call.first_output()
     except Exception as e:  # noqa: BLE001
       return None, _error_text(e)
-    if tuple(out.shape) != (problem.m, problem.n):
-      return None, (f"returned shape {tuple(out.shape)}, expected "
-                    f"{(problem.m, problem.n)}")
+    if tuple(out.shape) != expected:
+      return None, (f"returned shape {tuple(out.shape)}, expected {expected}")
     return numerics.relative_error(reference.select(out), reference.reference), None
 
   def _time(self, target_name: str, call: RotatingCall, problem,
@@ -310,7 +327,8 @@ class BenchmarkRun:
     if self.on_timing:
       self.on_timing(target_name, problem)
     if self.on_gpu:
-      out_bytes = problem.m * problem.n * _itemsize(problem.out_dtype)
+      out_bytes = (problem.batch * problem.m * problem.n
+                   * _itemsize(problem.out_dtype))
       return time_on_gpu(call, out_bytes=out_bytes, iters=iters,
                          warmup=opts.warmup,
                          cap_s=opts.max_seconds_per_measurement)

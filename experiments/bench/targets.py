@@ -16,7 +16,7 @@ from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import FP8_DTYPES, GemmProblem
 
-from experiments.bench.cases import BASELINE_NAME, HOPPER_NAME
+from experiments.bench.cases import AUTO_NAME, BASELINE_NAME, HOPPER_NAME
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,6 +47,8 @@ def _precision_arg(problem: GemmProblem):
 def _dot_dimension_numbers(problem: GemmProblem):
   contract_a = 0 if problem.transpose_a else 1
   contract_b = 1 if problem.transpose_b else 0
+  if problem.batch > 1:  # a leading batch axis on both operands
+    return ((contract_a + 1,), (contract_b + 1,)), ((0,), (0,))
   return ((contract_a,), (contract_b,)), ((), ())
 
 
@@ -184,6 +186,8 @@ def hopper_target() -> BenchTarget:
       return "hopper_matmul_mgpu takes bfloat16 or float16 inputs only"
     if problem.layout != "NN":
       return "hopper_matmul_mgpu reads A as (M, K) and B as (K, N): layout NN only"
+    if problem.batch > 1:
+      return "hopper_matmul_mgpu multiplies matrices: batch 1 only"
     try:
       configs = _hopper_configs(problem)
     except ImportError as e:
@@ -206,12 +210,31 @@ def hopper_target() -> BenchTarget:
                      candidate_configs=candidates, build=build)
 
 
+def auto_target() -> BenchTarget:
+  """`kernel=None`: exactly what a user's call runs (the dispatch table,
+  the fixed order, or the fallback), with the config it resolves."""
+  def build(problem: GemmProblem, config):
+    del config
+    precision = _precision_arg(problem) if problem.in_dtype == "float32" else None
+
+    def call(a, b):
+      return pallas_gemm.matmul(
+          a, b, precision=precision, preferred_element_type=problem.out_dtype,
+          transpose_a=problem.transpose_a, transpose_b=problem.transpose_b)
+    return call
+
+  return BenchTarget(
+      name=AUTO_NAME, why_unsupported=lambda problem, device: None,
+      candidate_configs=lambda problem, device, autotune, limit: [None],
+      build=build)
+
+
 def resolve_kernels(patterns: Sequence[str],
                     skip: Sequence[str] = ()) -> tuple[str, ...]:
   """Expands names and globs, less those matching a `skip` glob; jnp.dot
   comes first, always."""
   registered = [n for n in pallas_gemm.list_kernels() if n != BASELINE_NAME]
-  universe = registered + [HOPPER_NAME]
+  universe = [AUTO_NAME] + registered + [HOPPER_NAME]
   chosen: list[str] = [BASELINE_NAME]
   for raw in patterns:
     pattern = raw.strip()
@@ -226,7 +249,8 @@ def resolve_kernels(patterns: Sequence[str],
       if not matches:
         raise ValueError(
             f"--kernels entry {pattern!r} matches no kernel; registered: "
-            f"{registered}, baselines: {[BASELINE_NAME, HOPPER_NAME]}")
+            f"{registered}, baselines: {[BASELINE_NAME, HOPPER_NAME]}, "
+            f"and {AUTO_NAME!r} (kernel=None)")
     chosen.extend(m for m in matches if m not in chosen)
   skip = [g.strip() for g in skip if g.strip()]
   return tuple(n for n in chosen if n == BASELINE_NAME
@@ -238,4 +262,6 @@ def make_target(name: str) -> BenchTarget:
     return baseline_target()
   if name == HOPPER_NAME:
     return hopper_target()
+  if name == AUTO_NAME:
+    return auto_target()
   return registered_target(name)

@@ -80,11 +80,16 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
                           ("transpose_b", transpose_b)):
     if not isinstance(flag, (bool, np.bool_)):
       raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+  if activation is not None and not isinstance(activation, str):
+    raise TypeError(f"activation must be None or a str, got "
+                    f"{type(activation).__name__}")
   if activation is not None and activation not in ACTIVATIONS:
     raise ValueError(
         f"activation={activation!r} is not one of {sorted(ACTIVATIONS)} or None")
 
-  in_dtype = jnp.promote_types(a.dtype, b.dtype)
+  # jnp's promotion, weak types included: a weakly typed float32 operand
+  # (from a Python scalar) does not widen a bfloat16 one.
+  in_dtype = jnp.result_type(a, b)
   if dtype_name(in_dtype) not in SUPPORTED_INPUT_DTYPES + FP8_DTYPES:
     raise TypeError(
         f"a ({a.dtype}) and b ({b.dtype}) promote to {in_dtype}, which "
@@ -150,6 +155,11 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
     if bias.shape != (n,):
       raise ValueError(f"bias.shape={bias.shape} must be ({n},), the output's N")
   for scalar_name, scalar in (("alpha", alpha), ("beta", beta)):
+    if isinstance(scalar, (bool, np.bool_)):
+      raise TypeError(f"{scalar_name} must be a float, got bool {scalar!r}")
+    if np.iscomplexobj(scalar):
+      raise TypeError(f"{scalar_name} must be a real float, got the complex "
+                      f"{scalar!r}")
     if isinstance(scalar, jax.core.Tracer) or (
         not isinstance(scalar, (int, float, np.number))
         and not (hasattr(scalar, "shape") and scalar.shape == ())):

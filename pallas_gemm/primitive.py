@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import dispatch as jax_dispatch  # no public hook for "needs devices"
 from jax.extend import core as jex_core
+from jax._src import checkify as checkify_lib  # no public rule registry
 from jax.interpreters import ad, batching, mlir
 
 from pallas_gemm import dispatch, registry, sharding
@@ -205,11 +206,15 @@ mlir.register_lowering(pallas_gemm_p, _lowering_for("cpu"))
 jax_dispatch.prim_requires_devices_during_lowering.add(pallas_gemm_p)
 
 
-def _impl(*operands, **params):
-  return jax.jit(functools.partial(pallas_gemm_p.bind, **params))(*operands)
+# Eager calls compile the one equation, as lax primitives do; unlike a
+# `jax.jit` of the bind, this also holds under `jax.disable_jit()`, where a
+# jit would run the bind eagerly and recurse.
+pallas_gemm_p.def_impl(functools.partial(jax_dispatch.apply_primitive,
+                                         pallas_gemm_p))
 
-
-pallas_gemm_p.def_impl(_impl)
+# checkify's nan_checks look at the output as they do for lax.dot_general.
+checkify_lib.error_checks[pallas_gemm_p] = functools.partial(
+    checkify_lib.nan_error_check, pallas_gemm_p)
 
 
 # ---------------------------------------------------------------- batching ---
@@ -219,6 +224,13 @@ def _batching_rule(operands, batch_dims, **params):
   epilogue: Epilogue = params["epilogue"]
   size = next(x.shape[d] for x, d in zip(operands, batch_dims)
               if d is not None)
+  if size == 0:
+    # vmap over an empty axis: the output is empty too, as in jnp.matmul.
+    avals = [jax.core.ShapedArray(
+        x.shape[:d] + x.shape[d + 1:] if d is not None else x.shape, x.dtype)
+        for x, d in zip(operands, batch_dims)]
+    out_aval = _abstract_eval(*avals, **params)
+    return jnp.zeros((0,) + tuple(out_aval.shape), out_aval.dtype), 0
   moved = [x if d is None else jnp.moveaxis(x, d, 0)
            for x, d in zip(operands, batch_dims)]
   mapped = [d is not None for d in batch_dims]
@@ -338,7 +350,7 @@ def _transpose_rule(ct, *operands, **params):
   common = dict(kernel=params["kernel"], config=params["config"],
                 precision=params["precision"], epilogue=epilogue)
   if ad.is_undefined_primal(a):
-    ct_in = ct.astype(b.dtype)
+    ct_in, b, common = _cotangent_operands(ct, b, common)
     a_dtype = a.aval.dtype
     if not ta:  # dA = alpha · ct · op(b)ᵀ
       da = rebind(ct_in, b, transpose_a=False, transpose_b=not tb,
@@ -347,7 +359,7 @@ def _transpose_rule(ct, *operands, **params):
       da = rebind(b, ct_in, transpose_a=tb, transpose_b=True,
                   out_dtype=a_dtype, **common)
     return [da, None]
-  ct_in = ct.astype(a.dtype)
+  ct_in, a, common = _cotangent_operands(ct, a, common)
   b_dtype = b.aval.dtype
   if not tb:  # dB = alpha · op(a)ᵀ · ct
     db = rebind(a, ct_in, transpose_a=not ta, transpose_b=False,
@@ -356,6 +368,22 @@ def _transpose_rule(ct, *operands, **params):
     db = rebind(ct_in, a, transpose_a=True, transpose_b=ta,
                 out_dtype=b_dtype, **common)
   return [None, db]
+
+
+def _cotangent_operands(ct, other, common):
+  """(cotangent, other operand, params) for a backward product.
+
+  A cotangent wider than the operands (f32 from a bf16 GEMM with an f32
+  output) keeps its precision, as lax keeps it: the other operand is
+  upcast instead, and the product runs as float32 at TF32, the precision
+  lax's own backward dot gets by default.
+  """
+  if jnp.dtype(ct.dtype).itemsize > jnp.dtype(other.dtype).itemsize:
+    precision = "ieee" if common["precision"] == "ieee" else "tf32"
+    # A config chosen for the 16-bit forward does not fit float32 tiles.
+    return ct, other.astype(ct.dtype), dict(common, precision=precision,
+                                            config=None)
+  return ct.astype(other.dtype), other, common
 
 
 ad.primitive_transposes[pallas_gemm_p] = _transpose_rule

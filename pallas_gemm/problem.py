@@ -151,6 +151,7 @@ def normalize_precision(precision, in_dtype: str) -> str:
   `jnp.dot` does on a GPU at default precision.
   """
   if in_dtype != "float32":
+    _check_precision_value(precision)
     return "default"
   if precision is None:
     config_value = jax.config.jax_default_matmul_precision
@@ -172,14 +173,57 @@ def normalize_precision(precision, in_dtype: str) -> str:
     raise ValueError(f"precision={precision!r} is not a known precision")
   if isinstance(precision, jax.lax.Precision):
     return "ieee" if precision == jax.lax.Precision.HIGHEST else "tf32"
+  if isinstance(precision, jax.lax.DotAlgorithmPreset):
+    return _preset_precision(precision)
   raise TypeError(
-      f"precision must be None, a str or jax.lax.Precision, got "
-      f"{type(precision).__name__}")
+      f"precision must be None, a str, jax.lax.Precision or "
+      f"jax.lax.DotAlgorithmPreset, got {type(precision).__name__}")
+
+
+def _preset_precision(preset) -> str:
+  """float32 inputs under a `DotAlgorithmPreset`. Presets that round the
+  products to TF32 run as TF32; those asking for float32 accuracy (exact,
+  or the bf16/tf32 multi-pass emulations of it) get exact products, which
+  are at least as accurate; presets that round f32 inputs to 16 bits, or
+  that need float64, no kernel here computes."""
+  name = preset.name
+  if name in ("DEFAULT", "TF32_TF32_F32"):
+    return "tf32"
+  if name in ("F32_F32_F32", "TF32_TF32_F32_X3", "BF16_BF16_F32_X3",
+              "BF16_BF16_F32_X6", "BF16_BF16_F32_X9"):
+    return "ieee"
+  raise ValueError(
+      f"precision={preset} is not supported for float32 inputs: pallas_gemm "
+      "computes float32 GEMMs as TF32 or exactly, never in 16-bit, fp8 or "
+      "float64 arithmetic; cast the inputs, or use F32_F32_F32 or "
+      "TF32_TF32_F32")
 
 
 def itemsize(dtype) -> int:
   """Bytes per element of a dtype or dtype name (bfloat16 and fp8 too)."""
   return jnp.dtype(dtype).itemsize
+
+
+def _check_precision_value(precision) -> None:
+  """16-bit and fp8 products are exact in the f32 accumulator, so every
+  precision gives the same result; a value that is not a precision at all
+  is still an error."""
+  if isinstance(precision, (tuple, list)):
+    for p in precision:
+      _check_precision_value(p)
+    return
+  if precision is None or isinstance(
+      precision, (jax.lax.Precision, jax.lax.DotAlgorithmPreset)):
+    if isinstance(precision, jax.lax.DotAlgorithmPreset) and (
+        precision.name == "F64_F64_F64"):
+      raise ValueError(f"precision={precision} needs float64 inputs")
+    return
+  if isinstance(precision, str):
+    normalize_precision(precision, "float32")
+    return
+  raise TypeError(
+      f"precision must be None, a str, jax.lax.Precision or "
+      f"jax.lax.DotAlgorithmPreset, got {type(precision).__name__}")
 
 
 def dtype_name(dtype) -> str:

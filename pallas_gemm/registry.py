@@ -123,10 +123,30 @@ def auto_order(device: DeviceInfo,
   return ("xla",)
 
 
+#: The kernels index their operands with int32 offsets.
+INT32_LIMIT = 2**31 - 1
+
+
+def int32_overflow(problem: GemmProblem) -> str | None:
+  """Why `problem` is too large for int32 indexing, or None."""
+  sizes = {"A": problem.batch * problem.m * problem.k,
+           "B": problem.batch * problem.k * problem.n,
+           "the output": problem.batch * problem.m * problem.n}
+  for name, size in sizes.items():
+    if size > INT32_LIMIT:
+      return (f"{name} has {size} elements, past the 2**31 - 1 that int32 "
+              f"indexing reaches; kernel='xla' (or kernel=None) runs it")
+  return None
+
+
 def why_unsupported(entry: KernelEntry, problem: GemmProblem,
                     device: DeviceInfo) -> str | None:
   if device.platform == "cpu" and not entry.runs_on_cpu:
     return f"{entry.name} needs a CUDA GPU"
+  if entry.name != "xla":
+    overflow = int32_overflow(problem)
+    if overflow is not None:
+      return overflow
   return entry.supports(problem, device)
 
 

@@ -1,0 +1,150 @@
+"""Regression tests for the defects a hostile-user pass found (issue #17):
+each failed before its fix. Where jnp.matmul has a behaviour, it is the
+reference."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import pallas_gemm
+from pallas_gemm import numerics, registry
+from pallas_gemm.problem import GemmProblem
+
+warnings.filterwarnings("ignore", category=DeprecationWarning,
+                        message=".*[Tt]riton.*")
+
+
+def _operands(shape_a, shape_b, dtype=jnp.float32):
+  ka, kb = jax.random.split(numerics.fresh_key())
+  return (numerics.random_normal(ka, shape_a, dtype),
+          numerics.random_normal(kb, shape_b, dtype))
+
+
+def test_disable_jit_runs_instead_of_recursing():
+  a, b = _operands((8, 16), (16, 4))
+  with jax.disable_jit():
+    out = pallas_gemm.matmul(a, b)
+  np.testing.assert_allclose(out, numerics.reference_matmul(a, b), rtol=5e-3,
+                             atol=5e-3)
+
+
+@pytest.mark.parametrize("axes", [(0, None), (0, 0)])
+def test_vmap_over_an_empty_axis(axes):
+  a = jnp.ones((0, 24, 32))
+  b = jnp.ones((32, 16)) if axes[1] is None else jnp.ones((0, 32, 16))
+  out = jax.vmap(pallas_gemm.matmul, axes)(a, b)
+  assert out.shape == jax.vmap(jnp.matmul, axes)(a, b).shape == (0, 24, 16)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("precision, error", [
+    ("bogus", ValueError), (5, TypeError), (object(), TypeError)])
+def test_bad_precision_names_the_argument(dtype, precision, error):
+  a, b = _operands((8, 16), (16, 4), dtype)
+  with pytest.raises(error, match="precision"):
+    pallas_gemm.matmul(a, b, precision=precision)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("alpha", 1 + 2j), ("alpha", True), ("beta", np.bool_(False)),
+    ("alpha", jnp.ones(()) * 2 + 0j)])
+def test_alpha_and_beta_must_be_real_floats(name, value):
+  a, b = _operands((8, 16), (16, 4))
+  with pytest.raises(TypeError, match=name):
+    pallas_gemm.matmul(a, b, c=jnp.ones((8, 4)), **{name: value})
+
+
+def test_weak_typed_f32_does_not_widen_bf16():
+  vector = jnp.broadcast_to(1.0, (16,))  # weakly typed, as from a scalar
+  weight = _operands((16, 4), (4, 4), jnp.bfloat16)[0]
+  expected = jnp.matmul(vector, weight)
+  out = pallas_gemm.matmul(vector, weight)
+  assert out.dtype == expected.dtype == jnp.bfloat16
+
+
+def test_checkify_sees_nan_made_by_the_kernel():
+  a = jnp.full((8, 16), jnp.inf)
+  b = jnp.zeros((16, 4))
+  err, _ = checkify.checkify(jax.jit(pallas_gemm.matmul),
+                             errors=checkify.nan_checks)(a, b)
+  assert "pallas_gemm" in str(err.get())
+
+
+def test_activation_of_the_wrong_type_names_the_argument():
+  a, b = _operands((8, 16), (16, 4))
+  with pytest.raises(TypeError, match="activation"):
+    pallas_gemm.matmul(a, b, activation=["relu"])
+
+
+def test_past_int32_indexing_runs_on_xla_or_says_why():
+  big = jax.ShapeDtypeStruct((2**31 // 16 + 1, 16), jnp.bfloat16)
+  small = jax.ShapeDtypeStruct((16, 16), jnp.bfloat16)
+  jaxpr = jax.make_jaxpr(pallas_gemm.matmul)(big, small)
+  kernels = [e.params["kernel"] for e in jaxpr.eqns if "kernel" in e.params]
+  assert kernels == ["xla"]
+  with pytest.raises(ValueError, match="int32"):
+    jax.make_jaxpr(lambda x, y: pallas_gemm.matmul(
+        x, y, kernel="triton/06_tuned"))(big, small)
+  problem = GemmProblem(1, 2**20, 2**12, 2**12, "bfloat16", "bfloat16")
+  assert "int32" in registry.int32_overflow(problem)
+
+
+def test_dot_algorithm_presets_map_or_refuse():
+  a, b = _operands((8, 16), (16, 4))
+  preset = jax.lax.DotAlgorithmPreset
+  exact = pallas_gemm.matmul(a, b, precision=preset.F32_F32_F32)
+  np.testing.assert_allclose(exact, numerics.reference_matmul(a, b),
+                             rtol=1e-5, atol=1e-5)
+  assert pallas_gemm.matmul(a, b, precision=preset.TF32_TF32_F32).shape == (
+      8, 4)
+  with pytest.raises(ValueError, match="BF16_BF16_F32"):
+    pallas_gemm.matmul(a, b, precision=preset.BF16_BF16_F32)
+  a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  assert pallas_gemm.matmul(a16, b16, precision=preset.BF16_BF16_F32).dtype \
+      == jnp.bfloat16
+
+
+def test_f32_cotangent_keeps_its_precision():
+  """bf16 inputs, f32 output: the gradients are as accurate as lax's."""
+  a, b = _operands((64, 96), (96, 48), jnp.bfloat16)
+  w = numerics.random_normal(numerics.fresh_key(), (64, 48), jnp.float32)
+
+  def grads(dot):
+    return jax.grad(lambda a, b: jnp.sum(dot(a, b) * w), argnums=(0, 1))(a, b)
+
+  ours = grads(lambda a, b: pallas_gemm.matmul(
+      a, b, preferred_element_type=jnp.float32))
+  theirs = grads(lambda a, b: jnp.dot(a, b,
+                                      preferred_element_type=jnp.float32))
+  a64, b64, w64 = (np.asarray(x, np.float64) for x in (a, b, w))
+  for mine, lax_grad, ref in zip(ours, theirs, (w64 @ b64.T, a64.T @ w64)):
+    assert numerics.relative_error(mine, ref) <= (
+        numerics.relative_error(lax_grad, ref) * 1.01 + 1e-7)
+
+
+def test_concurrent_calls_from_threads_are_correct():
+  """8 threads, each its own problem, on the default CPU path."""
+  errors = []
+
+  def work(seed):
+    try:
+      a, b = _operands((16 + seed, 24), (24, 8 + seed))
+      out = jax.jit(pallas_gemm.matmul)(a, b)
+      assert numerics.relative_error(
+          out, numerics.reference_matmul(a, b)) < 5e-3
+    except Exception as e:  # noqa: BLE001 - collected for the assert
+      errors.append(e)
+
+  threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors

@@ -148,3 +148,73 @@ def test_concurrent_calls_from_threads_are_correct():
   for t in threads:
     t.join()
   assert not errors, errors
+
+
+@pytest.mark.parametrize("kernel", ["mosaic/ws_persistent", "mosaic/small_m"])
+def test_mosaic_interpret_from_threads_is_serialised_and_correct(kernel):
+  if jax.default_backend() != "cpu":
+    pytest.skip("the interpreter runs on the host")
+  errors = []
+
+  def work(seed):
+    try:
+      a, b = _operands((16 + 8 * (seed % 2), 64), (64, 24 + 8 * seed),
+                       jnp.bfloat16)
+      out = pallas_gemm.matmul(a, b, kernel=kernel)
+      assert numerics.relative_error(
+          out, numerics.reference_matmul(a, b)) < 2e-2
+    except Exception as e:  # noqa: BLE001
+      errors.append(e)
+
+  threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors
+
+
+_X64_SCRIPT = """
+import jax, jax.numpy as jnp
+import pallas_gemm
+from pallas_gemm import numerics
+assert jax.config.jax_enable_x64
+for kernel, dtype, tol in (("mosaic/ws_persistent", jnp.bfloat16, 2e-2),
+                           ("mosaic/ws_persistent", jnp.float32, 5e-3),
+                           ("mosaic/small_m", jnp.bfloat16, 2e-2),
+                           ("triton/06_tuned", jnp.float32, 5e-3),
+                           (None, jnp.float32, 5e-3)):
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = numerics.random_normal(ka, (37, 45), dtype)
+  b = numerics.random_normal(kb, (45, 71), dtype)
+  out = pallas_gemm.matmul(a, b, kernel=kernel)
+  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
+  assert err < tol, (kernel, dtype, err)
+print("x64 ok")
+"""
+
+
+def test_x64_mode_every_backend():
+  """JAX_ENABLE_X64=1 set before jax starts, as users set it."""
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  result = subprocess.run([sys.executable, "-c", _X64_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0 and "x64 ok" in result.stdout, (
+      result.stdout[-2000:] + result.stderr[-4000:])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tile_m", 128.0), ("tile_n", "64"), ("grid_band", True),
+    ("max_concurrent_steps", 2.5)])
+def test_mosaic_config_fields_are_ints(field, value):
+  from pallas_gemm.mosaic_backend.config import MosaicConfig, SmallMConfig
+  with pytest.raises(TypeError, match=field):
+    MosaicConfig(**{field: value})
+  if field in ("tile_n", "max_concurrent_steps"):
+    with pytest.raises(TypeError, match=field):
+      SmallMConfig(**{field: value})

@@ -25,6 +25,8 @@ import enum
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from pallas_gemm.problem import GemmProblem, cdiv
 
@@ -39,6 +41,18 @@ TMA_STRIDE_ALIGN_BYTES = 16
 SWIZZLE_BYTES = 128
 
 MOSAIC_INPUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def require_ints(config, names) -> None:
+  """Raises TypeError naming the field when one of `names` is not an int
+  (a bool, float or str would pass the range checks and fail deep in
+  lowering); numpy integers are stored as plain ints."""
+  for name in names:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise TypeError(f"{type(config).__name__}.{name}={value!r} must be an "
+                      f"int, got {type(value).__name__}")
+    object.__setattr__(config, name, int(value))
 
 
 class Dim(enum.IntEnum):
@@ -96,6 +110,11 @@ class MosaicConfig:
   cluster_dim: Dim | None = None
 
   def __post_init__(self):
+    require_ints(self, ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
+                        "epi_tile_m", "epi_tile_n", "grid_band"))
+    if not isinstance(self.warpgroup_semantics, bool):
+      raise TypeError(f"warpgroup_semantics={self.warpgroup_semantics!r} "
+                      "must be a bool")
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
       raise ValueError(f"tile_m={self.tile_m} must be 64, 128, 192 or 256 "
                        "(wgmma works on 64-row groups)")
@@ -193,6 +212,8 @@ class SmallMConfig:
   k_splits: int = 1
 
   def __post_init__(self):
+    require_ints(self, ("tile_n", "tile_k", "max_concurrent_steps",
+                        "k_splits"))
     if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
       raise ValueError(f"tile_n={self.tile_n} must be a multiple of 8 in "
                        "[8, 256]")
@@ -454,3 +475,14 @@ def small_m_heuristic(problem: GemmProblem, num_sms: int) -> SmallMConfig:
     if config.smem_bytes(problem, tile_m) <= HOPPER_SMEM_BYTES:
       break
   return config
+
+
+def div32(x, y):
+  """`lax.div` on int32 operands: grid and loop indices are int32, and with
+  jax_enable_x64 a Python int would otherwise become int64."""
+  return lax.div(jnp.asarray(x, jnp.int32), jnp.asarray(y, jnp.int32))
+
+
+def rem32(x, y):
+  """`lax.rem` on int32 operands (see `div32`)."""
+  return lax.rem(jnp.asarray(x, jnp.int32), jnp.asarray(y, jnp.int32))

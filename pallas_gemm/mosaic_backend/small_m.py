@@ -30,7 +30,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import config as cfg
-from pallas_gemm.mosaic_backend.config import SmallMConfig
+from pallas_gemm.mosaic_backend.config import SmallMConfig, div32, rem32
 from pallas_gemm.mosaic_backend.ws_persistent import (_tiled_transforms,
                                                       call_kernel,
                                                       interpret_params)
@@ -63,8 +63,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
   strip = lax.axis_index("strip")
   split = lax.axis_index("split")
-  batch_idx = lax.div(strip, n_tiles)
-  n_idx = lax.rem(strip, n_tiles)
+  batch_idx = div32(strip, n_tiles)
+  n_idx = rem32(strip, n_tiles)
   n_slice = pl.ds(n_idx * tile_n, tile_n)
   first_block = split * steps_per_split
   # The last split may own fewer K blocks than the others.
@@ -74,7 +74,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
   def scoped(a_smem, b_smem, loaded, out_smem, c_smem, bias_smem, epi_loaded):
     def issue(step):
-      slot = lax.rem(step, stages)
+      slot = rem32(step, stages)
       k_slice = pl.ds((first_block + step) * tile_k, tile_k)
       plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, pl.ds(0, rows), k_slice],
                               a_smem.at[slot, pl.ds(0, rows)],
@@ -93,7 +93,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
     def mma_scope(acc_ref):
       def mma_step(step, carry):
-        slot = lax.rem(step, stages)
+        slot = rem32(step, stages)
         plgpu.barrier_wait(loaded.at[slot])
         b_view = b_smem.at[slot].T if transpose_b else b_smem.at[slot]
         plgpu.wgmma(acc_ref, a_smem.at[slot], b_view)

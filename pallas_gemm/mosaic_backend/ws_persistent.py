@@ -45,6 +45,7 @@ A or B first when the caller's layout is not (m, k) x (n, k).
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +57,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import config as cfg
-from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig
+from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, div32, rem32
 from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
 
 NAME = "mosaic/ws_persistent"
@@ -64,6 +65,7 @@ NAME = "mosaic/ws_persistent"
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 NUM_CONSUMERS = 2
+_INTERPRET_LOCK = threading.Lock()
 #: CTAs of the persistent grid in interpret mode: two, so that the
 #: round-robin tile hand-out and the cross-tile ring are exercised.
 INTERPRET_CTAS = 2
@@ -91,9 +93,15 @@ def call_kernel(kernel, operands, out_type, params):
   if params is None:
     return kernel(*operands)
   interpreted = jax.jit(kernel)
+  # The callback runs on another thread, which does not see a thread-local
+  # `jax.enable_x64` of the caller: the kernel is traced as the caller was.
+  x64 = bool(jax.config.jax_enable_x64)
 
   def on_host(*arrays):
-    return np.asarray(interpreted(*arrays))
+    # The Mosaic GPU interpreter is not thread-safe: interpret calls from
+    # several threads are serialised here.
+    with _INTERPRET_LOCK, jax.enable_x64(x64):
+      return np.asarray(interpreted(*arrays))
 
   return jax.pure_callback(on_host, out_type, *operands)
 
@@ -106,17 +114,17 @@ def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
   bands run backwards so that the turn between bands reuses operand tiles.
   """
   per_batch = m_tiles * n_tiles
-  batch_idx = lax.div(linear, per_batch)
-  within_batch = lax.rem(linear, per_batch)
+  batch_idx = div32(linear, per_batch)
+  within_batch = rem32(linear, per_batch)
   across, along = (m_tiles, n_tiles) if band_dim == Dim.M else (n_tiles, m_tiles)
   band_size = band * along
-  band_idx = lax.div(within_batch, band_size)
-  within_band = lax.rem(within_batch, band_size)
+  band_idx = div32(within_batch, band_size)
+  within_band = rem32(within_batch, band_size)
   band_start = band_idx * band
   height = jnp.minimum(band, across - band_start)
-  across_idx = band_start + lax.rem(within_band, height)
-  along_idx = lax.div(within_band, height)
-  along_idx = jnp.where(lax.rem(band_idx, 2) == 1, along - 1 - along_idx,
+  across_idx = band_start + rem32(within_band, height)
+  along_idx = div32(within_band, height)
+  along_idx = jnp.where(rem32(band_idx, 2) == 1, along - 1 - along_idx,
                         along_idx)
   if band_dim == Dim.M:
     return batch_idx, across_idx, along_idx
@@ -200,7 +208,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
         def load_stage(kk, carry):
           step = first_step + kk
-          slot = lax.rem(step, stages)
+          slot = rem32(step, stages)
 
           # The first pass over the ring finds every stage free.
           @pl.when(step >= stages)
@@ -226,12 +234,12 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       # them so that no barrier is left with an unobserved phase.
       cta = lax.axis_index("sm")
       num_ctas = lax.axis_size("sm")
-      local_tiles = lax.div(num_tiles, num_ctas) + (
-          cta < lax.rem(num_tiles, num_ctas)).astype(jnp.int32)
+      local_tiles = div32(num_tiles, num_ctas) + (
+          cta < rem32(num_tiles, num_ctas)).astype(jnp.int32)
       total_steps = local_tiles * k_iters
 
       def drain(step, carry):
-        plgpu.barrier_wait(stage_consumed.at[lax.rem(step, stages)])
+        plgpu.barrier_wait(stage_consumed.at[rem32(step, stages)])
         return carry
 
       lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
@@ -261,7 +269,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         def mma_scope(acc_ref):
           def mma_stage(kk, carry):
             step = first_step + kk
-            slot = lax.rem(step, stages)
+            slot = rem32(step, stages)
             plgpu.barrier_wait(stage_loaded.at[slot])
             plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
             # One wgmma group stays in flight; the one before it has now
@@ -271,13 +279,13 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
             @pl.when(kk > 0)
             def _release_previous():
               plgpu.barrier_arrive(
-                  stage_consumed.at[lax.rem(step - 1, stages)])
+                  stage_consumed.at[rem32(step - 1, stages)])
             return carry
 
           lax.fori_loop(0, k_iters, mma_stage, None)
           plgpu.wgmma_wait(0)
           plgpu.barrier_arrive(
-              stage_consumed.at[lax.rem(first_step + k_iters - 1, stages)])
+              stage_consumed.at[rem32(first_step + k_iters - 1, stages)])
           return acc_ref[...]
 
         acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
@@ -321,7 +329,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         # (Mosaic tracks barrier parity per thread), and the producer cannot
         # refill a stage before both consumers have passed it.
         def pass_stage(kk, carry):
-          slot = lax.rem(first_step + kk, stages)
+          slot = rem32(first_step + kk, stages)
           plgpu.barrier_wait(stage_loaded.at[slot])
           plgpu.barrier_arrive(stage_consumed.at[slot])
           return carry
@@ -335,7 +343,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         if not config.pingpong:
           compute_tile(batch_idx, m_idx, n_idx, first_step)
           return
-        owner = lax.rem(info.local_index, NUM_CONSUMERS)
+        owner = rem32(info.local_index, NUM_CONSUMERS)
 
         @pl.when(owner == wg)
         def _own():

@@ -11,7 +11,8 @@ import numpy as np
 from pallas_gemm import primitive
 from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES,
                                  SUPPORTED_INPUT_DTYPES,
-                                 SUPPORTED_OUTPUT_DTYPES, Epilogue,
+                                 SUPPORTED_OUTPUT_DTYPES, XLA_ONLY_DTYPES,
+                                 Epilogue,
                                  apply_epilogue, dtype_name,
                                  normalize_precision)
 
@@ -34,10 +35,10 @@ def _as_array(x, name):
 
 def _check_input_dtype(x, name):
   name_of = dtype_name(x.dtype)
-  if name_of not in SUPPORTED_INPUT_DTYPES + FP8_DTYPES:
+  if name_of not in SUPPORTED_INPUT_DTYPES + FP8_DTYPES + XLA_ONLY_DTYPES:
     raise TypeError(
         f"{name} has dtype {name_of}; pallas_gemm.matmul supports "
-        f"{', '.join(SUPPORTED_INPUT_DTYPES + FP8_DTYPES)}")
+        f"{', '.join(SUPPORTED_INPUT_DTYPES + FP8_DTYPES + XLA_ONLY_DTYPES)}")
 
 
 def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
@@ -90,13 +91,15 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
   # jnp's promotion, weak types included: a weakly typed float32 operand
   # (from a Python scalar) does not widen a bfloat16 one.
   in_dtype = jnp.result_type(a, b)
-  if dtype_name(in_dtype) not in SUPPORTED_INPUT_DTYPES + FP8_DTYPES:
+  if dtype_name(in_dtype) not in (SUPPORTED_INPUT_DTYPES + FP8_DTYPES
+                                  + XLA_ONLY_DTYPES):
     raise TypeError(
         f"a ({a.dtype}) and b ({b.dtype}) promote to {in_dtype}, which "
         f"pallas_gemm.matmul does not support")
   a, b = a.astype(in_dtype), b.astype(in_dtype)
   if preferred_element_type is None:
-    out_dtype = in_dtype if dtype_name(in_dtype) in SUPPORTED_OUTPUT_DTYPES \
+    out_dtype = in_dtype if dtype_name(in_dtype) in (
+        SUPPORTED_OUTPUT_DTYPES + XLA_ONLY_DTYPES) \
         else jnp.dtype(jnp.float32)
   else:
     try:
@@ -105,7 +108,7 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       raise TypeError(
           f"preferred_element_type={preferred_element_type!r} is not a "
           "dtype") from None
-    if dtype_name(out_dtype) not in SUPPORTED_OUTPUT_DTYPES:
+    if dtype_name(out_dtype) not in SUPPORTED_OUTPUT_DTYPES + XLA_ONLY_DTYPES:
       raise TypeError(
           f"preferred_element_type={out_dtype} is not one of "
           f"{SUPPORTED_OUTPUT_DTYPES}")

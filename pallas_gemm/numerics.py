@@ -21,6 +21,7 @@ from pallas_gemm.problem import ACTIVATIONS, Epilogue
 TOLERANCES = {
     ("float32", "ieee"): 1e-5,
     ("float32", "tf32"): 5e-3,
+    ("float64", "default"): 1e-12,
     ("bfloat16", "default"): 2e-2,
     ("float16", "default"): 1e-2,
     ("float8_e4m3fn", "default"): 2e-2,

@@ -29,6 +29,9 @@ import numpy as np
 SUPPORTED_INPUT_DTYPES = ("float32", "bfloat16", "float16")
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 SUPPORTED_OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
+#: float64 (what jnp arrays are with jax_enable_x64) runs on XLA's dot
+#: only: no GPU kernel here computes in float64.
+XLA_ONLY_DTYPES = ("float64",)
 
 
 def _gelu_tanh(x):

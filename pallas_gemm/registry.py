@@ -144,6 +144,8 @@ def why_unsupported(entry: KernelEntry, problem: GemmProblem,
   if device.platform == "cpu" and not entry.runs_on_cpu:
     return f"{entry.name} needs a CUDA GPU"
   if entry.name != "xla":
+    if "float64" in (problem.in_dtype, problem.out_dtype):
+      return "float64 runs on XLA's dot only (kernel='xla' or kernel=None)"
     overflow = int32_overflow(problem)
     if overflow is not None:
       return overflow

@@ -26,7 +26,9 @@ def xla_matmul(a, b, c, bias, *, problem, config=None, interpret=False):
   # does: cuBLAS still accumulates in f32, and a separate f32 -> bf16 pass
   # over the output would make `xla` slower than the baseline it stands for.
   direct = problem.epilogue.is_identity
-  acc_dtype = problem.out_dtype if direct else jnp.float32
+  wide = "float64" in (problem.in_dtype, problem.out_dtype)
+  acc_dtype = problem.out_dtype if direct else (
+      jnp.float64 if wide else jnp.float32)
   precision = _XLA_PRECISION[problem.precision]
   if problem.batch == 1:
     # The 2-D dot `jnp.dot` emits for matrices.

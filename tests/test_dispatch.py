@@ -155,9 +155,11 @@ ON_CPU = jax.default_backend() == "cpu"
 
 @pytest.mark.skipif(not ON_CPU, reason="checks the CPU kernel order")
 def test_explain_names_source_and_reason(cache):
-  text = str(pallas_gemm.explain(jnp.ones((64, 64)), jnp.ones((64, 32))))
+  f32 = jnp.float32
+  text = str(pallas_gemm.explain(jnp.ones((64, 64), f32),
+                                 jnp.ones((64, 32), f32)))
   assert "triton/06_tuned (order)" in text and "heuristic" in text
-  big = pallas_gemm.explain(jnp.ones((600, 600)), jnp.ones((600, 600)))
+  big = pallas_gemm.explain(jnp.ones((600, 600), f32), jnp.ones((600, 600), f32))
   assert big.kernels == ("xla",) and "interpret mode" in str(big)
 
 
@@ -179,7 +181,7 @@ def test_bad_entry_is_dropped_rewritten_and_matmul_works(cache):
           "block_m": 64, "block_n": 64, "block_k": 32, "no_field": 1}},
       "garbage key": {"config": {}}}}
   path.write_text(json.dumps(bad))
-  a, b = jnp.ones((64, 64)), jnp.ones((64, 128))
+  a, b = jnp.ones((64, 64), jnp.float32), jnp.ones((64, 128), jnp.float32)
   with pytest.warns(RuntimeWarning, match="dropped 3 invalid"):
     out = pallas_gemm.matmul(a, b)
   assert float(out[0, 0]) == 64.0

@@ -1,48 +1,40 @@
 #!/usr/bin/env bash
-# The one command for a GPU machine: build the CUDA kernels, run the
-# GPU-marked tests, then benchmark the ladder, large and decode suites.
+# The one script for a GPU machine: build, test, benchmark; logs under $OUT.
 #
-#   OUT=/some/dir experiments/run_gpu.sh        # OUT defaults to ./out
+#   OUT=/some/dir experiments/run_gpu.sh                  # every stage
+#   STAGES="tests wide" OUT=/some/dir experiments/run_gpu.sh
 #
-# Designed to finish in about 9 minutes (TOTAL_S) on an H200: the build and
-# the tests get fixed budgets, and what is left is shared among the three
-# benchmarks (ladder 30%, large 45%, decode 25%). A benchmark stops starting
-# new measurements when its budget is spent and reports the rest SKIPPED,
-# so the order of its shapes and kernels is the order of priority. It leaves
-# few files in $OUT, because the device machine returns at most 8:
+# Stages, in this order (STAGES picks a subset; each has a time budget in
+# seconds, BUDGET_<stage>, and a stage that runs past its budget is stopped
+# and reported, so the next one still runs):
 #
-#   log.txt                everything printed
-#   pytest_gpu.txt         the GPU test run
-#   summary.md             every suite's tables, the ladder, and the failures
-#   results.tar.gz         experiments/results/<gpu>/<suite>/... (CSV, JSON,
-#                          Markdown, PNG); unpack at the repo root:
-#                          tar xzf results.tar.gz
-#   tflops_large.png       quick looks at two of the plots
-#   roofline_decode.png
+#   build      the CUDA FFI kernels (nvcc)                    BUDGET_build=150
+#   tests      the whole pytest suite, compiled on the GPU    BUDGET_tests=200
+#   properties the hypothesis suite, "gpu" profile            BUDGET_properties=120
+#   dispatch   the dispatch-table builder (resumable)         BUDGET_dispatch=300
+#   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
+#   large      benchmark: large suite, production kernels     BUDGET_large=150
+#   decode     benchmark: decode suite                        BUDGET_decode=90
+#   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=150
+#   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
 #
-# The device copy of the tree may have no .git: pass the revision as
-# PALLAS_GEMM_GIT_SHA so every output names the code it measured.
-#
-# Environment knobs: TOTAL_S (520), BUILD_BUDGET_S (120), TEST_BUDGET_S (90),
-# ITERS (20), MAX_CANDIDATES (3, the jax_hopper sweep), PYTHON (python3).
+# Results go to experiments/results/<gpu>/<suite>/ and, because the device
+# machine returns only a few files, are packed into $OUT/results.tar.gz
+# (unpack at the repository root). $OUT also gets log.txt (everything),
+# summary.md (the tables) and pytest logs. Pass the revision as
+# PALLAS_GEMM_GIT_SHA: the copied tree may carry no .git.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
 PY=${PYTHON:-python3}
+STAGES=${STAGES:-"build tests properties wide large decode glu moe"}
 ITERS=${ITERS:-20}
-MAX_CANDIDATES=${MAX_CANDIDATES:-3}
-TOTAL_S=${TOTAL_S:-520}
-BUILD_BUDGET_S=${BUILD_BUDGET_S:-120}
-TEST_BUDGET_S=${TEST_BUDGET_S:-90}
-# Per benchmark process: start-up (importing JAX) and writing the outputs,
-# plus the one measurement that may be in flight when its budget runs out.
-OVERHEAD_S=25
-# A benchmark gets this long past its budget before it is killed (a hang).
-GRACE_S=90
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# Two pytest workers share the GPU: memory on demand, not 75 % up front.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 # The toolkit's standard location; the GPU machine has no nvcc on PATH.
 export PATH="$PATH:/usr/local/cuda/bin"
 
@@ -50,77 +42,93 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s in)"; }
+wanted() { [[ " $STAGES " == *" $1 "* ]]; }
+budget() { local var="BUDGET_$1"; echo "${!var:-$2}"; }
+run_budgeted() {  # run_budgeted SECONDS command...
+  local seconds=$1; shift
+  timeout --kill-after=20 "$seconds" "$@"
+  local status=$?
+  [ "$status" -eq 124 ] && echo "(stopped at its ${seconds}s budget)"
+  return "$status"
+}
 
 stage "device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv || true
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" || true
 GPU_KEY=$("$PY" -c "from pallas_gemm.devices import device_info; print(device_info().key)" 2>/dev/null | tail -n 1)
 GPU_KEY=${GPU_KEY:-unknown_gpu}
 RESULTS="experiments/results/$GPU_KEY"
-echo "results go to $RESULTS"
+echo "git ${PALLAS_GEMM_GIT_SHA:-unknown}; results go to $RESULTS; stages: $STAGES"
 
-stage "build the FFI kernels"
-if [ -f pallas_gemm/ffi/__main__.py ]; then
-  timeout "$BUILD_BUDGET_S" "$PY" -m pallas_gemm.ffi build || echo "FFI build failed; ffi/ kernels will be skipped or fail"
-else
-  echo "no pallas_gemm.ffi build module; nothing to build"
+if wanted build; then
+  stage "build the FFI kernels"
+  run_budgeted "$(budget build 150)" "$PY" -m pallas_gemm.ffi build \
+    || echo "FFI build failed: ffi/ kernels will be skipped or fail"
 fi
 
-stage "GPU tests (pytest -m gpu, ${TEST_BUDGET_S}s)"
-timeout "$TEST_BUDGET_S" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests \
-  > "$OUT/pytest_gpu.txt" 2>&1
-TEST_STATUS=$?
-tail -n 25 "$OUT/pytest_gpu.txt"
-[ "$TEST_STATUS" -eq 124 ] && echo "pytest stopped at its ${TEST_BUDGET_S}s budget"
+if wanted tests; then
+  stage "the test suite, compiled on the GPU"
+  run_budgeted "$(budget tests 200)" "$PY" -m pytest -q -n 2 -p no:cacheprovider \
+    --timeout=300 tests > "$OUT/pytest_gpu.txt" 2>&1
+  tail -n 30 "$OUT/pytest_gpu.txt"
+fi
 
-bench() {  # bench SUITE BUDGET_S [extra flags...]
-  local suite=$1 budget=$2
+if wanted properties; then
+  stage "property suite (hypothesis profile gpu)"
+  HYPOTHESIS_PROFILE=gpu run_budgeted "$(budget properties 120)" "$PY" -m pytest \
+    -q -p no:cacheprovider tests/test_properties.py > "$OUT/pytest_properties.txt" 2>&1
+  tail -n 5 "$OUT/pytest_properties.txt"
+fi
+
+if wanted dispatch; then
+  stage "dispatch table"
+  run_budgeted "$(( $(budget dispatch 300) + 30 ))" "$PY" experiments/build_dispatch_table.py \
+    --out_dir="$RESULTS/dispatch" --budget_s="$(budget dispatch 300)" \
+    --kernels=mosaic/small_m,mosaic/ws_persistent
+fi
+
+bench() {  # bench SUITE DEFAULT_BUDGET [flags...]
+  local suite=$1 seconds
+  seconds=$(budget "$1" "$2")
   shift 2
-  stage "benchmark: $suite (${budget}s budget)"
-  timeout $((budget + GRACE_S)) "$PY" experiments/benchmark.py \
-    --suite="$suite" --kernels=all --iters="$ITERS" --warmup=2 \
-    --max_candidates="$MAX_CANDIDATES" --time_budget_s="$budget" \
+  stage "benchmark: $suite (${seconds}s)"
+  run_budgeted "$((seconds + 60))" "$PY" experiments/benchmark.py \
+    --suite="$suite" --iters="$ITERS" --warmup=2 --time_budget_s="$seconds" \
     --max_seconds_per_measurement=2 --output_dir="$RESULTS/$suite" "$@"
-  echo "benchmark $suite exited with status $?"
 }
 
-LEFT=$((TOTAL_S - SECONDS - 3 * OVERHEAD_S))
-[ "$LEFT" -lt 90 ] && LEFT=90
-echo "benchmarks share ${LEFT}s"
-# The ladder at one size keeps the slow early rungs affordable; float32
-# brings in the sgemm ladder (ieee) and the TF32 rows last.
-bench ladder $((LEFT * 30 / 100)) --shapes=4096x4096x4096 --dtypes=bfloat16,float32
-# The early rungs are in the ladder; the large and decode suites compare the
-# production kernels with jnp.dot and JAX's Hopper kernel.
-EARLY_RUNGS='triton/0[1-4]*,ffi/sgemm*'
-LEFT=$((TOTAL_S - SECONDS - 2 * OVERHEAD_S))
-[ "$LEFT" -lt 60 ] && LEFT=60
-bench large $((LEFT * 64 / 100)) --dtypes=bfloat16 --skip_kernels="$EARLY_RUNGS"
-LEFT=$((TOTAL_S - SECONDS - OVERHEAD_S))
-[ "$LEFT" -lt 30 ] && LEFT=30
-bench decode "$LEFT" --dtypes=bfloat16 --skip_kernels="$EARLY_RUNGS"
+EARLY_RUNGS='triton/0[1-5]*,ffi/sgemm*,ffi/mma_sync*'
+wanted wide && bench wide 240 --kernels=auto --plot=false
+wanted large && bench large 150 --dtypes=bfloat16 \
+  --kernels=auto,mosaic/ws_persistent,triton/06_tuned,jax_hopper \
+  --max_candidates=2 --skip_kernels="$EARLY_RUNGS"
+wanted decode && bench decode 90 --dtypes=bfloat16 \
+  --kernels=auto,mosaic/small_m,mosaic/ws_persistent --skip_kernels="$EARLY_RUNGS"
+
+if wanted glu && [ -f experiments/bench_glu.py ]; then
+  stage "benchmark: gated linear unit"
+  run_budgeted "$(budget glu 150)" "$PY" experiments/bench_glu.py \
+    --output_dir="$RESULTS/glu"
+fi
+if wanted moe && [ -f experiments/bench_moe.py ]; then
+  stage "benchmark: mixture-of-experts grouped GEMM"
+  run_budgeted "$(budget moe 200)" "$PY" experiments/bench_moe.py \
+    --output_dir="$RESULTS/moe"
+fi
 
 stage "collect"
 {
-  echo "# GPU run: $GPU_KEY, git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo n/a)}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo
-  echo "pytest -m gpu: $(tail -n 1 "$OUT/pytest_gpu.txt")"
-  for suite in ladder large decode; do
+  echo "# GPU run: $GPU_KEY, git ${PALLAS_GEMM_GIT_SHA:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  for log in pytest_gpu pytest_properties; do
+    [ -f "$OUT/$log.txt" ] && echo && echo "$log: $(tail -n 1 "$OUT/$log.txt")"
+  done
+  for suite in wide large decode glu moe; do
     dir="$RESULTS/$suite"
-    echo
-    echo "## $suite"
-    echo
-    if [ -f "$dir/ladder.md" ]; then cat "$dir/ladder.md"; echo; fi
-    if [ -f "$dir/summary.md" ]; then cat "$dir/summary.md"; else echo "(no results)"; fi
-    if [ -f "$dir/results.csv" ]; then
-      echo
-      echo "FAILED rows:"
-      grep -v '^#' "$dir/results.csv" | awk -F, '$11 == "FAILED" {print "- " $1 " " $2 " " $8 " " $10}' || true
-    fi
+    [ -d "$dir" ] || continue
+    echo; echo "## $suite"; echo
+    for f in regimes.md summary.md; do [ -f "$dir/$f" ] && cat "$dir/$f"; done
   done
 } > "$OUT/summary.md"
-tar czf "$OUT/results.tar.gz" "$RESULTS" 2>/dev/null || echo "nothing to archive under $RESULTS"
-[ -f "$RESULTS/large/tflops.png" ] && cp "$RESULTS/large/tflops.png" "$OUT/tflops_large.png"
-[ -f "$RESULTS/decode/roofline.png" ] && cp "$RESULTS/decode/roofline.png" "$OUT/roofline_decode.png"
+cat "$OUT/summary.md"
+tar czf "$OUT/results.tar.gz" "$RESULTS" 2>/dev/null || echo "nothing under $RESULTS"
 stage "done"
-ls -la "$OUT"

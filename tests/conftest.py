@@ -63,3 +63,17 @@ def _id(value):
   if isinstance(value, tuple):
     return "x".join(str(v) for v in value)
   return str(value).replace("/", "-")
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+  """An empty user tuning cache and an empty shipped folder, with the
+  resolver's memo cleared before and after: tests see no real tuning or
+  dispatch entries. Yields the temporary folder."""
+  from pallas_gemm import autotune, dispatch
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
+  monkeypatch.setattr(autotune, "SHIPPED_DIR", tmp_path / "shipped")
+  dispatch.clear_cache()
+  yield tmp_path
+  dispatch.clear_cache()

@@ -26,12 +26,8 @@ KERNEL = "triton/06_tuned"
 
 
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
-  monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
-  # Isolated from the package's shipped defaults, which hold real entries.
-  monkeypatch.setattr(autotune, "SHIPPED_DIR", tmp_path / "no_shipped")
-  return tmp_path / "cache"
+def cache_dir(isolated_cache):
+  return isolated_cache / "cache"
 
 
 def problem(m=4096, n=4096, k=4096, dtype="bfloat16", **kwargs):
@@ -197,7 +193,6 @@ def test_search_space_registered_for_tuned():
 
 
 def test_tuning_rotates_operands_past_l2_for_small_problems():
-  from pallas_gemm import autotune, dispatch
   small = GemmProblem(1, 2048, 2048, 2048, "bfloat16", "bfloat16")
   large = GemmProblem(1, 8192, 8192, 8192, "bfloat16", "bfloat16")
   count = autotune.operand_set_count(small, on_gpu=True)

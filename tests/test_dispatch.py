@@ -29,14 +29,8 @@ WS = "mosaic/ws_persistent"
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-  """An empty user cache and an empty shipped folder; the memo cleared."""
-  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
-  monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
-  monkeypatch.setattr(autotune, "SHIPPED_DIR", tmp_path / "shipped")
-  dispatch.clear_cache()
-  yield tmp_path
-  dispatch.clear_cache()
+def cache(isolated_cache):
+  return isolated_cache
 
 
 def problem(m=4096, n=4096, k=4096, dtype="bfloat16", **kwargs):

@@ -129,49 +129,46 @@ def test_f32_cotangent_keeps_its_precision():
         numerics.relative_error(lax_grad, ref) * 1.01 + 1e-7)
 
 
-def test_concurrent_calls_from_threads_are_correct():
-  """8 threads, each its own problem, on the default CPU path."""
+def _in_threads(work, count=8):
+  """Runs work(i) on `count` threads at once; re-raises what they raised."""
   errors = []
 
-  def work(seed):
+  def guarded(i):
     try:
-      a, b = _operands((16 + seed, 24), (24, 8 + seed))
-      out = jax.jit(pallas_gemm.matmul)(a, b)
-      assert numerics.relative_error(
-          out, numerics.reference_matmul(a, b)) < 5e-3
+      work(i)
     except Exception as e:  # noqa: BLE001 - collected for the assert
       errors.append(e)
 
-  threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+  threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
   assert not errors, errors
+
+
+def test_concurrent_calls_from_threads_are_correct():
+  """8 threads, each its own problem, on the default CPU path."""
+  def work(seed):
+    a, b = _operands((16 + seed, 24), (24, 8 + seed))
+    out = jax.jit(pallas_gemm.matmul)(a, b)
+    assert numerics.relative_error(out, numerics.reference_matmul(a, b)) < 5e-3
+
+  _in_threads(work)
 
 
 @pytest.mark.parametrize("kernel", ["mosaic/ws_persistent", "mosaic/small_m"])
 def test_mosaic_interpret_from_threads_is_serialised_and_correct(kernel):
   if jax.default_backend() != "cpu":
     pytest.skip("the interpreter runs on the host")
-  errors = []
 
   def work(seed):
-    try:
-      a, b = _operands((16 + 8 * (seed % 2), 64), (64, 24 + 8 * seed),
-                       jnp.bfloat16)
-      out = pallas_gemm.matmul(a, b, kernel=kernel)
-      assert numerics.relative_error(
-          out, numerics.reference_matmul(a, b)) < 2e-2
-    except Exception as e:  # noqa: BLE001
-      errors.append(e)
+    a, b = _operands((16 + 8 * (seed % 2), 64), (64, 24 + 8 * seed),
+                     jnp.bfloat16)
+    out = pallas_gemm.matmul(a, b, kernel=kernel)
+    assert numerics.relative_error(out, numerics.reference_matmul(a, b)) < 2e-2
 
-  threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  assert not errors, errors
+  _in_threads(work)
 
 
 _X64_SCRIPT = """

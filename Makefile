@@ -7,6 +7,7 @@
 # found, the matching jax CUDA extra. PALLAS_GEMM_ENV=current|venv and
 # PALLAS_GEMM_DEVICE=cpu|cuda12|cuda13 override the detection.
 JOBS ?= 2
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: venv test bench clean
 venv:

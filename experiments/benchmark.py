@@ -66,14 +66,18 @@ from experiments.bench.output import (collect_metadata, default_output_dir, writ
 # ------------------------------------------------------------------ flags ---
 
 FLAGS = flags.FLAGS
+GPU_DEFAULT_KERNELS = ["auto", "mosaic/*", "triton/06_tuned", "jax_hopper"]
 
 flags.DEFINE_list(
-    "kernels", ["all"],
+    "kernels", None,
     "Kernels to run: registered names or globs over pallas_gemm.list_kernels() "
     "(e.g. 'triton/*'), the baselines 'xla' (jnp.dot) and 'jax_hopper' "
     "(JAX's hopper_matmul_mgpu, Hopper only), 'auto' (kernel=None: what a "
     "user's call runs), or 'all' (every one of them). jnp.dot always runs "
-    "as the baseline of the 'x jnp.dot' column.")
+    "as the baseline of the 'x jnp.dot' column. Default: all in interpret "
+    "mode; on a GPU the automatic choice and the production kernels ("
+    + ",".join(GPU_DEFAULT_KERNELS) + "): the teaching rungs take minutes "
+    "on the large suite, so name them to time them.")
 flags.DEFINE_list(
     "skip_kernels", [],
     "Globs of kernels to leave out of --kernels (e.g. 'triton/0[1-4]*' to "
@@ -227,7 +231,9 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
     dtype_names = ["bfloat16"]
   _check_output_dir(FLAGS.output_dir)
   return BenchmarkOptions(
-      kernels=resolve_kernels(FLAGS.kernels, FLAGS.skip_kernels),
+      kernels=resolve_kernels(
+          FLAGS.kernels or (["all"] if interpret else GPU_DEFAULT_KERNELS),
+          FLAGS.skip_kernels),
       shapes=shapes,
       suite=suite,
       dtype_cases=parse_dtypes(dtype_names, FLAGS.f32_precisions),

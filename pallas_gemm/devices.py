@@ -106,12 +106,24 @@ def peak_tflops(device_kind: str, dtype: str, precision: str = "default"):
   return None
 
 
+def _cuda_plugin_installed() -> bool:
+  import importlib.util
+  for name in ("jax_cuda13_plugin", "jax_cuda12_plugin",
+               "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
+    try:
+      if importlib.util.find_spec(name) is not None:
+        return True
+    except ModuleNotFoundError:
+      continue
+  return False
+
+
 def unused_nvidia_gpu() -> str | None:
   """Why the benchmark must not run here, or None: an NVIDIA GPU is present
   but the installed jax has no CUDA backend, so every kernel would silently
   run in interpret mode on the host."""
-  if jax.default_backend() == "gpu":
-    return None
+  if jax.default_backend() == "gpu" or _cuda_plugin_installed():
+    return None  # a CUDA jax, even if JAX_PLATFORMS keeps it off on purpose
   if not (os.path.exists("/proc/driver/nvidia/version")
           or shutil.which("nvidia-smi")):
     return None

@@ -11,7 +11,8 @@
 #   build      the CUDA FFI kernels (nvcc)                    BUDGET_build=150
 #   tests      the whole pytest suite, compiled on the GPU    BUDGET_tests=200
 #   properties the hypothesis suite, "gpu" profile            BUDGET_properties=120
-#   dispatch   the dispatch-table builder (resumable)         BUDGET_dispatch=300
+#   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
+#              another training set)                          BUDGET_dispatch=300
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
@@ -82,9 +83,10 @@ fi
 
 if wanted dispatch; then
   stage "dispatch table"
+  # Resumes the committed measurements; DISPATCH_SEED draws more problems.
   run_budgeted "$(( $(budget dispatch 300) + 30 ))" "$PY" experiments/build_dispatch_table.py \
     --out_dir="$RESULTS/dispatch" --budget_s="$(budget dispatch 300)" \
-    --kernels=mosaic/small_m,mosaic/ws_persistent
+    --seed="${DISPATCH_SEED:-20261123}" --kernels=mosaic/small_m,mosaic/ws_persistent
 fi
 
 bench() {  # bench SUITE DEFAULT_BUDGET [flags...]
@@ -130,5 +132,6 @@ stage "collect"
   done
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
-tar czf "$OUT/results.tar.gz" "$RESULTS" 2>/dev/null || echo "nothing under $RESULTS"
+tar czf "$OUT/results.tar.gz" "$RESULTS" pallas_gemm/tuned 2>/dev/null \
+  || echo "nothing under $RESULTS"
 stage "done"

@@ -40,6 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from pallas_gemm import autotune, dispatch, registry, timing  # noqa: E402
+from pallas_gemm.devices import device_key  # noqa: E402
 from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
 
 from experiments.bench.output import git_revision  # noqa: E402
@@ -274,13 +275,17 @@ def main(argv=None) -> int:
   command = " ".join(["build_dispatch_table.py", *(argv or sys.argv[1:])])
   if os.environ.get("OUT"):  # the device machine's output folder
     command = command.replace(os.environ["OUT"], "$OUT")
+  rows = list(done.values())
   meta = {"command": command,
-          "device": device.device_kind, "jax": jax.__version__,
-          "git_sha": git_revision(), "problems_measured": len(done),
+          "device": ", ".join(sorted({r["device"] for r in rows}))
+          or device.device_kind,
+          "jax": jax.__version__,
+          "git_sha": git_revision(),
+          "measured_at_git": sorted({r.get("git_sha", "?") for r in rows}),
+          "problems_measured": len(done),
           "min_gain": args.min_gain}
-  key = device.key if device.is_gpu else next(
-      (r["device"] for r in done.values()), "cpu")
-  key = "".join(ch if ch.isalnum() else "_" for ch in key.lower())
+  key = device.key if device.is_gpu else device_key(next(
+      (r["device"] for r in done.values()), "cpu"))
   table_path = pathlib.Path(args.table) if args.table else (
       autotune.shipped_path(key))
   autotune.update_section(table_path, "dispatch", table, meta=meta,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import shutil
 
 import jax
@@ -38,12 +39,21 @@ class DeviceInfo:
 
   @property
   def key(self) -> str:
-    """A filesystem- and cache-friendly name, e.g. "nvidia_h200"."""
-    return "".join(ch if ch.isalnum() else "_" for ch in self.device_kind.lower())
+    """A filesystem- and cache-friendly name of the GPU model, e.g.
+    "nvidia_h200"; memory and form-factor suffixes are dropped, so that
+    "NVIDIA H100 80GB HBM3" and "NVIDIA H100" share "nvidia_h100"."""
+    return device_key(self.device_kind)
 
 
 #: The SM count of an H100/H200 SXM, used to plan work in interpret mode.
 NOMINAL_INTERPRET_SMS = 132
+
+def device_key(device_kind: str) -> str:
+  """See `DeviceInfo.key`."""
+  name = "".join(ch if ch.isalnum() else "_" for ch in device_kind.lower())
+  model = re.match(r"(nvidia_[a-z]{1,2}\d{2,4})(_|$)", name)
+  return model.group(1) if model else name
+
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide
 # table "Technical Specifications per Compute Capability").

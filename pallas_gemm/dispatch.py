@@ -18,7 +18,9 @@ The kernel, when the caller names none (`kernel=None`):
    - the exact bucket: its winner runs;
    - no exact bucket: the nearest one within `NEAREST_BUCKET_DISTANCE`
      octaves, and its winner runs only if it beat `xla` there by
-     `NEAREST_BUCKET_MARGIN`, else `xla` runs;
+     `required_margin(distance)` (3 % half an octave away, more further
+     off) and lost to `xla` in no bucket within `VETO_DISTANCE`, else `xla`
+     runs;
    - no bucket near enough: `xla`, the kernel no measurement contradicts.
 2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
    `registry.auto_order` whose `supports()` accepts the problem.
@@ -46,9 +48,14 @@ from pallas_gemm.problem import GemmProblem, itemsize
 #: How far (in octaves, summed over batch, M, N and K) a dispatch bucket may
 #: lie from the problem's and still decide for it.
 NEAREST_BUCKET_DISTANCE = 1.5
-#: A kernel measured in a neighbouring bucket must have beaten xla there by
-#: this factor to be trusted with an unmeasured shape.
+#: A kernel measured in a neighbouring bucket half an octave away must have
+#: beaten xla there by this factor to be trusted with an unmeasured shape;
+#: the margin grows by `MARGIN_PER_OCTAVE` for every octave further away.
 NEAREST_BUCKET_MARGIN = 1.03
+MARGIN_PER_OCTAVE = 0.14
+#: Buckets this close (octaves) that measured the winner slower than xla
+#: veto it for an unmeasured shape.
+VETO_DISTANCE = 1.0
 #: Buckets are this many steps per octave (2: sizes within a factor of
 #: sqrt(2) share a bucket).
 STEPS_PER_OCTAVE = 2
@@ -156,26 +163,49 @@ def _valid_record(record) -> bool:
           and isinstance(record.get("ratio_to_xla", 1.0), (int, float)))
 
 
-def nearest_record(problem: GemmProblem, records: dict[str, dict]):
-  """(record, distance) of the nearest bucket of the problem's class within
-  `NEAREST_BUCKET_DISTANCE`, or (None, None)."""
+def neighbours(problem: GemmProblem, records: dict[str, dict]):
+  """[(distance, record)] of the buckets of the problem's class within
+  `NEAREST_BUCKET_DISTANCE`, nearest first."""
   key = DispatchKey.for_problem(problem)
-  exact = records.get(key.name)
-  if _valid_record(exact):
-    return exact, 0.0
-  best, best_distance = None, None
+  found = []
   for name, record in sorted(records.items()):
     try:
       other = DispatchKey.parse(name)
     except ValueError:
       continue
-    if not other.same_class(key) or not _valid_record(record):
-      continue
-    distance = key.distance(other)
-    if distance <= NEAREST_BUCKET_DISTANCE and (
-        best_distance is None or distance < best_distance):
-      best, best_distance = record, distance
-  return best, best_distance
+    if other.same_class(key) and _valid_record(record):
+      distance = key.distance(other)
+      if distance <= NEAREST_BUCKET_DISTANCE:
+        found.append((distance, record))
+  found.sort(key=lambda item: item[0])
+  return found
+
+
+def nearest_record(problem: GemmProblem, records: dict[str, dict]):
+  """(record, distance) of the nearest bucket of the problem's class within
+  `NEAREST_BUCKET_DISTANCE`, or (None, None)."""
+  found = neighbours(problem, records)
+  if not found:
+    return None, None
+  return found[0][1], found[0][0]
+
+
+def required_margin(distance: float) -> float:
+  """The lead over xla a bucket `distance` octaves away must show."""
+  return NEAREST_BUCKET_MARGIN + MARGIN_PER_OCTAVE * max(0.0, distance - 0.5)
+
+
+def _lost_nearby(kernel: str, problem: GemmProblem, records) -> int:
+  """How many buckets within reach measured `kernel` slower than xla on
+  one of their problems."""
+  count = 0
+  for distance, record in neighbours(problem, records):
+    if distance > VETO_DISTANCE:
+      break
+    ratios = record.get("ratios", {}).get(kernel)
+    if isinstance(ratios, list) and ratios and min(ratios) < 1.0:
+      count += 1
+  return count
 
 
 # ------------------------------------------------------------ the configs ---
@@ -302,11 +332,19 @@ def _from_table(problem, device, records) -> Resolution:
     return Resolution("xla", None, "fallback", "none",
                       f"{where} chose {name}, which cannot run this problem "
                       f"({reason})")
-  if distance > 0 and ratio < NEAREST_BUCKET_MARGIN:
+  margin = required_margin(distance)
+  if distance > 0 and ratio < margin:
     return Resolution(
         "xla", None, "nearest bucket", "none",
         f"{name} led xla by only {ratio:.3f}x in {where}, under the "
-        f"{NEAREST_BUCKET_MARGIN}x margin for unmeasured shapes")
+        f"{margin:.3f}x margin for an unmeasured shape that far away")
+  lost = _lost_nearby(name, problem, records) if distance > 0 else 0
+  if lost:
+    return Resolution(
+        "xla", None, "nearest bucket", "none",
+        f"{name} won {where} but lost to xla in {lost} other bucket(s) "
+        f"within {VETO_DISTANCE} octaves: an unmeasured shape "
+        "between them is not trusted to it")
   table_config = None
   if record.get("config") is not None and entry.config_cls is not None:
     table_config = autotune.config_from_json(entry.config_cls,

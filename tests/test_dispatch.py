@@ -91,7 +91,7 @@ def test_nearest_bucket_with_margin(cache):
       problem(2048, 2048, 2048): {"kernel": WS, "ratio_to_xla": 1.01},
   })
   # 8192x8192x6144 is unmeasured; 8192^3 is half an octave away and won by
-  # more than the margin.
+  # more than the margin there.
   near = dispatch.resolve(problem(8192, 8192, 6144), HOPPER)
   assert (near.kernel, near.kernel_source) == (WS, "nearest bucket")
   # 2048x2048x1536 is near 2048^3, whose lead is under the margin: xla.
@@ -101,6 +101,19 @@ def test_nearest_bucket_with_margin(cache):
   # Nothing within reach: xla, said plainly.
   far = dispatch.resolve(problem(64, 64, 64), HOPPER)
   assert (far.kernel, far.kernel_source) == ("xla", "fallback")
+
+
+def test_a_nearby_loss_vetoes_the_nearest_winner(cache):
+  write_table(cache, {
+      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.10,
+                                  "ratios": {WS: [1.10]}},
+      problem(8192, 8192, 3072): {"kernel": "xla", "ratio_to_xla": 1.0,
+                                  "ratios": {WS: [0.93]}},
+  })
+  between = dispatch.resolve(problem(8192, 8192, 6144), HOPPER)
+  assert between.kernel == "xla" and "lost to xla" in between.reason
+  # Measured buckets still get their own winner.
+  assert dispatch.resolve(problem(8192, 8192, 8192), HOPPER).kernel == WS
 
 
 def test_bucket_classes_do_not_mix(cache):

@@ -48,8 +48,10 @@ SMALL_WS = MosaicConfig(tile_m=64, tile_n=64, tile_k=64, max_concurrent_steps=2,
                         wg_dimension=Dim.N)
 
 
-def _run_checked(fn, problem, config, *, detect_races):
-  key = numerics.fresh_key()
+def _operands(problem, seed):
+  """Random-normal operands in the layout `problem` states (seed None:
+  fresh ones on every call)."""
+  key = numerics.fresh_key(seed)
   ka, kb, kc, kd = jax.random.split(key, 4)
   a_shape = ((problem.batch, problem.k, problem.m) if problem.transpose_a
              else (problem.batch, problem.m, problem.k))
@@ -58,9 +60,15 @@ def _run_checked(fn, problem, config, *, detect_races):
   a = numerics.random_normal(ka, a_shape, problem.in_dtype)
   b = numerics.random_normal(kb, b_shape, problem.in_dtype)
   c = (numerics.random_normal(kc, (problem.batch, problem.m, problem.n),
-                              jnp.float32) if problem.epilogue.has_c else None)
+                              problem.c_dtype) if problem.epilogue.has_c
+       else None)
   bias = (numerics.random_normal(kd, (problem.n,), jnp.float32)
           if problem.epilogue.has_bias else None)
+  return a, b, c, bias
+
+
+def _run_checked(fn, problem, config, *, detect_races):
+  a, b, c, bias = _operands(problem, seed=None)
   # On a GPU the kernel is compiled; the interpreter only runs on a CPU.
   params = (plgpu.InterpretGPUParams(detect_races=detect_races)
             if jax.default_backend() == "cpu" else False)
@@ -296,23 +304,6 @@ def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():
   chosen = entry.default_config(odd, HOPPER)
   assert cfg.waves(odd, chosen, 132) == 4
   assert entry.default_config(even, HOPPER).cta_tile_n == 256
-
-
-def _operands(problem, seed):
-  key = numerics.fresh_key(seed)
-  ka, kb, kc, kd = jax.random.split(key, 4)
-  a_shape = ((problem.batch, problem.k, problem.m) if problem.transpose_a
-             else (problem.batch, problem.m, problem.k))
-  b_shape = ((problem.batch, problem.n, problem.k) if problem.transpose_b
-             else (problem.batch, problem.k, problem.n))
-  a = numerics.random_normal(ka, a_shape, problem.in_dtype)
-  b = numerics.random_normal(kb, b_shape, problem.in_dtype)
-  c = (numerics.random_normal(kc, (problem.batch, problem.m, problem.n),
-                              problem.c_dtype) if problem.epilogue.has_c
-       else None)
-  bias = (numerics.random_normal(kd, (problem.n,), jnp.float32)
-          if problem.epilogue.has_bias else None)
-  return a, b, c, bias
 
 
 def _check_public_call(problem, kernel, config, a, b, c, bias):

@@ -197,10 +197,7 @@ class SmallMConfig:
   or 256 elements; the kernel also needs tile_k and tile_n to span whole
   128-byte swizzle atoms of the input dtype). With k_splits > 1 the f32
   partial products are summed by XLA in a fixed order (deterministic).
-
-  Every field is validated here: an int field given a bool, float or
-  string raises TypeError, a value out of range ValueError, each naming
-  the field and the value.
+  Fields are validated as `MosaicConfig`'s are.
   """
 
   tile_n: int = 128

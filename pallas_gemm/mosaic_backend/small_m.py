@@ -8,9 +8,9 @@ of B at once, each through a `max_concurrent_steps`-deep TMA ring into wgmma.
 
 wgmma always multiplies 64 (or 128) rows of A. Only the real rows (rounded
 up to 8) are loaded; the rest of the A stage is never written, so those
-accumulator rows hold garbage, and the TMA store drops rows past M. A TMA box that runs
-dozens of rows past the end of A slowed the whole kernel on the H200 (M=1
-then ran slower than M=64; see "Numbers cited by the code" in
+accumulator rows hold garbage, and the TMA store drops rows past M. A TMA
+box that runs dozens of rows past the end of A slowed the whole kernel on
+the H200 (M=1 then ran slower than M=64; see "Numbers cited by the code" in
 experiments/results/nvidia_h200/mosaic/README.md), hence this.
 
 When K is split, each CTA writes its f32 partial tile and XLA adds the

@@ -18,8 +18,8 @@ handed out round-robin over the persistent grid in a banded snake order.
 The two consumers work cooperatively: each computes its half of the CTA
 tile (split along `MosaicConfig.wg_dimension`), and both stop issuing wgmma
 while they run the epilogue. Three variants were built, measured on the H200
-and removed because none beat this schedule (the numbers are in
-experiments/results/nvidia_h200/mosaic/README.md): a pingpong schedule
+and removed because none gained on this schedule beyond noise (the numbers
+are in experiments/results/nvidia_h200/mosaic/README.md): a pingpong schedule
 (each consumer owns alternate whole tiles, so one's epilogue overlaps the
 other's main loop), 2-CTA clusters with TMA multicast of the shared operand
 tile, and output tiles stored straight from registers. The pingpong and
@@ -135,7 +135,8 @@ def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
   per_batch = m_tiles * n_tiles
   batch_idx = lax.div(linear, index(per_batch))
   within_batch = lax.rem(linear, index(per_batch))
-  across, along = (m_tiles, n_tiles) if band_dim == Dim.M else (n_tiles, m_tiles)
+  across, along = ((m_tiles, n_tiles) if band_dim == Dim.M
+                   else (n_tiles, m_tiles))
   band_size = band * along
   band_idx = lax.div(within_batch, index(band_size))
   within_band = lax.rem(within_batch, index(band_size))

@@ -7,6 +7,9 @@ tiny); on an H100/H200 the same tests run the compiled kernels.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
+import threading
 import warnings
 
 import jax
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import pallas_gemm
 from kernel_test_base import KernelTestBase
 from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
@@ -44,8 +48,10 @@ SMALL_WS = MosaicConfig(tile_m=64, tile_n=64, tile_k=64, max_concurrent_steps=2,
                         wg_dimension=Dim.N)
 
 
-def _run_checked(fn, problem, config, *, detect_races):
-  key = numerics.fresh_key()
+def _operands(problem, seed):
+  """Random-normal operands in the layout `problem` states (seed None:
+  fresh ones on every call)."""
+  key = numerics.fresh_key(seed)
   ka, kb, kc, kd = jax.random.split(key, 4)
   a_shape = ((problem.batch, problem.k, problem.m) if problem.transpose_a
              else (problem.batch, problem.m, problem.k))
@@ -54,9 +60,15 @@ def _run_checked(fn, problem, config, *, detect_races):
   a = numerics.random_normal(ka, a_shape, problem.in_dtype)
   b = numerics.random_normal(kb, b_shape, problem.in_dtype)
   c = (numerics.random_normal(kc, (problem.batch, problem.m, problem.n),
-                              jnp.float32) if problem.epilogue.has_c else None)
+                              problem.c_dtype) if problem.epilogue.has_c
+       else None)
   bias = (numerics.random_normal(kd, (problem.n,), jnp.float32)
           if problem.epilogue.has_bias else None)
+  return a, b, c, bias
+
+
+def _run_checked(fn, problem, config, *, detect_races):
+  a, b, c, bias = _operands(problem, seed=None)
   # On a GPU the kernel is compiled; the interpreter only runs on a CPU.
   params = (plgpu.InterpretGPUParams(detect_races=detect_races)
             if jax.default_backend() == "cpu" else False)
@@ -131,54 +143,6 @@ def test_small_m_split_k_has_no_races():
   assert not _races_found()
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="race detection runs in interpret mode")
-def test_ws_persistent_pingpong_has_no_races():
-  """Each consumer owns alternate tiles and passes over the other's stages;
-  with two CTAs of four tiles each, both consumers own two tiles."""
-  epilogue = Epilogue(alpha=0.5, beta=-1.0, has_c=True, has_bias=True,
-                      activation="silu")
-  problem = GemmProblem(1, 70, 200, 150, "bfloat16", "float32",
-                        transpose_b=True, epilogue=epilogue,
-                        c_dtype="float32")
-  config = dataclasses.replace(SMALL_WS, pingpong=True)
-  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
-               detect_races=True)
-  assert not _races_found()
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="race detection runs in interpret mode")
-@pytest.mark.parametrize("cluster_dim", [Dim.M, Dim.N])
-def test_ws_persistent_cluster_has_no_races(cluster_dim):
-  """2-CTA clusters: the shared operand is multicast and a stage is released
-  by the consumers of both CTAs."""
-  epilogue = Epilogue(beta=1.0, has_c=True, has_bias=True)
-  problem = GemmProblem(1, 200, 150, 150, "bfloat16", "bfloat16",
-                        epilogue=epilogue, c_dtype="float32")
-  config = dataclasses.replace(SMALL_WS, cluster_dim=cluster_dim)
-  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
-               detect_races=True)
-  assert not _races_found()
-
-
-@pytest.mark.parametrize("cluster_dim,pingpong", [(Dim.M, False),
-                                                  (Dim.N, True)])
-def test_ws_persistent_cluster_with_odd_tile_count_and_batch(cluster_dim,
-                                                             pingpong):
-  """An odd number of CTA tiles along the cluster dimension leaves the
-  second CTA of the last pair past the edge: it must read zeros and store
-  nothing, while still taking its half of the multicast."""
-  config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
-                        max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
-                        grid_band=2, wg_dimension=Dim.M,
-                        cluster_dim=cluster_dim, pingpong=pingpong)
-  problem = GemmProblem(2, 300, 130, 90, "float16", "float16",
-                        transpose_a=True)
-  _run_checked(ws_persistent.ws_persistent_matmul, problem, config,
-               detect_races=False)
-
-
 def test_ws_persistent_wg_split_along_m_and_batch():
   config = MosaicConfig(tile_m=64, tile_n=64, tile_k=64,
                         max_concurrent_steps=3, epi_tile_m=64, epi_tile_n=32,
@@ -203,29 +167,74 @@ def test_tile_order_visits_every_tile_once(m_tiles, n_tiles, band, band_dim):
   assert all(0 <= y < m_tiles and 0 <= z < n_tiles for _, y, z in seen)
 
 
-def test_config_validation_names_the_argument():
-  with pytest.raises(ValueError, match="tile_m"):
-    MosaicConfig(tile_m=100)
-  with pytest.raises(ValueError, match="tile_n"):
-    MosaicConfig(tile_n=300)
-  with pytest.raises(ValueError, match="epi_tile_n"):
-    MosaicConfig(tile_n=128, epi_tile_n=48)
-  with pytest.raises(ValueError, match="max_concurrent_steps"):
-    SmallMConfig(max_concurrent_steps=1)
-  with pytest.raises(TypeError, match="band_dim"):
-    MosaicConfig(band_dim="m")
-  with pytest.raises(TypeError, match="cluster_dim"):
-    MosaicConfig(cluster_dim="m")
+@pytest.mark.parametrize("cls,field,value,error", [
+    (MosaicConfig, "tile_m", 100, ValueError),
+    (MosaicConfig, "tile_m", 320, ValueError),
+    (MosaicConfig, "tile_m", 128.0, TypeError),
+    (MosaicConfig, "tile_m", True, TypeError),
+    (MosaicConfig, "tile_n", 300, ValueError),
+    (MosaicConfig, "tile_n", 100, ValueError),
+    (MosaicConfig, "tile_n", "128", TypeError),
+    (MosaicConfig, "tile_k", 48, ValueError),
+    (MosaicConfig, "tile_k", 256, ValueError),
+    (MosaicConfig, "max_concurrent_steps", 1, ValueError),
+    (MosaicConfig, "max_concurrent_steps", 2.5, TypeError),
+    (MosaicConfig, "epi_tile_m", 32, ValueError),
+    (MosaicConfig, "epi_tile_m", 0, ValueError),
+    (MosaicConfig, "epi_tile_n", 48, ValueError),
+    (MosaicConfig, "epi_tile_n", 0, ValueError),
+    (MosaicConfig, "grid_band", 0, ValueError),
+    (MosaicConfig, "grid_band", 8.0, TypeError),
+    (MosaicConfig, "band_dim", "m", TypeError),
+    (MosaicConfig, "band_dim", 2, TypeError),
+    (MosaicConfig, "wg_dimension", True, TypeError),
+    (MosaicConfig, "warpgroup_semantics", 1, TypeError),
+    (SmallMConfig, "tile_n", 12, ValueError),
+    (SmallMConfig, "tile_n", 64.0, TypeError),
+    (SmallMConfig, "tile_k", 16, ValueError),
+    (SmallMConfig, "max_concurrent_steps", 1, ValueError),
+    (SmallMConfig, "max_concurrent_steps", False, TypeError),
+    (SmallMConfig, "k_splits", 0, ValueError),
+    (SmallMConfig, "k_splits", 2.0, TypeError),
+])
+def test_config_validation_names_the_field_and_value(cls, field, value, error):
+  with pytest.raises(error,
+                     match=re.escape(f"{cls.__name__}.{field}={value!r}")):
+    cls(**{field: value})
+
+
+def test_configs_accept_numpy_and_json_values():
+  config = MosaicConfig(tile_m=np.int64(64), tile_n=256, band_dim=0,
+                        wg_dimension=1)
+  assert type(config.tile_m) is int and config.band_dim is Dim.M
+  assert config.wg_dimension is Dim.N
+  assert SmallMConfig(k_splits=np.int32(2)).k_splits == 2
+  # The removed schedules are no longer fields: a stale stored entry that
+  # still names them is rejected (and dropped by the tuning cache).
   with pytest.raises(TypeError, match="pingpong"):
-    MosaicConfig(pingpong=1)
-  assert MosaicConfig(cluster_dim=0).cluster_dim is Dim.M
-  assert MosaicConfig(pingpong=True, tile_m=128).cta_tile_m == 128
+    MosaicConfig(pingpong=False)
+  with pytest.raises(TypeError, match="cluster_dim"):
+    MosaicConfig(cluster_dim=None)
+
+
+def test_swizzle_span_is_checked_when_the_dtype_is_known():
   one = jnp.zeros((1, 64, 64), jnp.bfloat16)
   with pytest.raises(ValueError, match="tile_n=32"):
     ws_persistent.ws_persistent_matmul(
         one, one, None, None,
         problem=GemmProblem(1, 64, 64, 64, "bfloat16", "bfloat16"),
         config=MosaicConfig(tile_n=32, epi_tile_n=32), interpret=True)
+
+
+def test_config_module_keeps_the_names_kernels_import():
+  for name in ("tma_tiling", "pad_to_tiling", "pad_vector",
+               "check_full_swizzle", "Dim", "MosaicConfig", "SmallMConfig",
+               "ws_heuristic", "small_m_heuristic", "waves",
+               "HOPPER_SMEM_BYTES", "MOSAIC_INPUT_DTYPES", "padded_dims",
+               "unpad_output", "ws_candidates", "tiled_transforms"):
+    assert hasattr(cfg, name), name
+  for name in ("call_kernel", "interpret_params", "tile_coordinates"):
+    assert hasattr(ws_persistent, name), name
 
 
 def test_shared_memory_budget_is_checked_before_compiling():
@@ -295,3 +304,84 @@ def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():
   chosen = entry.default_config(odd, HOPPER)
   assert cfg.waves(odd, chosen, 132) == 4
   assert entry.default_config(even, HOPPER).cta_tile_n == 256
+
+
+def _check_public_call(problem, kernel, config, a, b, c, bias):
+  """pallas_gemm.matmul on 2-D operands against the float64 reference."""
+  out = pallas_gemm.matmul(
+      a[0], b[0], transpose_a=problem.transpose_a,
+      transpose_b=problem.transpose_b, c=None if c is None else c[0],
+      bias=bias, alpha=problem.epilogue.alpha, beta=problem.epilogue.beta,
+      activation=problem.epilogue.activation,
+      preferred_element_type=problem.out_dtype, kernel=kernel, config=config)
+  ref = numerics.reference_matmul(
+      a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+      epilogue=problem.epilogue, c=c, bias=bias)[0]
+  assert out.shape == ref.shape and out.dtype == jnp.dtype(problem.out_dtype)
+  err = numerics.relative_error(out, ref)
+  assert err <= numerics.tolerance(problem.in_dtype, problem.precision,
+                                   problem.out_dtype), (kernel, err)
+
+
+# Small problems (M <= 128, so both kernels take them), a fused epilogue on
+# one, a transposed operand on the other.
+_SMALL_PROBLEMS = (
+    (GemmProblem(1, 9, 40, 64, "bfloat16", "float32",
+                 epilogue=Epilogue(alpha=0.5, beta=1.0, has_c=True,
+                                   has_bias=True, activation="relu"),
+                 c_dtype="float32"), SMALL_WS),
+    (GemmProblem(1, 70, 24, 96, "float16", "float16", transpose_b=True),
+     SMALL_WS),
+)
+
+
+@pytest.mark.parametrize("kernel", ["mosaic/ws_persistent", "mosaic/small_m"])
+def test_x64_mode_gives_the_same_results(kernel):
+  """With x64 on (as many JAX users run) both kernels keep 32-bit index
+  arithmetic and return the float64 reference's result."""
+  for problem, ws_config in _SMALL_PROBLEMS:
+    config = ws_config if kernel == "mosaic/ws_persistent" else None
+    with jax.enable_x64(True):
+      a, b, c, bias = _operands(problem, seed=None)
+      _check_public_call(problem, kernel, config, a, b, c, bias)
+
+
+@pytest.mark.parametrize("kernel", ["mosaic/ws_persistent", "mosaic/small_m"])
+def test_compiled_kernels_trace_under_x64(kernel):
+  """The compiled (GPU) path traces the kernel in the caller's x64 mode:
+  its index arithmetic must not mix int32 and int64."""
+  problem, ws_config = _SMALL_PROBLEMS[0]
+  if kernel == "mosaic/ws_persistent":
+    fn, config = ws_persistent.ws_persistent_matmul, ws_config
+  else:
+    fn, config = small_m.small_m_matmul, small_m.heuristic(problem, HOPPER)
+  a, b, c, bias = _operands(problem, seed=3)
+  with jax.enable_x64(True):
+    jaxpr = jax.make_jaxpr(functools.partial(
+        fn, problem=problem, config=config, interpret=False))(a, b, c, bias)
+  assert jaxpr.out_avals[0].shape == (problem.batch, problem.m, problem.n)
+
+
+def test_interpret_calls_from_threads_are_serialised():
+  """The Mosaic GPU interpreter is not thread-safe: eight threads, each
+  calling both kernels on its own small problem, all get correct results."""
+  failures = []
+
+  def work(index):
+    try:
+      problem, ws_config = _SMALL_PROBLEMS[index % len(_SMALL_PROBLEMS)]
+      problem = dataclasses.replace(problem, m=problem.m + index,
+                                    n=problem.n + 8 * index)
+      a, b, c, bias = _operands(problem, seed=index)
+      for kernel, config in (("mosaic/ws_persistent", ws_config),
+                             ("mosaic/small_m", None)):
+        _check_public_call(problem, kernel, config, a, b, c, bias)
+    except Exception as error:  # reported below, with the thread's index
+      failures.append((index, repr(error)))
+
+  threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not failures, failures

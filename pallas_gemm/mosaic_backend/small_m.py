@@ -1,6 +1,6 @@
 """`mosaic/small_m`: decode-shaped GEMMs (M <= 128), which are bandwidth-bound.
 
-With a handful of rows there are too few output tiles to occupy 132 SMs, yet
+With a handful of rows there are too few output tiles to occupy the SMs, yet
 the whole weight B has to stream through once. The grid therefore splits the
 work two ways: each CTA owns one `tile_n`-wide column strip of the output and
 one contiguous share of K, so `n_tiles * k_splits` CTAs stream disjoint parts
@@ -8,9 +8,10 @@ of B at once, each through a `max_concurrent_steps`-deep TMA ring into wgmma.
 
 wgmma always multiplies 64 (or 128) rows of A. Only the real rows (rounded
 up to 8) are loaded; the rest of the A stage is never written, so those
-accumulator rows hold garbage, and the TMA store drops rows past M. Asking
-the TMA for a box that runs 60 rows past the end of A measurably slowed the
-whole kernel on the H200 (M=1 ran 25% slower than M=64), hence this.
+accumulator rows hold garbage, and the TMA store drops rows past M. A TMA
+box that runs dozens of rows past the end of A slowed the whole kernel on
+the H200 (M=1 then ran slower than M=64; see "Numbers cited by the code" in
+experiments/results/nvidia_h200/mosaic/README.md), hence this.
 
 When K is split, each CTA writes its f32 partial tile and XLA adds the
 partials in a fixed order, then applies the epilogue: deterministic, and the
@@ -28,20 +29,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm import autotune, registry
-from pallas_gemm.devices import DeviceInfo, device_info
-from pallas_gemm.mosaic_backend import config as cfg
-from pallas_gemm.mosaic_backend.config import SmallMConfig, div32, rem32
-from pallas_gemm.mosaic_backend.ws_persistent import (_tiled_transforms,
-                                                      call_kernel,
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.mosaic_backend import heuristics, tma
+from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
+                                                MOSAIC_INPUT_DTYPES,
+                                                SmallMConfig, small_m_tile_m)
+from pallas_gemm.mosaic_backend.tma import tiled_transforms
+from pallas_gemm.mosaic_backend.ws_persistent import (call_kernel, index,
                                                       interpret_params)
 from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
 
 NAME = "mosaic/small_m"
 MAX_M = 128
-
-
-def _tile_m(problem: GemmProblem) -> int:
-  return 64 if problem.m <= 64 else 128
 
 
 def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
@@ -63,8 +62,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
   strip = lax.axis_index("strip")
   split = lax.axis_index("split")
-  batch_idx = div32(strip, n_tiles)
-  n_idx = rem32(strip, n_tiles)
+  batch_idx = lax.div(strip, index(n_tiles))
+  n_idx = lax.rem(strip, index(n_tiles))
   n_slice = pl.ds(n_idx * tile_n, tile_n)
   first_block = split * steps_per_split
   # The last split may own fewer K blocks than the others.
@@ -74,7 +73,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
   def scoped(a_smem, b_smem, loaded, out_smem, c_smem, bias_smem, epi_loaded):
     def issue(step):
-      slot = rem32(step, stages)
+      slot = lax.rem(step, index(stages))
       k_slice = pl.ds((first_block + step) * tile_k, tile_k)
       plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, pl.ds(0, rows), k_slice],
                               a_smem.at[slot, pl.ds(0, rows)],
@@ -84,16 +83,18 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
       plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot], loaded.at[slot])
 
     def prologue(step, carry):
+      step = index(step)
       @pl.when(step < num_steps)
       def _():
         issue(step)
       return carry
 
-    lax.fori_loop(0, stages, prologue, None)
+    lax.fori_loop(index(0), index(stages), prologue, None)
 
     def mma_scope(acc_ref):
       def mma_step(step, carry):
-        slot = rem32(step, stages)
+        step = index(step)
+        slot = lax.rem(step, index(stages))
         plgpu.barrier_wait(loaded.at[slot])
         b_view = b_smem.at[slot].T if transpose_b else b_smem.at[slot]
         plgpu.wgmma(acc_ref, a_smem.at[slot], b_view)
@@ -107,7 +108,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
           issue(refill)
         return carry
 
-      lax.fori_loop(0, num_steps, mma_step, None)
+      lax.fori_loop(index(0), num_steps, mma_step, None)
       plgpu.wgmma_wait(0)
       return acc_ref[...]
 
@@ -141,14 +142,14 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
   pl.run_scoped(
       scoped,
       a_smem=plgpu.SMEM((stages, tile_m, tile_k), in_dtype,
-                        transforms=_tiled_transforms(tile_k, in_dtype)),
+                        transforms=tiled_transforms(tile_k, in_dtype)),
       b_smem=plgpu.SMEM((stages, *b_block), in_dtype,
-                        transforms=_tiled_transforms(b_block[1], in_dtype)),
+                        transforms=tiled_transforms(b_block[1], in_dtype)),
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       out_smem=plgpu.SMEM((tile_m, tile_n), out_dtype,
-                          transforms=_tiled_transforms(tile_n, out_dtype)),
+                          transforms=tiled_transforms(tile_n, out_dtype)),
       c_smem=(plgpu.SMEM((tile_m, tile_n), c_dtype,
-                         transforms=_tiled_transforms(tile_n, c_dtype))
+                         transforms=tiled_transforms(tile_n, c_dtype))
               if has_c else None),
       bias_smem=plgpu.SMEM((tile_n,), jnp.float32) if has_bias else None,
       epi_loaded=(plgpu.Barrier(num_barriers=2) if (has_c or has_bias)
@@ -162,21 +163,21 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   if not isinstance(config, SmallMConfig):
     raise TypeError(
         f"config must be a SmallMConfig, got {type(config).__name__}")
-  cfg.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
+  tma.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
                          tile_n=config.tile_n)
-  tile_m = _tile_m(problem)
-  if config.smem_bytes(problem, tile_m) > cfg.HOPPER_SMEM_BYTES:
+  tile_m = small_m_tile_m(problem)
+  if not config.fits(problem):
     raise ValueError(
-        f"config={config} needs {config.smem_bytes(problem, tile_m)} bytes of "
-        f"shared memory, more than {cfg.HOPPER_SMEM_BYTES}")
+        f"config={config} needs {config.smem_bytes(problem)} bytes of "
+        f"shared memory, more than {HOPPER_SMEM_BYTES}")
   in_dtype = problem.in_dtype
   if problem.transpose_a:
     # A is at most 128 rows: making it K-major costs next to nothing.
     a = jnp.swapaxes(a, 1, 2)
   tile_n, tile_k = config.tile_n, config.tile_k
-  a = cfg.pad_to_tiling(a, cfg.tma_tiling(tile_k, in_dtype), (0, tile_k))
+  a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, in_dtype), (0, tile_k))
   b_box = (tile_n, tile_k) if problem.transpose_b else (tile_k, tile_n)
-  b = cfg.pad_to_tiling(b, cfg.tma_tiling(b_box[1], in_dtype), b_box)
+  b = tma.pad_to_tiling(b, tma.tma_tiling(b_box[1], in_dtype), b_box)
   rows = a.shape[1]  # M rounded up to the 8-row TMA tile
   k_iters = cdiv(problem.k, tile_k)
   k_splits = min(config.k_splits, k_iters)
@@ -189,8 +190,8 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   # Rows stay at M rounded to 8: the TMA store clips the accumulator rows
   # past them (verified on the H200 down to M = 1), which keeps the write
   # traffic at M rows. Columns get at least one whole box.
-  m_out, n_out = cfg.padded_dims(problem.m, problem.n,
-                                 cfg.tma_tiling(tile_n, out_dtype),
+  m_out, n_out = tma.padded_dims(problem.m, problem.n,
+                                 tma.tma_tiling(tile_n, out_dtype),
                                  (0, tile_n))
   if fused_epilogue:
     out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out), out_dtype)
@@ -199,10 +200,10 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
                                     out_dtype)
   operands = [a, b]
   if fused_epilogue and problem.epilogue.has_c:
-    operands.append(cfg.pad_to_tiling(
-        c, cfg.tma_tiling(tile_n, c.dtype), (0, tile_n)))
+    operands.append(tma.pad_to_tiling(
+        c, tma.tma_tiling(tile_n, c.dtype), (0, tile_n)))
   if fused_epilogue and problem.epilogue.has_bias:
-    operands.append(cfg.pad_vector(bias.astype(jnp.float32), config.tile_n))
+    operands.append(tma.pad_vector(bias.astype(jnp.float32), config.tile_n))
   kernel = plgpu.kernel(
       functools.partial(_kernel_body, problem=problem, config=config,
                         tile_m=tile_m, rows=rows, n_tiles=n_tiles,
@@ -234,8 +235,8 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
     return f"platform {device.platform} is not a CUDA GPU"
   if problem.m > MAX_M:
     return f"m={problem.m} > {MAX_M}: not a decode shape (ws_persistent's job)"
-  if problem.in_dtype not in cfg.MOSAIC_INPUT_DTYPES:
-    return f"input dtype {problem.in_dtype} is not one of {cfg.MOSAIC_INPUT_DTYPES}"
+  if problem.in_dtype not in MOSAIC_INPUT_DTYPES:
+    return f"input dtype {problem.in_dtype} is not one of {MOSAIC_INPUT_DTYPES}"
   if problem.in_dtype == "float32":
     if problem.precision == "ieee":
       return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
@@ -249,30 +250,20 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
 
 
 def heuristic(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:
-  """The bandwidth model of `config.small_m_heuristic`."""
-  return cfg.small_m_heuristic(problem, device.planning_sms)
+  """The bandwidth model of `heuristics.small_m_heuristic`."""
+  return heuristics.small_m_heuristic(problem, device.planning_sms)
 
 
 def check_config(config: SmallMConfig, problem: GemmProblem,
                  device: DeviceInfo) -> str | None:
   del device
-  if config.smem_bytes(problem) > cfg.HOPPER_SMEM_BYTES:
+  if not config.fits(problem):
     return f"needs {config.smem_bytes(problem)} bytes of shared memory"
   return None
 
 
 def search_space(problem: GemmProblem, device: DeviceInfo):
-  num_sms = device.planning_sms
-  out = []
-  for tile_n in (64, 128):
-    for k_splits in (1, 2, 4):
-      for stages in (6, 4, 3):
-        config = SmallMConfig(tile_n=tile_n, k_splits=k_splits,
-                              max_concurrent_steps=stages)
-        if config.smem_bytes(problem) <= cfg.HOPPER_SMEM_BYTES:
-          out.append(config)
-  heuristic = cfg.small_m_heuristic(problem, num_sms)
-  return [heuristic] + [c for c in out if c != heuristic]
+  return heuristics.small_m_candidates(problem, device.planning_sms)
 
 
 autotune.register_search_space(NAME, search_space)

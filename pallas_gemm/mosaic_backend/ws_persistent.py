@@ -15,28 +15,21 @@ the producer starts loading tile t+1 while the consumers are still in tile
 t's epilogue: there is no pipeline drain or refill between tiles. Tiles are
 handed out round-robin over the persistent grid in a banded snake order.
 
-Two consumer schedules (`MosaicConfig.pingpong`):
-
-  cooperative   both consumers work on one CTA tile, each on its half; both
-                stop issuing wgmma while they run the epilogue.
-  pingpong      consumer w owns the CTA's local tiles w, w+2, w+4, ... and
-                passes over the other's stages without computing. The ring
-                serialises the two main loops, so one consumer's epilogue
-                overlaps the other's main loop and the tensor cores do not
-                wait for stores:
-
-                  wg0  [main t0][epi t0]        [main t2][epi t2]
-                  wg1           [main t1][epi t1]        [main t3] ...
-
-With `MosaicConfig.cluster_dim`, pairs of CTAs form 2-CTA clusters that
-walk pairs of neighbouring tiles together; the operand tile the pair shares
-is multicast by the TMA (each CTA fetches half and both receive all of it),
-and the stage-release barrier spans the cluster.
+The two consumers work cooperatively: each computes its half of the CTA
+tile (split along `MosaicConfig.wg_dimension`), and both stop issuing wgmma
+while they run the epilogue. Three variants were built, measured on the H200
+and removed because none gained on this schedule beyond noise (the numbers
+are in experiments/results/nvidia_h200/mosaic/README.md): a pingpong schedule
+(each consumer owns alternate whole tiles, so one's epilogue overlaps the
+other's main loop), 2-CTA clusters with TMA multicast of the shared operand
+tile, and output tiles stored straight from registers. The pingpong and
+cluster code is in git at be99091 (`MosaicConfig.pingpong`,
+`MosaicConfig.cluster_dim`), the direct store at b2401fa.
 
 Ragged edges are left to the TMA: loads past the end of an array read
 zeros (zero rows/columns add nothing to the product) and stores past the end
 are dropped. Operands whose dims are not multiples of the TMA tiling are
-zero-padded first; see `config.py`.
+zero-padded first; see `tma.py`.
 
 Float32 inputs run as TF32, which wgmma takes only K-major: XLA transposes
 A or B first when the caller's layout is not (m, k) x (n, k).
@@ -55,9 +48,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm import autotune, registry
-from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.mosaic_backend import config as cfg
-from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, div32, rem32
+from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.mosaic_backend import heuristics, tma
+from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
+                                                MOSAIC_INPUT_DTYPES, Dim,
+                                                MosaicConfig)
+from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
 
 NAME = "mosaic/ws_persistent"
@@ -65,10 +61,13 @@ NAME = "mosaic/ws_persistent"
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 NUM_CONSUMERS = 2
-_INTERPRET_LOCK = threading.Lock()
 #: CTAs of the persistent grid in interpret mode: two, so that the
 #: round-robin tile hand-out and the cross-tile ring are exercised.
 INTERPRET_CTAS = 2
+
+#: The Mosaic GPU interpreter is not thread-safe (its shared-memory and
+#: barrier bookkeeping is process-global): interpret calls are serialised.
+_INTERPRET_LOCK = threading.Lock()
 
 
 def interpret_params(interpret):
@@ -89,69 +88,72 @@ def call_kernel(kernel, operands, out_type, params):
   effect cannot pass through the `pallas_gemm_p` lowering (`mlir.lower_fun`
   raises a KeyError on it). Inside a pure_callback the interpretation runs
   as its own eager computation, with no effect leaking out.
+
+  The Mosaic GPU interpreter is not thread-safe; interpret calls are
+  serialised (one module-level lock around the host callback), so threads
+  that call a Mosaic kernel on a CPU take turns.
+
+  The interpretation also runs with x64 off. The interpreter lowers parts
+  of the kernel on worker threads of its own, which do not see a caller's
+  thread-local `jax.enable_x64(True)`; loop counters traced as int64 then
+  fail MLIR verification there. No operand of these kernels is 64-bit, so
+  with x64 off every thread sees the same 32-bit types and nothing else
+  changes.
   """
   if params is None:
     return kernel(*operands)
   interpreted = jax.jit(kernel)
-  # The callback runs on another thread, which does not see a thread-local
-  # `jax.enable_x64` of the caller: the kernel is traced as the caller was.
-  x64 = bool(jax.config.jax_enable_x64)
 
   def on_host(*arrays):
-    # The Mosaic GPU interpreter is not thread-safe: interpret calls from
-    # several threads are serialised here.
-    with _INTERPRET_LOCK, jax.enable_x64(x64):
+    with _INTERPRET_LOCK, jax.enable_x64(False):
       return np.asarray(interpreted(*arrays))
 
   return jax.pure_callback(on_host, out_type, *operands)
 
 
+def index(value):
+  """`value` as an int32 scalar, for kernel index arithmetic, which stays
+  32-bit whether or not x64 is enabled: `lax.div`/`lax.rem` take no mixed
+  dtypes, and under x64 a Python int (or a `fori_loop` counter started from
+  one) is int64. A Python int becomes a NumPy constant, which keeps a
+  `fori_loop` bound static (a static trip count lowers to a scan); an int32
+  value is returned unchanged, so without x64 the kernel traces exactly as
+  with plain ints."""
+  if isinstance(value, (int, np.integer)):
+    return np.int32(value)
+  return value if value.dtype == jnp.int32 else value.astype(jnp.int32)
+
+
 def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
-  """(batch, m, n) tile indices of the `linear`-th output tile.
+  """(batch, m, n) tile indices of the `linear`-th output tile (int32).
 
   Tiles are grouped into bands of `band` tiles along `band_dim`; inside a band
   consecutive tiles walk across it, then step along the other dimension; odd
   bands run backwards so that the turn between bands reuses operand tiles.
   """
+  linear = index(linear)
   per_batch = m_tiles * n_tiles
-  batch_idx = div32(linear, per_batch)
-  within_batch = rem32(linear, per_batch)
-  across, along = (m_tiles, n_tiles) if band_dim == Dim.M else (n_tiles, m_tiles)
+  batch_idx = lax.div(linear, index(per_batch))
+  within_batch = lax.rem(linear, index(per_batch))
+  across, along = ((m_tiles, n_tiles) if band_dim == Dim.M
+                   else (n_tiles, m_tiles))
   band_size = band * along
-  band_idx = div32(within_batch, band_size)
-  within_band = rem32(within_batch, band_size)
+  band_idx = lax.div(within_batch, index(band_size))
+  within_band = lax.rem(within_batch, index(band_size))
   band_start = band_idx * band
   height = jnp.minimum(band, across - band_start)
-  across_idx = band_start + rem32(within_band, height)
-  along_idx = div32(within_band, height)
-  along_idx = jnp.where(rem32(band_idx, 2) == 1, along - 1 - along_idx,
-                        along_idx)
+  across_idx = band_start + lax.rem(within_band, height)
+  along_idx = lax.div(within_band, height)
+  along_idx = jnp.where(lax.rem(band_idx, index(2)) == 1,
+                        along - 1 - along_idx, along_idx)
   if band_dim == Dim.M:
     return batch_idx, across_idx, along_idx
   return batch_idx, along_idx, across_idx
 
 
-def _tiled_transforms(minor_elems: int, dtype):
-  """Tiling + swizzle for a shared-memory tile whose minor dimension holds
-  `minor_elems` elements: the widest swizzle that the row allows."""
-  tiling = cfg.tma_tiling(minor_elems, dtype)
-  swizzle = tiling[1] * jnp.dtype(dtype).itemsize
-  return (plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(swizzle))
-
-
-def _cluster_units(config: MosaicConfig, m_tiles: int, n_tiles: int):
-  """(m, n) counts of the units the persistent grid hands out: CTA tiles,
-  or pairs of them along `cluster_dim` with a 2-CTA cluster."""
-  m_units = cdiv(m_tiles, 2) if config.cluster_dim == Dim.M else m_tiles
-  n_units = cdiv(n_tiles, 2) if config.cluster_dim == Dim.N else n_tiles
-  return m_units, n_units
-
-
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                  k_iters: int, m_tiles: int, n_tiles: int):
-  """One CTA. Tiles are counted in cluster tiles: a cluster of two CTAs owns
-  two neighbouring CTA tiles along `cluster_dim` (one CTA tile when there
-  is no cluster)."""
+  """One CTA of the persistent grid."""
   has_c, has_bias = problem.epilogue.has_c, problem.epilogue.has_bias
   refs = list(refs)
   a_gmem, b_gmem = refs.pop(0), refs.pop(0)
@@ -167,29 +169,20 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages = config.max_concurrent_steps
   out_slots = config.out_slots
-  clustered = config.cluster_dim is not None
-  m_units, n_units = _cluster_units(config, m_tiles, n_tiles)
-  num_tiles = problem.batch * m_units * n_units
-  # The operand both CTAs of a cluster read; None without a cluster.
-  shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[config.cluster_dim]
+  num_tiles = problem.batch * m_tiles * n_tiles
 
   a_block = (tile_k, cta_m) if transpose_a else (cta_m, tile_k)
   b_block = (cta_n, tile_k) if transpose_b else (tile_k, cta_n)
-  a_transforms = _tiled_transforms(a_block[1], in_dtype)
-  b_transforms = _tiled_transforms(b_block[1], in_dtype)
-  out_transforms = _tiled_transforms(epi_n, out_dtype)
+  a_transforms = tiled_transforms(a_block[1], in_dtype)
+  b_transforms = tiled_transforms(b_block[1], in_dtype)
+  out_transforms = tiled_transforms(epi_n, out_dtype)
 
   def coords(linear):
-    batch_idx, m_idx, n_idx = tile_coordinates(
-        linear, m_tiles=m_units, n_tiles=n_units,
-        band_dim=config.band_dim, band=config.grid_band)
-    # With an odd tile count the second CTA's tile may lie past the edge:
-    # its loads then read zeros and its stores are dropped by the TMA.
-    if config.cluster_dim == Dim.M:
-      m_idx = m_idx * 2 + lax.axis_index("cluster")
-    elif config.cluster_dim == Dim.N:
-      n_idx = n_idx * 2 + lax.axis_index("cluster")
-    return batch_idx, m_idx, n_idx
+    return tile_coordinates(linear, m_tiles=m_tiles, n_tiles=n_tiles,
+                            band_dim=config.band_dim, band=config.grid_band)
+
+  def slot_of(step):
+    return lax.rem(step, index(stages))
 
   def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
              c_loaded, bias_smem, bias_loaded):
@@ -207,8 +200,9 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         first_step = info.local_index * k_iters
 
         def load_stage(kk, carry):
+          kk = index(kk)
           step = first_step + kk
-          slot = rem32(step, stages)
+          slot = slot_of(step)
 
           # The first pass over the ring finds every stage free.
           @pl.when(step >= stages)
@@ -220,26 +214,24 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                    else a_gmem.at[batch_idx, m_slice, k_slice])
           b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
                    else b_gmem.at[batch_idx, k_slice, n_slice])
-          plgpu.copy_gmem_to_smem(
-              a_src, a_smem.at[slot], stage_loaded.at[slot],
-              collective_axes="cluster" if shared_operand == "a" else None)
-          plgpu.copy_gmem_to_smem(
-              b_src, b_smem.at[slot], stage_loaded.at[slot],
-              collective_axes="cluster" if shared_operand == "b" else None)
+          plgpu.copy_gmem_to_smem(a_src, a_smem.at[slot],
+                                  stage_loaded.at[slot])
+          plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot],
+                                  stage_loaded.at[slot])
           return carry
 
-        lax.fori_loop(0, k_iters, load_stage, None)
+        lax.fori_loop(index(0), index(k_iters), load_stage, None)
 
       # The last `stages` releases were never awaited by a later load; await
       # them so that no barrier is left with an unobserved phase.
       cta = lax.axis_index("sm")
-      num_ctas = lax.axis_size("sm")
-      local_tiles = div32(num_tiles, num_ctas) + (
-          cta < rem32(num_tiles, num_ctas)).astype(jnp.int32)
+      num_ctas = index(lax.axis_size("sm"))
+      local_tiles = lax.div(index(num_tiles), num_ctas) + (
+          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
       total_steps = local_tiles * k_iters
 
       def drain(step, carry):
-        plgpu.barrier_wait(stage_consumed.at[rem32(step, stages)])
+        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
         return carry
 
       lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
@@ -248,9 +240,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      if config.pingpong:
-        wg_m_offset = wg_n_offset = 0
-      elif config.wg_dimension == Dim.M:
+      if config.wg_dimension == Dim.M:
         wg_m_offset, wg_n_offset = wg * tile_m, 0
       else:
         wg_m_offset, wg_n_offset = 0, wg * tile_n
@@ -268,8 +258,9 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       def compute_tile(batch_idx, m_idx, n_idx, first_step):
         def mma_scope(acc_ref):
           def mma_stage(kk, carry):
+            kk = index(kk)
             step = first_step + kk
-            slot = rem32(step, stages)
+            slot = slot_of(step)
             plgpu.barrier_wait(stage_loaded.at[slot])
             plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
             # One wgmma group stays in flight; the one before it has now
@@ -278,14 +269,13 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
             @pl.when(kk > 0)
             def _release_previous():
-              plgpu.barrier_arrive(
-                  stage_consumed.at[rem32(step - 1, stages)])
+              plgpu.barrier_arrive(stage_consumed.at[slot_of(step - 1)])
             return carry
 
-          lax.fori_loop(0, k_iters, mma_stage, None)
+          lax.fori_loop(index(0), index(k_iters), mma_stage, None)
           plgpu.wgmma_wait(0)
           plgpu.barrier_arrive(
-              stage_consumed.at[rem32(first_step + k_iters - 1, stages)])
+              stage_consumed.at[slot_of(first_step + k_iters - 1)])
           return acc_ref[...]
 
         acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
@@ -323,35 +313,10 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
             plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
                                     out_gmem.at[batch_idx, rows, cols])
 
-      def follow_tile(first_step):
-        # The other warpgroup's tile: observe each stage's load and release
-        # it at once. Every consumer sees every phase of every stage barrier
-        # (Mosaic tracks barrier parity per thread), and the producer cannot
-        # refill a stage before both consumers have passed it.
-        def pass_stage(kk, carry):
-          slot = rem32(first_step + kk, stages)
-          plgpu.barrier_wait(stage_loaded.at[slot])
-          plgpu.barrier_arrive(stage_consumed.at[slot])
-          return carry
-
-        lax.fori_loop(0, k_iters, pass_stage, None)
-
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):
         batch_idx, m_idx, n_idx = coords(info.index[0])
-        first_step = info.local_index * k_iters
-        if not config.pingpong:
-          compute_tile(batch_idx, m_idx, n_idx, first_step)
-          return
-        owner = rem32(info.local_index, NUM_CONSUMERS)
-
-        @pl.when(owner == wg)
-        def _own():
-          compute_tile(batch_idx, m_idx, n_idx, first_step)
-
-        @pl.when(owner != wg)
-        def _other():
-          follow_tile(first_step)
+        compute_tile(batch_idx, m_idx, n_idx, info.local_index * k_iters)
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -361,17 +326,12 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       a_smem=plgpu.SMEM((stages, *a_block), in_dtype, transforms=a_transforms),
       b_smem=plgpu.SMEM((stages, *b_block), in_dtype, transforms=b_transforms),
       stage_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      # A multicast writes into both CTAs' stage, so with a cluster a stage
-      # is free only once the consumers of both CTAs have released it.
-      stage_consumed=(
-          plgpu.ClusterBarrier(collective_axes=("cluster",),
-                               num_arrivals=NUM_CONSUMERS, num_barriers=stages)
-          if clustered else
-          plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)),
+      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
+                                   num_barriers=stages),
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
                           transforms=out_transforms),
       c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
-                         transforms=_tiled_transforms(epi_n, c_dtype))
+                         transforms=tiled_transforms(epi_n, c_dtype))
               if has_c else None),
       c_loaded=plgpu.Barrier(num_barriers=NUM_CONSUMERS) if has_c else None,
       bias_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
@@ -397,7 +357,7 @@ def _kernel_layout(problem: GemmProblem) -> tuple[bool, bool]:
 def prepare_operands(a, b, c, bias, problem: GemmProblem,
                      config: MosaicConfig):
   """Brings operands into the layout the kernel reads and pads ragged dims
-  to the TMA tiling (see `config.py`). Returns the operands and the padded
+  to the TMA tiling (see `tma.py`). Returns the operands and the padded
   output dims."""
   transpose_a, transpose_b = _kernel_layout(problem)
   if transpose_a != problem.transpose_a:
@@ -408,43 +368,38 @@ def prepare_operands(a, b, c, bias, problem: GemmProblem,
   cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
   a_box = (tile_k, cta_m) if transpose_a else (cta_m, tile_k)
   b_box = (cta_n, tile_k) if transpose_b else (tile_k, cta_n)
-  a = cfg.pad_to_tiling(a, cfg.tma_tiling(a_box[1], in_dtype), a_box)
-  b = cfg.pad_to_tiling(b, cfg.tma_tiling(b_box[1], in_dtype), b_box)
-  out_dims = cfg.padded_dims(
-      problem.m, problem.n, cfg.tma_tiling(config.epi_tile_n, problem.out_dtype),
+  a = tma.pad_to_tiling(a, tma.tma_tiling(a_box[1], in_dtype), a_box)
+  b = tma.pad_to_tiling(b, tma.tma_tiling(b_box[1], in_dtype), b_box)
+  out_dims = tma.padded_dims(
+      problem.m, problem.n, tma.tma_tiling(config.epi_tile_n, problem.out_dtype),
       (cta_m, cta_n))
   if c is not None:
-    c = cfg.pad_to_tiling(c, cfg.tma_tiling(config.epi_tile_n, c.dtype),
+    c = tma.pad_to_tiling(c, tma.tma_tiling(config.epi_tile_n, c.dtype),
                           (cta_m, cta_n))
   if bias is not None:
-    bias = cfg.pad_vector(bias.astype(jnp.float32), cta_n)
+    bias = tma.pad_vector(bias.astype(jnp.float32), cta_n)
   return a, b, c, bias, out_dims
 
 
 def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
                          config: MosaicConfig, interpret=False):
   params = interpret_params(interpret)
-  num_sms = INTERPRET_CTAS if params is not None else _device_num_sms()
   if not isinstance(config, MosaicConfig):
     raise TypeError(f"config must be a MosaicConfig, got {type(config).__name__}")
-  if params is not None:
-    num_sms *= config.cluster_size
-  cfg.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
+  num_sms = (INTERPRET_CTAS if params is not None
+             else max(device_info().num_sms, 1))
+  tma.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
                          tile_n=config.tile_n)
   if not config.fits(problem):
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem)} bytes of shared "
-        f"memory, more than the {cfg.HOPPER_SMEM_BYTES} an sm_90 block has")
+        f"memory, more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
   a, b, c, bias, (m_out, n_out) = prepare_operands(a, b, c, bias, problem,
                                                    config)
   m_tiles = cdiv(problem.m, config.cta_tile_m)
   n_tiles = cdiv(problem.n, config.cta_tile_n)
   k_iters = cdiv(problem.k, config.tile_k)
-  cluster_size = config.cluster_size
-  m_units, n_units = _cluster_units(config, m_tiles, n_tiles)
-  num_clusters = min(num_sms // cluster_size, problem.batch * m_units * n_units)
-  cluster_kwargs = ({} if cluster_size == 1 else
-                    dict(cluster=(cluster_size,), cluster_names=("cluster",)))
+  num_ctas = min(num_sms, problem.batch * m_tiles * n_tiles)
   semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
@@ -453,9 +408,8 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
       functools.partial(_kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
       out_type=out_type,
-      grid=(num_clusters,),
+      grid=(num_ctas,),
       grid_names=("sm",),
-      **cluster_kwargs,
       num_threads=NUM_CONSUMERS + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),
@@ -464,12 +418,7 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
   operands = [a, b] + ([c] if c is not None else []) + (
       [bias] if bias is not None else [])
   out = call_kernel(kernel, operands, out_type, params)
-  return cfg.unpad_output(out, problem.m, problem.n, on_gpu=params is None)
-
-
-def _device_num_sms() -> int:
-  from pallas_gemm.devices import device_info
-  return max(device_info().num_sms, 1)
+  return tma.unpad_output(out, problem.m, problem.n, on_gpu=params is None)
 
 
 def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
@@ -477,8 +426,8 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
     return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
   if not device.is_gpu and device.platform != "cpu":
     return f"platform {device.platform} is not a CUDA GPU"
-  if problem.in_dtype not in cfg.MOSAIC_INPUT_DTYPES:
-    return f"input dtype {problem.in_dtype} is not one of {cfg.MOSAIC_INPUT_DTYPES}"
+  if problem.in_dtype not in MOSAIC_INPUT_DTYPES:
+    return f"input dtype {problem.in_dtype} is not one of {MOSAIC_INPUT_DTYPES}"
   if problem.in_dtype == "float32" and problem.precision == "ieee":
     return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
   if problem.out_dtype not in ("float32", "bfloat16", "float16"):
@@ -490,7 +439,7 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
 
 
 def heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
-  return cfg.ws_heuristic(problem, device.planning_sms)
+  return heuristics.ws_heuristic(problem, device.planning_sms)
 
 
 def check_config(config: MosaicConfig, problem: GemmProblem,
@@ -505,16 +454,17 @@ def check_config(config: MosaicConfig, problem: GemmProblem,
   if not config.fits(problem):
     return f"needs {config.smem_bytes(problem)} bytes of shared memory"
   sms = device.planning_sms
-  fallback = heuristic(problem, device)
-  if cfg.waves(problem, config, sms) > cfg.waves(problem, fallback, sms):
-    return (f"makes {cfg.waves(problem, config, sms)} waves of CTA tiles "
-            f"where the heuristic makes {cfg.waves(problem, fallback, sms)}")
+  stored = heuristics.waves(problem, config, sms)
+  fallback = heuristics.waves(problem, heuristic(problem, device), sms)
+  if stored > fallback:
+    return (f"makes {stored} waves of CTA tiles where the heuristic makes "
+            f"{fallback}")
   return None
 
 
 def search_space(problem: GemmProblem, device: DeviceInfo):
   del device
-  return cfg.ws_candidates(problem)
+  return heuristics.ws_candidates(problem)
 
 
 autotune.register_search_space(NAME, search_space)

@@ -1,0 +1,255 @@
+"""The frozen launch configs of the Mosaic kernels and their shared memory.
+
+Nothing here needs a GPU: a config is a plain frozen dataclass, validated
+when it is built, and its shared-memory footprint is computed before
+anything is compiled, so a candidate that cannot fit is dropped without
+paying for a compile. Constraints that depend on the problem's dtypes (a
+tile spanning whole swizzle atoms) are checked by the kernels, through
+`tma.check_full_swizzle`, when the dtype is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import operator
+
+import jax.numpy as jnp
+
+from pallas_gemm.problem import GemmProblem
+
+#: Opt-in shared memory per block on sm_90 (227 KiB).
+HOPPER_SMEM_BYTES = 227 * 1024
+#: Barriers, alignment slack and the pipeline's bookkeeping.
+SMEM_SLACK_BYTES = 2 * 1024
+
+MOSAIC_INPUT_DTYPES = ("bfloat16", "float16", "float32")
+
+#: wgmma multiplies groups of 64 rows; a warpgroup's accumulator holds at
+#: most 256 of them at the register budget the consumers get.
+WGMMA_ROWS = 64
+#: wgmma's N is a multiple of 8 up to 256.
+WGMMA_N_STEP, WGMMA_MAX_N = 8, 256
+
+
+class Dim(enum.IntEnum):
+  M = 0
+  N = 1
+
+
+def _int_field(config, name: str) -> int:
+  """The field as a plain int; a bool, float, string or other non-integer
+  raises TypeError naming the field (numpy integers are accepted)."""
+  value = getattr(config, name)
+  kind = type(config).__name__
+  if isinstance(value, bool):
+    raise TypeError(f"{kind}.{name}={value!r} must be an int, not a bool")
+  try:
+    value = operator.index(value)
+  except TypeError:
+    raise TypeError(f"{kind}.{name}={value!r} must be an int, got "
+                    f"{type(value).__name__}") from None
+  object.__setattr__(config, name, value)
+  return value
+
+
+def _dim_field(config, name: str) -> Dim:
+  """The field as a `Dim`; configs read back from JSON carry 0 or 1."""
+  value = getattr(config, name)
+  if isinstance(value, bool) or not isinstance(value, int) or value not in (
+      0, 1):
+    raise TypeError(f"{type(config).__name__}.{name}={value!r} must be Dim.M "
+                    "or Dim.N")
+  value = Dim(value)
+  object.__setattr__(config, name, value)
+  return value
+
+
+def _tile_n_error(config, name: str, value: int) -> str | None:
+  if value % WGMMA_N_STEP or not WGMMA_N_STEP <= value <= WGMMA_MAX_N:
+    return (f"{type(config).__name__}.{name}={value} must be a multiple of "
+            f"{WGMMA_N_STEP} in [{WGMMA_N_STEP}, {WGMMA_MAX_N}] (wgmma's N "
+            "range)")
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+  """One launch of `mosaic/ws_persistent`.
+
+  tile_m, tile_n: the output tile each of the two consumer warpgroups owns;
+    the CTA tile is twice that along `wg_dimension`. tile_m is 64, 128, 192
+    or 256 (wgmma's 64-row groups); tile_n a multiple of 8 up to 256
+    (wgmma's N range).
+  tile_k: the K extent of one pipeline stage: 16, 32, 64 or 128 elements.
+    The kernel also needs tile_k and tile_n to span whole 128-byte swizzle
+    atoms of the input dtype (64 16-bit or 32 float32 elements), checked
+    when the dtype is known.
+  max_concurrent_steps: pipeline stages resident in shared memory (>= 2:
+    one being loaded while one is read).
+  epi_tile_m, epi_tile_n: the sub-tile the epilogue stages through shared
+    memory for each TMA store (smaller tiles = less shared memory); they
+    divide tile_m and tile_n, epi_tile_m in 64-row groups, epi_tile_n in
+    multiples of 8.
+  band_dim, grid_band: the tile order. Output tiles are grouped in bands
+    `grid_band` (>= 1) tiles wide along `band_dim`; consecutive tiles walk
+    across the band first, then step along the other dimension, and every
+    other band runs backwards (a snake). The CTAs in flight then share
+    operand tiles in L2 instead of each streaming its own.
+  wg_dimension: the dimension split between the two consumer warpgroups.
+  warpgroup_semantics: lower with Mosaic's warpgroup-level semantics (layouts
+    inferred) instead of lane-level semantics (layouts explicit).
+
+  Every field is validated here: an int field given a bool, float or
+  string raises TypeError, a value out of range ValueError, each naming
+  the field and the value.
+  """
+
+  tile_m: int = 128
+  tile_n: int = 128
+  tile_k: int = 64
+  max_concurrent_steps: int = 4
+  epi_tile_m: int = 64
+  epi_tile_n: int = 64
+  band_dim: Dim = Dim.M
+  grid_band: int = 8
+  wg_dimension: Dim = Dim.N
+  warpgroup_semantics: bool = False
+
+  def __post_init__(self):
+    for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
+                 "epi_tile_m", "epi_tile_n", "grid_band"):
+      _int_field(self, name)
+    if self.tile_m % WGMMA_ROWS or not WGMMA_ROWS <= self.tile_m <= 256:
+      raise ValueError(f"MosaicConfig.tile_m={self.tile_m} must be 64, 128, "
+                       "192 or 256 (wgmma works on 64-row groups)")
+    error = _tile_n_error(self, "tile_n", self.tile_n)
+    if error:
+      raise ValueError(error)
+    if self.tile_k not in (16, 32, 64, 128):
+      raise ValueError(f"MosaicConfig.tile_k={self.tile_k} must be 16, 32, "
+                       "64 or 128")
+    if self.max_concurrent_steps < 2:
+      raise ValueError(f"MosaicConfig.max_concurrent_steps="
+                       f"{self.max_concurrent_steps} must be >= 2")
+    if (self.epi_tile_m < WGMMA_ROWS or self.epi_tile_m % WGMMA_ROWS
+        or self.tile_m % self.epi_tile_m):
+      raise ValueError(f"MosaicConfig.epi_tile_m={self.epi_tile_m} must be a "
+                       f"multiple of 64 dividing tile_m={self.tile_m}")
+    if (self.epi_tile_n < WGMMA_N_STEP or self.epi_tile_n % WGMMA_N_STEP
+        or self.tile_n % self.epi_tile_n):
+      raise ValueError(f"MosaicConfig.epi_tile_n={self.epi_tile_n} must be a "
+                       f"multiple of 8 dividing tile_n={self.tile_n}")
+    if self.grid_band < 1:
+      raise ValueError(f"MosaicConfig.grid_band={self.grid_band} must be >= 1")
+    _dim_field(self, "band_dim")
+    _dim_field(self, "wg_dimension")
+    if not isinstance(self.warpgroup_semantics, bool):
+      raise TypeError(f"MosaicConfig.warpgroup_semantics="
+                      f"{self.warpgroup_semantics!r} must be a bool")
+
+  @property
+  def cta_tile_m(self) -> int:
+    return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
+
+  @property
+  def cta_tile_n(self) -> int:
+    return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
+
+  @property
+  def epilogue_tiles_per_wg(self) -> int:
+    return (self.tile_m // self.epi_tile_m) * (self.tile_n // self.epi_tile_n)
+
+  @property
+  def out_slots(self) -> int:
+    """Double-buffer the staged output only when the slot parity stays
+    consistent from one output tile to the next (an even count per tile)."""
+    return 2 if self.epilogue_tiles_per_wg % 2 == 0 else 1
+
+  def smem_bytes(self, problem: GemmProblem | str) -> int:
+    """Shared memory of one CTA. Takes the problem, or (as the autotune
+    cache asks) only the input dtype, then assuming a plain epilogue."""
+    problem = _as_problem(problem)
+    in_size = jnp.dtype(problem.in_dtype).itemsize
+    out_size = jnp.dtype(problem.out_dtype).itemsize
+    stage = (self.cta_tile_m + self.cta_tile_n) * self.tile_k * in_size
+    total = self.max_concurrent_steps * stage
+    total += 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_size
+    if problem.epilogue.has_c:
+      c_size = jnp.dtype(problem.c_dtype or "float32").itemsize
+      total += 2 * self.epi_tile_m * self.epi_tile_n * c_size
+    if problem.epilogue.has_bias:
+      total += 2 * self.tile_n * 4
+    return total + SMEM_SLACK_BYTES
+
+  def fits(self, problem: GemmProblem | str) -> bool:
+    return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallMConfig:
+  """One launch of `mosaic/small_m` (M <= 128, bandwidth-bound).
+
+  Each CTA owns a tile_n-wide column strip (a multiple of 8 up to 256,
+  wgmma's N range) and a 1/k_splits share of K (k_splits >= 1), so
+  n_tiles * k_splits CTAs stream B concurrently, each through a
+  max_concurrent_steps-deep ring (>= 2) of tile_k-deep stages (32, 64, 128
+  or 256 elements; the kernel also needs tile_k and tile_n to span whole
+  128-byte swizzle atoms of the input dtype). With k_splits > 1 the f32
+  partial products are summed by XLA in a fixed order (deterministic).
+  Fields are validated as `MosaicConfig`'s are.
+  """
+
+  tile_n: int = 128
+  tile_k: int = 128
+  max_concurrent_steps: int = 6
+  k_splits: int = 1
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      _int_field(self, field.name)
+    error = _tile_n_error(self, "tile_n", self.tile_n)
+    if error:
+      raise ValueError(error)
+    if self.tile_k not in (32, 64, 128, 256):
+      raise ValueError(f"SmallMConfig.tile_k={self.tile_k} must be 32, 64, "
+                       "128 or 256")
+    if self.max_concurrent_steps < 2:
+      raise ValueError(f"SmallMConfig.max_concurrent_steps="
+                       f"{self.max_concurrent_steps} must be >= 2")
+    if self.k_splits < 1:
+      raise ValueError(f"SmallMConfig.k_splits={self.k_splits} must be >= 1")
+
+  def smem_bytes(self, problem: GemmProblem | str,
+                 tile_m: int | None = None) -> int:
+    """Shared memory of one CTA (tile_m: 64 for M <= 64, else 128). Takes
+    the problem, or only the input dtype as the autotune cache asks."""
+    problem = _as_problem(problem)
+    if tile_m is None:
+      tile_m = small_m_tile_m(problem)
+    in_size = jnp.dtype(problem.in_dtype).itemsize
+    stage = (tile_m + self.tile_n) * self.tile_k * in_size
+    out_size = 4 if self.k_splits > 1 else jnp.dtype(problem.out_dtype).itemsize
+    total = self.max_concurrent_steps * stage + tile_m * self.tile_n * out_size
+    if problem.epilogue.has_c and self.k_splits == 1:
+      total += tile_m * self.tile_n * jnp.dtype(
+          problem.c_dtype or "float32").itemsize
+    if problem.epilogue.has_bias and self.k_splits == 1:
+      total += self.tile_n * 4
+    return total + SMEM_SLACK_BYTES
+
+  def fits(self, problem: GemmProblem | str) -> bool:
+    return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+
+def small_m_tile_m(problem: GemmProblem) -> int:
+  """The rows wgmma multiplies in `mosaic/small_m`: one 64-row group when
+  M fits in it, else two."""
+  return 64 if problem.m <= 64 else 128
+
+
+def _as_problem(problem: GemmProblem | str) -> GemmProblem:
+  if isinstance(problem, GemmProblem):
+    return problem
+  dtype = jnp.dtype(problem).name
+  return GemmProblem(1, 128, 128, 128, dtype, dtype)

@@ -1,0 +1,162 @@
+"""How the Mosaic kernels' configs are chosen without measuring.
+
+`ws_heuristic` and `small_m_heuristic` are pure functions of the problem and
+the SM count (the registry's `heuristic`); `ws_candidates` and
+`small_m_candidates` are the autotuner's search spaces. Stored configs and
+the order in which they win are `pallas_gemm.dispatch`'s business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from pallas_gemm.mosaic_backend.configs import (Dim, MosaicConfig,
+                                                SmallMConfig)
+from pallas_gemm.mosaic_backend.tma import SWIZZLE_BYTES, swizzle_elems
+from pallas_gemm.problem import GemmProblem, cdiv
+
+# ------------------------------------------------------- mosaic/ws_persistent
+
+
+def ws_candidates(problem: GemmProblem) -> list[MosaicConfig]:
+  """A small per-shape-class search space for the persistent kernel, with
+  the configs that do not fit in shared memory already dropped."""
+  tile_k = swizzle_elems(problem.in_dtype)
+  out = []
+  for tile_m, tile_n, wg_dim in ((64, 256, Dim.M), (128, 128, Dim.N),
+                                 (128, 128, Dim.M), (64, 128, Dim.M),
+                                 (128, 256, Dim.M), (64, 192, Dim.M)):
+    for stages in (4, 3, 5):
+      for band in (8, 4, 16):
+        config = MosaicConfig(
+            tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
+            max_concurrent_steps=stages, epi_tile_m=64,
+            epi_tile_n=64 if tile_n % 64 == 0 else tile_n,
+            band_dim=Dim.M, grid_band=band, wg_dimension=wg_dim)
+        if config.fits(problem):
+          out.append(config)
+  return out
+
+
+#: The CTA tiles the heuristic weighs, as (tile_m, tile_n) per consumer
+#: (split over M) and how much slower each runs than the 128x256 CTA tile
+#: per unit of work: a narrower CTA tile reads more shared memory per flop.
+#: The factors summarise the H200 tuning log (the table "CTA tile slowdowns"
+#: in experiments/results/nvidia_h200/mosaic/README.md).
+CTA_TILE_CHOICES = ((64, 256, 1.0), (128, 128, 1.02), (64, 128, 1.08))
+
+
+def cta_waves(problem: GemmProblem, cta_m: int, cta_n: int,
+              num_sms: int) -> int:
+  """How many rounds of (cta_m x cta_n) tiles a persistent grid of
+  `num_sms` CTAs runs."""
+  tiles = cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n) * problem.batch
+  return cdiv(tiles, max(num_sms, 1))
+
+
+def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:
+  """How many rounds of CTA tiles the persistent grid runs."""
+  return cta_waves(problem, config.cta_tile_m, config.cta_tile_n, num_sms)
+
+
+def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
+  """The default persistent-kernel config.
+
+  The deepest pipeline that fits, on the CTA tile whose waves of tiles
+  cost least: the number of waves times the CTA tile's area times its
+  slowdown (`CTA_TILE_CHOICES`). Usually the 128x256 tile (each warpgroup
+  holds a 64x256 f32 accumulator, 128 registers a thread), the best timed
+  on the H200; a 256x128 or 128x128 one when it wastes less of the last
+  wave (4095x4097 on an H200's 132 SMs: 17 columns of 256 make 5 waves
+  where 256x128 tiles make exactly 4) or when there are fewer big tiles
+  than SMs.
+  """
+  tile_k = swizzle_elems(problem.in_dtype)
+
+  def cost(tile_m, tile_n, slowdown):
+    cta_m = 2 * tile_m  # the consumers split the CTA tile over M
+    return (cta_waves(problem, cta_m, tile_n, num_sms) * cta_m * tile_n
+            * slowdown)
+
+  tile_m, tile_n, _ = min(CTA_TILE_CHOICES, key=lambda c: cost(*c))
+  # One 128-byte swizzle span per staged output row: 64 bf16 or 32 f32
+  # columns, which keeps a float32 output from costing a pipeline stage.
+  epi_tile_n = SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
+  base = MosaicConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
+                      epi_tile_n=epi_tile_n, wg_dimension=Dim.M)
+  for stages in (4, 3, 2):
+    config = dataclasses.replace(base, max_concurrent_steps=stages)
+    if config.fits(problem):
+      return config
+  return dataclasses.replace(base, max_concurrent_steps=2)
+
+
+# ------------------------------------------------------------ mosaic/small_m
+
+#: A bandwidth-bound wave with at least this share of the SMs busy streams
+#: at (nearly) full device bandwidth: each CTA keeps 150+ KB in flight.
+SATURATING_SM_SHARE = 0.75
+
+
+def small_m_cost(problem: GemmProblem, config: SmallMConfig,
+                 num_sms: int) -> float:
+  """Modelled time of a bandwidth-bound launch, in bytes at full bandwidth.
+
+  Each wave takes as long as its busiest CTAs' bytes at the bandwidth its
+  CTA count can draw (full from SATURATING_SM_SHARE of the SMs up); split-K
+  partials are written, read back and reduced (three passes).
+  """
+  in_size = jnp.dtype(problem.in_dtype).itemsize
+  n_tiles = cdiv(problem.n, config.tile_n) * problem.batch
+  k_blocks = cdiv(problem.k, config.tile_k)
+  splits = cdiv(k_blocks, cdiv(k_blocks, config.k_splits))
+  k_share = cdiv(k_blocks, splits) * config.tile_k
+  # A is a few rows that every CTA shares through L2: only B counts.
+  bytes_per_cta = k_share * config.tile_n * in_size
+  ctas = n_tiles * splits
+  floor = SATURATING_SM_SHARE * num_sms
+  cost = 0.0
+  while ctas > 0:
+    in_wave = min(ctas, num_sms)
+    cost += bytes_per_cta * max(in_wave, floor)
+    ctas -= in_wave
+  if splits > 1:
+    cost += 3 * splits * cdiv(problem.m, 8) * 8 * problem.n * problem.batch * 4
+  return cost
+
+
+def small_m_heuristic(problem: GemmProblem, num_sms: int) -> SmallMConfig:
+  """The (tile_n, k_splits) pair with the lowest modelled time, then the
+  deepest pipeline that fits in shared memory."""
+  best = None
+  for k_splits in (1, 2, 3, 4, 6, 8):
+    for tile_n in (64, 128):
+      config = SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits)
+      cost = small_m_cost(problem, config, num_sms)
+      # Ties go to fewer splits, then narrower strips (more stages fit).
+      if best is None or cost < best[0] * 0.99:
+        best = (cost, config)
+  config = best[1]
+  for stages in (6, 5, 4, 3, 2):
+    config = dataclasses.replace(config, max_concurrent_steps=stages)
+    if config.fits(problem):
+      break
+  return config
+
+
+def small_m_candidates(problem: GemmProblem,
+                       num_sms: int) -> list[SmallMConfig]:
+  """The autotuner's search space for `mosaic/small_m`: the heuristic's
+  config first, then strips, splits and depths that fit."""
+  out = []
+  for tile_n in (64, 128):
+    for k_splits in (1, 2, 4):
+      for stages in (6, 4, 3):
+        config = SmallMConfig(tile_n=tile_n, k_splits=k_splits,
+                              max_concurrent_steps=stages)
+        if config.fits(problem):
+          out.append(config)
+  heuristic = small_m_heuristic(problem, num_sms)
+  return [heuristic] + [c for c in out if c != heuristic]

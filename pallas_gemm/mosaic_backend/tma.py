@@ -1,0 +1,144 @@
+"""TMA tiling, swizzles and the operand padding the Mosaic kernels need.
+
+Ragged shapes. The TMA handles a box that runs past the end of an array
+(zero fill on load, clipping on store), but Mosaic copies a swizzled tile
+with a *tiled* TMA descriptor: it views the whole global array as tiles of
+(8 rows x one 128-byte swizzle span), so both of an operand's last two dims
+must be multiples of that tile (on the H200 a 66-column B was rejected at
+compile time and a 1x1 operand silently computed garbage: runs 1 and 2 of
+experiments/results/nvidia_h200/mosaic/README.md). An operand whose dims
+are not multiples is therefore zero-padded on the device up to the next
+multiple (at most 7 rows and one swizzle span minus one column), and a
+padded output is sliced back. Zero padding along K adds nothing; padded
+rows/columns of the output are dropped. Tile-aligned shapes (every
+power-of-two size) pay nothing; other shapes pay one copy of each
+misaligned operand, which the benchmark measures.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm.problem import cdiv
+
+#: The TMA needs every non-minor stride to be a multiple of this many bytes.
+TMA_STRIDE_ALIGN_BYTES = 16
+#: 128-byte swizzle is the only one that lets wgmma read tiles conflict-free
+#: at full rate, so every operand tile's minor dimension spans 128 bytes.
+SWIZZLE_BYTES = 128
+
+
+def swizzle_elems(dtype) -> int:
+  return SWIZZLE_BYTES // jnp.dtype(dtype).itemsize
+
+
+def check_full_swizzle(in_dtype, **dims: int) -> None:
+  """wgmma reads A and B with one swizzle; every operand tile dimension
+  that can end up minor in shared memory must span whole 128-byte swizzle
+  atoms, or A and B would get different swizzles (and a warpgroup's half of
+  a tile would start mid-atom)."""
+  elems = swizzle_elems(in_dtype)
+  for name, value in dims.items():
+    if value % elems:
+      raise ValueError(
+          f"{name}={value} must be a multiple of {elems} for "
+          f"{jnp.dtype(in_dtype).name} inputs (one 128-byte swizzle span)")
+
+
+def tma_tiling(minor_elems: int, dtype) -> tuple[int, int]:
+  """The (rows, columns) tile of a swizzled shared-memory buffer whose minor
+  dimension holds `minor_elems` elements: the widest swizzle that fits."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  for swizzle in (128, 64, 32, 16):
+    if (minor_elems * bits) % (swizzle * 8) == 0:
+      return 8, swizzle * 8 // bits
+  raise ValueError(
+      f"a tile row of {minor_elems} {jnp.dtype(dtype).name} elements is not a "
+      "multiple of 16 bytes")
+
+
+def tiled_transforms(minor_elems: int, dtype):
+  """Tiling + swizzle for a shared-memory tile whose minor dimension holds
+  `minor_elems` elements: the widest swizzle that the row allows."""
+  tiling = tma_tiling(minor_elems, dtype)
+  swizzle = tiling[1] * jnp.dtype(dtype).itemsize
+  return (plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(swizzle))
+
+
+def pad_to_tiling(x, tiling: tuple[int, int],
+                  min_shape: tuple[int, int] = (0, 0)):
+  """Zero-pads the last two axes of `x` up to multiples of `tiling`, and to
+  at least `min_shape` (one TMA box: a box larger than the whole array came
+  back wrong on the H200). No copy when nothing changes."""
+  rows, cols = x.shape[-2:]
+  padded_rows, padded_cols = padded_dims(rows, cols, tiling, min_shape)
+  if (padded_rows, padded_cols) == (rows, cols):
+    return x
+  pad = [(0, 0)] * (x.ndim - 2) + [(0, padded_rows - rows),
+                                    (0, padded_cols - cols)]
+  return jnp.pad(x, pad)
+
+
+def padded_dims(rows: int, cols: int, tiling: tuple[int, int],
+                min_shape: tuple[int, int] = (0, 0)):
+  return (cdiv(max(rows, min_shape[0]), tiling[0]) * tiling[0],
+          cdiv(max(cols, min_shape[1]), tiling[1]) * tiling[1])
+
+
+def pad_vector(x, multiple: int):
+  target = cdiv(x.shape[-1], multiple) * multiple
+  if target == x.shape[-1]:
+    return x
+  return jnp.pad(x, [(0, target - x.shape[-1])])
+
+
+#: Rows and columns one program of `unpad_output` copies.
+_UNPAD_BLOCK = (8, 1024)
+
+
+def unpad_output(out, m: int, n: int, *, on_gpu: bool):
+  """`out[:, :m, :n]` of a padded kernel output.
+
+  When n is odd (or not a multiple of 8 elements) every row of the result
+  starts at a misaligned address, and XLA's slice of such an array runs far
+  below the copy bandwidth (on the H200 it took a quarter of a ragged
+  4095x4097x4093 call: experiments/results/nvidia_h200/mosaic/README.md,
+  "Ragged shapes"). A Pallas-Triton copy kernel with masked edges reads
+  aligned rows with wide loads and runs much faster. Off a GPU, or where
+  the Triton lowering is not available, the XLA slice stays.
+  """
+  if out.shape[1:] == (m, n):
+    return out
+  if not on_gpu or n % 8 == 0:
+    return out[:, :m, :n]
+  try:
+    from jax.experimental.pallas import triton as pltriton
+  except ImportError:
+    return out[:, :m, :n]
+  from jax.experimental import pallas as pl
+
+  rows_per, cols_per = _UNPAD_BLOCK
+
+  def kernel(src_ref, dst_ref):
+    i, j = pl.program_id(1), pl.program_id(2)
+    rows = i * rows_per + jnp.arange(rows_per, dtype=jnp.int32)
+    cols = j * cols_per + jnp.arange(cols_per, dtype=jnp.int32)
+    mask = (rows < m)[:, None] & (cols < n)[None, :]
+    block = (pl.ds(i * rows_per, rows_per), pl.ds(j * cols_per, cols_per))
+    tile = pltriton.load(src_ref.at[block], mask=mask, other=0)
+    pltriton.store(dst_ref.at[block], tile, mask=mask)
+
+  def whole(shape):
+    return pl.BlockSpec((None, *shape), lambda b, i, j: (b, 0, 0))
+
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((out.shape[0], m, n), out.dtype),
+      grid=(out.shape[0], cdiv(m, rows_per), cdiv(n, cols_per)),
+      in_specs=[whole(out.shape[1:])],
+      out_specs=whole((m, n)),
+      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+      name="unpad_output",
+  )(out)

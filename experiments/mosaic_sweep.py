@@ -17,9 +17,9 @@ Stages:
   odd      non-tile-multiple shapes next to their divisible neighbours.
   odd_parts  where a ragged shape's time goes (pads, kernel, output slice).
   sweep    every fitting candidate config at --sweep-shape.
-  pingpong the cooperative default against pingpong consumer schedules over
-           the large suite (--hopper-example adds JAX's example kernel).
-  cluster  the default against 2-CTA clusters with TMA multicast.
+(The pingpong and cluster stages measured the consumer schedules and 2-CTA
+clusters that were removed from ws_persistent; see
+experiments/results/nvidia_h200/mosaic/README.md.)
 
 Timing: CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), every kernel
 launched by the call counted (pads and transposes included), one warm-up
@@ -380,44 +380,6 @@ def stage_odd_parts(args):
       emit(rec)
 
 
-def pingpong_configs(problem):
-  """The cooperative default next to pingpong schedules of similar size."""
-  heur = cfg.ws_heuristic(problem)
-  tile_k = heur.tile_k
-  extra = [MosaicConfig(tile_m=tm, tile_n=tn, tile_k=tile_k,
-                        max_concurrent_steps=stages, epi_tile_n=64,
-                        grid_band=band, pingpong=True)
-           for tm, tn, stages, band in ((128, 128, 6, 8), (128, 128, 5, 8),
-                                        (128, 128, 6, 16), (64, 256, 4, 8),
-                                        (128, 192, 4, 8))]
-  return [heur] + [c for c in extra if c.fits(problem)]
-
-
-def cluster_configs(problem):
-  """The default without a cluster, then 2-CTA clusters along M and N."""
-  heur = cfg.ws_heuristic(problem)
-  extra = [dataclasses.replace(heur, cluster_dim=Dim.M),
-           dataclasses.replace(heur, cluster_dim=Dim.N),
-           dataclasses.replace(heur, cluster_dim=Dim.M, grid_band=4),
-           dataclasses.replace(heur, cluster_dim=Dim.M,
-                               max_concurrent_steps=3)]
-  return [heur] + [c for c in extra if c.fits(problem)]
-
-
-def _large_suite_stage(stage, configs_for):
-  def run(args):
-    for m, n, k in shapes.LARGE:
-      problem = problem_for(m, n, k)
-      time_problem(stage, problem, configs_for(problem), iters=args.iters,
-                   compare_hopper_example=args.hopper_example)
-  run.__doc__ = f"The large suite with `{configs_for.__name__}`."
-  return run
-
-
-# Cooperative against pingpong consumers, and no cluster against 2-CTA
-# clusters with TMA multicast, over the large suite.
-stage_pingpong = _large_suite_stage("pingpong", pingpong_configs)
-stage_cluster = _large_suite_stage("cluster", cluster_configs)
 
 
 def stage_sweep(args):
@@ -430,7 +392,6 @@ def stage_sweep(args):
 STAGES = {"check": stage_check, "large": stage_large, "suite": stage_suite,
           "tf32": stage_tf32,
           "decode": stage_decode, "odd": stage_odd, "sweep": stage_sweep,
-          "pingpong": stage_pingpong, "cluster": stage_cluster,
           "odd_parts": stage_odd_parts}
 
 
@@ -446,9 +407,6 @@ def main():
   parser.add_argument("--sweep-dtype", default="bfloat16")
   parser.add_argument("--sweep-max", type=int, default=12)
   parser.add_argument("--decode-alternatives", action="store_true")
-  parser.add_argument("--hopper-example", action="store_true",
-                      help="also time JAX's hopper_matmul_mgpu (pingpong and "
-                      "cluster stages)")
   parser.add_argument("--tf32-nt", action="store_true",
                       help="also time TF32 with B given as (n, k)")
   parser.add_argument("--interpret", action="store_true",

@@ -21,7 +21,10 @@ The kernel, when the caller names none (`kernel=None`):
      `required_margin(distance)` (3 % half an octave away, more further
      off) and lost to `xla` in no bucket within `VETO_DISTANCE`, else `xla`
      runs;
-   - no bucket near enough: `xla`, the kernel no measurement contradicts.
+   - no bucket near enough: a kernel that won every measured bucket of the
+     problem's class by a wide margin (`class_winner`: e.g. rows that are
+     not 16-byte aligned), else `xla`, the kernel no measurement
+     contradicts.
 2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
    `registry.auto_order` whose `supports()` accepts the problem.
 
@@ -47,7 +50,7 @@ from pallas_gemm.problem import GemmProblem, itemsize
 
 #: How far (in octaves, summed over batch, M, N and K) a dispatch bucket may
 #: lie from the problem's and still decide for it.
-NEAREST_BUCKET_DISTANCE = 1.5
+NEAREST_BUCKET_DISTANCE = 1.0
 #: A kernel measured in a neighbouring bucket half an octave away must have
 #: beaten xla there by this factor to be trusted with an unmeasured shape;
 #: the margin grows by `MARGIN_PER_OCTAVE` for every octave further away.
@@ -56,9 +59,19 @@ MARGIN_PER_OCTAVE = 0.14
 #: Buckets this close (octaves) that measured the winner slower than xla
 #: veto it for an unmeasured shape.
 VETO_DISTANCE = 1.0
+#: With no bucket within reach, a kernel that won every measured bucket of
+#: the problem's class (at least this many, each by `CLASS_RULE_MARGIN`)
+#: runs anyway: a property of the whole class, such as rows that are not
+#: 16-byte aligned (cuBLAS's slow path), holds between measured sizes too.
+CLASS_RULE_MIN_BUCKETS = 3
+CLASS_RULE_MARGIN = 1.10
 #: Buckets are this many steps per octave (2: sizes within a factor of
 #: sqrt(2) share a bucket).
 STEPS_PER_OCTAVE = 2
+#: Up to this many rows a GEMM streams its weight and little else: every
+#: M up to it shares one bucket row, so a decode measurement at M = 16
+#: speaks for M = 1 or 48 too.
+STREAMING_ROWS = 64
 
 _stats_lock = threading.Lock()
 #: Counters a test reads: how many times a resolution was computed (not
@@ -121,8 +134,8 @@ class DispatchKey:
   def for_problem(cls, problem: GemmProblem) -> DispatchKey:
     return cls(problem.in_dtype, problem.out_dtype, problem.layout,
                problem.precision, epilogue_kind(problem), alignment(problem),
-               _grid(problem.batch), _grid(problem.m), _grid(problem.n),
-               _grid(problem.k))
+               _grid(problem.batch), _grid(max(problem.m, STREAMING_ROWS)),
+               _grid(problem.n), _grid(problem.k))
 
   @property
   def name(self) -> str:
@@ -188,6 +201,28 @@ def nearest_record(problem: GemmProblem, records: dict[str, dict]):
   if not found:
     return None, None
   return found[0][1], found[0][0]
+
+
+def class_winner(problem: GemmProblem, records: dict[str, dict]):
+  """(kernel, buckets, worst ratio) when one kernel won every measured
+  bucket of the problem's class by `CLASS_RULE_MARGIN`, else None."""
+  key = DispatchKey.for_problem(problem)
+  winners, worst = set(), float("inf")
+  count = 0
+  for name, record in records.items():
+    try:
+      other = DispatchKey.parse(name)
+    except ValueError:
+      continue
+    if not other.same_class(key) or not _valid_record(record):
+      continue
+    count += 1
+    winners.add(record["kernel"])
+    worst = min(worst, float(record.get("ratio_to_xla", 1.0)))
+  if (count >= CLASS_RULE_MIN_BUCKETS and len(winners) == 1
+      and "xla" not in winners and worst >= CLASS_RULE_MARGIN):
+    return winners.pop(), count, worst
+  return None
 
 
 def required_margin(distance: float) -> float:
@@ -314,6 +349,18 @@ def _order_name(device: DeviceInfo) -> str:
 def _from_table(problem, device, records) -> Resolution:
   record, distance = nearest_record(problem, records)
   if record is None:
+    rule = class_winner(problem, records)
+    if rule is not None:
+      name, count, worst = rule
+      entry = registry._REGISTRY.get(name)
+      if entry is not None and registry.why_unsupported(
+          entry, problem, device) is None:
+        chosen, source = _config_for(entry, problem, device)
+        return Resolution(
+            name, chosen, "class rule", source,
+            f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
+            f"won all {count} measured buckets of this class (by "
+            f"{worst:.2f}x or more)")
     return Resolution(
         "xla", None, "fallback", "none",
         f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "

@@ -116,6 +116,18 @@ def test_a_nearby_loss_vetoes_the_nearest_winner(cache):
   assert dispatch.resolve(problem(8192, 8192, 8192), HOPPER).kernel == WS
 
 
+def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
+  ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]
+  write_table(cache, {p: {"kernel": WS, "ratio_to_xla": 1.5} for p in ragged})
+  far = dispatch.resolve(problem(16385, 20000, 24577), HOPPER)
+  assert (far.kernel, far.kernel_source) == (WS, "class rule")
+  # One bucket of the class where xla won breaks the rule.
+  write_table(cache, {problem(3000, 100, 301): {"kernel": "xla",
+                                                "ratio_to_xla": 1.0}})
+  dispatch.clear_cache()
+  assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
+
+
 def test_bucket_classes_do_not_mix(cache):
   write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
   # Same sizes, another layout: not the same class, so no bucket.

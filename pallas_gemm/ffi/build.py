@@ -271,7 +271,16 @@ def _compile_objects(plan: BuildPlan, flags, sources, tmp: pathlib.Path, *,
 
   jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-    logs = list(pool.map(compile_one, sources))
+    futures = [pool.submit(compile_one, source) for source in sources]
+    try:
+      logs = [future.result() for future in futures]
+    except BaseException:
+      # One failure (or Ctrl-C) ends the build: queued compiles never start
+      # and running ones are stopped, so the temporary folder can go.
+      for future in futures:
+        future.cancel()
+      toolchain.stop_running()
+      raise
   (tmp / "ptxas.log").write_text("".join(logs))
   return [str(tmp / (s.stem + ".o")) for s in sources]
 
@@ -283,7 +292,7 @@ def _build_into(plan: BuildPlan, artefact: str, produce) -> None:
   """
   import filelock
   root = plan.folder.parent
-  with filelock.FileLock(str(root / f"{plan.key}.lock")):
+  with filelock.FileLock(str(root / f".{plan.key}.lock")):
     if plan.folder.exists():
       problem = build_problem(plan.folder, artefact)
       if problem is None:

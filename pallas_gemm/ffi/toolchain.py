@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 #: Seconds one nvcc call may take; PALLAS_GEMM_NVCC_TIMEOUT overrides.
 DEFAULT_NVCC_TIMEOUT_S = 900
@@ -87,20 +88,43 @@ def _decode(data: bytes | None) -> str:
   return (data or b"").decode("utf-8", errors="replace")
 
 
+#: Process groups of the nvcc calls running now (see stop_running).
+_running: set[int] = set()
+_running_lock = threading.Lock()
+
+
+def _kill_group(pid: int) -> None:
+  try:
+    os.killpg(pid, signal.SIGKILL)
+  except OSError:
+    pass
+
+
+def stop_running() -> None:
+  """Kills every nvcc call (with its cicc/ptxas) still running: they run
+  in their own process groups, which Ctrl-C does not reach."""
+  with _running_lock:
+    groups = list(_running)
+  for pid in groups:
+    _kill_group(pid)
+
+
 def _run_process(command: list[str], cwd, timeout: float) -> tuple[int, str]:
   """Runs `command` in its own process group; on timeout the whole group
   (nvcc and the cicc/ptxas it started) is killed. Returns (code, output)."""
   process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True)
+  with _running_lock:
+    _running.add(process.pid)
   try:
     output, _ = process.communicate(timeout=timeout)
   except BaseException:
-    try:
-      os.killpg(process.pid, signal.SIGKILL)
-    except OSError:
-      pass
+    _kill_group(process.pid)
     process.communicate()
     raise
+  finally:
+    with _running_lock:
+      _running.discard(process.pid)
   return process.returncode, _decode(output)
 
 

@@ -18,7 +18,8 @@
 //    rows alternate direction so each turn reuses a B fragment. A burst of
 //    8 ldmatrix per warp, all 8 warps at once, queued behind each other in
 //    the shared-memory pipe while the tensor cores waited; spread out, they
-//    hide under the mma.sync (+4-5 % at 8192^3 with 64-wide K tiles).
+//    hide under the mma.sync (a gain of a few percent at 8192^3 with
+//    64-wide K tiles).
 //  * One __syncthreads per K tile, placed just before the first read of the
 //    next tile. It also proves every warp is done with the stage read one
 //    tile ago, which is the stage the next cp.async batch overwrites, so no
@@ -32,23 +33,24 @@
 //    thread issues each stage as 3-D boxes with the 128-byte swizzle (the
 //    same XOR the ldmatrix addressing uses) and a per-stage mbarrier says
 //    when they have landed. The main loop sheds every thread's cp.async and
-//    its address arithmetic (380 -> 286 PTX instructions per K tile):
-//    465 -> 514-530 TFLOP/s at 4096^3, 478-500 -> 531-549 at 8192^3.
+//    its address arithmetic (about a quarter of its PTX instructions per K
+//    tile), which made it the fastest tiling at 4096^3 and 8192^3.
 //
-// What did not help, measured with `python -m pallas_gemm.ffi sweep` on an
-// H200 (experiments/results/nvidia_h200/ffi/README.md): replacing the block
-// barrier by a ring of per-stage mbarriers (5-20 % slower: the arrivals and
-// polls cost more than the meetings), 16 warps of 64x32 tiles (more
-// ldmatrix per mma.sync; 20-50 % slower), spreading a tile's cp.async over
-// its slices, 128-wide K tiles with two stages. The same machine's
-// register-only ceiling for mma.sync.m16n8k16 is 623-633 TFLOP/s.
+// What did not help, measured with the tuning sweep
+// (experiments/lab/ffi/sweep_driver.cu) on an H200: replacing the block
+// barrier by a ring of per-stage mbarriers (slower: the arrivals and polls
+// cost more than the meetings), 16 warps of 64x32 tiles (more ldmatrix per
+// mma.sync; much slower), spreading a tile's cp.async over its slices,
+// 128-wide K tiles with two stages. The sweep program's --ceiling measures
+// the register-only rate of mma.sync.m16n8k16, the roof for this kernel.
 //
-// Compiled variants (block M x N x K, stages, blocks per SM): 128x256x32
-// and 256x128x32 with 8 warps, 4 stages; 128x256x64 with 8 warps, 3 stages
-// (with cp.async: 480-485 TFLOP/s at 4096^3, 403-501 at 8192^3, where the
-// H200 reaches its power cap and lowers the clock; the same with TMA loads
-// is the default on Hopper); 128x128x32 (4 stages) and 128x128x64 (3
-// stages) with 4 warps and two blocks per SM.
+// Compiled variants (csrc/kernels.def; block M x N x K, stages, blocks per
+// SM): 128x256x32 and 256x128x32 with 8 warps, 4 stages; 128x256x64 with 8
+// warps, 3 stages (with cp.async, the default before Hopper; at 8192^3 the
+// H200 reaches its power cap and lowers the clock; with TMA loads, the
+// default on Hopper); 128x128x32 (4 stages) and 128x128x64 (3 stages) with
+// 4 warps and two blocks per SM. Measured numbers for all of the above:
+// experiments/results/nvidia_h200/ffi/README.md, "Numbers the CUDA sources cite".
 #include <cuda.h>  // CUtensorMap (types only; no libcuda link)
 #include <cudaTypedefs.h>
 
@@ -203,8 +205,8 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map,
 //                              on 132 SMs (the other 64 SMs idle)
 //   with the tail plan:        15 waves, then 132 blocks of 68/132 of a
 //                              tile each: the last wave ends ~half a
-//                              tile sooner (~3 % of the whole in
-//                              theory; +0.6-1.4 % measured)
+//                              tile sooner (a few percent of the
+//                              whole in theory, less measured)
 //
 // A tail block's range covers parts of at most a few tiles. Every share of
 // a tile writes its float32 partial sums to its own slot; the share that
@@ -231,7 +233,8 @@ __host__ __device__ inline int TailBlockOf(long long x, long long work,
 // kTailBlocks false: block x computes whole tile x (grid: whole_tiles x
 // batch). true: block x is tail block x (grid: tail_blocks). Two kernels
 // rather than one, so the whole tiles' main loop compiles exactly as it
-// would without a tail (one shared loop cost about 3 % at 4096^3).
+// would without a tail (one shared loop added integer work to every K tile
+// and measured slower).
 template <typename T, typename TOut, typename Tile, bool kTailBlocks>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
 MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
@@ -675,10 +678,11 @@ TailPlan MakeTailPlan(const GemmParams& p, int sms) {
   // Sharing saves the idle part of the last wave, (1 - partial_wave /
   // resident) of a tile's K loop; it costs each tail block a second
   // pipeline fill and every tail tile a round trip of partial sums through
-  // L2. Measured on an H200 (132 SMs, 128x256 tiles) with the tail forced:
-  // last wave 52 % full (8192^3) +0.6-1.4 %, 88 % (4096^3) -11 %, 91 %
-  // (12288^3) -1.2 %. So only a last wave at most three quarters full is
-  // shared.
+  // L2. Measured on an H200 with the tail forced: a gain for a last wave
+  // about half full (8192^3 with 128x256 tiles), losses for one nearly full
+  // (4096^3, 12288^3; numbers: experiments/results/nvidia_h200/ffi/README.md,
+  // "Numbers the CUDA sources cite"). So only a last wave at most three
+  // quarters full is shared.
   if (kTail == Tail::kWhenWorthIt && 4LL * partial_wave > 3LL * resident) {
     return plan;
   }

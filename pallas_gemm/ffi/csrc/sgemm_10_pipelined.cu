@@ -31,15 +31,15 @@
 //     only the partial last K tile takes a predicated path, whose
 //     out-of-range copies zero-fill (src-size 0).
 //  5. A bigger thread tile. 8x16 outputs per thread (64x64 warp tiles) do
-//     128 FFMAs per six LDS.128, against 64 per four for rung 09's 8x8. Per
-//     K tile of 8 that is 1024 FFMAs and about 90 other instructions: 92 %
-//     FFMA against rung 09's 86.
+//     128 FFMAs per six LDS.128, against 64 per four for rung 09's 8x8, so
+//     a larger share of the inner loop's instructions are FFMAs.
 // The shipped tiling is a 128x256 block of 256 threads (2x4 warps of 64x64),
-// one block per SM: 52.5 TFLOP/s at 8192^3 on an H200, 1.02x cuBLAS's exact
-// SGEMM, where rung 09 runs 44.4. The sweep variants separate the steps
-// above: rung 09's 8x8 tiles with the new pipeline (which ties), A through
-// registers, K steps of 16, 3 or 4 stages, 128x128 blocks of 4 warps two per
-// SM (50.6-51.5), and 256x128 (51.2); experiments/results/nvidia_h200/ffi/.
+// one block per SM: the fastest of the tilings swept on an H200, on a par
+// with cuBLAS's exact SGEMM and clearly ahead of rung 09. The sweep
+// variants separate the steps above: rung 09's 8x8 tiles with the new
+// pipeline (which ties), A through registers, K steps of 16, 3 or 4 stages,
+// 128x128 blocks of 4 warps two per SM, and 256x128. Measured numbers:
+// experiments/results/nvidia_h200/ffi/README.md, "Numbers the CUDA sources cite".
 #include "cp_async.cuh"
 #include "gemm_params.cuh"
 #include "sweep.cuh"

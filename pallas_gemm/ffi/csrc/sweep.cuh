@@ -1,8 +1,9 @@
-// Candidates for the tuning sweep (sweep_driver.cu, `python -m
-// pallas_gemm.ffi sweep`). A kernel file names extra instantiations with
-// PALLAS_GEMM_SWEEP_CANDIDATE; they are compiled only into the sweep
-// program (built with -DPALLAS_GEMM_SWEEP), never into the FFI library, so
-// exploring a tile shape costs the library neither build time nor size.
+// Candidates for the tuning sweep (experiments/lab/ffi/sweep_driver.cu,
+// built by experiments/lab/ffi/programs.py). A kernel file names extra
+// instantiations with PALLAS_GEMM_SWEEP_CANDIDATE; they are compiled only
+// into the sweep program (built with -DPALLAS_GEMM_SWEEP), never into the
+// FFI library, so exploring a tile shape costs the library neither build
+// time nor size.
 #pragma once
 
 #include "gemm_params.cuh"

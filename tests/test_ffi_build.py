@@ -348,15 +348,20 @@ def _wheel_site(tmp_path: pathlib.Path, layout: str) -> pathlib.Path:
   nvidia = site / "nvidia"
   if layout == "cu13":
     prefix = nvidia / "cu13"
-    for sub in ("bin", "include/cccl", "lib"):
+    for sub in ("bin", "include/cccl/nv", "lib"):
       (prefix / sub).mkdir(parents=True)
     _script(prefix / "bin" / "nvcc", FAKE_NVCC.format(sleep=""))
+    (prefix / "include" / "cuda_runtime.h").write_text("")
+    (prefix / "include" / "cccl" / "nv" / "target").write_text("")
   else:
     for package in ("cuda_nvcc/bin", "cuda_nvcc/include",
-                    "cuda_runtime/include", "cuda_runtime/lib"):
+                    "cuda_runtime/include", "cuda_runtime/lib",
+                    "cuda_cccl/include/nv"):
       (nvidia / package).mkdir(parents=True)
     _script(nvidia / "cuda_nvcc" / "bin" / "nvcc",
             FAKE_NVCC.format(sleep=""))
+    (nvidia / "cuda_runtime/include/cuda_runtime.h").write_text("")
+    (nvidia / "cuda_cccl/include/nv/target").write_text("")
   return site
 
 
@@ -371,7 +376,8 @@ def test_wheel_layouts_are_found(tmp_path):
   (nvcc, includes, _), = toolchain.wheel_toolkit_dirs([12], [cu12])
   assert nvcc.endswith("nvidia/cuda_nvcc/bin/nvcc")
   assert includes == (str(cu12 / "nvidia/cuda_nvcc/include"),
-                      str(cu12 / "nvidia/cuda_runtime/include"))
+                      str(cu12 / "nvidia/cuda_runtime/include"),
+                      str(cu12 / "nvidia/cuda_cccl/include"))
   # The other major's wheels are not taken.
   assert toolchain.wheel_toolkit_dirs([12], [cu13]) == []
   assert toolchain.wheel_toolkit_dirs([13], [cu12]) == []
@@ -440,3 +446,32 @@ def test_jax_cuda_majors_reads_installed_plugins(monkeypatch):
   assert toolchain.jax_cuda_majors() == [12]
   installed.add("jax-cuda13-plugin")
   assert toolchain.jax_cuda_majors() == [13, 12]
+
+
+def test_keep_ptx_without_cuobjdump_still_builds(fake_nvcc, monkeypatch):
+  monkeypatch.setenv("PALLAS_GEMM_KEEP_PTX", "1")
+  monkeypatch.setattr(toolchain, "_tool", lambda toolkit, name: (
+      toolkit.nvcc if name == "nvcc" else "/nonexistent/cuobjdump"))
+  with pytest.warns(UserWarning, match="cuobjdump"):
+    plan = build.compile_library("90a")
+  assert build.build_problem(plan.folder) is None
+  assert "no SASS" in (plan.folder / "sass.txt").read_text()
+
+
+def test_wheels_without_headers_are_skipped_and_named(tmp_path, monkeypatch):
+  """jax[cuda13] alone installs nvcc and the runtime but not CCCL, whose
+  <nv/target> the fp16 headers include: such a wheel set is no toolkit."""
+  site = _wheel_site(tmp_path, "cu13")
+  (site / "nvidia/cu13/include/cccl/nv/target").unlink()
+  notes = []
+  assert toolchain.wheel_toolkit_dirs([13], [site], notes) == []
+  assert notes == [f"{site}/nvidia/cu13/bin/nvcc lacks nv/target"]
+  monkeypatch.delenv("NVCC", raising=False)
+  monkeypatch.delenv("CUDA_HOME", raising=False)
+  monkeypatch.delenv("CUDA_PATH", raising=False)
+  monkeypatch.setenv("PATH", str(tmp_path))
+  monkeypatch.setattr(toolchain, "_SYSTEM_NVCC", str(tmp_path / "none"))
+  monkeypatch.setattr(toolchain.sys, "path", [str(site)])
+  with pytest.raises(build.NvccNotFoundError,
+                     match="nvidia-cuda-cccl.*lacks nv/target"):
+    build.find_toolkit()

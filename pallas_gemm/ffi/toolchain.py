@@ -10,9 +10,11 @@ Where nvcc comes from, first match wins:
      `nvidia-cuda-runtime`, `nvidia-cuda-crt`, `nvidia-nvvm`,
      `nvidia-cuda-cccl`) share one prefix, `site-packages/nvidia/cu13/`
      with `bin/nvcc`, `include/` (and `include/cccl/`) and `lib/`.
-     `jax[cuda13]` installs all but cccl. The CUDA 12 wheels use one folder
-     per package (`nvidia/cuda_nvcc/`, `nvidia/cuda_runtime/`), and
-     nvidia-cuda-nvcc-cu12 ships ptxas but no nvcc, so CUDA 12 needs a
+     `jax[cuda13]` installs all but cccl (the project's cuda13 extra adds
+     it); a wheel set missing the runtime or CCCL headers is skipped. The
+     CUDA 12 wheels use one folder per package (`nvidia/cuda_nvcc/`,
+     `nvidia/cuda_runtime/`, `nvidia/cuda_cccl/`), and
+     nvidia-cuda-nvcc-cu12 12.9 ships ptxas but no nvcc, so CUDA 12 needs a
      system toolkit unless a wheel with `bin/nvcc` is installed.
   3. `$CUDA_HOME/bin/nvcc` (or `$CUDA_PATH`), PATH, /usr/local/cuda/bin.
 """
@@ -180,37 +182,55 @@ def _nvidia_dirs(search_path) -> list[pathlib.Path]:
   return found
 
 
-def wheel_toolkit_dirs(majors, search_path=None):
-  """(nvcc, include dirs, library dirs) for each NVIDIA-wheel nvcc under
-  `search_path` (default sys.path), for the given CUDA majors in order."""
+#: Headers a build needs beside nvcc: the runtime's and CCCL's (which the
+#: fp16/bf16 headers include). A wheel set lacking one is skipped.
+_REQUIRED_HEADERS = ("cuda_runtime.h", "nv/target")
+
+
+def _missing_headers(include_dirs) -> list[str]:
+  return [h for h in _REQUIRED_HEADERS
+          if not any((pathlib.Path(d) / h).exists() for d in include_dirs)]
+
+
+def wheel_toolkit_dirs(majors, search_path=None, incomplete=None):
+  """(nvcc, include dirs, library dirs) for each complete NVIDIA-wheel
+  toolkit under `search_path` (default sys.path), for the given CUDA majors
+  in order. Wheel sets with nvcc but without the headers are appended to
+  `incomplete` (a list) as "<nvcc> lacks <header>" notes."""
   found = []
   for nvidia in _nvidia_dirs(sys.path if search_path is None else search_path):
     for major in majors:
+      layouts = []
       # CUDA 13 and later: every package under one nvidia/cu<major>/.
       prefix = nvidia / f"cu{major}"
-      nvcc = prefix / "bin" / "nvcc"
-      if nvcc.is_file():
-        includes = [prefix / "include", prefix / "include" / "cccl"]
-        found.append((str(nvcc),
-                      tuple(str(d) for d in includes if d.is_dir()),
-                      tuple(str(d) for d in [prefix / "lib"] if d.is_dir())))
-      # CUDA 12: one folder per package.
-      nvcc = nvidia / "cuda_nvcc" / "bin" / "nvcc"
-      if major == 12 and nvcc.is_file():
-        includes = [nvidia / p / "include"
-                    for p in ("cuda_nvcc", "cuda_runtime", "cuda_cccl")]
-        found.append((str(nvcc),
-                      tuple(str(d) for d in includes if d.is_dir()),
-                      tuple(str(d) for d in [nvidia / "cuda_runtime" / "lib"]
-                            if d.is_dir())))
+      layouts.append((prefix / "bin" / "nvcc",
+                      [prefix / "include", prefix / "include" / "cccl"],
+                      [prefix / "lib"]))
+      if major == 12:  # CUDA 12: one folder per package.
+        layouts.append((nvidia / "cuda_nvcc" / "bin" / "nvcc",
+                        [nvidia / p / "include" for p in
+                         ("cuda_nvcc", "cuda_runtime", "cuda_cccl")],
+                        [nvidia / "cuda_runtime" / "lib"]))
+      for nvcc, includes, libraries in layouts:
+        if not nvcc.is_file():
+          continue
+        includes = tuple(str(d) for d in includes if d.is_dir())
+        missing = _missing_headers(includes)
+        if missing:
+          if incomplete is not None:
+            incomplete.append(f"{nvcc} lacks {', '.join(missing)}")
+          continue
+        found.append((str(nvcc), includes,
+                      tuple(str(d) for d in libraries if d.is_dir())))
   return found
 
 
-def _candidates() -> list[tuple[str, str, tuple, tuple]]:
+def _candidates(incomplete: list[str]) -> list[tuple[str, str, tuple, tuple]]:
   """(nvcc, origin, include dirs, library dirs) in search order, after
   $NVCC (handled by the caller)."""
   found = [(nvcc, "pip wheels", includes, libraries) for nvcc, includes,
-           libraries in wheel_toolkit_dirs(jax_cuda_majors() or [13, 12])]
+           libraries in wheel_toolkit_dirs(jax_cuda_majors() or [13, 12],
+                                           incomplete=incomplete)]
   cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
   if cuda_home:
     found.append((os.path.join(cuda_home, "bin", "nvcc"), "CUDA_HOME", (), ()))
@@ -222,7 +242,8 @@ def _candidates() -> list[tuple[str, str, tuple, tuple]]:
 
 
 @functools.cache
-def _toolkit(nvcc_env: str | None, candidates: tuple) -> Toolkit:
+def _toolkit(nvcc_env: str | None, candidates: tuple,
+             incomplete: tuple[str, ...]) -> Toolkit:
   if nvcc_env is not None:
     return Toolkit(nvcc_env, "NVCC", _query_version(nvcc_env, "NVCC"))
   searched = []
@@ -231,7 +252,12 @@ def _toolkit(nvcc_env: str | None, candidates: tuple) -> Toolkit:
     if os.path.isfile(nvcc) and os.access(nvcc, os.X_OK):
       version = _query_version(nvcc, f"nvcc from {origin}")
       return Toolkit(nvcc, origin, version, includes, libraries)
-  raise NvccNotFoundError(_NVCC_MISSING.format(searched=searched))
+  message = _NVCC_MISSING.format(searched=searched)
+  if incomplete:
+    message += (". NVIDIA wheels without the headers a build needs "
+                "(pip install nvidia-cuda-runtime nvidia-cuda-cccl, or the "
+                "-cu12 packages, adds them): " + "; ".join(incomplete))
+  raise NvccNotFoundError(message)
 
 
 def find_toolkit() -> Toolkit:
@@ -240,7 +266,9 @@ def find_toolkit() -> Toolkit:
   nvcc_env = os.environ.get("NVCC")
   if nvcc_env is not None and not nvcc_env.strip():
     raise NvccNotFoundError("NVCC is set but empty; unset it or name nvcc")
-  return _toolkit(nvcc_env, tuple(_candidates()))
+  incomplete: list[str] = []
+  candidates = tuple(_candidates(incomplete))
+  return _toolkit(nvcc_env, candidates, tuple(incomplete))
 
 
 def clear_cache() -> None:

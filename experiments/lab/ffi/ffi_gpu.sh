@@ -11,7 +11,9 @@
 # pytest). build compiles the library into an empty build cache and reports
 # how long a first call's build takes, and which nvcc it used. check runs
 # gpu_check.py with $CHECK_ARGS (e.g. "--quick --skip time,sass
-# --sanitizer-tools none"). The sweep takes its program arguments from
+# --sanitizer-tools none"); pytest runs the ffi GPU tests with
+# $PYTEST_WORKERS workers (default 4) for at most $PYTEST_TIMEOUT seconds
+# (default 300). The sweep takes its program arguments from
 # $SWEEP_ARGS (default: --sizes 4096,8192). headline runs ffi_headline.py
 # while nvidia-smi records the SM clock, power and temperature every 100 ms
 # (clocks.csv). ladder re-runs the benchmark's ladder suite at 4096^3 and
@@ -102,8 +104,10 @@ fi
 
 if has pytest; then
   stage "ffi GPU tests"
-  timeout 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ffi.py \
-    > "$DIR/pytest.txt" 2>&1
+  # The float64 host references dominate: several workers share the GPU
+  # (conftest makes each take memory on demand).
+  timeout "${PYTEST_TIMEOUT:-300}" "$PY" -m pytest -q -m gpu -n "${PYTEST_WORKERS:-4}" \
+    -p no:cacheprovider tests/test_ffi.py > "$DIR/pytest.txt" 2>&1
   tail -n 5 "$DIR/pytest.txt"
 fi
 

@@ -299,13 +299,18 @@ def test_empty_nvcc_variable_is_an_error(monkeypatch):
     build.find_toolkit()
 
 
-def test_missing_nvcc_is_one_clear_error(monkeypatch, tmp_path):
-  monkeypatch.delenv("NVCC", raising=False)
-  monkeypatch.delenv("CUDA_HOME", raising=False)
-  monkeypatch.delenv("CUDA_PATH", raising=False)
+def _no_nvcc_anywhere(monkeypatch, tmp_path, site_packages):
+  """No NVCC, CUDA_HOME, nvcc on PATH or system toolkit; sys.path is
+  `site_packages` alone."""
+  for name in ("NVCC", "CUDA_HOME", "CUDA_PATH"):
+    monkeypatch.delenv(name, raising=False)
   monkeypatch.setenv("PATH", str(tmp_path))
   monkeypatch.setattr(toolchain, "_SYSTEM_NVCC", str(tmp_path / "none"))
-  monkeypatch.setattr(toolchain.sys, "path", [str(tmp_path)])
+  monkeypatch.setattr(toolchain.sys, "path", [str(site_packages)])
+
+
+def test_missing_nvcc_is_one_clear_error(monkeypatch, tmp_path):
+  _no_nvcc_anywhere(monkeypatch, tmp_path, site_packages=tmp_path)
   with pytest.raises(build.NvccNotFoundError, match="nvcc.*not found"):
     build.find_nvcc()
 
@@ -466,12 +471,7 @@ def test_wheels_without_headers_are_skipped_and_named(tmp_path, monkeypatch):
   notes = []
   assert toolchain.wheel_toolkit_dirs([13], [site], notes) == []
   assert notes == [f"{site}/nvidia/cu13/bin/nvcc lacks nv/target"]
-  monkeypatch.delenv("NVCC", raising=False)
-  monkeypatch.delenv("CUDA_HOME", raising=False)
-  monkeypatch.delenv("CUDA_PATH", raising=False)
-  monkeypatch.setenv("PATH", str(tmp_path))
-  monkeypatch.setattr(toolchain, "_SYSTEM_NVCC", str(tmp_path / "none"))
-  monkeypatch.setattr(toolchain.sys, "path", [str(site)])
+  _no_nvcc_anywhere(monkeypatch, tmp_path, site_packages=site)
   with pytest.raises(build.NvccNotFoundError,
                      match="nvidia-cuda-cccl.*lacks nv/target"):
     build.find_toolkit()

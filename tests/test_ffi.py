@@ -33,7 +33,8 @@ ON_GPU = jax.default_backend() == "gpu"
 SGEMM_NAMES = tuple(k.registry_name for k in kernels.SGEMM_LADDER)
 ALL_NAMES = SGEMM_NAMES + ("ffi/mma_sync",)
 HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
-LAB_FFI = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "lab" / "ffi"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LAB_FFI = REPO / "experiments" / "lab" / "ffi"
 PIPELINED_VARIANTS = sorted(v for v in kernels.MMA_SYNC_VARIANTS
                             if kernels.MmaSyncConfig(*v).pipelined)
 

@@ -68,7 +68,9 @@ class MmaSyncConfig:
   instead of every thread with cp.async; on a GPU before Hopper the same
   tiling runs with cp.async.
 
-  Compiled variants: the keys of MMA_SYNC_VARIANTS, in field order.
+  Compiled variants: the PALLAS_GEMM_MMA lines of csrc/kernels.def, i.e.
+  the keys of MMA_SYNC_VARIANTS; any other combination is refused. Fields
+  must be ints (the flags bools); errors name the field and value.
   """
 
   block_n: int = 256
@@ -88,9 +90,9 @@ class MmaSyncConfig:
                         f"{wanted.__name__}")
     if self.key not in MMA_SYNC_VARIANTS:
       raise ValueError(
-          f"(block_n, block_k, num_warps, block_m, stages, pipelined)="
-          f"{self.key} is not a compiled variant; choose one of "
-          f"{sorted(MMA_SYNC_VARIANTS)}")
+          f"MmaSyncConfig (block_n, block_k, num_warps, block_m, stages, "
+          f"pipelined, tma)={self.key} is not a compiled variant "
+          f"(csrc/kernels.def); choose one of {sorted(MMA_SYNC_VARIANTS)}")
 
   @property
   def key(self) -> tuple[int, int, int, int, int, bool, bool]:
@@ -275,4 +277,5 @@ for _kernel in SGEMM_LADDER:
 registry.register(registry.KernelEntry(
     name=MMA_SYNC.registry_name, fn=_mma_fn, supports=_mma_supports,
     heuristic=_mma_heuristic, config_cls=MmaSyncConfig,
-    runs_on_cpu=False, description=f"CUDA tensor cores: {MMA_SYNC.description}"))
+    runs_on_cpu=False,
+    description=f"CUDA tensor cores: {MMA_SYNC.description}"))

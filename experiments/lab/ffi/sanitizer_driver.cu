@@ -21,7 +21,8 @@ using pallas_gemm::WorkspaceFn;
 // The launchers of every kernel in kernels.def (linked from the kernel
 // objects), declared from the list.
 #define DECLARE_WORKSPACE_0(id)
-#define DECLARE_WORKSPACE_1(id) size_t pallas_gemm_workspace_##id(const GemmParams&);
+#define DECLARE_WORKSPACE_1(id) \
+  size_t pallas_gemm_workspace_##id(const GemmParams&);
 #define PALLAS_GEMM_SGEMM(id, align, description) \
   cudaError_t pallas_gemm_launch_##id(const GemmParams&, cudaStream_t);
 #define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma,       \

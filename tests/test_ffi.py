@@ -1,8 +1,10 @@
 """The ffi/* CUDA kernels: build, registration, and (on a GPU) correctness.
 
 On a CPU machine: the CUDA sources compile with nvcc when it is installed
-(skipped otherwise), every kernel is registered, supports() explains what it
-declines, and a missing nvcc gives one clear error. On a GPU (marked `gpu`):
+(skipped otherwise), csrc/kernels.def agrees with the sources, handlers and
+registry, every kernel is registered, and supports() explains what it
+declines. The build cache and the toolchain search are tested with a fake
+nvcc in tests/test_ffi_build.py. On a GPU (marked `gpu`):
 every kernel against float64 on odd and large ragged shapes, the shared
 kernel suite for the best rungs, jit/vmap/grad through pallas_gemm.matmul,
 and the FFI handler rejecting bad buffers with an error instead of a crash.
@@ -11,6 +13,8 @@ and the FFI handler rejecting bad buffers with an error instead of a crash.
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +25,7 @@ import pallas_gemm
 from pallas_gemm import shapes
 from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.ffi import build, kernels
+from pallas_gemm.ffi import build, kernel_list, kernels
 from pallas_gemm.problem import GemmProblem
 from tests.kernel_test_base import KernelTestBase, check_matmul
 
@@ -29,6 +33,7 @@ ON_GPU = jax.default_backend() == "gpu"
 SGEMM_NAMES = tuple(k.registry_name for k in kernels.SGEMM_LADDER)
 ALL_NAMES = SGEMM_NAMES + ("ffi/mma_sync",)
 HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+LAB_FFI = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "lab" / "ffi"
 PIPELINED_VARIANTS = sorted(v for v in kernels.MMA_SYNC_VARIANTS
                             if kernels.MmaSyncConfig(*v).pipelined)
 
@@ -81,14 +86,26 @@ def test_sweep_program_compiles(built_library, monkeypatch):
   library never instantiates them; a broken one would otherwise surface
   only on a GPU machine."""
   monkeypatch.setenv("PALLAS_GEMM_CACHE_DIR",
-                     str(built_library.folder.parent))
-  program = build.compile_sweep(built_library.arch)
-  assert program.exists()
+                     str(built_library.folder.parent.parent))
+  program = build.compile_program(
+      "ffi_sweep", [LAB_FFI / "sweep_driver.cu"], arch=built_library.arch,
+      defines=("PALLAS_GEMM_SWEEP",))
+  assert build.build_problem(program.parent, "ffi_sweep") is None
   log = (program.parent / "ptxas.log").read_text()
   assert "sweep_driver.cu" in log and "sgemm_10_pipelined.cu" in log
   spills = [line for line in log.splitlines() if "spill" in line]
   assert spills and all(" 0 bytes spill stores, 0 bytes spill loads" in line
                         for line in spills), spills
+
+
+def test_sanitizer_driver_links_against_the_library(built_library,
+                                                    monkeypatch):
+  monkeypatch.setenv("PALLAS_GEMM_CACHE_DIR",
+                     str(built_library.folder.parent.parent))
+  program = build.compile_program(
+      "sanitizer_driver", [LAB_FFI / "sanitizer_driver.cu"],
+      arch=built_library.arch)
+  assert build.build_problem(program.parent, "sanitizer_driver") is None
 
 
 def test_library_exports_every_handler(built_library):
@@ -147,34 +164,97 @@ def test_mma_sync_config_validates():
     assert target in build.HANDLERS
 
 
-def test_mma_sync_default_config_is_pipelined():
-  default = registry.get_kernel("ffi/mma_sync").heuristic
-  big = default(_problem("bfloat16", "default", m=8192, n=8192, k=8192),
-                HOPPER)
-  small = default(_problem("bfloat16", "default", m=256, n=256, k=4096),
+def test_mma_sync_config_fields_are_typed():
+  with pytest.raises(TypeError, match=r"MmaSyncConfig.block_n=256.0"):
+    kernels.MmaSyncConfig(block_n=256.0)
+  with pytest.raises(TypeError, match=r"MmaSyncConfig.pipelined=1"):
+    kernels.MmaSyncConfig(pipelined=1)
+
+
+def test_mma_sync_heuristic_is_pipelined():
+  heuristic = registry.get_kernel("ffi/mma_sync").heuristic
+  big = heuristic(_problem("bfloat16", "default", m=8192, n=8192, k=8192),
                   HOPPER)
+  small = heuristic(_problem("bfloat16", "default", m=256, n=256, k=4096),
+                    HOPPER)
   assert big == kernels.MMA_SYNC_DEFAULT_LARGE and big.pipelined
   assert small == kernels.MMA_SYNC_DEFAULT_SMALL and small.pipelined
-  assert default(_problem("bfloat16", "default"), None).pipelined
+  # A host plans for a nominal GPU's SM count, as every heuristic does.
+  assert heuristic(_problem("bfloat16", "default"),
+                   DeviceInfo("cpu", "cpu")) == small
 
 
-def test_pipelined_launchers_are_in_every_table():
-  """Each pipelined variant needs a launcher with its workspace function,
-  an FFI handler that allocates that workspace and a place in the sanitizer
-  driver; a missing one would only show up on a GPU."""
-  csrc = build.CSRC_DIR
-  handlers = (csrc / "ffi_handlers.cu").read_text()
-  driver = (csrc / "sanitizer_driver.cu").read_text()
-  kernel_file = (csrc / "mma_sync_pipelined.cu").read_text()
-  for variant in PIPELINED_VARIANTS:
-    target = kernels.MmaSyncConfig(*variant).target
-    launcher = target.replace("pallas_gemm_", "", 1)
-    assert f"PALLAS_GEMM_PIPELINED_LAUNCHER({launcher}," in kernel_file
-    assert (f"PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE({launcher})"
-            in handlers)
-    assert f"{launcher}));" in handlers  # PALLAS_GEMM_MMA_PIPE_SPEC
-    assert f"pallas_gemm_launch_{launcher}" in driver
-    assert f"pallas_gemm_workspace_{launcher}" in driver
+# ------------------------------------------------------- the kernel list ---
+
+CSRC = kernel_list.CSRC_DIR
+RUNGS, TILINGS = kernel_list.entries()
+
+
+def test_every_simt_rung_source_is_listed():
+  """Each csrc/sgemm_*.cu is a rung of kernels.def and defines its
+  launcher; each listed rung has its file."""
+  files = {p.stem for p in CSRC.glob("sgemm_*.cu")}
+  assert files == {rung.id for rung in RUNGS}
+  for rung in RUNGS:
+    text = (CSRC / f"{rung.id}.cu").read_text()
+    assert f"pallas_gemm_launch_{rung.id}(" in text, rung.id
+    assert rung.align in (1, 4) and rung.description
+
+
+def test_every_mma_tiling_has_its_launcher():
+  basic = (CSRC / "mma_sync.cu").read_text()
+  pipelined = (CSRC / "mma_sync_pipelined.cu").read_text()
+  instantiated = set(re.findall(r"^PALLAS_GEMM_PIPELINED_LAUNCHER\((\w+),",
+                                pipelined, re.M))
+  defined = set(re.findall(r"pallas_gemm_launch_(\w+)\(", basic))
+  assert instantiated == {t.id for t in TILINGS if t.pipelined}
+  assert defined == {t.id for t in TILINGS if not t.pipelined}
+  for tiling in TILINGS:
+    # The pipelined launcher macro defines a workspace sizer; the basic
+    # kernels have none.
+    assert tiling.workspace == tiling.pipelined, tiling
+    assert tiling.tma <= tiling.pipelined, tiling
+
+
+def test_every_entry_is_a_handler_and_a_registered_kernel():
+  assert set(build.HANDLERS) == {kernel_list.ffi_target(e.id)
+                                 for e in (*RUNGS, *TILINGS)}
+  assert set(kernels.MMA_SYNC_VARIANTS.values()) == {
+      kernel_list.ffi_target(t.id) for t in TILINGS}
+  registered = set(pallas_gemm.list_kernels("ffi/*"))
+  assert registered == {f"ffi/{rung.id}" for rung in RUNGS} | {"ffi/mma_sync"}
+  for tiling in TILINGS:
+    config = kernels.MmaSyncConfig(
+        block_n=tiling.block_n, block_k=tiling.block_k,
+        num_warps=tiling.num_warps, block_m=tiling.block_m,
+        stages=tiling.stages, pipelined=tiling.pipelined, tma=tiling.tma)
+    assert config.target == kernel_list.ffi_target(tiling.id)
+
+
+@pytest.mark.parametrize("path", [
+    CSRC / "ffi_handlers.cu", LAB_FFI / "sanitizer_driver.cu",
+    LAB_FFI / "sweep_driver.cu"], ids=lambda p: p.name)
+def test_tables_expand_the_list_instead_of_naming_kernels(path):
+  text = path.read_text()
+  assert '#include "kernels.def"' in text
+  named = [e.id for e in (*RUNGS, *TILINGS)
+           if re.search(rf"\b{e.id}\b", text)]
+  assert not named, f"{path.name} names kernels by hand: {named}"
+
+
+def test_kernel_list_parse_errors_name_the_line():
+  with pytest.raises(ValueError, match="line 2"):
+    kernel_list.parse('// ok\nPALLAS_GEMM_SGEMM(sgemm_x, four, "d")\n')
+  with pytest.raises(ValueError, match="line 1"):
+    kernel_list.parse("PALLAS_GEMM_MMA(mma_x, 128, 128, 32, 8, 4, 1, 0)\n")
+  with pytest.raises(ValueError, match="more than once"):
+    kernel_list.parse('PALLAS_GEMM_SGEMM(a, 1, "x")\n'
+                      'PALLAS_GEMM_SGEMM(a, 4, "y")\n')
+  rungs, tilings = kernel_list.parse(
+      'PALLAS_GEMM_SGEMM(sgemm_x, 4, "a, \\"quoted\\" text")\n'
+      "PALLAS_GEMM_MMA(mma_x, 128, 256, 64, 8, 3, 1, 1, 1)\n")
+  assert rungs[0].align == 4 and "quoted" in rungs[0].description
+  assert tilings[0].tma is True and tilings[0].block_n == 256
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
@@ -182,21 +262,6 @@ def test_requesting_ffi_kernel_on_cpu_is_a_clear_error():
   a = jnp.ones((8, 8), jnp.float32)
   with pytest.raises(ValueError, match="needs a CUDA GPU"):
     pallas_gemm.matmul(a, a, kernel="ffi/sgemm_08_warptile")
-
-
-def test_missing_nvcc_is_one_clear_error(monkeypatch):
-  monkeypatch.delenv("CUDA_HOME", raising=False)
-  monkeypatch.delenv("CUDA_PATH", raising=False)
-  monkeypatch.delenv("NVCC", raising=False)
-  monkeypatch.setattr(build.shutil, "which", lambda name: None)
-  monkeypatch.setattr(build.os.path, "isfile", lambda path: False)
-  with pytest.raises(build.NvccNotFoundError, match="Install the CUDA"):
-    build.find_nvcc()
-
-
-def test_cache_dir_override(monkeypatch, tmp_path):
-  monkeypatch.setenv("PALLAS_GEMM_CACHE_DIR", str(tmp_path))
-  assert build.cache_root() == tmp_path
 
 
 # ------------------------------------------------------------ GPU tests ---

@@ -1,21 +1,29 @@
-"""`python -m pallas_gemm.ffi build [--arch 90a] [--driver] [-v]`
-`python -m pallas_gemm.ffi sweep [--arch 90a] [-- sweep arguments]`
+"""`python -m pallas_gemm.ffi build [--arch 90a] [-v]`
+`python -m pallas_gemm.ffi where [--arch 90a]`
 
-build: compiles the CUDA library into the cache ahead of first use and
-prints where it is, with the ptxas report (registers, shared memory, spills)
-when -v.
-sweep: compiles the tuning sweep (csrc/sweep_driver.cu, with every kernel's
-sweep-only candidates) and runs it on the GPU; arguments after `--` go to
-the program (--sizes, --filter, --iters, --json).
+build: compiles the CUDA library into the build cache ahead of first use
+(or checks the one there, rebuilding it when it is corrupt) and prints
+where it is, with the ptxas report (registers, shared memory, spills) when
+-v. Exits 1, with the reason, when nvcc is missing or broken, a compile
+fails, or the library left in the cache does not pass its check.
+where: prints the cache folder of this build and which nvcc it uses.
+
+The developer tools (compute-sanitizer driver, tuning sweep, gpu_check)
+live outside the package, in experiments/lab/ffi/.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
+import warnings
 
 from pallas_gemm.ffi import build
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+  del category, filename, lineno, line
+  print(f"warning: {message}", file=file or sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -24,27 +32,32 @@ def main(argv=None) -> int:
   build_parser = commands.add_parser("build", help="compile into the cache")
   build_parser.add_argument("--arch", default=None,
                             help="e.g. 90a, 89, 80 (default: the GPU's)")
-  build_parser.add_argument("--driver", action="store_true",
-                            help="also build the compute-sanitizer driver")
   build_parser.add_argument("-v", "--verbose", action="store_true")
-  commands.add_parser("where", help="print the cache folder of this build")
-  sweep_parser = commands.add_parser(
-      "sweep", help="build and run the tuning sweep on the GPU")
-  sweep_parser.add_argument("--arch", default=None)
-  sweep_parser.add_argument("program_args", nargs=argparse.REMAINDER)
+  where_parser = commands.add_parser(
+      "where", help="print the cache folder of this build and its nvcc")
+  where_parser.add_argument("--arch", default=None)
   args = parser.parse_args(argv)
+  with warnings.catch_warnings():
+    warnings.showwarning = _show_warning
+    return _run(args)
+
+
+def _run(args) -> int:
   try:
     if args.command == "where":
-      print(build.plan_build().folder)
+      plan = build.plan_build(args.arch)
+      print(plan.folder)
+      print(f"nvcc: {plan.nvcc} ({plan.toolkit.origin}; "
+            f"{plan.toolkit.version})")
       return 0
-    if args.command == "sweep":
-      program = build.compile_sweep(args.arch)
-      program_args = [a for a in args.program_args if a != "--"]
-      sys.stdout.flush()
-      return subprocess.run([str(program), *program_args]).returncode
-    plan = build.compile_library(args.arch, with_driver=args.driver)
-  except (build.NvccNotFoundError, build.BuildError) as error:
-    print(error, file=sys.stderr)
+    plan = build.compile_library(args.arch)
+  except build.BuildError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 1
+  problem = build.build_problem(plan.folder)
+  if problem is not None:
+    print(f"error: {plan.library} is invalid after the build: {problem}",
+          file=sys.stderr)
     return 1
   print(plan.folder)
   if args.verbose:

@@ -1,22 +1,37 @@
 """Compiles the CUDA sources on first use and registers their FFI handlers.
 
 Nothing here runs at import: `load_library()` compiles (or finds in the
-cache) `libpallas_gemm_ffi.so`, loads it with ctypes and registers every
-handler with XLA. The kernels' Python wrappers call it while they are being
-lowered, so `import pallas_gemm` never needs nvcc or a GPU.
+cache) `libpallas_gemm_ffi.so`, checks it, loads it with ctypes and
+registers every handler of csrc/kernels.def with XLA. The kernels' Python
+wrappers call it while they are being lowered, so `import pallas_gemm`
+never needs nvcc or a GPU.
 
-Cache: `$PALLAS_GEMM_CACHE_DIR`, else `$XDG_CACHE_HOME/pallas_gemm/ffi`, else
-`~/.cache/pallas_gemm/ffi`. Each build lives in a folder named by a hash of
-the sources, the nvcc version, the GPU architecture, the jaxlib version and
-the flags, so a change in any of them rebuilds, and is compiled in a
-temporary folder and renamed into place atomically (two processes building
-at once both succeed; one result wins).
+nvcc, in this order (toolchain.py):
+  1. `$NVCC`, when set: that file or a clear error, never another nvcc;
+  2. the NVIDIA pip wheels of the installed jax CUDA plugin's major
+     (`nvidia-cuda-nvcc` and friends: `jax[cuda13]` installs them), with
+     their headers;
+  3. `$CUDA_HOME/bin`, PATH, then /usr/local/cuda/bin.
+
+Cache: the `build/` folder of pallas_gemm's cache (`$PALLAS_GEMM_CACHE_DIR`,
+else `$XDG_CACHE_HOME/pallas_gemm`, else `~/.cache/pallas_gemm`; tuning data
+has its own `tuning/` folder beside it). Each build lives in a folder named
+by a hash of the sources, the nvcc version, the GPU architecture, the jaxlib
+version and the flags, so a change in any of them rebuilds. It is compiled
+in a temporary folder inside the cache (prefix `.tmp-`) and renamed into
+place, under a per-build file lock so that concurrent processes build once.
+The library's size and sha256 are recorded next to it and checked before
+every load: a truncated, empty or foreign file is never handed to dlopen
+(a truncated ELF can kill the process), it is reported and rebuilt. An
+unusable cache folder (read-only, or a file) makes the build go to a
+temporary folder, with a warning saying so.
 
 Environment switches:
-  PALLAS_GEMM_CUDA_ARCH=90a   target this architecture instead of the GPU's
-  PALLAS_GEMM_KEEP_PTX=1      keep PTX (nvcc --keep) and write sass.txt
-                              (cuobjdump --dump-sass) next to the library
-  NVCC=/path/to/nvcc          which nvcc to use (also $CUDA_HOME/bin/nvcc)
+  PALLAS_GEMM_CUDA_ARCH=90a      target this architecture instead of the GPU's
+  PALLAS_GEMM_KEEP_PTX=1         keep PTX (nvcc --keep) and write sass.txt
+                                 (cuobjdump --dump-sass) next to the library
+  PALLAS_GEMM_NVCC_TIMEOUT=900   seconds one nvcc call may take
+  NVCC=/path/to/nvcc             which nvcc to use
 """
 
 from __future__ import annotations
@@ -25,86 +40,40 @@ import concurrent.futures
 import ctypes
 import dataclasses
 import hashlib
+import json
 import os
 import pathlib
 import shutil
-import subprocess
 import tempfile
 import threading
+import time
+import warnings
 
-CSRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
+from pallas_gemm.ffi import kernel_list, toolchain
+from pallas_gemm.ffi.toolchain import (BuildError, NvccNotFoundError,
+                                       Toolkit, find_toolkit, run)
+
+CSRC_DIR = kernel_list.CSRC_DIR
 LIBRARY_NAME = "libpallas_gemm_ffi.so"
-# A standalone program that runs every launcher on small ragged shapes and
-# checks it against a CPU reference: the target for compute-sanitizer.
-DRIVER_SOURCE = "sanitizer_driver.cu"
-# The tuning sweep (`python -m pallas_gemm.ffi sweep`): the kernel sources
-# again, compiled with -DPALLAS_GEMM_SWEEP so their sweep-only candidates
-# (csrc/sweep.cuh) exist, linked with this driver into one program.
-SWEEP_SOURCE = "sweep_driver.cu"
-SWEEP_PROGRAM = "ffi_sweep"
+MANIFEST_NAME = "manifest.json"
+#: Temporary build folders inside the cache start with this; one older than
+#: STALE_TEMP_SECONDS belongs to a build that was killed.
+TEMP_PREFIX = ".tmp-"
+#: A live build writes an object file at least once per nvcc call, which
+#: the timeout bounds, so a folder untouched for twice that is abandoned.
+STALE_TEMP_SECONDS = 2 * toolchain.DEFAULT_NVCC_TIMEOUT_S
 
-#: FFI target name -> exported handler symbol in the library.
-HANDLERS = {
-    "pallas_gemm_sgemm_01_naive": "PallasGemmSgemm01Naive",
-    "pallas_gemm_sgemm_02_coalesced": "PallasGemmSgemm02Coalesced",
-    "pallas_gemm_sgemm_03_smem_tiled": "PallasGemmSgemm03SmemTiled",
-    "pallas_gemm_sgemm_04_conflict_free": "PallasGemmSgemm04ConflictFree",
-    "pallas_gemm_sgemm_05_vectorized_1d": "PallasGemmSgemm05Vectorized1d",
-    "pallas_gemm_sgemm_06_register_2d": "PallasGemmSgemm06Register2d",
-    "pallas_gemm_sgemm_07_double_buffered": "PallasGemmSgemm07DoubleBuffered",
-    "pallas_gemm_sgemm_08_warptile": "PallasGemmSgemm08Warptile",
-    "pallas_gemm_sgemm_09_two_blocks_per_sm": "PallasGemmSgemm09TwoBlocksPerSm",
-    "pallas_gemm_sgemm_10_pipelined": "PallasGemmSgemm10Pipelined",
-    "pallas_gemm_mma_sync_bn128": "PallasGemmMmaSyncBn128",
-    "pallas_gemm_mma_sync_bn256": "PallasGemmMmaSyncBn256",
-    "pallas_gemm_mma_sync_bn256_bk64": "PallasGemmMmaSyncBn256Bk64",
-    "pallas_gemm_mma_sync_bn128_w4": "PallasGemmMmaSyncBn128W4",
-    "pallas_gemm_mma_pipe_128x256x32": "PallasGemmMmaPipe128X256X32",
-    "pallas_gemm_mma_pipe_256x128x32": "PallasGemmMmaPipe256X128X32",
-    "pallas_gemm_mma_pipe_128x256x64": "PallasGemmMmaPipe128X256X64",
-    "pallas_gemm_mma_pipe_128x128x32": "PallasGemmMmaPipe128X128X32",
-    "pallas_gemm_mma_pipe_128x128x64": "PallasGemmMmaPipe128X128X64",
-    "pallas_gemm_mma_pipe_128x256x64_tma": "PallasGemmMmaPipe128X256X64Tma",
-}
+#: FFI target name -> exported handler symbol, one per kernels.def entry.
+HANDLERS = kernel_list.handlers()
 
-_NVCC_MISSING = (
-    "pallas_gemm's ffi/* kernels compile CUDA C++ on first use and need "
-    "nvcc, the CUDA toolkit compiler, which was not found. Install the CUDA "
-    "toolkit (12.4 or newer; e.g. `apt install cuda-toolkit-13-0` or the "
-    "installer from developer.nvidia.com), then put nvcc on PATH or set "
-    "CUDA_HOME or NVCC. Searched: {searched}")
-
-
-class NvccNotFoundError(RuntimeError):
-  """No nvcc in any of the places `find_nvcc` looks."""
-
-
-class BuildError(RuntimeError):
-  """nvcc failed; the message holds its output."""
+__all__ = ["BuildError", "BuildPlan", "HANDLERS", "NvccNotFoundError",
+           "Toolkit", "build_root", "compile_library", "compile_program",
+           "find_nvcc", "find_toolkit", "load_library", "plan_build"]
 
 
 def find_nvcc() -> str:
-  """nvcc from $CUDA_HOME/bin, $NVCC, PATH, then /usr/local/cuda/bin."""
-  candidates = []
-  cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-  if cuda_home:
-    candidates.append(os.path.join(cuda_home, "bin", "nvcc"))
-  if os.environ.get("NVCC"):
-    candidates.append(os.environ["NVCC"])
-  on_path = shutil.which("nvcc")
-  if on_path:
-    candidates.append(on_path)
-  candidates.append("/usr/local/cuda/bin/nvcc")
-  for candidate in candidates:
-    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-      return candidate
-  raise NvccNotFoundError(_NVCC_MISSING.format(searched=candidates or "none"))
-
-
-def nvcc_version(nvcc: str) -> str:
-  result = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                          check=True)
-  return result.stdout.strip().splitlines()[-1]
+  """The nvcc `find_toolkit` chooses (see toolchain.py)."""
+  return find_toolkit().nvcc
 
 
 def default_arch() -> str:
@@ -124,67 +93,168 @@ def default_arch() -> str:
   return f"{major}{minor}a" if major == 9 else f"{major}{minor}"
 
 
-def cache_root() -> pathlib.Path:
-  override = os.environ.get("PALLAS_GEMM_CACHE_DIR")
-  if override:
-    return pathlib.Path(override)
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-      os.path.expanduser("~"), ".cache")
-  return pathlib.Path(base) / "pallas_gemm" / "ffi"
+def build_root() -> pathlib.Path:
+  """Where builds are cached: the `build/` folder of pallas_gemm's cache."""
+  from pallas_gemm.autotune import cache_dir
+  return cache_dir() / "build"
+
+
+def _fallback_root() -> pathlib.Path:
+  return (pathlib.Path(tempfile.gettempdir())
+          / f"pallas_gemm-{os.getuid()}" / "build")
+
+
+def _usable_root(root: pathlib.Path) -> str | None:
+  """Why builds cannot be written under `root`, or None."""
+  for parent in (root, *root.parents):
+    if parent.exists():
+      if not parent.is_dir():
+        return f"{parent} is not a folder"
+      break
+  try:
+    root.mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    return f"cannot create {root}: {error.strerror or error}"
+  if not os.access(root, os.W_OK | os.X_OK):
+    return f"{root} is not writable"
+  return None
 
 
 def kernel_sources() -> list[pathlib.Path]:
-  return sorted(p for p in CSRC_DIR.glob("*.cu")
-                if p.name not in (DRIVER_SOURCE, SWEEP_SOURCE))
+  return sorted(CSRC_DIR.glob("*.cu"))
 
 
-def _flags(arch: str) -> list[str]:
+def _flags(toolkit: Toolkit, arch: str) -> list[str]:
   import jax
+  includes = [part for d in toolkit.include_dirs for part in ("-I", d)]
   return [
       "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-      "-Xcompiler", "-fPIC", "-I", str(CSRC_DIR), "-I", jax.ffi.include_dir(),
+      "-Xcompiler", "-fPIC", "-I", str(CSRC_DIR), *includes,
+      "-I", jax.ffi.include_dir(),
       # The FFI headers trip harmless warnings in nvcc's front end.
       "-diag-suppress", "940,2473", "-Xcompiler", "-Wno-return-type",
   ]
 
 
+def _link_flags(toolkit: Toolkit, arch: str) -> list[str]:
+  libraries = [part for d in toolkit.library_dirs for part in ("-L", d)]
+  return [f"-gencode=arch=compute_{arch},code=sm_{arch}", *libraries]
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildPlan:
-  nvcc: str
+  toolkit: Toolkit
   arch: str
   key: str
   folder: pathlib.Path
+
+  @property
+  def nvcc(self) -> str:
+    return self.toolkit.nvcc
 
   @property
   def library(self) -> pathlib.Path:
     return self.folder / LIBRARY_NAME
 
 
-def plan_build(arch: str | None = None) -> BuildPlan:
-  import jaxlib
-  nvcc = find_nvcc()
-  arch = arch or default_arch()
+def _source_digest(extra: tuple[pathlib.Path, ...] = ()):
   digest = hashlib.sha256()
-  for path in sorted(CSRC_DIR.iterdir()):
-    if path.suffix in (".cu", ".cuh", ".h"):
+  for path in [*sorted(CSRC_DIR.iterdir()), *extra]:
+    if path.suffix in (".cu", ".cuh", ".h", ".def"):
       digest.update(path.name.encode())
       digest.update(path.read_bytes())
-  digest.update(nvcc_version(nvcc).encode())
+  return digest
+
+
+def plan_build(arch: str | None = None, *,
+               extra_sources: tuple[pathlib.Path, ...] = (),
+               extra_flags: tuple[str, ...] = ()) -> BuildPlan:
+  """Where the build for this toolkit, architecture and source set lives."""
+  import jaxlib
+  toolkit = find_toolkit()
+  arch = arch or default_arch()
+  digest = _source_digest(tuple(extra_sources))
+  digest.update(toolkit.version.encode())
   digest.update(arch.encode())
   digest.update(jaxlib.__version__.encode())
-  digest.update(" ".join(_flags(arch)).encode())
+  digest.update(" ".join([*_flags(toolkit, arch), *extra_flags]).encode())
   digest.update(os.environ.get("PALLAS_GEMM_KEEP_PTX", "").encode())
   key = f"sm_{arch}-{digest.hexdigest()[:16]}"
-  return BuildPlan(nvcc=nvcc, arch=arch, key=key, folder=cache_root() / key)
+  return BuildPlan(toolkit=toolkit, arch=arch, key=key,
+                   folder=build_root() / key)
 
 
-def _run(command: list[str], cwd: pathlib.Path) -> str:
-  result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-  output = result.stdout + result.stderr
-  if result.returncode != 0:
-    raise BuildError(f"command failed ({result.returncode}): "
-                     f"{' '.join(command)}\n{output}")
-  return output
+# ------------------------------------------------ validating a build ---
+
+
+def _sha256(path: pathlib.Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _elf_problem(path: pathlib.Path) -> str | None:
+  try:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+      magic = f.read(4)
+  except OSError as error:
+    return f"{path.name} cannot be read ({error.strerror or error})"
+  if size == 0:
+    return f"{path.name} is empty"
+  if magic != b"\x7fELF":
+    return f"{path.name} is not an ELF file"
+  return None
+
+
+def _write_manifest(folder: pathlib.Path, artefact: str) -> None:
+  path = folder / artefact
+  problem = _elf_problem(path)
+  if problem is not None:
+    raise BuildError(f"nvcc reported success but {problem} ({path})")
+  manifest = {"artefact": artefact, "size": path.stat().st_size,
+              "sha256": _sha256(path)}
+  (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def build_problem(folder: pathlib.Path, artefact: str = LIBRARY_NAME
+                  ) -> str | None:
+  """Why the build in `folder` must not be loaded, or None: its artefact
+  must be an ELF file whose size and sha256 match the manifest written when
+  it was built. Checked before dlopen, which a truncated ELF can crash."""
+  path = folder / artefact
+  if not path.is_file():
+    return f"{artefact} is missing"
+  try:
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    size, sha = int(manifest["size"]), str(manifest["sha256"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return f"{MANIFEST_NAME} is missing or unreadable"
+  problem = _elf_problem(path)
+  if problem is not None:
+    return problem
+  actual = path.stat().st_size
+  if actual != size:
+    return f"{artefact} has {actual} bytes, {size} were built"
+  if _sha256(path) != sha:
+    return f"{artefact}'s sha256 differs from the one recorded at build time"
+  return None
+
+
+# ------------------------------------------------------- building ---
+
+
+def _clean_stale_temps(root: pathlib.Path) -> None:
+  """Removes temporary build folders left by killed builds."""
+  now = time.time()
+  for path in root.glob(TEMP_PREFIX + "*"):
+    try:
+      if now - path.stat().st_mtime > STALE_TEMP_SECONDS:
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+      pass
 
 
 def _compile_objects(plan: BuildPlan, flags, sources, tmp: pathlib.Path, *,
@@ -195,8 +265,8 @@ def _compile_objects(plan: BuildPlan, flags, sources, tmp: pathlib.Path, *,
   def compile_one(source: pathlib.Path) -> str:
     obj = tmp / (source.stem + ".o")
     extra = ["--keep", "--keep-dir", str(tmp)] if keep else []
-    output = _run([plan.nvcc, *flags, "-Xptxas", "-v", *extra, "-c",
-                   str(source), "-o", str(obj)], tmp)
+    output = run(plan.toolkit, [*flags, "-Xptxas", "-v", *extra, "-c",
+                                str(source), "-o", str(obj)], tmp)
     return f"==== {source.name}\n{output}"
 
   jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
@@ -206,91 +276,111 @@ def _compile_objects(plan: BuildPlan, flags, sources, tmp: pathlib.Path, *,
   return [str(tmp / (s.stem + ".o")) for s in sources]
 
 
-def _publish(tmp: pathlib.Path, folder: pathlib.Path) -> bool:
-  """Renames the finished build `tmp` to `folder`; False when another
-  process got there first (its build is identical)."""
-  os.chmod(tmp, 0o755)
-  if folder.exists():
-    return False
-  try:
-    os.rename(tmp, folder)
-  except OSError:
-    if not folder.exists():
-      raise
-    return False
-  # The renamed folder must not be deleted by TemporaryDirectory's cleanup.
-  tmp.mkdir(exist_ok=True)
-  return True
+def _build_into(plan: BuildPlan, artefact: str, produce) -> None:
+  """Builds `plan.folder` (holding `artefact`) unless a valid one is there:
+  under a file lock, in a temporary folder beside it that `produce(tmp)`
+  fills, then renamed into place. A corrupt build is reported and replaced.
+  """
+  import filelock
+  root = plan.folder.parent
+  with filelock.FileLock(str(root / f"{plan.key}.lock")):
+    if plan.folder.exists():
+      problem = build_problem(plan.folder, artefact)
+      if problem is None:
+        return
+      warnings.warn(f"pallas_gemm: the cached build {plan.folder} is "
+                    f"invalid ({problem}); rebuilding it", stacklevel=3)
+      doomed = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=TEMP_PREFIX))
+      os.rename(plan.folder, doomed / "invalid")
+      shutil.rmtree(doomed, ignore_errors=True)
+    _clean_stale_temps(root)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=root,
+                                        prefix=f"{TEMP_PREFIX}{plan.key}-"))
+    try:
+      produce(tmp)
+      _write_manifest(tmp, artefact)
+      os.chmod(tmp, 0o755)
+      os.rename(tmp, plan.folder)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _in_usable_root(plan: BuildPlan, artefact: str) -> BuildPlan:
+  """`plan` in the user's build cache, or in a temporary folder (with a
+  warning) when that cache cannot be written and holds no valid build."""
+  reason = _usable_root(plan.folder.parent)
+  if reason is None:
+    return plan
+  if plan.folder.is_dir() and build_problem(plan.folder, artefact) is None:
+    return plan  # a read-only cache with a good build: just use it
+  fallback = _fallback_root()
+  fallback_reason = _usable_root(fallback)
+  if fallback_reason is not None:
+    raise BuildError(f"pallas_gemm cannot write its FFI build cache "
+                     f"({reason}) nor the temporary folder ({fallback_reason});"
+                     f" set PALLAS_GEMM_CACHE_DIR to a writable folder")
+  warnings.warn(f"pallas_gemm: the FFI build cache is unusable ({reason}); "
+                f"building in {fallback} instead (set PALLAS_GEMM_CACHE_DIR "
+                f"to a writable folder to keep builds)", stacklevel=3)
+  return dataclasses.replace(plan, folder=fallback / plan.folder.name)
 
 
 def compile_library(arch: str | None = None, *, jobs: int | None = None,
-                    with_driver: bool = False, verbose: bool = False
-                    ) -> BuildPlan:
-  """Builds the shared library (and optionally the sanitizer driver) into the
-  cache unless it is there already. Returns where it lives."""
-  plan = plan_build(arch)
-  driver = plan.folder / "sanitizer_driver"
-  if plan.library.exists() and (not with_driver or driver.exists()):
-    return plan
-  plan.folder.parent.mkdir(parents=True, exist_ok=True)
+                    verbose: bool = False) -> BuildPlan:
+  """Builds the shared library into the cache unless a valid build is
+  there already. Returns where it lives."""
+  plan = _in_usable_root(plan_build(arch), LIBRARY_NAME)
   keep = os.environ.get("PALLAS_GEMM_KEEP_PTX") == "1"
-  flags = _flags(plan.arch)
-  with tempfile.TemporaryDirectory(dir=plan.folder.parent,
-                                   prefix=f".{plan.key}-") as tmp_name:
-    tmp = pathlib.Path(tmp_name)
-    objects = _compile_objects(plan, flags, kernel_sources(), tmp, jobs=jobs,
-                               keep=keep)
-    _run([plan.nvcc, "-shared", f"-gencode=arch=compute_{plan.arch},"
-          f"code=sm_{plan.arch}", "-o", str(tmp / LIBRARY_NAME), *objects], tmp)
-    if with_driver:
-      _build_driver(plan, flags, tmp, objects)
+
+  def produce(tmp: pathlib.Path) -> None:
+    objects = _compile_objects(plan, _flags(plan.toolkit, plan.arch),
+                               kernel_sources(), tmp, jobs=jobs, keep=keep)
+    run(plan.toolkit, ["-shared", *_link_flags(plan.toolkit, plan.arch),
+                       "-o", str(tmp / LIBRARY_NAME), *objects], tmp)
     if keep:
-      sass = _run([_cuobjdump(plan.nvcc), "--dump-sass",
-                   str(tmp / LIBRARY_NAME)], tmp)
+      sass = run(plan.toolkit, ["--dump-sass", str(tmp / LIBRARY_NAME)], tmp,
+                 tool="cuobjdump")
       (tmp / "sass.txt").write_text(sass)
     if verbose:
       print((tmp / "ptxas.log").read_text())
-    if not _publish(tmp, plan.folder):
-      # Only the driver may be missing from the build that won.
-      if with_driver and not driver.exists():
-        shutil.copy2(tmp / "sanitizer_driver", driver)
+
+  _build_into(plan, LIBRARY_NAME, produce)
   return plan
 
 
-def _build_driver(plan: BuildPlan, flags, tmp: pathlib.Path, objects) -> None:
-  driver_obj = tmp / "sanitizer_driver.o"
-  _run([plan.nvcc, *flags, "-c", str(CSRC_DIR / DRIVER_SOURCE), "-o",
-        str(driver_obj)], tmp)
-  _run([plan.nvcc, f"-gencode=arch=compute_{plan.arch},code=sm_{plan.arch}",
-        "-o", str(tmp / "sanitizer_driver"), str(driver_obj), *objects], tmp)
+def compile_program(name: str, sources: list[pathlib.Path], *,
+                    arch: str | None = None, defines: tuple[str, ...] = (),
+                    jobs: int | None = None) -> pathlib.Path:
+  """Builds a standalone program from `sources` (e.g. a developer driver
+  outside the package; they may include csrc/ headers and kernels.def)
+  into the build cache, checked like the library. Without `defines` it
+  links against the library's launchers (building the library first);
+  with them, every kernel source is compiled again with `-D<define>` each
+  and linked in. Returns the program's path."""
+  sources = [pathlib.Path(s).resolve() for s in sources]
+  extra_flags = tuple(f"-D{d}" for d in defines)
+  library = None if defines else compile_library(arch, jobs=jobs)
+  plan = plan_build(arch, extra_sources=tuple(sources),
+                    extra_flags=(name, *extra_flags))
+  plan = dataclasses.replace(plan, folder=plan.folder.with_name(
+      f"{plan.folder.name}-{name}"))
+  plan = _in_usable_root(plan, name)
 
+  def produce(tmp: pathlib.Path) -> None:
+    flags = [*_flags(plan.toolkit, plan.arch), *extra_flags]
+    if library is None:
+      objects = _compile_objects(plan, flags, [*kernel_sources(), *sources],
+                                 tmp, jobs=jobs)
+      linked = []
+    else:
+      objects = _compile_objects(plan, flags, sources, tmp, jobs=jobs)
+      linked = [str(library.library), "-Xlinker",
+                f"-rpath={library.folder}"]
+    run(plan.toolkit, [*_link_flags(plan.toolkit, plan.arch), "-o",
+                       str(tmp / name), *objects, *linked], tmp)
 
-def compile_sweep(arch: str | None = None, *, jobs: int | None = None
-                  ) -> pathlib.Path:
-  """Builds the sweep program next to the library's cache folder (same key,
-  suffix `-sweep`), atomically like the library. Returns its path."""
-  plan = plan_build(arch)
-  folder = plan.folder.with_name(plan.key + "-sweep")
-  program = folder / SWEEP_PROGRAM
-  if program.exists():
-    return program
-  folder.parent.mkdir(parents=True, exist_ok=True)
-  flags = [*_flags(plan.arch), "-DPALLAS_GEMM_SWEEP"]
-  with tempfile.TemporaryDirectory(dir=folder.parent,
-                                   prefix=f".{folder.name}-") as tmp_name:
-    tmp = pathlib.Path(tmp_name)
-    objects = _compile_objects(
-        plan, flags, [*kernel_sources(), CSRC_DIR / SWEEP_SOURCE], tmp,
-        jobs=jobs)
-    _run([plan.nvcc, f"-gencode=arch=compute_{plan.arch},code=sm_{plan.arch}",
-          "-o", str(tmp / SWEEP_PROGRAM), *objects], tmp)
-    _publish(tmp, folder)
-  return program
-
-
-def _cuobjdump(nvcc: str) -> str:
-  sibling = os.path.join(os.path.dirname(nvcc), "cuobjdump")
-  return sibling if os.path.exists(sibling) else "cuobjdump"
+  _build_into(plan, name, produce)
+  return plan.folder / name
 
 
 _lock = threading.Lock()
@@ -298,14 +388,18 @@ _library: ctypes.CDLL | None = None
 
 
 def load_library() -> ctypes.CDLL:
-  """Compiles if needed, loads the library and registers every handler with
-  XLA (platform CUDA). Idempotent and thread-safe."""
+  """Compiles if needed, checks and loads the library and registers every
+  handler with XLA (platform CUDA). Idempotent and thread-safe."""
   global _library
   with _lock:
     if _library is not None:
       return _library
     import jax
     plan = compile_library()
+    problem = build_problem(plan.folder)
+    if problem is not None:  # changed on disk since it was built or checked
+      raise BuildError(f"{plan.library} is invalid ({problem}); run "
+                       f"`python -m pallas_gemm.ffi build` to rebuild it")
     library = ctypes.cdll.LoadLibrary(str(plan.library))
     for target, symbol in HANDLERS.items():
       jax.ffi.register_ffi_target(

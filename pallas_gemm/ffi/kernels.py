@@ -31,7 +31,7 @@ import numpy as np
 from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import ACTIVATIONS, GemmProblem
-from pallas_gemm.ffi import build
+from pallas_gemm.ffi import build, kernel_list
 
 # Grid limits baked into the launchers (grid y holds N tiles, z or y the batch).
 _MAX_BATCH = 65535
@@ -80,6 +80,12 @@ class MmaSyncConfig:
   tma: bool = False
 
   def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      wanted = bool if field.type in ("bool", bool) else int
+      if type(value) is not wanted:  # noqa: E721 - bool is not an int here
+        raise TypeError(f"MmaSyncConfig.{field.name}={value!r} must be a "
+                        f"{wanted.__name__}")
     if self.key not in MMA_SYNC_VARIANTS:
       raise ValueError(
           f"(block_n, block_k, num_warps, block_m, stages, pipelined)="
@@ -101,47 +107,20 @@ class MmaSyncConfig:
             f"w{self.num_warps} s{self.stages}" + (" tma" if self.tma else ""))
 
 
+def _variants() -> dict[tuple, str]:
+  _, tilings = kernel_list.entries()
+  return {(t.block_n, t.block_k, t.num_warps, t.block_m, t.stages,
+           t.pipelined, t.tma): kernel_list.ffi_target(t.id) for t in tilings}
+
+
 #: (block_n, block_k, num_warps, block_m, stages, pipelined, tma) -> FFI
-#: target.
-MMA_SYNC_VARIANTS = {
-    (128, 32, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn128",
-    (256, 32, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn256",
-    (256, 64, 8, 128, 4, False, False): "pallas_gemm_mma_sync_bn256_bk64",
-    (128, 32, 4, 128, 4, False, False): "pallas_gemm_mma_sync_bn128_w4",
-    (256, 32, 8, 128, 4, True, False): "pallas_gemm_mma_pipe_128x256x32",
-    (128, 32, 8, 256, 4, True, False): "pallas_gemm_mma_pipe_256x128x32",
-    (256, 64, 8, 128, 3, True, False): "pallas_gemm_mma_pipe_128x256x64",
-    (128, 32, 4, 128, 4, True, False): "pallas_gemm_mma_pipe_128x128x32",
-    (128, 64, 4, 128, 3, True, False): "pallas_gemm_mma_pipe_128x128x64",
-    (256, 64, 8, 128, 3, True, True): "pallas_gemm_mma_pipe_128x256x64_tma",
-}
+#: target, for every PALLAS_GEMM_MMA entry of csrc/kernels.def.
+MMA_SYNC_VARIANTS = _variants()
 
-
-SGEMM_LADDER = (
-    FfiKernel("sgemm_01_naive", "naive, one thread per output, uncoalesced",
-              ("float32",), 1),
-    FfiKernel("sgemm_02_coalesced", "one thread per output, coalesced",
-              ("float32",), 1),
-    FfiKernel("sgemm_03_smem_tiled", "32x32 shared-memory tiles",
-              ("float32",), 1),
-    FfiKernel("sgemm_04_conflict_free",
-              "shared-memory tiles without bank conflicts", ("float32",), 1),
-    FfiKernel("sgemm_05_vectorized_1d",
-              "128-bit loads, 64x64 block, 8x1 thread tile", ("float32",), 4),
-    FfiKernel("sgemm_06_register_2d", "64x64 block, 4x4 register tile",
-              ("float32",), 4),
-    FfiKernel("sgemm_07_double_buffered",
-              "128x128 block, 8x8 tile, double-buffered with register prefetch",
-              ("float32",), 4),
-    FfiKernel("sgemm_08_warptile", "128x128 block, 64x32 warp tiles",
-              ("float32",), 4),
-    FfiKernel("sgemm_09_two_blocks_per_sm",
-              "rung 08 capped at 128 registers (two blocks per SM), B copied "
-              "with cp.async", ("float32",), 4),
-    FfiKernel("sgemm_10_pipelined",
-              "cp.async ring for A and B (A transposed by 4-byte copies), "
-              "fragments double-buffered in registers", ("float32",), 4),
-)
+#: The SIMT rungs, one per PALLAS_GEMM_SGEMM entry of csrc/kernels.def.
+SGEMM_LADDER = tuple(
+    FfiKernel(rung.id, rung.description, ("float32",), rung.align)
+    for rung in kernel_list.entries()[0])
 
 MMA_SYNC = FfiKernel(
     "mma_sync",
@@ -262,28 +241,24 @@ def _register_sgemm(kernel: FfiKernel) -> None:
       runs_on_cpu=False, description=f"CUDA SIMT SGEMM: {kernel.description}"))
 
 
-#: Defaults, both software-pipelined. Measured on an H200 (bf16):
-#: 128x256x64 with 3 stages, its ldmatrix interleaved with the mma.sync,
-#: ran 480-485 TFLOP/s at 4096^3 and 403-501 at 8192^3 with cp.async
-#: (experiments/results/nvidia_h200/ffi/, runs 4-8) and 518-520 / 543-549
-#: with TMA loads (run 9), hence tma=True (cp.async before Hopper);
-#: 128x256x32 with 4 stages was the default before at 439-465. The
-#: 128x128x32 with 4 warps (two blocks per SM) keeps smaller tiles for
-#: grids too small to fill the SMs with 128x256 tiles; that choice is by
-#: tile count, not timed.
+#: Defaults, both software-pipelined. 128x256x64 with 3 stages and TMA loads
+#: (cp.async before Hopper) was the fastest shipped tiling on the H200 at
+#: 4096^3 and 8192^3; the measurements behind it are gathered in
+#: experiments/results/nvidia_h200/ffi/README.md ("The shipped `mma_sync`
+#: defaults, in one place"). The 128x128x32 tiling with 4 warps (two blocks
+#: per SM) keeps smaller tiles for grids too small to fill the SMs with
+#: 128x256 tiles; that choice is by tile count, not timed.
 MMA_SYNC_DEFAULT_LARGE = MmaSyncConfig(block_n=256, block_k=64, num_warps=8,
                                        block_m=128, stages=3, pipelined=True,
                                        tma=True)
 MMA_SYNC_DEFAULT_SMALL = MmaSyncConfig(block_n=128, block_k=32, num_warps=4,
                                        block_m=128, stages=4, pipelined=True)
-_DEFAULT_NUM_SMS = 132  # an H100/H200, when the device is not known
 
 
-def _mma_default_config(problem: GemmProblem, device: DeviceInfo | None):
-  num_sms = device.num_sms if device is not None and device.num_sms > 1 \
-      else _DEFAULT_NUM_SMS
+def _mma_heuristic(problem: GemmProblem, device: DeviceInfo) -> MmaSyncConfig:
+  """The large tiling once its tiles fill every SM, else the small one."""
   large_tiles = problem.batch * (-(-problem.m // 128)) * (-(-problem.n // 256))
-  if large_tiles >= num_sms:
+  if large_tiles >= device.planning_sms:
     return MMA_SYNC_DEFAULT_LARGE
   return MMA_SYNC_DEFAULT_SMALL
 
@@ -299,5 +274,5 @@ for _kernel in SGEMM_LADDER:
 
 registry.register(registry.KernelEntry(
     name=MMA_SYNC.registry_name, fn=_mma_fn, supports=_mma_supports,
-    heuristic=_mma_default_config, config_cls=MmaSyncConfig,
+    heuristic=_mma_heuristic, config_cls=MmaSyncConfig,
     runs_on_cpu=False, description=f"CUDA tensor cores: {MMA_SYNC.description}"))

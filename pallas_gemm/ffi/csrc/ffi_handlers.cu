@@ -12,39 +12,23 @@
 #include "gemm_params.cuh"
 #include "xla/ffi/api/ffi.h"
 
-// Launchers defined in the kernel files.
+// Launchers (and workspace sizers) defined in the kernel files, one per
+// entry of kernels.def.
+#define PALLAS_GEMM_DECLARE_WORKSPACE_0(id)
+#define PALLAS_GEMM_DECLARE_WORKSPACE_1(id) \
+  size_t pallas_gemm_workspace_##id(const pallas_gemm::GemmParams& p);
+#define PALLAS_GEMM_DECLARE(id, workspace)                                  \
+  cudaError_t pallas_gemm_launch_##id(const pallas_gemm::GemmParams& p,     \
+                                      cudaStream_t stream);                 \
+  PALLAS_GEMM_DECLARE_WORKSPACE_##workspace(id)
+#define PALLAS_GEMM_SGEMM(id, align, description) PALLAS_GEMM_DECLARE(id, 0)
+#define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma, \
+                        workspace)                                     \
+  PALLAS_GEMM_DECLARE(id, workspace)
 extern "C" {
-#define PALLAS_GEMM_DECLARE_LAUNCHER(name)                 \
-  cudaError_t pallas_gemm_launch_##name(                   \
-      const pallas_gemm::GemmParams& p, cudaStream_t stream);
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_01_naive)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_02_coalesced)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_03_smem_tiled)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_04_conflict_free)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_05_vectorized_1d)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_06_register_2d)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_07_double_buffered)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_08_warptile)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_09_two_blocks_per_sm)
-PALLAS_GEMM_DECLARE_LAUNCHER(sgemm_10_pipelined)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn256_bk64)
-PALLAS_GEMM_DECLARE_LAUNCHER(mma_sync_bn128_w4)
-#undef PALLAS_GEMM_DECLARE_LAUNCHER
-// The pipelined kernels also size their workspace (the stream-K tail's).
-#define PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(name)    \
-  cudaError_t pallas_gemm_launch_##name(                     \
-      const pallas_gemm::GemmParams& p, cudaStream_t stream); \
-  size_t pallas_gemm_workspace_##name(const pallas_gemm::GemmParams& p);
-PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x256x32)
-PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_256x128x32)
-PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x256x64)
-PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x128x32)
-PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x128x64)
-PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE(mma_pipe_128x256x64_tma)
-#undef PALLAS_GEMM_DECLARE_LAUNCHER_WITH_WORKSPACE
+#include "kernels.def"
 }
+#undef PALLAS_GEMM_DECLARE
 
 namespace pallas_gemm {
 
@@ -236,141 +220,35 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
           .Attr<float>("alpha")                                              \
           .Attr<float>("beta"))
 
-// Every SIMT rung serves float32 in and out, with no alignment demands
-// unless it says otherwise.
-#define PALLAS_GEMM_SGEMM_SPEC(name, align, launch)                     \
-  ::pallas_gemm::KernelSpec {                                          \
-    name, ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32),         \
-        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32), false,    \
-        align, align, launch                                           \
-  }
+// One handler per entry of kernels.def, exported as
+// pallas_gemm_ffi_handler_<id> (build.py registers it as pallas_gemm_<id>).
+#define PALLAS_GEMM_WORKSPACE_FN_0(id) nullptr
+#define PALLAS_GEMM_WORKSPACE_FN_1(id) pallas_gemm_workspace_##id
 
-
-// rung sgemm_01_naive.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm01Naive,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_01_naive", 1,
-                           pallas_gemm_launch_sgemm_01_naive));
-
-// rung sgemm_02_coalesced.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm02Coalesced,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_02_coalesced", 1,
-                           pallas_gemm_launch_sgemm_02_coalesced));
-
-// rung sgemm_03_smem_tiled.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm03SmemTiled,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_03_smem_tiled", 1,
-                           pallas_gemm_launch_sgemm_03_smem_tiled));
-
-// rung sgemm_04_conflict_free.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm04ConflictFree,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_04_conflict_free", 1,
-                           pallas_gemm_launch_sgemm_04_conflict_free));
-
-// rung sgemm_05_vectorized_1d.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm05Vectorized1d,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_05_vectorized_1d", 4,
-                           pallas_gemm_launch_sgemm_05_vectorized_1d));
-
-// rung sgemm_06_register_2d.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm06Register2d,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_06_register_2d", 4,
-                           pallas_gemm_launch_sgemm_06_register_2d));
-
-// rung sgemm_07_double_buffered.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm07DoubleBuffered,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_07_double_buffered", 4,
-                           pallas_gemm_launch_sgemm_07_double_buffered));
-
-// rung sgemm_08_warptile.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm08Warptile,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_08_warptile", 4,
-                           pallas_gemm_launch_sgemm_08_warptile));
-
-// rung sgemm_09_two_blocks_per_sm.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm09TwoBlocksPerSm,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_09_two_blocks_per_sm", 4,
-                           pallas_gemm_launch_sgemm_09_two_blocks_per_sm));
-
-// rung sgemm_10_pipelined.cu
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmSgemm10Pipelined,
-    PALLAS_GEMM_SGEMM_SPEC("sgemm_10_pipelined", 4,
-                           pallas_gemm_launch_sgemm_10_pipelined));
+// Every SIMT rung serves float32 in and out; k and n must be multiples of
+// its vector width `align`.
+#define PALLAS_GEMM_SGEMM(id, align, description)                          \
+  PALLAS_GEMM_DEFINE_FFI_HANDLER(                                          \
+      pallas_gemm_ffi_handler_##id,                                        \
+      (::pallas_gemm::KernelSpec{                                          \
+          #id, ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32),       \
+          ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32), false,     \
+          align, align, pallas_gemm_launch_##id}));
 
 // Tensor-core kernels: fp16 or bf16 in; f32 or the input type out. k and n
 // must be multiples of 8 (16-byte cp.async chunks); the wrapper pads.
-// `workspace` sizes the scratch a launcher wants (nullptr: none).
-#define PALLAS_GEMM_MMA_SPEC_WITH_WORKSPACE(name, launch, workspace)        \
-  ::pallas_gemm::KernelSpec {                                               \
-    name,                                                                   \
-        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |             \
-            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
-        ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32) |              \
-            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |         \
-            ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),           \
-        true, 8, 8, launch, workspace                                       \
-  }
-#define PALLAS_GEMM_MMA_SPEC(name, launch) \
-  PALLAS_GEMM_MMA_SPEC_WITH_WORKSPACE(name, launch, nullptr)
-// The pipelined ones take a workspace for their stream-K tail.
-#define PALLAS_GEMM_MMA_PIPE_SPEC(name, suffix)                        \
-  PALLAS_GEMM_MMA_SPEC_WITH_WORKSPACE(name, pallas_gemm_launch_##suffix, \
-                                      pallas_gemm_workspace_##suffix)
+#define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma,     \
+                        workspace)                                         \
+  PALLAS_GEMM_DEFINE_FFI_HANDLER(                                          \
+      pallas_gemm_ffi_handler_##id,                                        \
+      (::pallas_gemm::KernelSpec{                                          \
+          #id,                                                             \
+          ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |          \
+              ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),        \
+          ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF32) |           \
+              ::pallas_gemm::Bit(::pallas_gemm::ElementType::kBF16) |      \
+              ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),        \
+          true, 8, 8, pallas_gemm_launch_##id,                             \
+          PALLAS_GEMM_WORKSPACE_FN_##workspace(id)}));
 
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaSyncBn128,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (128x128 tile)", pallas_gemm_launch_mma_sync_bn128));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaSyncBn256,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (128x256 tile)", pallas_gemm_launch_mma_sync_bn256));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaSyncBn256Bk64,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (128x256x64 tile)",
-                         pallas_gemm_launch_mma_sync_bn256_bk64));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaSyncBn128W4,
-    PALLAS_GEMM_MMA_SPEC("mma_sync (128x128 tile, 4 warps)",
-                         pallas_gemm_launch_mma_sync_bn128_w4));
-
-// Software-pipelined tensor-core kernels (mma_sync_pipelined.cu).
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaPipe128X256X32,
-    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x256x32 tile)",
-                              mma_pipe_128x256x32));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaPipe256X128X32,
-    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 256x128x32 tile)",
-                              mma_pipe_256x128x32));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaPipe128X256X64,
-    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x256x64 tile)",
-                              mma_pipe_128x256x64));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaPipe128X128X32,
-    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x128x32 tile)",
-                              mma_pipe_128x128x32));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaPipe128X128X64,
-    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x128x64 tile)",
-                              mma_pipe_128x128x64));
-
-PALLAS_GEMM_DEFINE_FFI_HANDLER(
-    PallasGemmMmaPipe128X256X64Tma,
-    PALLAS_GEMM_MMA_PIPE_SPEC("mma_sync (pipelined 128x256x64 tile, TMA)",
-                              mma_pipe_128x256x64_tma));
+#include "kernels.def"

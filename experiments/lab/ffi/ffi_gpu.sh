@@ -1,38 +1,44 @@
 #!/usr/bin/env bash
-# The ffi/* kernels on a GPU machine, in one call: the tuning sweep, Nsight
-# Compute counters for the shipped tensor-core and top SIMT kernels, then
-# gpu_check (build, compute-sanitizer, SASS, CUPTI timings through JAX
-# against jnp.dot) and the ffi GPU tests.
+# The ffi/* kernels on a GPU machine, in one call: a cold build (timed), the
+# tuning sweep, Nsight Compute counters for the shipped tensor-core and top
+# SIMT kernels, then gpu_check (sanitizer driver, compute-sanitizer, SASS,
+# CUPTI timings through JAX against jnp.dot) and the ffi GPU tests.
 #
-#   OUT=/some/dir experiments/ffi_gpu.sh [steps]     # OUT defaults to ./out
+#   OUT=/some/dir experiments/lab/ffi/ffi_gpu.sh [steps]  # OUT defaults to ./out
 #
-# steps: a comma list of ceiling, sweep, ncu, check, pytest, headline,
-# ladder, triton_ieee (default: ceiling,sweep,ncu,check,pytest). The sweep
-# takes its program arguments from $SWEEP_ARGS (default: --sizes 4096,8192).
-# headline runs experiments/ffi_headline.py while nvidia-smi records the SM
-# clock, power and temperature every 100 ms (clocks.csv). ladder re-runs the
-# benchmark's ladder suite at 4096^3 and 8192^3 into
-# experiments/results/<gpu>/ladder and ladder_8192 (packed too). Everything is written to $WORK (default
-# /tmp/pallas_gemm_ffi) and packed into $OUT/ffi.tar.gz, with the log as
-# $OUT/log.txt: the device machine returns at most 8 files. The tables are
-# also printed, so the end of the output is the summary.
+# steps: a comma list of build, ceiling, sweep, ncu, check, pytest,
+# headline, ladder, triton_ieee (default: build,ceiling,sweep,ncu,check,
+# pytest). build compiles the library into an empty build cache and reports
+# how long a first call's build takes, and which nvcc it used. check runs
+# gpu_check.py with $CHECK_ARGS (e.g. "--quick --skip time,sass
+# --sanitizer-tools none"). The sweep takes its program arguments from
+# $SWEEP_ARGS (default: --sizes 4096,8192). headline runs ffi_headline.py
+# while nvidia-smi records the SM clock, power and temperature every 100 ms
+# (clocks.csv). ladder re-runs the benchmark's ladder suite at 4096^3 and
+# 8192^3 into experiments/results/<gpu>/ladder and ladder_8192 (packed too).
+# Everything is written to $WORK (default /tmp/pallas_gemm_ffi) and packed
+# into $OUT/ffi.tar.gz, with the log as $OUT/log.txt. The tables are also
+# printed, so the end of the output is the summary.
 #
 # The device copy of the tree may have no .git: pass the revision as
 # PALLAS_GEMM_GIT_SHA so every output names the code it measured.
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
+LAB=experiments/lab/ffi
 OUT=${OUT:-./out}
-STEPS=${1:-ceiling,sweep,ncu,check,pytest}
+STEPS=${1:-build,ceiling,sweep,ncu,check,pytest}
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-# The toolkit's standard location; the GPU machine has no nvcc on PATH.
+# Last resort after the NVIDIA pip wheels and PATH (build.py's search order).
 export PATH="$PATH:/usr/local/cuda/bin"
 export PALLAS_GEMM_KEEP_PTX=1
 DIR=${WORK:-/tmp/pallas_gemm_ffi}
 rm -rf "$DIR"
 mkdir -p "$DIR" "$OUT"
+# A cache of this run's own: the build step then measures a cold build.
+export PALLAS_GEMM_CACHE_DIR=${PALLAS_GEMM_CACHE_DIR:-$DIR/cache}
 exec > >(tee -a "$DIR/log.txt") 2>&1
 
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -43,9 +49,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \
   --format=csv || true
 echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
 
+if has build; then
+  stage "cold build of the library (empty cache)"
+  "$PY" -m pallas_gemm.ffi where
+  START=$SECONDS
+  "$PY" -m pallas_gemm.ffi build > "$DIR/build.txt" 2>&1
+  echo "build exit $? in $((SECONDS - START)) s"; tail -n 3 "$DIR/build.txt"
+fi
+
 if has sweep || has ncu || has ceiling; then
   stage "build the sweep program"
-  SWEEP=$("$PY" -c "from pallas_gemm.ffi import build; print(build.compile_sweep())") \
+  SWEEP=$("$PY" "$LAB/programs.py" sweep) \
     || { echo "sweep build failed"; SWEEP=""; }
 fi
 
@@ -81,7 +95,9 @@ fi
 
 if has check; then
   stage "gpu_check"
-  "$PY" -m pallas_gemm.ffi.gpu_check --out "$DIR/check" --sanitizer-timeout 40
+  # shellcheck disable=SC2086  # CHECK_ARGS is a word list on purpose
+  "$PY" "$LAB/gpu_check.py" --out "$DIR/check" --sanitizer-timeout 40 \
+    ${CHECK_ARGS:-}
 fi
 
 if has pytest; then
@@ -96,7 +112,7 @@ if has headline; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv -lms 100 > "$DIR/clocks.csv" 2>&1 &
   SMI=$!
-  "$PY" experiments/ffi_headline.py --out "$DIR" --rounds "${HEADLINE_ROUNDS:-5}" \
+  "$PY" "$LAB/ffi_headline.py" --out "$DIR" --rounds "${HEADLINE_ROUNDS:-5}" \
     2>&1 | grep -v "^WARNING" | tail -n 30
   kill "$SMI" 2>/dev/null
 fi

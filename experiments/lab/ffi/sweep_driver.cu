@@ -1,5 +1,5 @@
-// The tuning sweep: times every registered candidate (sweep.cuh) and the
-// shipped launchers at large square sizes, after checking each one.
+// The tuning sweep: times every registered candidate (csrc/sweep.cuh) and
+// the shipped launchers at large square sizes, after checking each one.
 //
 //   ffi_sweep [--sizes 4096,8192] [--filter text] [--iters 20] [--json FILE]
 //   ffi_sweep --ceiling
@@ -19,8 +19,9 @@
 // GEMM built on mma.sync can beat the best of these rates.
 //
 // This program is for choosing what to ship; the numbers quoted as results
-// come from gpu_check.py (CUPTI, through JAX, against jnp.dot in the same
-// process).
+// come from gpu_check.py beside it (CUPTI, through JAX, against jnp.dot in
+// the same process). programs.py builds it with the kernel sources compiled
+// with -DPALLAS_GEMM_SWEEP, so their sweep-only candidates exist.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -47,16 +48,15 @@ std::vector<Candidate>& Candidates() {
 }  // namespace sweep
 }  // namespace pallas_gemm
 
+// The launchers of every kernel in kernels.def (linked from the kernel
+// objects), declared from the list.
+#define PALLAS_GEMM_SGEMM(id, align, description) \
+  cudaError_t pallas_gemm_launch_##id(const GemmParams&, cudaStream_t);
+#define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma,  \
+                        workspace)                                      \
+  cudaError_t pallas_gemm_launch_##id(const GemmParams&, cudaStream_t);
 extern "C" {
-#define DECLARE(name) \
-  cudaError_t pallas_gemm_launch_##name(const GemmParams&, cudaStream_t);
-DECLARE(sgemm_08_warptile)
-DECLARE(sgemm_09_two_blocks_per_sm)
-DECLARE(mma_pipe_128x256x32)
-DECLARE(mma_pipe_256x128x32)
-DECLARE(mma_pipe_128x256x64)
-DECLARE(mma_pipe_128x256x64_tma)
-#undef DECLARE
+#include "kernels.def"
 }
 
 namespace {
@@ -337,20 +337,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   using pallas_gemm::sweep::Candidate;
-  std::vector<Candidate> candidates = {
-      {"shipped sgemm_08_warptile", pallas_gemm_launch_sgemm_08_warptile,
-       ElementType::kF32},
-      {"shipped sgemm_09_two_blocks_per_sm",
-       pallas_gemm_launch_sgemm_09_two_blocks_per_sm, ElementType::kF32},
-      {"shipped mma_pipe_128x256x32", pallas_gemm_launch_mma_pipe_128x256x32,
-       ElementType::kBF16},
-      {"shipped mma_pipe_256x128x32", pallas_gemm_launch_mma_pipe_256x128x32,
-       ElementType::kBF16},
-      {"shipped mma_pipe_128x256x64 s3", pallas_gemm_launch_mma_pipe_128x256x64,
-       ElementType::kBF16},
-      {"shipped mma_pipe_128x256x64_tma s3",
-       pallas_gemm_launch_mma_pipe_128x256x64_tma, ElementType::kBF16},
-  };
+  // Every shipped kernel of kernels.def but the scalar-load SIMT rungs
+  // (align 1), which take seconds a launch at these sizes and are far from
+  // anything a candidate explores; the sweep-only candidates follow.
+  std::vector<Candidate> candidates;
+#define PALLAS_GEMM_SGEMM(id, align, description)                       \
+  if (align > 1) {                                                      \
+    candidates.push_back(                                               \
+        {"shipped " #id, pallas_gemm_launch_##id, ElementType::kF32});  \
+  }
+#define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma,  \
+                        workspace)                                      \
+  candidates.push_back(                                                 \
+      {"shipped " #id, pallas_gemm_launch_##id, ElementType::kBF16});
+#include "kernels.def"
   for (const Candidate& c : pallas_gemm::sweep::Candidates()) {
     candidates.push_back(c);
   }

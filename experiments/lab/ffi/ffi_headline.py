@@ -1,6 +1,6 @@
 """The ffi/* acceptance ratios, measured so that GPU clock drift cancels.
 
-    PYTHONPATH=. python3 experiments/ffi_headline.py --out DIR [--rounds 5]
+    PYTHONPATH=. python3 experiments/lab/ffi/ffi_headline.py --out DIR [--rounds 5]
 
 (from the repository root; the git sha is resolved as the benchmark does:
 PALLAS_GEMM_GIT_SHA if set, else the checkout's HEAD)
@@ -39,7 +39,6 @@ def main(argv=None) -> int:
 
   import jax
   import jax.numpy as jnp
-  import numpy as np
   from pallas_gemm import timing
 
   import pallas_gemm

@@ -1,11 +1,11 @@
 """One GPU session's worth of evidence for the ffi/* kernels.
 
-    PYTHONPATH=. python3 -m pallas_gemm.ffi.gpu_check --out DIR [--quick]
+    PYTHONPATH=. python3 experiments/lab/ffi/gpu_check.py --out DIR [--quick]
 
-Steps, each written to DIR:
-  1. build (with PTX/SASS kept and the sanitizer driver); ptxas.log holds
-     registers, shared memory and spills per kernel;
-  2. the standalone driver (csrc/sanitizer_driver.cu) plain, then under
+(from the repository root). Steps, each written to DIR:
+  1. build (with PTX/SASS kept) and the sanitizer driver (programs.py);
+     ptxas.log holds registers, shared memory and spills per kernel;
+  2. the standalone driver (sanitizer_driver.cu beside this file) plain, then under
      compute-sanitizer memcheck and racecheck: sanitizer.txt;
   3. SASS evidence for the tensor-core kernel (HMMA, LDSM, no LDL/STL local
      memory traffic): sass_summary.txt;
@@ -27,26 +27,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 
 def _log(out_dir: pathlib.Path, text: str) -> None:
   print(text, flush=True)
   with open(out_dir / "gpu_check.txt", "a") as f:
     f.write(text + "\n")
-
-
-def _git_sha() -> str:
-  # PALLAS_GEMM_GIT_SHA first: a tree shipped to a GPU machine may carry a
-  # stale .git snapshot.
-  shipped = os.environ.get("PALLAS_GEMM_GIT_SHA")
-  if shipped:
-    return shipped
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-  except Exception:  # noqa: BLE001 - the copy may have no .git
-    return "unknown"
 
 
 def _sanitizer() -> str | None:
@@ -60,12 +45,15 @@ def _sanitizer() -> str | None:
   return None
 
 
-def run_sanitizers(plan, out_dir: pathlib.Path, timeout: int) -> None:
-  driver = str(plan.folder / "sanitizer_driver")
-  sanitizer = _sanitizer()
+def run_sanitizers(driver: pathlib.Path, out_dir: pathlib.Path,
+                   timeout: int, tools: list[str]) -> None:
+  driver = str(driver)
+  sanitizer = _sanitizer() if tools else None
   commands = [("plain", [driver])]
-  if sanitizer:
-    for tool in ("memcheck", "racecheck"):
+  if not tools:
+    _log(out_dir, "no compute-sanitizer tools asked for; ran the driver plain")
+  elif sanitizer:
+    for tool in tools:
       commands.append((tool, [sanitizer, "--tool", tool,
                               "--error-exitcode", "3", driver]))
   else:
@@ -203,6 +191,9 @@ def main(argv=None) -> int:
   parser.add_argument("--skip", default="",
                       help="comma list of steps to skip: sanitize,sass,time")
   parser.add_argument("--sanitizer-timeout", type=int, default=120)
+  parser.add_argument("--sanitizer-tools", default="memcheck,racecheck",
+                      help="compute-sanitizer tools to run the driver under "
+                      "after its plain run; 'none' for the plain run only")
   args = parser.parse_args(argv)
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -211,29 +202,35 @@ def main(argv=None) -> int:
 
   import jax
   import jaxlib
+  from experiments.bench.output import git_revision
+  from experiments.lab.ffi import programs
   from pallas_gemm.devices import device_info
   from pallas_gemm.ffi import build
 
   info = device_info()
   _log(out_dir, f"device: {info.device_kind} cc={info.compute_capability} "
        f"sms={info.num_sms}; jax {jax.__version__}, jaxlib "
-       f"{jaxlib.__version__}; git {_git_sha()}")
-  _log(out_dir, "command: python3 -m pallas_gemm.ffi.gpu_check "
+       f"{jaxlib.__version__}; git {git_revision()}")
+  _log(out_dir, "command: python3 experiments/lab/ffi/gpu_check.py "
        + " ".join(argv or sys.argv[1:]))
   start = time.time()
-  plan = build.compile_library(with_driver=True)
-  _log(out_dir, f"built {plan.key} with {build.nvcc_version(plan.nvcc)} "
-       f"in {time.time() - start:.1f}s")
+  plan = build.compile_library()
+  driver = programs.sanitizer_driver(plan.arch)
+  _log(out_dir, f"built {plan.key} and the sanitizer driver with "
+       f"{plan.toolkit.version} ({plan.toolkit.origin}) in "
+       f"{time.time() - start:.1f}s")
   shutil.copy2(plan.folder / "ptxas.log", out_dir / "ptxas.log")
   if "sanitize" not in skip:
-    run_sanitizers(plan, out_dir, args.sanitizer_timeout)
+    tools = [] if args.sanitizer_tools == "none" else [
+        t for t in args.sanitizer_tools.split(",") if t]
+    run_sanitizers(driver, out_dir, args.sanitizer_timeout, tools)
   if "sass" not in skip:
     summarize_sass(plan, out_dir)
   if "time" not in skip:
     results = time_kernels(out_dir, args.quick)
     (out_dir / "timings.json").write_text(json.dumps(
         {"device": info.device_kind, "jax": jax.__version__,
-         "git": _git_sha(), "median_ms": results}, indent=2))
+         "git": git_revision(), "median_ms": results}, indent=2))
   return 0
 
 

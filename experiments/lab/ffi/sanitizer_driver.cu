@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "gemm_params.cuh"
+#include "gemm_params.cuh"  // from pallas_gemm/ffi/csrc
 #include "host_check.cuh"
 
 using pallas_gemm::ElementType;
@@ -18,34 +18,18 @@ using pallas_gemm::GemmParams;
 using pallas_gemm::LaunchFn;
 using pallas_gemm::WorkspaceFn;
 
+// The launchers of every kernel in kernels.def (linked from the kernel
+// objects), declared from the list.
+#define DECLARE_WORKSPACE_0(id)
+#define DECLARE_WORKSPACE_1(id) size_t pallas_gemm_workspace_##id(const GemmParams&);
+#define PALLAS_GEMM_SGEMM(id, align, description) \
+  cudaError_t pallas_gemm_launch_##id(const GemmParams&, cudaStream_t);
+#define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma,       \
+                        workspace)                                           \
+  cudaError_t pallas_gemm_launch_##id(const GemmParams&, cudaStream_t);      \
+  DECLARE_WORKSPACE_##workspace(id)
 extern "C" {
-#define DECLARE(name) \
-  cudaError_t pallas_gemm_launch_##name(const GemmParams&, cudaStream_t);
-DECLARE(sgemm_01_naive)
-DECLARE(sgemm_02_coalesced)
-DECLARE(sgemm_03_smem_tiled)
-DECLARE(sgemm_04_conflict_free)
-DECLARE(sgemm_05_vectorized_1d)
-DECLARE(sgemm_06_register_2d)
-DECLARE(sgemm_07_double_buffered)
-DECLARE(sgemm_08_warptile)
-DECLARE(sgemm_09_two_blocks_per_sm)
-DECLARE(sgemm_10_pipelined)
-DECLARE(mma_sync_bn128)
-DECLARE(mma_sync_bn256)
-DECLARE(mma_sync_bn256_bk64)
-DECLARE(mma_sync_bn128_w4)
-#undef DECLARE
-#define DECLARE_WITH_WORKSPACE(name)                                      \
-  cudaError_t pallas_gemm_launch_##name(const GemmParams&, cudaStream_t); \
-  size_t pallas_gemm_workspace_##name(const GemmParams&);
-DECLARE_WITH_WORKSPACE(mma_pipe_128x256x32)
-DECLARE_WITH_WORKSPACE(mma_pipe_256x128x32)
-DECLARE_WITH_WORKSPACE(mma_pipe_128x256x64)
-DECLARE_WITH_WORKSPACE(mma_pipe_128x128x32)
-DECLARE_WITH_WORKSPACE(mma_pipe_128x128x64)
-DECLARE_WITH_WORKSPACE(mma_pipe_128x256x64_tma)
-#undef DECLARE_WITH_WORKSPACE
+#include "kernels.def"
 }
 
 namespace {
@@ -178,33 +162,15 @@ int main(int argc, char** argv) {
     const char* name; LaunchFn launch; bool tensor_core; int align;
     WorkspaceFn workspace = nullptr;
   };
+#define WORKSPACE_FN_0(id) nullptr
+#define WORKSPACE_FN_1(id) pallas_gemm_workspace_##id
+#define PALLAS_GEMM_SGEMM(id, align, description) \
+  {#id, pallas_gemm_launch_##id, false, align},
+#define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma,  \
+                        workspace)                                      \
+  {#id, pallas_gemm_launch_##id, true, 8, WORKSPACE_FN_##workspace(id)},
   const Kernel kernels[] = {
-      {"sgemm_01_naive", pallas_gemm_launch_sgemm_01_naive, false, 1},
-      {"sgemm_02_coalesced", pallas_gemm_launch_sgemm_02_coalesced, false, 1},
-      {"sgemm_03_smem_tiled", pallas_gemm_launch_sgemm_03_smem_tiled, false, 1},
-      {"sgemm_04_conflict_free", pallas_gemm_launch_sgemm_04_conflict_free, false, 1},
-      {"sgemm_05_vectorized_1d", pallas_gemm_launch_sgemm_05_vectorized_1d, false, 4},
-      {"sgemm_06_register_2d", pallas_gemm_launch_sgemm_06_register_2d, false, 4},
-      {"sgemm_07_double_buffered", pallas_gemm_launch_sgemm_07_double_buffered, false, 4},
-      {"sgemm_08_warptile", pallas_gemm_launch_sgemm_08_warptile, false, 4},
-      {"sgemm_09_two_blocks_per_sm", pallas_gemm_launch_sgemm_09_two_blocks_per_sm, false, 4},
-      {"sgemm_10_pipelined", pallas_gemm_launch_sgemm_10_pipelined, false, 4},
-      {"mma_sync_bn128", pallas_gemm_launch_mma_sync_bn128, true, 8},
-      {"mma_sync_bn256", pallas_gemm_launch_mma_sync_bn256, true, 8},
-      {"mma_sync_bn256_bk64", pallas_gemm_launch_mma_sync_bn256_bk64, true, 8},
-      {"mma_sync_bn128_w4", pallas_gemm_launch_mma_sync_bn128_w4, true, 8},
-      {"mma_pipe_128x256x32", pallas_gemm_launch_mma_pipe_128x256x32, true, 8,
-       pallas_gemm_workspace_mma_pipe_128x256x32},
-      {"mma_pipe_256x128x32", pallas_gemm_launch_mma_pipe_256x128x32, true, 8,
-       pallas_gemm_workspace_mma_pipe_256x128x32},
-      {"mma_pipe_128x256x64", pallas_gemm_launch_mma_pipe_128x256x64, true, 8,
-       pallas_gemm_workspace_mma_pipe_128x256x64},
-      {"mma_pipe_128x128x32", pallas_gemm_launch_mma_pipe_128x128x32, true, 8,
-       pallas_gemm_workspace_mma_pipe_128x128x32},
-      {"mma_pipe_128x128x64", pallas_gemm_launch_mma_pipe_128x128x64, true, 8,
-       pallas_gemm_workspace_mma_pipe_128x128x64},
-      {"mma_pipe_128x256x64_tma", pallas_gemm_launch_mma_pipe_128x256x64_tma,
-       true, 8, pallas_gemm_workspace_mma_pipe_128x256x64_tma},
+#include "kernels.def"
   };
   bool all_ok = true;
   unsigned seed = 1234;

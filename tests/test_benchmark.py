@@ -335,7 +335,7 @@ def test_roofline_roof_is_never_below_the_known_copy_rate():
 
 def test_replot_redraws_from_results_json(tmp_path):
   import shutil
-  from experiments import replot
+  from experiments.lab import replot
   source = pathlib.Path(__file__).parents[1] / "experiments/results/nvidia_h200/decode"
   if not (source / "results.json").is_file():
     pytest.skip("no committed decode results")
@@ -357,7 +357,7 @@ def _ncu_csv(rows):
 
 def test_ncu_sass_digest_counts_opcodes_and_stalls(tmp_path):
   import gzip
-  from experiments import ncu_sass_digest
+  from experiments.lab import ncu_sass_digest
   rows = [("0x0", "      FFMA R1, R2, R3, R1", "30", "1000", "0", "20", "0"),
           ("0x10", "      @!PT  LDS RZ, [RZ]", "60", "100", "50", "0", "9"),
           ("0x20", "      HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4], R24",
@@ -374,7 +374,7 @@ def test_ncu_sass_digest_counts_opcodes_and_stalls(tmp_path):
 
 
 def test_ncu_sass_digest_rejects_other_csv(tmp_path):
-  from experiments import ncu_sass_digest
+  from experiments.lab import ncu_sass_digest
   path = tmp_path / "other.csv"
   path.write_text("a,b\n1,2\n")
   with pytest.raises(ValueError, match="other.csv"):
@@ -382,7 +382,7 @@ def test_ncu_sass_digest_rejects_other_csv(tmp_path):
 
 
 def test_triton_knobs_config_spec():
-  from experiments import triton_knobs
+  from experiments.lab import triton_knobs
   base = triton_knobs.BF16_CONFIG
   config = triton_knobs.parse_config("128x128x32/w4/s5/p2", base)
   assert (config.block_m, config.block_n, config.block_k) == (128, 128, 32)

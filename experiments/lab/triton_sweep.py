@@ -1,9 +1,9 @@
 """Checks and tunes the Pallas-Triton ladder on a GPU; re-runnable.
 
-    PYTHONPATH=. python3 experiments/triton_sweep.py --phase check
-    PYTHONPATH=. python3 experiments/triton_sweep.py --phase bf16 --phase skinny \
+    PYTHONPATH=. python3 experiments/lab/triton_sweep.py --phase check
+    PYTHONPATH=. python3 experiments/lab/triton_sweep.py --phase bf16 --phase skinny \
         --out results/ --shipped pallas_gemm/tuned/
-    PYTHONPATH=. python3 experiments/triton_sweep.py --phase sass --sass-case tf32_nn
+    PYTHONPATH=. python3 experiments/lab/triton_sweep.py --phase sass --sass-case tf32_nn
 
 Phases:
   check   every rung compiled on the GPU at a ragged and a tile-multiple

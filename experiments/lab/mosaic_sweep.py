@@ -2,7 +2,7 @@
 
 Run from the repo root on an H100/H200:
 
-    PYTHONPATH=. python3 experiments/mosaic_sweep.py --stages check,large,decode \
+    PYTHONPATH=. python3 experiments/lab/mosaic_sweep.py --stages check,large,decode \
         --out results.jsonl [--budget-s 270]
 
 Stages:

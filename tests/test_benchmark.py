@@ -455,3 +455,83 @@ def test_unwritable_output_dir_fails_before_measuring(tmp_path):
   result = _run_script(f"--output_dir={blocker}/sub", "--shapes=16x16x16")
   assert result.returncode == 2 and "not writable" in result.stderr
   assert "OK" not in result.stdout
+
+
+def test_wide_smoke_run_through_main(tmp_path):
+  """`--suite=wide` end to end on a CPU: two problems of one regime, the auto
+  target beside jnp.dot, a progress line per measurement, the regime table."""
+  result = _run_script("--suite=wide", "--kernels=auto", "--regimes=small",
+                       "--problems_per_regime=2", "--allow_large_interpret",
+                       "--iters=1", "--warmup=0", "--plot=false",
+                       f"--output_dir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  for index in (1, 2, 3, 4):
+    assert f"[{index}/4]" in result.stdout
+  rows = json.loads((tmp_path / "results.json").read_text())["results"]
+  assert [(r["kernel"], r["status"], r["regime"]) for r in rows] == [
+      ("xla", "OK", "small"), ("auto", "OK", "small")] * 2
+  from pallas_gemm import shapes
+  small = [p for p in shapes.WIDE if p.regime == "small"][:2]
+  assert [(r["m"], r["n"], r["k"]) for r in rows[::2]] == [p.shape for p in small]
+  assert "| small | 2 |" in (tmp_path / "regimes.md").read_text()
+
+
+def test_problems_per_regime_needs_the_wide_suite():
+  result = _run_script("--problems_per_regime=1")
+  assert result.returncode == 2
+  assert "--problems_per_regime needs --suite=wide" in result.stderr
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(m=0, n=1, k=1), "SuiteProblem.m=0"),
+    (dict(m=1, n=2.0, k=1), "SuiteProblem.n=2.0"),
+    (dict(m=1, n=1, k=1, batch=0), "SuiteProblem.batch=0"),
+    (dict(m=1, n=1, k=1, dtype="float32"), "SuiteProblem.dtype='float32'"),
+    (dict(m=1, n=1, k=1, layout="XN"), "SuiteProblem.layout='XN'"),
+    (dict(m=1, n=1, k=1, regime="huge"), "SuiteProblem.regime='huge'"),
+])
+def test_suite_problem_validates_its_fields(kwargs, message):
+  from pallas_gemm.shapes import SuiteProblem
+  with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+    SuiteProblem(**kwargs)
+
+
+def test_input_sets_depend_on_seed_problem_and_index_only():
+  case = bench_cases.DtypeCase("float32", "ieee")
+  problem = bench_checks.make_problem((8, 6, 4), case, "NN")
+  other = bench_checks.make_problem((8, 6, 5), case, "NN")
+  first = bench_checks.make_input_sets(problem, 2, seed=3)
+  bench_checks.make_input_sets(other, 3, seed=3)  # other work in between
+  again = bench_checks.make_input_sets(problem, 2, seed=3)
+  for (a0, b0), (a1, b1) in zip(first, again):
+    np.testing.assert_array_equal(a0, a1)
+    np.testing.assert_array_equal(b0, b1)
+  assert not np.array_equal(first[0][0], first[1][0])  # sets differ
+  reseeded = bench_checks.make_input_sets(problem, 1, seed=4)
+  assert not np.array_equal(first[0][0], reseeded[0][0])
+
+
+def test_over_sets_traces_the_call_once_for_every_set():
+  from pallas_gemm import timing
+  traced = []
+
+  def call(a, b):
+    traced.append(a.shape)
+    return a @ b
+
+  sets = tuple((jnp.full((4, 4), float(i)), jnp.eye(4)) for i in range(5))
+  outs = timing.over_sets(call)(sets)
+  assert len(traced) == 1
+  for i, out in enumerate(outs):
+    np.testing.assert_array_equal(out, np.full((4, 4), float(i)))
+  assert timing.time_over_sets(call, sets, iterations=2, on_gpu=False) > 0
+
+
+def test_lab_readme_indexes_every_lab_script():
+  lab = REPO_ROOT / "experiments" / "lab"
+  index = (lab / "README.md").read_text()
+  scripts = sorted(p.name for p in lab.iterdir()
+                   if p.suffix in (".py", ".sh") and p.name != "__init__.py")
+  assert scripts, "experiments/lab holds no scripts"
+  missing = [name for name in scripts if f"[`{name}`]({name})" not in index]
+  assert not missing, f"experiments/lab/README.md does not index {missing}"

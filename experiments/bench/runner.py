@@ -46,31 +46,27 @@ class RotatingCall:
   """One compiled kernel call over the rotated input sets.
 
   On a GPU one call runs the kernel once on every set inside one jitted
-  function, so consecutive calls read different operands and never find them
-  in L2; its first output is what the check looks at, so the function that
-  is checked is the very one that is timed, and it compiles once. On a CPU a
-  single-set function is jitted and the Python loop rotates the sets.
+  function (`timing.over_sets`), so consecutive calls read different operands
+  and never find them in L2; its first output is what the check looks at, so
+  the function that is checked is the very one that is timed, and it
+  compiles once. On a CPU a single-set function is jitted and the Python
+  loop rotates the sets.
   """
 
   def __init__(self, fn: Callable, sets, *, on_gpu: bool):
-    self.sets = sets
+    self.sets = tuple(tuple(s) for s in sets)
     self.on_gpu = on_gpu
     if on_gpu:
-      count = len(sets)
-
-      def every_set(*flat):
-        return tuple(fn(flat[2 * i], flat[2 * i + 1]) for i in range(count))
-
-      self.compiled = jax.jit(every_set)
-      self.flat = [x for pair in sets for x in pair]
+      self.compiled = timing.over_sets(fn)
+      self.args = (self.sets,)
     else:
       self.compiled = jax.jit(fn)
+      self.args = self.sets[0]
 
   def first_output(self):
     """The kernel's output on input set 0."""
-    if self.on_gpu:
-      return jax.block_until_ready(self.compiled(*self.flat))[0]
-    return jax.block_until_ready(self.compiled(*self.sets[0]))
+    out = jax.block_until_ready(self.compiled(*self.args))
+    return out[0] if self.on_gpu else out
 
 
 def time_on_host(call: RotatingCall, *, iters: int, warmup: int,
@@ -102,9 +98,9 @@ def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
   """
   count = len(call.sets)
   for _ in range(max(1, warmup)):
-    jax.block_until_ready(call.compiled(*call.flat))
+    jax.block_until_ready(call.compiled(*call.args))
   start = time.perf_counter()
-  jax.block_until_ready(call.compiled(*call.flat))
+  jax.block_until_ready(call.compiled(*call.args))
   iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
   chunk = max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP // max(1, count * out_bytes)))
   try:
@@ -113,7 +109,7 @@ def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
     while remaining > 0:
       step = min(chunk, remaining)
       _, per_iteration_ms = timing.cupti_samples_ms(
-          call.compiled, call.flat, iterations=step, warmup=0)
+          call.compiled, call.args, iterations=step, warmup=0)
       samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
       remaining -= step
     return Timing(tuple(samples), "cupti")
@@ -122,7 +118,7 @@ def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
     samples = []
     for _ in range(iters):
       start = time.perf_counter()
-      jax.block_until_ready(call.compiled(*call.flat))
+      jax.block_until_ready(call.compiled(*call.args))
       samples.append((time.perf_counter() - start) * 1e6 / count)
     return Timing(tuple(samples), f"host-clock (no CUPTI: {reason})")
 

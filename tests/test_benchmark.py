@@ -21,6 +21,7 @@ from experiments.bench import report as bench_report
 from experiments.bench import runner as bench_runner
 from experiments.bench import output as bench_output
 from experiments.bench import targets as bench_targets
+from experiments.bench import timers as bench_timers
 from pallas_gemm import numerics, registry
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -298,14 +299,14 @@ def test_gpu_timing_path_falls_back_to_a_host_clock_without_cupti():
   problem = bench_checks.make_problem((64, 48, 32),
                                    bench_cases.DtypeCase("float32", "ieee"), "NT")
   sets = bench_checks.make_input_sets(problem, 3, seed=0)
-  call = bench_runner.RotatingCall(bench_targets._build_jnp_dot(problem, None), sets,
+  call = bench_timers.RotatingCall(bench_targets._build_jnp_dot(problem, None), sets,
                                 on_gpu=True)
   reference = bench_checks.build_reference(problem, *sets[0], seed=0)
   out = call.first_output()
   assert out.shape == (64, 48)
   assert numerics.relative_error(reference.select(out),
                                            reference.reference) < 1e-5
-  timing = bench_runner.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
+  timing = bench_timers.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
                                  warmup=1, cap_s=5.0)
   assert len(timing.samples_us) == 4 and timing.median_us > 0
   assert timing.method == "cupti" or timing.method.startswith("host-clock")
@@ -473,6 +474,7 @@ def test_wide_smoke_run_through_main(tmp_path):
   from pallas_gemm import shapes
   small = [p for p in shapes.WIDE if p.regime == "small"][:2]
   assert [(r["m"], r["n"], r["k"]) for r in rows[::2]] == [p.shape for p in small]
+  assert all(r["wall_s"] > 0 for r in rows)  # where the time budget goes
   assert "| small | 2 |" in (tmp_path / "regimes.md").read_text()
 
 

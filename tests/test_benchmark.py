@@ -528,12 +528,3 @@ def test_over_sets_traces_the_call_once_for_every_set():
     np.testing.assert_array_equal(out, np.full((4, 4), float(i)))
   assert timing.time_over_sets(call, sets, iterations=2, on_gpu=False) > 0
 
-
-def test_lab_readme_indexes_every_lab_script():
-  lab = REPO_ROOT / "experiments" / "lab"
-  index = (lab / "README.md").read_text()
-  scripts = sorted(p.name for p in lab.iterdir()
-                   if p.suffix in (".py", ".sh") and p.name != "__init__.py")
-  assert scripts, "experiments/lab holds no scripts"
-  missing = [name for name in scripts if f"[`{name}`]({name})" not in index]
-  assert not missing, f"experiments/lab/README.md does not index {missing}"

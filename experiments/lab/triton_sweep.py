@@ -52,6 +52,7 @@ START = time.time()
 BF16_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 14336)]
 F32_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]
+LADDER_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 
 # The sweep times the configs `autotune.tune` searches for rung 6 (its one
 # search space, `k06_tuned.search_space`), so a winner here is a winner there;
@@ -110,6 +111,16 @@ def xla_fn(problem):
 def time_ms(fn, args, iterations):
   return timing.median_time_ms(fn, args, iterations=iterations,
                                  on_gpu=not INTERPRET)
+
+
+def try_time(args, kernel, problem, config, operands, *, label):
+  """The kernel's median ms, or None (logged as FAIL) when it raises."""
+  try:
+    return time_ms(kernel_fn(kernel, problem, config), operands,
+                   args.iterations)
+  except Exception as e:  # noqa: BLE001 - one failing config must not end a sweep
+    log(f"  {label}: FAIL {type(e).__name__}: {str(e)[:200]}")
+    return None
 
 
 def tflops(problem, ms):
@@ -189,11 +200,8 @@ def sweep_shape(args, results, kernel, problem, candidates, tag):
     if not autotune.fits_device(config, problem, device):
       log(f"  skip (smem) {config}")
       continue
-    try:
-      ms = time_ms(kernel_fn(kernel, problem, config), (a, b),
-                   args.iterations)
-    except Exception as e:
-      log(f"  FAIL {config}: {type(e).__name__}: {str(e)[:200]}")
+    ms = try_time(args, kernel, problem, config, (a, b), label=str(config))
+    if ms is None:
       continue
     ratio = xla_ms / ms
     log(f"  {ms:9.4f} ms {tflops(problem, ms):7.1f} TFLOP/s "
@@ -241,7 +249,7 @@ def phase_skinny(args, results):
 
 def phase_ladder(args, results):
   device = pallas_gemm.device_info()
-  for shape in [(4096, 4096, 4096), (8192, 8192, 8192)]:
+  for shape in LADDER_SHAPES:
     problem = make_problem(shape, "bf16")
     a, b, _, _ = timing.random_operands(problem)
     xla_ms = time_ms(xla_fn(problem), (a, b), args.iterations)
@@ -256,11 +264,8 @@ def phase_ladder(args, results):
         log(f"  {kernel}: declines: {reason}")
         continue
       config = entry.default_config(problem, device)
-      try:
-        ms = time_ms(kernel_fn(kernel, problem, config), (a, b),
-                     args.iterations)
-      except Exception as e:
-        log(f"  {kernel}: FAIL {type(e).__name__}: {str(e)[:200]}")
+      ms = try_time(args, kernel, problem, config, (a, b), label=kernel)
+      if ms is None:
         continue
       log(f"  {kernel:22s} {ms:9.4f} ms {tflops(problem, ms):7.1f} TFLOP/s "
           f"{xla_ms / ms:5.3f}x  {config}")
@@ -304,10 +309,12 @@ def main(argv=None):
   if args.iterations < 20:
     parser.error(f"--iterations={args.iterations} must be >= 20")
   if args.dry_run:
-    global INTERPRET, BF16_SHAPES, F32_SHAPES, SKINNY_SHAPES, CANDIDATE_LIMIT
+    global INTERPRET, BF16_SHAPES, F32_SHAPES, SKINNY_SHAPES, LADDER_SHAPES
+    global CANDIDATE_LIMIT
     INTERPRET = True
     BF16_SHAPES = F32_SHAPES = [(64, 64, 128)]
     SKINNY_SHAPES = [(1, 64, 1024)]
+    LADDER_SHAPES = [(64, 64, 128)]
     CANDIDATE_LIMIT = 2
   elif jax.default_backend() != "gpu":
     parser.error("this script needs a CUDA GPU (or --dry-run)")

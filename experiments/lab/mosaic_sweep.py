@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from pallas_gemm import shapes  # noqa: E402
-from pallas_gemm import numerics  # noqa: E402
+from pallas_gemm import numerics, registry  # noqa: E402
 from pallas_gemm.mosaic_backend import config as cfg  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig  # noqa: E402
 from pallas_gemm.mosaic_backend.small_m import small_m_matmul  # noqa: E402
@@ -104,7 +104,16 @@ def operands(problem: GemmProblem, key=None):
 INTERPRET = False
 
 
+def _num_sms() -> int:
+  return pallas_gemm.device_info().num_sms
+
+
 def kernel_fn(kernel, problem, config):
+  """The jitted kernel with `config`; None means the config a user's
+  `kernel="mosaic/<kernel>"` call gets (dispatch: tuned table, heuristic)."""
+  if config is None:
+    config = registry.get_kernel(f"mosaic/{kernel}").default_config(
+        problem, pallas_gemm.device_info())
   fn = ws_persistent_matmul if kernel == "ws_persistent" else small_m_matmul
   return jax.jit(lambda a, b, c, bias: fn(a, b, c, bias, problem=problem,
                                           config=config, interpret=INTERPRET))
@@ -155,7 +164,7 @@ def stage_check(args):
   cases.append(("ws_persistent", problem_for(513, 700, 640), MosaicConfig(
       tile_m=128, tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=4)))
   cases.append(("ws_persistent", problem_for(513, 700, 640), dataclasses.replace(
-      cfg.ws_heuristic(problem_for(513, 700, 640)), warpgroup_semantics=True)))
+      cfg.ws_heuristic(problem_for(513, 700, 640), _num_sms()), warpgroup_semantics=True)))
   for m, layout in ((1, "NN"), (16, "NT"), (100, "TN"), (128, "NN")):
     cases.append(("small_m", problem_for(m, 4096, 4096, layout=layout), None))
   cases.append(("small_m", problem_for(7, 1000, 3000, "float16", "NN"),
@@ -276,7 +285,7 @@ def time_hopper_example(stage, problem, a, b, ref_ms, iters):
 
 
 def large_configs(problem):
-  heur = cfg.ws_heuristic(problem)
+  heur = cfg.ws_heuristic(problem, _num_sms())
   extra = [
       MosaicConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
                    wg_dimension=Dim.N, grid_band=8),
@@ -298,14 +307,14 @@ def stage_suite(args):
   """The acceptance suite (shapes.LARGE) with the default config only."""
   for m, n, k in shapes.LARGE:
     problem = problem_for(m, n, k)
-    time_problem("suite", problem, [cfg.ws_heuristic(problem)],
+    time_problem("suite", problem, [cfg.ws_heuristic(problem, _num_sms())],
                  iters=args.iters)
 
 
 def stage_tf32(args):
   for size in (4096, 8192):
     problem = problem_for(size, size, size, "float32")
-    heur = cfg.ws_heuristic(problem)
+    heur = cfg.ws_heuristic(problem, _num_sms())
     time_problem("tf32", problem, [heur], iters=args.iters)
     if args.tf32_nt:
       problem_t = problem_for(size, size, size, "float32", "NT")
@@ -329,7 +338,7 @@ def stage_decode(args):
 def stage_odd(args):
   for m, n, k in shapes.ODD_LARGE:
     problem = problem_for(m, n, k)
-    time_problem("odd", problem, [cfg.ws_heuristic(problem)], iters=args.iters)
+    time_problem("odd", problem, [cfg.ws_heuristic(problem, _num_sms())], iters=args.iters)
 
 
 def stage_odd_parts(args):
@@ -339,7 +348,7 @@ def stage_odd_parts(args):
   from pallas_gemm.mosaic_backend.ws_persistent import prepare_operands
   for m, n, k in shapes.ODD_LARGE[::2]:
     problem = problem_for(m, n, k)
-    config = cfg.ws_heuristic(problem)
+    config = cfg.ws_heuristic(problem, _num_sms())
     a, b, c, bias = operands(problem)
     pa, pb, _, _, _ = prepare_operands(a, b, c, bias, problem, config)
     padded = dataclasses.replace(problem, m=pa.shape[1], k=pa.shape[2],

@@ -33,10 +33,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -47,12 +45,14 @@ import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from pallas_gemm import shapes  # noqa: E402
-from pallas_gemm import numerics, registry  # noqa: E402
+from pallas_gemm import numerics, registry, timing  # noqa: E402
 from pallas_gemm.mosaic_backend import config as cfg  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig  # noqa: E402
 from pallas_gemm.mosaic_backend.small_m import small_m_matmul  # noqa: E402
 from pallas_gemm.mosaic_backend.ws_persistent import ws_persistent_matmul  # noqa: E402
-from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
+from pallas_gemm.problem import Epilogue  # noqa: E402
+from experiments.lab.mosaic_common import (  # noqa: E402
+    jnp_dot_fn, problem_for, short_error, time_fn)
 
 START = time.time()
 OUT_FILE = None
@@ -72,35 +72,6 @@ def over_budget() -> bool:
   return time.time() - START > BUDGET_S
 
 
-def short_error(e: BaseException) -> str:
-  text = "".join(traceback.format_exception_only(type(e), e)).strip()
-  return text[-1500:]
-
-
-def problem_for(m, n, k, dtype="bfloat16", layout="NN", batch=1,
-                epilogue=Epilogue(), out_dtype=None, c_dtype=None):
-  return GemmProblem(
-      batch=batch, m=m, n=n, k=k, in_dtype=dtype, out_dtype=out_dtype or dtype,
-      transpose_a=layout[0] == "T", transpose_b=layout[1] == "T",
-      precision="tf32" if dtype == "float32" else "default",
-      epilogue=epilogue, c_dtype=c_dtype)
-
-
-def operands(problem: GemmProblem, key=None):
-  key = key if key is not None else numerics.fresh_key()
-  ka, kb, kc, kd = jax.random.split(key, 4)
-  m, n, k, bt = problem.m, problem.n, problem.k, problem.batch
-  a_shape = (bt, k, m) if problem.transpose_a else (bt, m, k)
-  b_shape = (bt, n, k) if problem.transpose_b else (bt, k, n)
-  a = jax.random.normal(ka, a_shape, jnp.float32).astype(problem.in_dtype)
-  b = jax.random.normal(kb, b_shape, jnp.float32).astype(problem.in_dtype)
-  c = (jax.random.normal(kc, (bt, m, n), jnp.float32).astype(problem.c_dtype)
-       if problem.epilogue.has_c else None)
-  bias = (jax.random.normal(kd, (n,), jnp.float32)
-          if problem.epilogue.has_bias else None)
-  return a, b, c, bias
-
-
 INTERPRET = False
 
 
@@ -118,27 +89,6 @@ def kernel_fn(kernel, problem, config):
   return jax.jit(lambda a, b, c, bias: fn(a, b, c, bias, problem=problem,
                                           config=config, interpret=INTERPRET))
 
-
-def time_fn(fn, *args, iters):
-  from pallas_gemm import timing
-  out, runtimes = timing.cupti_samples_ms(fn, args, iterations=iters)
-  jax.block_until_ready(out)
-  return out, statistics.median(runtimes)
-
-
-def jnp_dot_fn(problem: GemmProblem):
-  def f(a, b, c, bias):
-    del c, bias
-    a2 = jnp.swapaxes(a, 1, 2) if problem.transpose_a else a
-    b2 = jnp.swapaxes(b, 1, 2) if problem.transpose_b else b
-    # Like benchmark.py's baseline: 16-bit inputs give a 16-bit output
-    # straight from cuBLAS. Asking for an f32 result and casting it would
-    # time a slower f32-output GEMM plus a convert kernel.
-    return jnp.matmul(a2, b2).astype(problem.out_dtype)
-  return jax.jit(f)
-
-
-# ------------------------------------------------------------------ check ---
 
 def stage_check(args):
   cases = []
@@ -182,7 +132,7 @@ def stage_check(args):
     rec = {"stage": "check", "kernel": kernel, "problem": problem.describe(),
            "epilogue": str(problem.epilogue), "config": str(config)}
     try:
-      a, b, c, bias = operands(problem)
+      a, b, c, bias = timing.random_operands(problem)
       t = time.time()
       out = kernel_fn(kernel, problem, config)(a, b, c, bias)
       out = np.asarray(out.astype(jnp.float32))
@@ -218,7 +168,7 @@ def stage_check(args):
 
 def time_problem(stage, problem, configs, *, iters, kernel="ws_persistent",
                  compare_hopper_example=False):
-  a, b, c, bias = operands(problem)
+  a, b, c, bias = timing.random_operands(problem)
   flops = problem.flops
   try:
     _, ref_ms = time_fn(jnp_dot_fn(problem), a, b, c, bias, iters=iters)
@@ -349,7 +299,7 @@ def stage_odd_parts(args):
   for m, n, k in shapes.ODD_LARGE[::2]:
     problem = problem_for(m, n, k)
     config = cfg.ws_heuristic(problem, _num_sms())
-    a, b, c, bias = operands(problem)
+    a, b, c, bias = timing.random_operands(problem)
     pa, pb, _, _, _ = prepare_operands(a, b, c, bias, problem, config)
     padded = dataclasses.replace(problem, m=pa.shape[1], k=pa.shape[2],
                                  n=pb.shape[2])

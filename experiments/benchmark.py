@@ -106,6 +106,11 @@ flags.DEFINE_list(
     "regimes", None,
     "With --suite=wide: only these regimes (default: all of "
     + ", ".join(shape_suites.WIDE_REGIMES) + ").")
+flags.DEFINE_integer(
+    "problems_per_regime", None,
+    "With --suite=wide: only the first this many problems of each selected "
+    "regime (a quick look, or a CPU smoke run with --allow_large_interpret).",
+    lower_bound=1)
 flags.DEFINE_list(
     "shapes", None,
     "Explicit shapes MxNxK (out[M,N] = A[M,K] @ B[K,N]), comma-separated; "
@@ -177,7 +182,14 @@ def _wide_problems(interpret: bool) -> tuple:
     raise ValueError("--suite=wide is sized for a GPU; in interpret mode its "
                      "problems would take hours (--allow_large_interpret "
                      "runs it anyway)")
-  return tuple(p for p in shape_suites.WIDE if p.regime in regimes)
+  limit = FLAGS.problems_per_regime or len(shape_suites.WIDE)
+  taken = {regime: 0 for regime in regimes}
+  problems = []
+  for problem in shape_suites.WIDE:
+    if problem.regime in taken and taken[problem.regime] < limit:
+      taken[problem.regime] += 1
+      problems.append(problem)
+  return tuple(problems)
 
 
 def _check_output_dir(path: str | None) -> None:
@@ -206,8 +218,9 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
   if interpret is None:
     interpret = not _gpu_available()
   problems = ()
-  if FLAGS.regimes is not None and FLAGS.suite != "wide":
-    raise ValueError("--regimes needs --suite=wide")
+  for name in ("regimes", "problems_per_regime"):
+    if FLAGS[name].present and FLAGS.suite != "wide":
+      raise ValueError(f"--{name} needs --suite=wide")
   if FLAGS.suite == "wide":
     problems = _wide_problems(interpret)
     shapes, suite = tuple(p.shape for p in problems), "wide"

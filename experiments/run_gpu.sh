@@ -18,6 +18,9 @@
 #   decode     benchmark: decode suite                        BUDGET_decode=90
 #   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=150
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
+#   lab        not in the default run: the lab sweeps' GPU checks (every
+#              Triton rung and both Mosaic kernels compiled, vs float64),
+#              raw output under $OUT/lab                      BUDGET_lab=240
 #
 # Results go to experiments/results/<gpu>/<suite>/ and, because the device
 # machine returns only a few files, are packed into $OUT/results.tar.gz
@@ -116,6 +119,16 @@ if wanted moe && [ -f experiments/bench_moe.py ]; then
   stage "benchmark: mixture-of-experts grouped GEMM"
   run_budgeted "$(budget moe 200)" "$PY" experiments/bench_moe.py \
     --output_dir="$RESULTS/moe"
+fi
+
+if wanted lab; then
+  stage "lab: the sweeps' GPU checks"
+  mkdir -p "$OUT/lab"
+  half=$(( $(budget lab 240) / 2 ))
+  run_budgeted "$((half + 30))" "$PY" experiments/lab/triton_sweep.py \
+    --phase check --budget-s "$half" --out "$OUT/lab"
+  run_budgeted "$((half + 30))" "$PY" experiments/lab/mosaic_sweep.py \
+    --stages check --budget-s "$half" --out "$OUT/lab/mosaic_check.jsonl"
 fi
 
 stage "collect"

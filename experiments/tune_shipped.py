@@ -25,6 +25,7 @@ import time
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO_ROOT))
 
+from experiments.bench.output import git_revision  # noqa: E402
 from pallas_gemm import shapes  # noqa: E402
 
 
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
   autotune.write_entries(out / shipped_file.name, shipped)
   (out / "tune_log.json").write_text(json.dumps(
       dict(device=device.device_kind, jax=jax.__version__,
-           git=os.environ.get("PALLAS_GEMM_GIT_SHA", "n/a"),
+           git=git_revision(),
            command=" ".join(sys.argv), results=log), indent=1))
   print(f"merged {len(tuned)} entries into {shipped_file} "
         f"(copy in {out / shipped_file.name})", flush=True)

@@ -74,6 +74,11 @@ SKINNY = [(m, 8192, 8192) for m in (1, 16, 128)]
 # The ladder table: every rung at these sizes.
 LADDER = [(4096, 4096, 4096), (8192, 8192, 8192)]
 
+#: The benchmark dtype names a suite problem may carry ("tf32": float32
+#: inputs at default precision, i.e. TF32 products on a GPU).
+SUITE_DTYPES = ("bfloat16", "float16", "tf32")
+
+
 @dataclasses.dataclass(frozen=True)
 class SuiteProblem:
   """One whole benchmark problem. `dtype` is a benchmark dtype name:
@@ -86,6 +91,21 @@ class SuiteProblem:
   dtype: str = "bfloat16"
   layout: str = "NN"
   regime: str = ""
+
+  def __post_init__(self):
+    for name in ("m", "n", "k", "batch"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"SuiteProblem.{name}={value!r} must be an int >= 1")
+    if self.dtype not in SUITE_DTYPES:
+      raise ValueError(f"SuiteProblem.dtype={self.dtype!r} must be one of "
+                       f"{SUITE_DTYPES}")
+    if self.layout not in ("NN", "NT", "TN", "TT"):
+      raise ValueError(f"SuiteProblem.layout={self.layout!r} must be one of "
+                       "NN, NT, TN, TT")
+    if self.regime and self.regime not in WIDE_REGIMES:
+      raise ValueError(f"SuiteProblem.regime={self.regime!r} must be empty "
+                       f"or one of {WIDE_REGIMES}")
 
   @property
   def shape(self) -> tuple[int, int, int]:

@@ -98,14 +98,26 @@ def median_time_ms(fn, args, *, iterations: int, on_gpu: bool) -> float:
   return float(statistics.median(times))
 
 
+def over_sets(call: Callable) -> Callable:
+  """One jitted function of a tuple of operand sets that runs `call` once on
+  every set and returns the tuple of outputs: timed as one call, consecutive
+  GEMMs read different operands and never find them in L2.
+
+  `call` is jitted on its own first, so that its kernel is lowered once and
+  called once per set; inlined per set, a Pallas kernel would be lowered and
+  compiled as many times as there are sets."""
+  single = jax.jit(call)
+  return jax.jit(lambda operand_sets: tuple(single(*operands)
+                                            for operands in operand_sets))
+
+
 def time_over_sets(call: Callable, operand_sets: Sequence[tuple], *,
                    iterations: int, on_gpu: bool) -> float:
   """Median ms of one `call(*operands)`, timed as one jitted function that
-  calls it once on every operand set (so each call finds cold operands),
-  divided by the number of sets."""
+  calls it once on every operand set (`over_sets`), divided by the number of
+  sets."""
   operand_sets = tuple(tuple(s) for s in operand_sets)
   if not operand_sets:
     raise ValueError("operand_sets must not be empty")
-  fn = jax.jit(lambda sets: tuple(call(*operands) for operands in sets))
-  return median_time_ms(fn, (operand_sets,), iterations=iterations,
-                        on_gpu=on_gpu) / len(operand_sets)
+  return median_time_ms(over_sets(call), (operand_sets,),
+                        iterations=iterations, on_gpu=on_gpu) / len(operand_sets)

@@ -21,6 +21,7 @@ from experiments.bench import report as bench_report
 from experiments.bench import runner as bench_runner
 from experiments.bench import output as bench_output
 from experiments.bench import targets as bench_targets
+from experiments.bench import timers as bench_timers
 from pallas_gemm import numerics, registry
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -298,14 +299,14 @@ def test_gpu_timing_path_falls_back_to_a_host_clock_without_cupti():
   problem = bench_checks.make_problem((64, 48, 32),
                                    bench_cases.DtypeCase("float32", "ieee"), "NT")
   sets = bench_checks.make_input_sets(problem, 3, seed=0)
-  call = bench_runner.RotatingCall(bench_targets._build_jnp_dot(problem, None), sets,
+  call = bench_timers.RotatingCall(bench_targets._build_jnp_dot(problem, None), sets,
                                 on_gpu=True)
   reference = bench_checks.build_reference(problem, *sets[0], seed=0)
   out = call.first_output()
   assert out.shape == (64, 48)
   assert numerics.relative_error(reference.select(out),
                                            reference.reference) < 1e-5
-  timing = bench_runner.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
+  timing = bench_timers.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
                                  warmup=1, cap_s=5.0)
   assert len(timing.samples_us) == 4 and timing.median_us > 0
   assert timing.method == "cupti" or timing.method.startswith("host-clock")
@@ -335,7 +336,7 @@ def test_roofline_roof_is_never_below_the_known_copy_rate():
 
 def test_replot_redraws_from_results_json(tmp_path):
   import shutil
-  from experiments import replot
+  from experiments.lab import replot
   source = pathlib.Path(__file__).parents[1] / "experiments/results/nvidia_h200/decode"
   if not (source / "results.json").is_file():
     pytest.skip("no committed decode results")
@@ -357,7 +358,7 @@ def _ncu_csv(rows):
 
 def test_ncu_sass_digest_counts_opcodes_and_stalls(tmp_path):
   import gzip
-  from experiments import ncu_sass_digest
+  from experiments.lab import ncu_sass_digest
   rows = [("0x0", "      FFMA R1, R2, R3, R1", "30", "1000", "0", "20", "0"),
           ("0x10", "      @!PT  LDS RZ, [RZ]", "60", "100", "50", "0", "9"),
           ("0x20", "      HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4], R24",
@@ -374,7 +375,7 @@ def test_ncu_sass_digest_counts_opcodes_and_stalls(tmp_path):
 
 
 def test_ncu_sass_digest_rejects_other_csv(tmp_path):
-  from experiments import ncu_sass_digest
+  from experiments.lab import ncu_sass_digest
   path = tmp_path / "other.csv"
   path.write_text("a,b\n1,2\n")
   with pytest.raises(ValueError, match="other.csv"):
@@ -382,7 +383,7 @@ def test_ncu_sass_digest_rejects_other_csv(tmp_path):
 
 
 def test_triton_knobs_config_spec():
-  from experiments import triton_knobs
+  from experiments.lab import triton_knobs
   base = triton_knobs.BF16_CONFIG
   config = triton_knobs.parse_config("128x128x32/w4/s5/p2", base)
   assert (config.block_m, config.block_n, config.block_k) == (128, 128, 32)
@@ -455,3 +456,75 @@ def test_unwritable_output_dir_fails_before_measuring(tmp_path):
   result = _run_script(f"--output_dir={blocker}/sub", "--shapes=16x16x16")
   assert result.returncode == 2 and "not writable" in result.stderr
   assert "OK" not in result.stdout
+
+
+def test_wide_smoke_run_through_main(tmp_path):
+  """`--suite=wide` end to end on a CPU: two problems of one regime, the auto
+  target beside jnp.dot, a progress line per measurement, the regime table."""
+  result = _run_script("--suite=wide", "--kernels=auto", "--regimes=small",
+                       "--problems_per_regime=2", "--allow_large_interpret",
+                       "--iters=1", "--warmup=0", "--plot=false",
+                       f"--output_dir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  for index in (1, 2, 3, 4):
+    assert f"[{index}/4]" in result.stdout
+  rows = json.loads((tmp_path / "results.json").read_text())["results"]
+  assert [(r["kernel"], r["status"], r["regime"]) for r in rows] == [
+      ("xla", "OK", "small"), ("auto", "OK", "small")] * 2
+  from pallas_gemm import shapes
+  small = [p for p in shapes.WIDE if p.regime == "small"][:2]
+  assert [(r["m"], r["n"], r["k"]) for r in rows[::2]] == [p.shape for p in small]
+  assert all(r["wall_s"] > 0 for r in rows)  # where the time budget goes
+  assert "| small | 2 |" in (tmp_path / "regimes.md").read_text()
+
+
+def test_problems_per_regime_needs_the_wide_suite():
+  result = _run_script("--problems_per_regime=1")
+  assert result.returncode == 2
+  assert "--problems_per_regime needs --suite=wide" in result.stderr
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(m=0, n=1, k=1), "SuiteProblem.m=0"),
+    (dict(m=1, n=2.0, k=1), "SuiteProblem.n=2.0"),
+    (dict(m=1, n=1, k=1, batch=0), "SuiteProblem.batch=0"),
+    (dict(m=1, n=1, k=1, dtype="float32"), "SuiteProblem.dtype='float32'"),
+    (dict(m=1, n=1, k=1, layout="XN"), "SuiteProblem.layout='XN'"),
+    (dict(m=1, n=1, k=1, regime="huge"), "SuiteProblem.regime='huge'"),
+])
+def test_suite_problem_validates_its_fields(kwargs, message):
+  from pallas_gemm.shapes import SuiteProblem
+  with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+    SuiteProblem(**kwargs)
+
+
+def test_input_sets_depend_on_seed_problem_and_index_only():
+  case = bench_cases.DtypeCase("float32", "ieee")
+  problem = bench_checks.make_problem((8, 6, 4), case, "NN")
+  other = bench_checks.make_problem((8, 6, 5), case, "NN")
+  first = bench_checks.make_input_sets(problem, 2, seed=3)
+  bench_checks.make_input_sets(other, 3, seed=3)  # other work in between
+  again = bench_checks.make_input_sets(problem, 2, seed=3)
+  for (a0, b0), (a1, b1) in zip(first, again):
+    np.testing.assert_array_equal(a0, a1)
+    np.testing.assert_array_equal(b0, b1)
+  assert not np.array_equal(first[0][0], first[1][0])  # sets differ
+  reseeded = bench_checks.make_input_sets(problem, 1, seed=4)
+  assert not np.array_equal(first[0][0], reseeded[0][0])
+
+
+def test_over_sets_traces_the_call_once_for_every_set():
+  from pallas_gemm import timing
+  traced = []
+
+  def call(a, b):
+    traced.append(a.shape)
+    return a @ b
+
+  sets = tuple((jnp.full((4, 4), float(i)), jnp.eye(4)) for i in range(5))
+  outs = timing.over_sets(call)(sets)
+  assert len(traced) == 1
+  for i, out in enumerate(outs):
+    np.testing.assert_array_equal(out, np.full((4, 4), float(i)))
+  assert timing.time_over_sets(call, sets, iterations=2, on_gpu=False) > 0
+

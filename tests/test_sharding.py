@@ -100,9 +100,9 @@ def test_sharded_on_two_gpus(pattern):
 
 
 def test_multi_gpu_script_cpu_smoke(tmp_path):
-  """experiments/multi_gpu.py end to end on simulated CPU devices."""
+  """experiments/lab/multi_gpu.py end to end on simulated CPU devices."""
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "multi_gpu.py"),
+      [sys.executable, os.path.join(ROOT, "experiments", "lab", "multi_gpu.py"),
        "--cpu_smoke", "--max_devices=2", "--iters=2",
        f"--output_dir={tmp_path}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)

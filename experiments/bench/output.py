@@ -191,7 +191,7 @@ def write_outputs(run: BenchmarkRun, output_dir: pathlib.Path,
     written.append(ladder_path)
 
   if run.options.plot:
-    from experiments import plotting  # noqa: PLC0415 - matplotlib is optional
+    from experiments.bench import plotting  # noqa: PLC0415 - matplotlib is optional
     timing_kind = "CUPTI" if run.on_gpu else "interpret mode, not meaningful"
     title = (f"{metadata['device']} — suite {run.options.suite} "
              f"({timing_kind}) — git {metadata['git']}")

@@ -1,130 +1,26 @@
-"""Timing and the measurement grid."""
+"""The measurement grid: inputs, the check, then timing, row by row."""
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-import statistics
 import sys
 import time
 from typing import Any, Callable
 
 import jax
 
-from pallas_gemm import numerics, timing
+from pallas_gemm import numerics
 from pallas_gemm.devices import device_info, peak_tflops
 from pallas_gemm.problem import GemmProblem
 
-from experiments.bench.cases import parse_dtypes, BASELINE_NAME, DtypeCase, OUTPUTS_IN_FLIGHT_CAP
+from experiments.bench.cases import parse_dtypes, BASELINE_NAME, DtypeCase
 from experiments.bench.targets import BenchTarget, make_target
 from experiments.bench.options import BenchmarkOptions
 from experiments.bench.checks import (output_shape, ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
+from experiments.bench.timers import RotatingCall, Timing, time_on_gpu, time_on_host
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-# ----------------------------------------------------------------- timing ---
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-  samples_us: tuple[float, ...]
-  method: str
-
-  @property
-  def median_us(self) -> float:
-    return statistics.median(self.samples_us)
-
-
-def _effective_iters(seconds_per_iter: float, iters: int, cap_s: float) -> int:
-  if cap_s <= 0 or seconds_per_iter <= 0:
-    return iters
-  return max(min(3, iters), min(iters, int(cap_s / seconds_per_iter)))
-
-
-class RotatingCall:
-  """One compiled kernel call over the rotated input sets.
-
-  On a GPU one call runs the kernel once on every set inside one jitted
-  function, so consecutive calls read different operands and never find them
-  in L2; its first output is what the check looks at, so the function that
-  is checked is the very one that is timed, and it compiles once. On a CPU a
-  single-set function is jitted and the Python loop rotates the sets.
-  """
-
-  def __init__(self, fn: Callable, sets, *, on_gpu: bool):
-    self.sets = sets
-    self.on_gpu = on_gpu
-    if on_gpu:
-      count = len(sets)
-
-      def every_set(*flat):
-        return tuple(fn(flat[2 * i], flat[2 * i + 1]) for i in range(count))
-
-      self.compiled = jax.jit(every_set)
-      self.flat = [x for pair in sets for x in pair]
-    else:
-      self.compiled = jax.jit(fn)
-
-  def first_output(self):
-    """The kernel's output on input set 0."""
-    if self.on_gpu:
-      return jax.block_until_ready(self.compiled(*self.flat))[0]
-    return jax.block_until_ready(self.compiled(*self.sets[0]))
-
-
-def time_on_host(call: RotatingCall, *, iters: int, warmup: int,
-                 cap_s: float) -> Timing:
-  """Host clock around block_until_ready of the jitted call (interpret mode)."""
-  sets = call.sets
-  for i in range(max(1, warmup)):
-    jax.block_until_ready(call.compiled(*sets[i % len(sets)]))
-  start = time.perf_counter()
-  jax.block_until_ready(call.compiled(*sets[0]))
-  iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
-  samples = []
-  for i in range(iters):
-    a, b = sets[i % len(sets)]
-    start = time.perf_counter()
-    jax.block_until_ready(call.compiled(a, b))
-    samples.append((time.perf_counter() - start) * 1e6)
-  return Timing(tuple(samples), "host-clock (interpret mode, not meaningful)")
-
-
-def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
-                warmup: int, cap_s: float) -> Timing:
-  """CUPTI kernel time of one kernel call, median over iterations.
-
-  CUPTI sums the device time of every kernel one rotated call launches (a
-  split-K reduction or a layout copy counts too); divided by the number of
-  sets that is the time of one GEMM. Launch gaps and Python overhead do not
-  count.
-  """
-  count = len(call.sets)
-  for _ in range(max(1, warmup)):
-    jax.block_until_ready(call.compiled(*call.flat))
-  start = time.perf_counter()
-  jax.block_until_ready(call.compiled(*call.flat))
-  iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
-  chunk = max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP // max(1, count * out_bytes)))
-  try:
-    samples: list[float] = []
-    remaining = iters
-    while remaining > 0:
-      step = min(chunk, remaining)
-      _, per_iteration_ms = timing.cupti_samples_ms(
-          call.compiled, call.flat, iterations=step, warmup=0)
-      samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
-      remaining -= step
-    return Timing(tuple(samples), "cupti")
-  except (ImportError, RuntimeError) as e:
-    reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
-    samples = []
-    for _ in range(iters):
-      start = time.perf_counter()
-      jax.block_until_ready(call.compiled(*call.flat))
-      samples.append((time.perf_counter() - start) * 1e6 / count)
-    return Timing(tuple(samples), f"host-clock (no CUPTI: {reason})")
 
 
 def tflops_text(value: float | None) -> str:
@@ -175,6 +71,10 @@ class Measurement:
   min_bytes: int = 0
   batch: int = 1
   regime: str = ""  # the wide suite's regime of this problem
+  # Host seconds the row took: compilation, the check and the timing (the
+  # first kernel of a problem also makes its inputs and float64 reference).
+  # Says where a run's time budget goes.
+  wall_s: float | None = None
 
 
 def describe_config(config) -> str:
@@ -289,10 +189,12 @@ class BenchmarkRun:
         if reason is not None:
           row.reason = reason
         else:
+          start = time.perf_counter()
           try:
             self._measure(target, problem, case, row, state)
           except Exception as e:  # noqa: BLE001 - one bad row must not end the run
             row.status, row.reason = "FAILED", _error_text(e)
+          row.wall_s = time.perf_counter() - start
       if row.status == "OK":
         if target.name == BASELINE_NAME:
           baseline_us = row.us
@@ -400,8 +302,9 @@ class BenchmarkRun:
 def progress_line(row: Measurement, index: int, total: int) -> str:
   head = (f"[{index:>{len(str(total))}}/{total}] {row.kernel:<28} {row.shape:<18} "
           f"{row.dtype_label:<13} {row.layout}  ")
+  tail = f"  ({row.wall_s:.1f} s)" if row.wall_s is not None else ""
   if row.status != "OK":
-    return head + f"{row.status}: {row.reason}"
+    return head + f"{row.status}: {row.reason}" + tail
   extras = [f"{row.us:10.2f} us", f"{tflops_text(row.tflops):>8} TFLOP/s"]
   if row.pct_peak is not None:
     extras.append(f"{row.pct_peak:5.1f}% peak")
@@ -410,4 +313,4 @@ def progress_line(row: Measurement, index: int, total: int) -> str:
   extras.append(f"err {row.rel_error:.2g}")
   if row.config != "-":
     extras.append(f"[{_short_config(row.config)}]")
-  return head + "OK " + "  ".join(extras)
+  return head + "OK " + "  ".join(extras) + tail

@@ -140,7 +140,7 @@ fi
 
 if has triton_ieee; then
   stage "Pallas-Triton exact f32 sweep"
-  "$PY" experiments/triton_sweep.py --phase ieee --out "$DIR/triton" \
+  "$PY" experiments/lab/triton_sweep.py --phase ieee --out "$DIR/triton" \
     --budget-s 150 2>&1 | grep -v "^WARNING" | tail -n 45
 fi
 

@@ -1,6 +1,6 @@
 """A short text digest of an Nsight Compute SASS page (`--page source --csv`).
 
-    python3 experiments/ncu_sass_digest.py case1.sass.csv[.gz] ...
+    python3 experiments/lab/ncu_sass_digest.py case1.sass.csv[.gz] ...
 
 For each file: executed warp instructions per opcode, the stall reasons summed
 over the kernel's PC samples, the most-sampled instructions with their main

@@ -26,7 +26,7 @@ launches counted, a warm-up call, then the median of --iters; jnp.dot (16-bit
 output for 16-bit inputs, HIGHEST for f32) is timed in the same process
 before each shape's variants.
 
-    PYTHONPATH=. python3 experiments/triton_knobs.py --out knobs.jsonl
+    PYTHONPATH=. python3 experiments/lab/triton_knobs.py --out knobs.jsonl
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def main():
       f.write(line + "\n")
 
   emit({"env": device.device_kind, "jax": jax.__version__, "git_sha": sha,
-        "num_sms": num_sms, "command": "python3 experiments/triton_knobs.py "
+        "num_sms": num_sms, "command": "python3 experiments/lab/triton_knobs.py "
         + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in
                    vars(args).items() if k != "out")})
   if args.shapes:

@@ -4,16 +4,16 @@
 # the SASS with per-instruction counts). Clocks are left alone
 # (--clock-control none).
 #
-#   OUT=/some/dir experiments/triton_ncu.sh ["ARGS1" "ARGS2" ...]
+#   OUT=/some/dir experiments/lab/triton_ncu.sh ["ARGS1" "ARGS2" ...]
 #
-# Each argument is a set of experiments/triton_ncu.py flags; without any,
+# Each argument is a set of experiments/lab/triton_ncu.py flags; without any,
 # the cases below. Writes $WORK/<n>.{txt,sass.csv.gz} and digest.txt
-# (experiments/ncu_sass_digest.py), and packs them into
+# (experiments/lab/ncu_sass_digest.py), and packs them into
 # $OUT/triton_ncu.tar.gz (the device machine returns at most 8 files).
 # Pass the revision as PALLAS_GEMM_GIT_SHA (the device copy may lack .git).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-./out}
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -51,7 +51,7 @@ for flags in "$@"; do
     --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section SourceCounters \
     --import-source no -o "$DIR/$name" -f \
-    "$PY" experiments/triton_ncu.py $flags
+    "$PY" experiments/lab/triton_ncu.py $flags
   echo "exit $?"
   "$NCU" -i "$DIR/$name.ncu-rep" --page details > "$DIR/$name.txt" 2>&1
   "$NCU" -i "$DIR/$name.ncu-rep" --page source --csv --print-source sass \
@@ -59,7 +59,7 @@ for flags in "$@"; do
   grep -E "Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|Duration|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued" \
     "$DIR/$name.txt" | head -n 24
   gzip -9 "$DIR/$name.sass.csv"
-  "$PY" experiments/ncu_sass_digest.py "$DIR/$name.sass.csv.gz" \
+  "$PY" experiments/lab/ncu_sass_digest.py "$DIR/$name.sass.csv.gz" \
     | tee -a "$DIR/digest.txt" | head -n 40
 done
 

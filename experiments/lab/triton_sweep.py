@@ -1,18 +1,20 @@
 """Checks and tunes the Pallas-Triton ladder on a GPU; re-runnable.
 
-    PYTHONPATH=. python3 experiments/triton_sweep.py --phase check
-    PYTHONPATH=. python3 experiments/triton_sweep.py --phase bf16 --phase skinny \
+    PYTHONPATH=. python3 experiments/lab/triton_sweep.py --phase check
+    PYTHONPATH=. python3 experiments/lab/triton_sweep.py --phase bf16 --phase skinny \
         --out results/ --shipped pallas_gemm/tuned/
-    PYTHONPATH=. python3 experiments/triton_sweep.py --phase sass --sass-case tf32_nn
+    PYTHONPATH=. python3 experiments/lab/triton_sweep.py --phase sass --sass-case tf32_nn
 
 Phases:
   check   every rung compiled on the GPU at a ragged and a tile-multiple
           shape, all dtypes, two layouts; relative error vs float64 NumPy.
   ladder  each rung's default config at the LADDER shapes, bf16.
   bf16 / tf32 / ieee
-          `triton/06_tuned` candidate configs on large shapes against
-          jnp.dot (same dtype/precision) measured in the same process.
-  skinny  split-K configs for M in {1, 16, 128}, N = K = 8192, bf16.
+          `triton/06_tuned`'s search space (the configs `autotune.tune`
+          times) on large shapes against jnp.dot (same dtype/precision)
+          measured in the same process.
+  skinny  the same search space (split-K included) for M in {1, 16, 128},
+          N = K = 8192, bf16.
   sass    compiles one 06_tuned kernel (`--sass-case`); run it with
           XLA_FLAGS=--xla_dump_to=DIR and grep/disassemble the dump.
 
@@ -45,74 +47,24 @@ from pallas_gemm import autotune, numerics, registry, timing  # noqa: E402
 from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
 
-T = TritonConfig
 START = time.time()
 
 BF16_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 14336)]
 F32_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]
+LADDER_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 
-CANDIDATES = {
-    "bf16": [
-        T(128, 256, 64, num_warps=8, num_stages=3, group_m=8),
-        T(256, 128, 64, num_warps=8, num_stages=3, group_m=8),
-        T(128, 256, 64, num_warps=8, num_stages=4, group_m=8),
-        T(256, 128, 64, num_warps=8, num_stages=4, group_m=8),
-        T(128, 128, 64, num_warps=4, num_stages=4, group_m=8),
-        T(128, 128, 64, num_warps=8, num_stages=4, group_m=8),
-        T(128, 256, 32, num_warps=8, num_stages=4, group_m=8),
-        T(256, 128, 32, num_warps=8, num_stages=5, group_m=8),
-    ],
-    "tf32": [
-        T(128, 128, 32, num_warps=8, num_stages=3, group_m=8),
-        T(128, 256, 32, num_warps=8, num_stages=3, group_m=8),
-        T(256, 128, 32, num_warps=8, num_stages=3, group_m=8),
-        T(128, 128, 32, num_warps=4, num_stages=4, group_m=8),
-        T(128, 64, 32, num_warps=4, num_stages=4, group_m=8),
-        T(128, 128, 64, num_warps=8, num_stages=3, group_m=8),
-    ],
-    "ieee": [
-        T(128, 128, 16, num_warps=8, num_stages=3, group_m=8),
-        T(64, 128, 32, num_warps=4, num_stages=3, group_m=8),
-        T(128, 64, 32, num_warps=4, num_stages=3, group_m=8),
-        T(128, 128, 32, num_warps=8, num_stages=2, group_m=8),
-        T(64, 64, 32, num_warps=4, num_stages=3, group_m=8),
-        T(128, 256, 16, num_warps=8, num_stages=3, group_m=8),
-        # Second round around the best of the first (64x128x32 w4 s3):
-        # deeper pipelines, other K steps, group sizes and warp counts.
-        T(64, 128, 32, num_warps=4, num_stages=4, group_m=8),
-        T(64, 128, 32, num_warps=4, num_stages=5, group_m=8),
-        T(64, 128, 16, num_warps=4, num_stages=4, group_m=8),
-        T(64, 128, 64, num_warps=4, num_stages=3, group_m=8),
-        T(64, 128, 32, num_warps=4, num_stages=3, group_m=4),
-        T(64, 128, 32, num_warps=4, num_stages=3, group_m=16),
-        T(64, 128, 32, num_warps=8, num_stages=3, group_m=8),
-        T(64, 128, 32, num_warps=2, num_stages=3, group_m=8),
-        T(64, 256, 32, num_warps=8, num_stages=3, group_m=8),
-        T(128, 128, 32, num_warps=8, num_stages=3, group_m=8),
-        T(128, 128, 32, num_warps=4, num_stages=3, group_m=8),
-        T(32, 128, 32, num_warps=4, num_stages=4, group_m=8),
-        T(64, 64, 64, num_warps=4, num_stages=3, group_m=8),
-        T(64, 64, 32, num_warps=2, num_stages=4, group_m=8),
-    ],
-}
+# The sweep times the configs `autotune.tune` searches for rung 6 (its one
+# search space, `k06_tuned.search_space`), so a winner here is a winner there;
+# the hand-picked candidate lists of earlier runs are in the git history.
+KERNEL = "triton/06_tuned"
+#: How many of the search space's configs a phase times (--dry-run: two).
+CANDIDATE_LIMIT = None
 
 
-# TF32 with and without the K-major copy (see TritonConfig.k_major).
-CANDIDATES["tf32"] = [dataclasses.replace(c, k_major=k_major)
-                      for k_major in (True, False)
-                      for c in CANDIDATES["tf32"]]
-
-
-def skinny_candidates(m):
-  bm = 16 if m <= 16 else 64
-  out = []
-  for bn, bk, warps, stages in ((64, 128, 4, 4), (128, 128, 4, 4),
-                                (64, 256, 4, 3)):
-    for split in (1, 2, 4, 8):
-      out.append(T(bm, bn, bk, num_warps=warps, num_stages=stages, group_m=8,
-                   split_k=split))
-  return out
+def candidates(problem) -> list[TritonConfig]:
+  space = autotune.search_space(problem, KERNEL, pallas_gemm.device_info())
+  return space[:CANDIDATE_LIMIT]
 
 
 def log(*parts):
@@ -159,6 +111,16 @@ def xla_fn(problem):
 def time_ms(fn, args, iterations):
   return timing.median_time_ms(fn, args, iterations=iterations,
                                  on_gpu=not INTERPRET)
+
+
+def try_time(args, kernel, problem, config, operands, *, label):
+  """The kernel's median ms, or None (logged as FAIL) when it raises."""
+  try:
+    return time_ms(kernel_fn(kernel, problem, config), operands,
+                   args.iterations)
+  except Exception as e:  # noqa: BLE001 - one failing config must not end a sweep
+    log(f"  {label}: FAIL {type(e).__name__}: {str(e)[:200]}")
+    return None
 
 
 def tflops(problem, ms):
@@ -238,11 +200,8 @@ def sweep_shape(args, results, kernel, problem, candidates, tag):
     if not autotune.fits_device(config, problem, device):
       log(f"  skip (smem) {config}")
       continue
-    try:
-      ms = time_ms(kernel_fn(kernel, problem, config), (a, b),
-                   args.iterations)
-    except Exception as e:
-      log(f"  FAIL {config}: {type(e).__name__}: {str(e)[:200]}")
+    ms = try_time(args, kernel, problem, config, (a, b), label=str(config))
+    if ms is None:
       continue
     ratio = xla_ms / ms
     log(f"  {ms:9.4f} ms {tflops(problem, ms):7.1f} TFLOP/s "
@@ -277,8 +236,7 @@ def phase_family(args, results, family):
     if budget_left(args) < 0:
       return
     problem = make_problem(shape, family, args.layout)
-    sweep_shape(args, results, "triton/06_tuned", problem,
-                CANDIDATES[family], family)
+    sweep_shape(args, results, KERNEL, problem, candidates(problem), family)
 
 
 def phase_skinny(args, results):
@@ -286,13 +244,12 @@ def phase_skinny(args, results):
     if budget_left(args) < 0:
       return
     problem = make_problem(shape, "skinny", args.layout)
-    sweep_shape(args, results, "triton/06_tuned", problem,
-                skinny_candidates(shape[0]), "skinny")
+    sweep_shape(args, results, KERNEL, problem, candidates(problem), "skinny")
 
 
 def phase_ladder(args, results):
   device = pallas_gemm.device_info()
-  for shape in [(4096, 4096, 4096), (8192, 8192, 8192)]:
+  for shape in LADDER_SHAPES:
     problem = make_problem(shape, "bf16")
     a, b, _, _ = timing.random_operands(problem)
     xla_ms = time_ms(xla_fn(problem), (a, b), args.iterations)
@@ -307,11 +264,8 @@ def phase_ladder(args, results):
         log(f"  {kernel}: declines: {reason}")
         continue
       config = entry.default_config(problem, device)
-      try:
-        ms = time_ms(kernel_fn(kernel, problem, config), (a, b),
-                     args.iterations)
-      except Exception as e:
-        log(f"  {kernel}: FAIL {type(e).__name__}: {str(e)[:200]}")
+      ms = try_time(args, kernel, problem, config, (a, b), label=kernel)
+      if ms is None:
         continue
       log(f"  {kernel:22s} {ms:9.4f} ms {tflops(problem, ms):7.1f} TFLOP/s "
           f"{xla_ms / ms:5.3f}x  {config}")
@@ -324,7 +278,7 @@ def phase_sass(args, results):
   """One kernel, compiled and run once, for the XLA dump to capture."""
   family, layout = args.sass_case.split("_")
   problem = make_problem((4096, 4096, 4096), family, layout.upper())
-  config = CANDIDATES[family][0]
+  config = candidates(problem)[0]
   a, b, _, _ = timing.random_operands(problem)
   ms = time_ms(kernel_fn("triton/06_tuned", problem, config), (a, b),
                args.iterations)
@@ -355,12 +309,13 @@ def main(argv=None):
   if args.iterations < 20:
     parser.error(f"--iterations={args.iterations} must be >= 20")
   if args.dry_run:
-    global INTERPRET, BF16_SHAPES, F32_SHAPES, SKINNY_SHAPES
+    global INTERPRET, BF16_SHAPES, F32_SHAPES, SKINNY_SHAPES, LADDER_SHAPES
+    global CANDIDATE_LIMIT
     INTERPRET = True
     BF16_SHAPES = F32_SHAPES = [(64, 64, 128)]
     SKINNY_SHAPES = [(1, 64, 1024)]
-    for family in CANDIDATES:
-      CANDIDATES[family] = CANDIDATES[family][:2]
+    LADDER_SHAPES = [(64, 64, 128)]
+    CANDIDATE_LIMIT = 2
   elif jax.default_backend() != "gpu":
     parser.error("this script needs a CUDA GPU (or --dry-run)")
   log("device", pallas_gemm.device_info())

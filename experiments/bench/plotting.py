@@ -42,17 +42,41 @@ def _subplot_grid(count: int):
   return fig, flat
 
 
-def plot_tflops_vs_size(rows: Sequence[dict], path: str, *, title: str) -> bool:
-  """One line per kernel over the shapes (sorted by flops); one panel per
-  dtype/layout. Returns False (and writes nothing) when no row succeeded."""
+def _panels(rows: Sequence[dict]):
+  """(figure, axes, sorted (group, rows)) with one panel per dtype/layout
+  group of the succeeded rows; None when no row succeeded."""
   ok = _ok_rows(rows)
   if not ok:
-    return False
+    return None
   groups = collections.defaultdict(list)
   for row in ok:
     groups[_group_key(row)].append(row)
   fig, axes = _subplot_grid(len(groups))
-  for ax, (group, group_rows) in zip(axes, sorted(groups.items())):
+  return fig, axes, sorted(groups.items())
+
+
+def _finish_panel(ax, group: str, *, which: str) -> None:
+  ax.set_title(group)
+  ax.grid(True, which=which, alpha=0.3)
+  ax.legend(fontsize=7, loc="best")
+
+
+def _save(fig, path: str, title: str) -> bool:
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_tflops_vs_size(rows: Sequence[dict], path: str, *, title: str) -> bool:
+  """One line per kernel over the shapes (sorted by flops); one panel per
+  dtype/layout. Returns False (and writes nothing) when no row succeeded."""
+  panels = _panels(rows)
+  if panels is None:
+    return False
+  fig, axes, groups = panels
+  for ax, (group, group_rows) in zip(axes, groups):
     shapes = sorted({(r["flops"], r["shape"]) for r in group_rows})
     position = {shape: i for i, (_, shape) in enumerate(shapes)}
     by_kernel = collections.defaultdict(list)
@@ -73,14 +97,8 @@ def plot_tflops_vs_size(rows: Sequence[dict], path: str, *, title: str) -> bool:
       ax.set_yscale("log")
     ax.set_ylabel("TFLOP/s")
     ax.set_xlabel("M x N x K (sorted by flops)")
-    ax.set_title(group)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return True
+    _finish_panel(ax, group, which="major")
+  return _save(fig, path, title)
 
 
 def plot_roofline(rows: Sequence[dict], path: str, *, title: str,
@@ -92,14 +110,11 @@ def plot_roofline(rows: Sequence[dict], path: str, *, title: str,
   `peaks` maps a row's dtype_label to its compute ceiling in TFLOP/s (None
   when unknown, e.g. on a CPU: the roof is then left out).
   """
-  ok = _ok_rows(rows)
-  if not ok:
+  panels = _panels(rows)
+  if panels is None:
     return False
-  groups = collections.defaultdict(list)
-  for row in ok:
-    groups[_group_key(row)].append(row)
-  fig, axes = _subplot_grid(len(groups))
-  for ax, (group, group_rows) in zip(axes, sorted(groups.items())):
+  fig, axes, groups = panels
+  for ax, (group, group_rows) in zip(axes, groups):
     intensities = [r["flops"] / r["min_bytes"] for r in group_rows]
     lo, hi = min(intensities) / 2, max(intensities) * 4
     peak = peaks.get(group_rows[0]["dtype_label"])
@@ -124,11 +139,5 @@ def plot_roofline(rows: Sequence[dict], path: str, *, title: str,
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (flop / byte of minimal traffic)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(group)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return True
+    _finish_panel(ax, group, which="both")
+  return _save(fig, path, title)

@@ -2,7 +2,7 @@
 
 Run from the repo root on an H100/H200:
 
-    PYTHONPATH=. python3 experiments/mosaic_sweep.py --stages check,large,decode \
+    PYTHONPATH=. python3 experiments/lab/mosaic_sweep.py --stages check,large,decode \
         --out results.jsonl [--budget-s 270]
 
 Stages:
@@ -33,10 +33,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -47,12 +45,14 @@ import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from pallas_gemm import shapes  # noqa: E402
-from pallas_gemm import numerics  # noqa: E402
+from pallas_gemm import numerics, registry, timing  # noqa: E402
 from pallas_gemm.mosaic_backend import config as cfg  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig  # noqa: E402
 from pallas_gemm.mosaic_backend.small_m import small_m_matmul  # noqa: E402
 from pallas_gemm.mosaic_backend.ws_persistent import ws_persistent_matmul  # noqa: E402
-from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
+from pallas_gemm.problem import Epilogue  # noqa: E402
+from experiments.lab.mosaic_common import (  # noqa: E402
+    jnp_dot_fn, problem_for, short_error, time_fn)
 
 START = time.time()
 OUT_FILE = None
@@ -72,64 +72,23 @@ def over_budget() -> bool:
   return time.time() - START > BUDGET_S
 
 
-def short_error(e: BaseException) -> str:
-  text = "".join(traceback.format_exception_only(type(e), e)).strip()
-  return text[-1500:]
-
-
-def problem_for(m, n, k, dtype="bfloat16", layout="NN", batch=1,
-                epilogue=Epilogue(), out_dtype=None, c_dtype=None):
-  return GemmProblem(
-      batch=batch, m=m, n=n, k=k, in_dtype=dtype, out_dtype=out_dtype or dtype,
-      transpose_a=layout[0] == "T", transpose_b=layout[1] == "T",
-      precision="tf32" if dtype == "float32" else "default",
-      epilogue=epilogue, c_dtype=c_dtype)
-
-
-def operands(problem: GemmProblem, key=None):
-  key = key if key is not None else numerics.fresh_key()
-  ka, kb, kc, kd = jax.random.split(key, 4)
-  m, n, k, bt = problem.m, problem.n, problem.k, problem.batch
-  a_shape = (bt, k, m) if problem.transpose_a else (bt, m, k)
-  b_shape = (bt, n, k) if problem.transpose_b else (bt, k, n)
-  a = jax.random.normal(ka, a_shape, jnp.float32).astype(problem.in_dtype)
-  b = jax.random.normal(kb, b_shape, jnp.float32).astype(problem.in_dtype)
-  c = (jax.random.normal(kc, (bt, m, n), jnp.float32).astype(problem.c_dtype)
-       if problem.epilogue.has_c else None)
-  bias = (jax.random.normal(kd, (n,), jnp.float32)
-          if problem.epilogue.has_bias else None)
-  return a, b, c, bias
-
-
 INTERPRET = False
 
 
+def _num_sms() -> int:
+  return pallas_gemm.device_info().num_sms
+
+
 def kernel_fn(kernel, problem, config):
+  """The jitted kernel with `config`; None means the config a user's
+  `kernel="mosaic/<kernel>"` call gets (dispatch: tuned table, heuristic)."""
+  if config is None:
+    config = registry.get_kernel(f"mosaic/{kernel}").default_config(
+        problem, pallas_gemm.device_info())
   fn = ws_persistent_matmul if kernel == "ws_persistent" else small_m_matmul
   return jax.jit(lambda a, b, c, bias: fn(a, b, c, bias, problem=problem,
                                           config=config, interpret=INTERPRET))
 
-
-def time_fn(fn, *args, iters):
-  from pallas_gemm import timing
-  out, runtimes = timing.cupti_samples_ms(fn, args, iterations=iters)
-  jax.block_until_ready(out)
-  return out, statistics.median(runtimes)
-
-
-def jnp_dot_fn(problem: GemmProblem):
-  def f(a, b, c, bias):
-    del c, bias
-    a2 = jnp.swapaxes(a, 1, 2) if problem.transpose_a else a
-    b2 = jnp.swapaxes(b, 1, 2) if problem.transpose_b else b
-    # Like benchmark.py's baseline: 16-bit inputs give a 16-bit output
-    # straight from cuBLAS. Asking for an f32 result and casting it would
-    # time a slower f32-output GEMM plus a convert kernel.
-    return jnp.matmul(a2, b2).astype(problem.out_dtype)
-  return jax.jit(f)
-
-
-# ------------------------------------------------------------------ check ---
 
 def stage_check(args):
   cases = []
@@ -155,7 +114,7 @@ def stage_check(args):
   cases.append(("ws_persistent", problem_for(513, 700, 640), MosaicConfig(
       tile_m=128, tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=4)))
   cases.append(("ws_persistent", problem_for(513, 700, 640), dataclasses.replace(
-      cfg.ws_heuristic(problem_for(513, 700, 640)), warpgroup_semantics=True)))
+      cfg.ws_heuristic(problem_for(513, 700, 640), _num_sms()), warpgroup_semantics=True)))
   for m, layout in ((1, "NN"), (16, "NT"), (100, "TN"), (128, "NN")):
     cases.append(("small_m", problem_for(m, 4096, 4096, layout=layout), None))
   cases.append(("small_m", problem_for(7, 1000, 3000, "float16", "NN"),
@@ -173,7 +132,7 @@ def stage_check(args):
     rec = {"stage": "check", "kernel": kernel, "problem": problem.describe(),
            "epilogue": str(problem.epilogue), "config": str(config)}
     try:
-      a, b, c, bias = operands(problem)
+      a, b, c, bias = timing.random_operands(problem)
       t = time.time()
       out = kernel_fn(kernel, problem, config)(a, b, c, bias)
       out = np.asarray(out.astype(jnp.float32))
@@ -209,7 +168,7 @@ def stage_check(args):
 
 def time_problem(stage, problem, configs, *, iters, kernel="ws_persistent",
                  compare_hopper_example=False):
-  a, b, c, bias = operands(problem)
+  a, b, c, bias = timing.random_operands(problem)
   flops = problem.flops
   try:
     _, ref_ms = time_fn(jnp_dot_fn(problem), a, b, c, bias, iters=iters)
@@ -276,7 +235,7 @@ def time_hopper_example(stage, problem, a, b, ref_ms, iters):
 
 
 def large_configs(problem):
-  heur = cfg.ws_heuristic(problem)
+  heur = cfg.ws_heuristic(problem, _num_sms())
   extra = [
       MosaicConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
                    wg_dimension=Dim.N, grid_band=8),
@@ -298,14 +257,14 @@ def stage_suite(args):
   """The acceptance suite (shapes.LARGE) with the default config only."""
   for m, n, k in shapes.LARGE:
     problem = problem_for(m, n, k)
-    time_problem("suite", problem, [cfg.ws_heuristic(problem)],
+    time_problem("suite", problem, [cfg.ws_heuristic(problem, _num_sms())],
                  iters=args.iters)
 
 
 def stage_tf32(args):
   for size in (4096, 8192):
     problem = problem_for(size, size, size, "float32")
-    heur = cfg.ws_heuristic(problem)
+    heur = cfg.ws_heuristic(problem, _num_sms())
     time_problem("tf32", problem, [heur], iters=args.iters)
     if args.tf32_nt:
       problem_t = problem_for(size, size, size, "float32", "NT")
@@ -329,7 +288,7 @@ def stage_decode(args):
 def stage_odd(args):
   for m, n, k in shapes.ODD_LARGE:
     problem = problem_for(m, n, k)
-    time_problem("odd", problem, [cfg.ws_heuristic(problem)], iters=args.iters)
+    time_problem("odd", problem, [cfg.ws_heuristic(problem, _num_sms())], iters=args.iters)
 
 
 def stage_odd_parts(args):
@@ -339,8 +298,8 @@ def stage_odd_parts(args):
   from pallas_gemm.mosaic_backend.ws_persistent import prepare_operands
   for m, n, k in shapes.ODD_LARGE[::2]:
     problem = problem_for(m, n, k)
-    config = cfg.ws_heuristic(problem)
-    a, b, c, bias = operands(problem)
+    config = cfg.ws_heuristic(problem, _num_sms())
+    a, b, c, bias = timing.random_operands(problem)
     pa, pb, _, _, _ = prepare_operands(a, b, c, bias, problem, config)
     padded = dataclasses.replace(problem, m=pa.shape[1], k=pa.shape[2],
                                  n=pb.shape[2])

@@ -1,8 +1,8 @@
 """Data-parallel scaling of `pallas_gemm.matmul` over the GPUs of one host.
 
-    python experiments/multi_gpu.py                       # 1 GPU vs all GPUs
-    python experiments/multi_gpu.py --shape=16384x8192x8192 --kernel=mosaic/ws_persistent
-    python experiments/multi_gpu.py --cpu_smoke           # logic check, 8 fake CPU devices
+    python experiments/lab/multi_gpu.py                       # 1 GPU vs all GPUs
+    python experiments/lab/multi_gpu.py --shape=16384x8192x8192 --kernel=mosaic/ws_persistent
+    python experiments/lab/multi_gpu.py --cpu_smoke           # logic check, 8 fake CPU devices
 
 The acceptance run for multi-device partitioning: A (M×K, bf16) sharded by
 rows over a one-axis mesh, B (K×N) replicated, the output sharded by rows.
@@ -43,7 +43,7 @@ import sys
 import time
 import warnings
 
-_REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _parse_args(argv=None):

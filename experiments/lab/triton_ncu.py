@@ -6,7 +6,7 @@ Profiling the launch XLA makes is the way to see the binary that is timed:
 its registers, occupancy, which tensor pipe (wgmma or mma.sync) executes, and
 where the warps stall. `triton_ncu.sh` wraps this script in `ncu`.
 
-    PYTHONPATH=. python3 experiments/triton_ncu.py --case tf32:NN \\
+    PYTHONPATH=. python3 experiments/lab/triton_ncu.py --case tf32:NN \\
         --block 128x128x32 --num-warps 4 --num-stages 4 --k-major
 
 The kernel runs twice (compile, then the launch to profile) on fresh normal
@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from experiments import triton_sass  # noqa: E402
+from experiments.lab import triton_sass  # noqa: E402
 from pallas_gemm import timing  # noqa: E402
 from pallas_gemm.triton_backend import common, k06_tuned  # noqa: E402
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402

@@ -1,6 +1,6 @@
 """Which MMA instructions a `triton/06_tuned` kernel compiles to, no GPU needed.
 
-    PYTHONPATH=. python experiments/triton_sass.py --case tf32:NN --k-major \
+    PYTHONPATH=. python experiments/lab/triton_sass.py --case tf32:NN --k-major \
         --triton-python /path/to/venv-with-triton/bin/python
 
 Step 1 (JAX, any machine): lowers the Pallas kernel for CUDA sm_90 and

@@ -1,6 +1,6 @@
 """Redraws a results folder's plots from its results.json (no GPU needed).
 
-    python experiments/replot.py experiments/results/nvidia_h200/decode
+    python experiments/lab/replot.py experiments/results/nvidia_h200/decode
 
 The data are the run's own; only the drawing is redone, e.g. after a fix to
 the plotting code. The plots' titles say they were redrawn.
@@ -12,10 +12,10 @@ import json
 import pathlib
 import sys
 
-_REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(_REPO_ROOT))
 
-from experiments import plotting  # noqa: E402
+from experiments.bench import plotting  # noqa: E402
 from experiments.bench import output  # noqa: E402
 from pallas_gemm.devices import peak_tflops  # noqa: E402
 
@@ -47,7 +47,7 @@ def replot(folder: pathlib.Path) -> list[pathlib.Path]:
 
 def main(argv) -> int:
   if len(argv) < 2:
-    print("usage: python experiments/replot.py RESULTS_FOLDER...", file=sys.stderr)
+    print("usage: python experiments/lab/replot.py RESULTS_FOLDER...", file=sys.stderr)
     return 2
   for name in argv[1:]:
     folder = pathlib.Path(name)

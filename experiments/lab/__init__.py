@@ -1,0 +1,1 @@
+"""Investigation scripts (sweeps, knobs, Nsight, SASS); see README.md."""

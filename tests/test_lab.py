@@ -1,0 +1,44 @@
+"""The lab folder (experiments/lab/): its README indexes every script, and the
+Triton sweep runs its phases end to end on a CPU (interpret mode, tiny
+shapes) over rung 6's one search space."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+LAB = REPO_ROOT / "experiments" / "lab"
+
+
+def test_lab_readme_indexes_every_lab_script():
+  index = (LAB / "README.md").read_text()
+  scripts = sorted(p.name for p in LAB.iterdir()
+                   if p.suffix in (".py", ".sh") and p.name != "__init__.py")
+  assert scripts, "experiments/lab holds no scripts"
+  missing = [name for name in scripts if f"[`{name}`]({name})" not in index]
+  assert not missing, f"experiments/lab/README.md does not index {missing}"
+
+
+def test_triton_sweep_dry_run_times_the_search_space(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  result = subprocess.run(
+      [sys.executable, str(LAB / "triton_sweep.py"), "--dry-run",
+       "--phase", "bf16", "--phase", "ladder", "--out", str(tmp_path)],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+      check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  results = json.loads((tmp_path / "bf16_ladder_NN.json").read_text())
+  from pallas_gemm import autotune, device_info
+  from pallas_gemm.problem import GemmProblem
+  problem = GemmProblem(1, 64, 64, 128, "bfloat16", "bfloat16")
+  space = autotune.search_space(problem, "triton/06_tuned", device_info())
+  timed = [r["config"] for r in results["sweep"]]
+  assert len(timed) == 2  # --dry-run times the first two configs
+  assert timed == [dataclasses.asdict(c) for c in space[:2]]
+  assert {r["kernel"] for r in results["ladder"]} >= {"triton/06_tuned"}

@@ -73,7 +73,7 @@ NAME = "triton/06_tuned"
 TritonConfig = common.TritonConfig
 
 # Preferred untuned configs, best first; the first whose shared memory fits
-# the device wins. Chosen from the H200 sweep (experiments/triton_sweep.py);
+# the device wins. Chosen from the H200 sweep (experiments/lab/triton_sweep.py);
 # the smaller fall-backs are for Ampere/Ada's 99-163 KiB of shared memory.
 _PREFERRED = {
     "16bit": (

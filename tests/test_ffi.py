@@ -280,6 +280,18 @@ def _precision(dtype):
   return jax.lax.Precision.HIGHEST if dtype == "float32" else None
 
 
+def _check_odd_shape(name, dtype, shape, *, config, precision, label):
+  """One compiled call on poisoned output memory, against float64."""
+  a, b = _operands(shape, dtype)
+  numerics.poison_allocator(shape[:2], dtype)
+  out = jax.jit(lambda a, b: pallas_gemm.matmul(
+      a, b, kernel=name, config=config, precision=precision))(a, b)
+  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
+  tol = numerics.tolerance(dtype, "ieee" if dtype == "float32" else "default",
+                           dtype)
+  assert err <= tol, f"{label} {shape} {dtype}: {err:.3g} > {tol:.3g}"
+
+
 def _cases():
   for name in ALL_NAMES:
     dtypes = ("bfloat16", "float16") if name == "ffi/mma_sync" else ("float32",)
@@ -292,14 +304,8 @@ def _cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,dtype,shape", list(_cases()))
 def test_odd_shapes_match_float64(name, dtype, shape):
-  a, b = _operands(shape, dtype)
-  numerics.poison_allocator(shape[:2], dtype)
-  out = jax.jit(lambda a, b: pallas_gemm.matmul(
-      a, b, kernel=name, precision=_precision(dtype)))(a, b)
-  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
-  tol = numerics.tolerance(dtype, "ieee" if dtype == "float32" else "default",
-                           dtype)
-  assert err <= tol, f"{name} {shape} {dtype}: {err:.3g} > {tol:.3g}"
+  _check_odd_shape(name, dtype, shape, config=None,
+                   precision=_precision(dtype), label=name)
 
 
 @pytest.mark.gpu
@@ -330,14 +336,9 @@ def _pipelined_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant,dtype,shape", list(_pipelined_cases()))
 def test_pipelined_variants_on_odd_shapes(variant, dtype, shape):
-  a, b = _operands(shape, dtype)
-  numerics.poison_allocator(shape[:2], dtype)
   config = kernels.MmaSyncConfig(*variant)
-  out = jax.jit(lambda a, b: pallas_gemm.matmul(
-      a, b, kernel="ffi/mma_sync", config=config))(a, b)
-  err = numerics.relative_error(out, numerics.reference_matmul(a, b))
-  tol = numerics.tolerance(dtype, "default", dtype)
-  assert err <= tol, f"{config.label} {shape} {dtype}: {err:.3g} > {tol:.3g}"
+  _check_odd_shape("ffi/mma_sync", dtype, shape, config=config,
+                   precision=None, label=config.label)
 
 
 @pytest.mark.gpu

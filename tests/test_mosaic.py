@@ -167,36 +167,32 @@ def test_tile_order_visits_every_tile_once(m_tiles, n_tiles, band, band_dim):
   assert all(0 <= y < m_tiles and 0 <= z < n_tiles for _, y, z in seen)
 
 
-@pytest.mark.parametrize("cls,field,value,error", [
-    (MosaicConfig, "tile_m", 100, ValueError),
-    (MosaicConfig, "tile_m", 320, ValueError),
-    (MosaicConfig, "tile_m", 128.0, TypeError),
-    (MosaicConfig, "tile_m", True, TypeError),
-    (MosaicConfig, "tile_n", 300, ValueError),
-    (MosaicConfig, "tile_n", 100, ValueError),
-    (MosaicConfig, "tile_n", "128", TypeError),
-    (MosaicConfig, "tile_k", 48, ValueError),
-    (MosaicConfig, "tile_k", 256, ValueError),
-    (MosaicConfig, "max_concurrent_steps", 1, ValueError),
-    (MosaicConfig, "max_concurrent_steps", 2.5, TypeError),
-    (MosaicConfig, "epi_tile_m", 32, ValueError),
-    (MosaicConfig, "epi_tile_m", 0, ValueError),
-    (MosaicConfig, "epi_tile_n", 48, ValueError),
-    (MosaicConfig, "epi_tile_n", 0, ValueError),
-    (MosaicConfig, "grid_band", 0, ValueError),
-    (MosaicConfig, "grid_band", 8.0, TypeError),
-    (MosaicConfig, "band_dim", "m", TypeError),
-    (MosaicConfig, "band_dim", 2, TypeError),
-    (MosaicConfig, "wg_dimension", True, TypeError),
-    (MosaicConfig, "warpgroup_semantics", 1, TypeError),
-    (SmallMConfig, "tile_n", 12, ValueError),
-    (SmallMConfig, "tile_n", 64.0, TypeError),
-    (SmallMConfig, "tile_k", 16, ValueError),
-    (SmallMConfig, "max_concurrent_steps", 1, ValueError),
-    (SmallMConfig, "max_concurrent_steps", False, TypeError),
-    (SmallMConfig, "k_splits", 0, ValueError),
-    (SmallMConfig, "k_splits", 2.0, TypeError),
-])
+#: Invalid values per config field. An int of the right type that is out of
+#: range is a ValueError; a value of the wrong type (a float, a string, a
+#: bool, an int given to an enum or bool field) is a TypeError.
+_INVALID_FIELDS = {
+    MosaicConfig: {
+        "tile_m": (100, 320, 128.0, True), "tile_n": (300, 100, "128"),
+        "tile_k": (48, 256), "max_concurrent_steps": (1, 2.5),
+        "epi_tile_m": (32, 0), "epi_tile_n": (48, 0), "grid_band": (0, 8.0),
+        "band_dim": ("m", 2), "wg_dimension": (True,),
+        "warpgroup_semantics": (1,)},
+    SmallMConfig: {
+        "tile_n": (12, 64.0), "tile_k": (16,),
+        "max_concurrent_steps": (1, False), "k_splits": (0, 2.0)},
+}
+
+
+def _invalid_field_cases():
+  for cls, fields in _INVALID_FIELDS.items():
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for field, values in fields.items():
+      for value in values:
+        in_range_kind = (type(defaults[field]) is int and type(value) is int)
+        yield cls, field, value, ValueError if in_range_kind else TypeError
+
+
+@pytest.mark.parametrize("cls,field,value,error", list(_invalid_field_cases()))
 def test_config_validation_names_the_field_and_value(cls, field, value, error):
   with pytest.raises(error,
                      match=re.escape(f"{cls.__name__}.{field}={value!r}")):

@@ -130,6 +130,23 @@ def _run_process(command: list[str], cwd, timeout: float) -> tuple[int, str]:
   return process.returncode, _decode(output)
 
 
+def _run_or_raise(command, cwd, timeout, error_cls, *, what: str,
+                  timeout_hint: str, show_output) -> str:
+  """`_run_process`, with every way of failing turned into `error_cls`:
+  a timeout, a program that cannot be started, a non-zero exit code."""
+  try:
+    code, output = _run_process(command, cwd, timeout)
+  except subprocess.TimeoutExpired:
+    raise error_cls(f"{what} {timeout_hint}") from None
+  except OSError as error:
+    raise error_cls(f"{what} cannot be run ({error.strerror or error})"
+                    ) from None
+  if code != 0:
+    raise error_cls(f"{what} failed with exit code {code}: "
+                    f"{show_output(output)}")
+  return output
+
+
 def _check_executable(path: str, origin: str) -> None:
   if not os.path.exists(path):
     raise NvccNotFoundError(f"{origin}: {path} does not exist")
@@ -142,17 +159,11 @@ def _check_executable(path: str, origin: str) -> None:
 def _query_version(nvcc: str, origin: str) -> str:
   """The release line of `nvcc --version`, or an error naming `origin`."""
   _check_executable(nvcc, origin)
-  try:
-    code, output = _run_process([nvcc, "--version"], None, _VERSION_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    raise NvccNotFoundError(f"{origin}: `{nvcc} --version` did not answer "
-                            f"within {_VERSION_TIMEOUT_S} s") from None
-  except OSError as error:
-    raise NvccNotFoundError(f"{origin}: {nvcc} cannot be run "
-                            f"({error.strerror or error})") from None
-  if code != 0:
-    raise NvccNotFoundError(f"{origin}: `{nvcc} --version` exited with {code}"
-                            f": {output.strip()[:500]!r}")
+  output = _run_or_raise(
+      [nvcc, "--version"], None, _VERSION_TIMEOUT_S, NvccNotFoundError,
+      what=f"{origin}: `{nvcc} --version`",
+      timeout_hint=f"did not answer within {_VERSION_TIMEOUT_S} s",
+      show_output=lambda text: repr(text.strip()[:500]))
   for line in output.splitlines():
     if _RELEASE.search(line):
       return line.strip()
@@ -292,16 +303,8 @@ def run(toolkit: Toolkit, arguments: list[str], cwd, *, tool: str = "nvcc"
   timeout = nvcc_timeout()
   shown = " ".join(command)
   where = f" ({toolkit.origin})" if tool == "nvcc" else ""
-  try:
-    code, output = _run_process(command, cwd, timeout)
-  except subprocess.TimeoutExpired:
-    raise BuildError(f"{tool}{where} did not finish within {timeout:g} s "
-                     f"(PALLAS_GEMM_NVCC_TIMEOUT) and was stopped: {shown}"
-                     ) from None
-  except OSError as error:
-    raise BuildError(f"{tool}{where} cannot be run ({error.strerror or error})"
-                     f": {shown}") from None
-  if code != 0:
-    raise BuildError(f"{tool}{where} failed with exit code {code}: {shown}\n"
-                     f"{output}")
-  return output
+  return _run_or_raise(
+      command, cwd, timeout, BuildError, what=f"{tool}{where} ({shown})",
+      timeout_hint=(f"did not finish within {timeout:g} s "
+                    "(PALLAS_GEMM_NVCC_TIMEOUT) and was stopped"),
+      show_output=lambda text: "\n" + text)

@@ -37,6 +37,24 @@ class Dim(enum.IntEnum):
   N = 1
 
 
+def hopper_unsupported(problem, device) -> str | None:
+  """Why neither Mosaic GEMM kernel can run `problem` on `device`: the
+  checks they share (a Hopper GPU, or a CPU to interpret on; 16-bit or TF32
+  inputs; 16/32-bit outputs and C)."""
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  if problem.in_dtype not in MOSAIC_INPUT_DTYPES:
+    return f"input dtype {problem.in_dtype} is not one of {MOSAIC_INPUT_DTYPES}"
+  if problem.in_dtype == "float32" and problem.precision == "ieee":
+    return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
+  for name, dtype in (("output", problem.out_dtype), ("c", problem.c_dtype)):
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+      return f"{name} dtype {dtype} is not supported"
+  return None
+
+
 def _int_field(config, name: str) -> int:
   """The field as a plain int; a bool, float, string or other non-integer
   raises TypeError naming the field (numpy integers are accepted)."""

@@ -32,7 +32,7 @@ from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import heuristics, tma
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
-                                                MOSAIC_INPUT_DTYPES,
+                                                hopper_unsupported,
                                                 SmallMConfig, small_m_tile_m)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (call_kernel, index,
@@ -229,24 +229,13 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
 
 
 def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
   if problem.m > MAX_M:
     return f"m={problem.m} > {MAX_M}: not a decode shape (ws_persistent's job)"
-  if problem.in_dtype not in MOSAIC_INPUT_DTYPES:
-    return f"input dtype {problem.in_dtype} is not one of {MOSAIC_INPUT_DTYPES}"
-  if problem.in_dtype == "float32":
-    if problem.precision == "ieee":
-      return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
-    if not problem.transpose_b:
-      return ("TF32 wgmma needs B as (n, k); transposing the weight would "
-              "double the traffic of a bandwidth-bound kernel")
-  if problem.epilogue.has_c and problem.c_dtype not in (
-      "float32", "bfloat16", "float16"):
-    return f"c dtype {problem.c_dtype} is not supported"
-  return None
+  reason = hopper_unsupported(problem, device)
+  if reason is None and problem.in_dtype == "float32" and not problem.transpose_b:
+    return ("TF32 wgmma needs B as (n, k); transposing the weight would "
+            "double the traffic of a bandwidth-bound kernel")
+  return reason
 
 
 def heuristic(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:

@@ -51,8 +51,8 @@ from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import heuristics, tma
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
-                                                MOSAIC_INPUT_DTYPES, Dim,
-                                                MosaicConfig)
+                                                Dim, MosaicConfig,
+                                                hopper_unsupported)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
 
@@ -422,20 +422,7 @@ def ws_persistent_matmul(a, b, c, bias, *, problem: GemmProblem,
 
 
 def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
-  if problem.in_dtype not in MOSAIC_INPUT_DTYPES:
-    return f"input dtype {problem.in_dtype} is not one of {MOSAIC_INPUT_DTYPES}"
-  if problem.in_dtype == "float32" and problem.precision == "ieee":
-    return "wgmma has no exact-fp32 mode (float32 runs only as TF32)"
-  if problem.out_dtype not in ("float32", "bfloat16", "float16"):
-    return f"output dtype {problem.out_dtype} is not supported"
-  if problem.epilogue.has_c and problem.c_dtype not in (
-      "float32", "bfloat16", "float16"):
-    return f"c dtype {problem.c_dtype} is not supported"
-  return None
+  return hopper_unsupported(problem, device)
 
 
 def heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:

@@ -18,6 +18,9 @@
 #   decode     benchmark: decode suite                        BUDGET_decode=90
 #   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=150
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
+#   smoke      not in the default run: every experiments/lab/gpu_smoke_*.py
+#              (a new kernel compiled, checked and timed against XLA),
+#              output in $OUT/smoke_<name>.txt            BUDGET_smoke=150 each
 #   lab        not in the default run: the lab sweeps' GPU checks (every
 #              Triton rung and both Mosaic kernels compiled, vs float64),
 #              raw output under $OUT/lab                      BUDGET_lab=240
@@ -119,6 +122,16 @@ if wanted moe && [ -f experiments/bench_moe.py ]; then
   stage "benchmark: mixture-of-experts grouped GEMM"
   run_budgeted "$(budget moe 200)" "$PY" experiments/bench_moe.py \
     --output_dir="$RESULTS/moe"
+fi
+
+if wanted smoke; then
+  for script in experiments/lab/gpu_smoke_*.py; do
+    [ -f "$script" ] || continue
+    name=$(basename "$script" .py)
+    stage "smoke: $name"
+    run_budgeted "$(budget smoke 150)" "$PY" "$script" > "$OUT/smoke_${name#gpu_smoke_}.txt" 2>&1
+    tail -n 40 "$OUT/smoke_${name#gpu_smoke_}.txt"
+  done
 fi
 
 if wanted lab; then

@@ -51,6 +51,7 @@ class RaggedConfig:
   stages: int = 4
   epi_tile_n: int = 64
   grid_band: int = 8
+  out_slots: int = 1
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -73,6 +74,15 @@ class RaggedConfig:
                        f"multiple of 64 dividing tile_n={self.tile_n}")
     if self.grid_band < 1:
       raise ValueError(f"RaggedConfig.grid_band={self.grid_band} must be >= 1")
+    if self.out_slots not in (1, 2):
+      raise ValueError(f"RaggedConfig.out_slots={self.out_slots} must be 1 "
+                       "or 2")
+    if self.out_slots == 2 and (self.tile_n // self.epi_tile_n) % 2:
+      # Each tile's stores must start on the same slot, or a tile's first
+      # store would overwrite the slot its predecessor's last one still reads.
+      raise ValueError(f"RaggedConfig.out_slots=2 needs an even number of "
+                       f"epilogue stores per tile (tile_n={self.tile_n} / "
+                       f"epi_tile_n={self.epi_tile_n})")
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
@@ -85,9 +95,8 @@ class RaggedConfig:
     out_size = jnp.dtype(problem.out_dtype).itemsize
     cta_m, cta_n = self.cta_tile(problem.mode)
     stage = (cta_m + cta_n) * self.tile_k * in_size
-    # Two store slots per consumer: one being written while the last drains.
-    out_rows = self.tile_m
-    staging = NUM_CONSUMERS * 2 * out_rows * self.epi_tile_n * out_size
+    staging = (NUM_CONSUMERS * self.out_slots * self.tile_m * self.epi_tile_n
+               * out_size)
     return self.stages * stage + staging + SMEM_SLACK_BYTES
 
   def fits(self, problem: RaggedProblem) -> bool:
@@ -95,11 +104,15 @@ class RaggedConfig:
 
 
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
+  """The deepest ring that fits; a second output slot only where it costs
+  no stage (the main loop's latency hiding matters more)."""
+  slot_options = (2, 1) if (config.tile_n // config.epi_tile_n) % 2 == 0 else (1,)
   for stages in range(MAX_STAGES, 1, -1):
-    candidate = dataclasses.replace(config, stages=stages)
-    if candidate.fits(problem):
-      return candidate
-  return dataclasses.replace(config, stages=2)
+    for slots in slot_options:
+      candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
+      if candidate.fits(problem):
+        return candidate
+  return dataclasses.replace(config, stages=2, out_slots=1)
 
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:

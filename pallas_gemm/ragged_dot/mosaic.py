@@ -162,7 +162,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   transpose_rhs = problem.transpose_rhs
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   epi_per_tile = tile_n // epi_n
-  out_slots = 2 if epi_per_tile % 2 == 0 else 1
+  out_slots = config.out_slots
   activation = (ACTIVATIONS[problem.activation] if problem.activation
                 else None)
 

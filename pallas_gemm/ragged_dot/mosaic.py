@@ -324,6 +324,18 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   return out[:m, :n] if out.shape != (m, n) else out
 
 
+def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
+  """Every product is an empty sum; rows of a group still get
+  activation(0), which is not 0 for every activation."""
+  starts, ends = schedule.group_rows(group_sizes, row_offset, problem.m)
+  rows = jnp.arange(problem.m, dtype=jnp.int32)
+  in_group = (rows >= starts[0]) & (rows < ends[-1])  # groups are contiguous
+  zeros = jnp.zeros(problem.out_shape, jnp.float32)
+  value = (ACTIVATIONS[problem.activation](zeros) if problem.activation
+           else zeros)
+  return jnp.where(in_group[:, None], value, 0).astype(problem.out_dtype)
+
+
 def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
                   problem: RaggedProblem, config: RaggedConfig,
                   interpret=False):
@@ -336,13 +348,10 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
                      "bytes of shared memory, more than an sm_90 block has")
   _check_operands(lhs, rhs, group_sizes, row_offset, problem)
   out_dtype = jnp.dtype(problem.out_dtype)
-  if 0 in problem.out_shape:
+  if 0 in problem.out_shape or problem.m == 0:  # nothing to sum: all zeros
     return jnp.zeros(problem.out_shape, out_dtype)
-  if problem.m == 0 or problem.k == 0:  # nothing to sum: every entry is 0
-    out = jnp.zeros(problem.out_shape, out_dtype)
-    if problem.mode == "rows" and problem.activation:
-      return out  # rows of no group and empty sums are both zero
-    return out
+  if problem.k == 0:  # "rows": empty products, then the activation
+    return _rows_without_k(group_sizes, row_offset, problem)
   params = interpret_params(interpret)
   group_sizes = group_sizes.astype(jnp.int32)
   row_offset = row_offset.astype(jnp.int32)

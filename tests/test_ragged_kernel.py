@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
@@ -36,10 +37,16 @@ def _run(problem, sizes, *, row_offset=0, config=SMALL):
   keys = jax.random.split(numerics.fresh_key(), 2)
   lhs = numerics.random_normal(keys[0], problem.lhs_shape, problem.in_dtype)
   rhs = numerics.random_normal(keys[1], problem.rhs_shape, problem.in_dtype)
+  # On a CPU the interpreter also checks that the warpgroups' accesses to
+  # shared memory are ordered (the ring, the masking, the staged stores).
+  params = False if ON_GPU else plgpu.InterpretGPUParams(detect_races=True)
   out = mosaic.ragged_matmul(
       lhs, rhs, jnp.asarray(sizes, jnp.int32),
       jnp.asarray([row_offset], jnp.int32), problem=problem, config=config,
-      interpret=not ON_GPU)
+      interpret=params)
+  if not ON_GPU:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    assert not interpret_pallas_call.get_races().races_found
   assert out.shape == problem.out_shape
   assert out.dtype == jnp.dtype(problem.out_dtype)
   as64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)

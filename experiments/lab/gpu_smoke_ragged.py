@@ -2,11 +2,13 @@
 
 Run from the repo root on an H100/H200 (it takes well under 150 s):
 
-    PYTHONPATH=. python3 experiments/lab/gpu_smoke_ragged.py [--modes rows,contracting]
+    PYTHONPATH=. python3 experiments/lab/gpu_smoke_ragged.py [--modes rows,contracting,dlhs]
         [--cases g8_even,g8_zipf,g64_even,g128_even,g128_zipf] [--budget-s 140]
 
 For every case (issue 18's shapes, even and Zipf group sizes) and mode it
-compiles `pallas_gemm.ragged_dot.mosaic` with the heuristic's config, checks
+compiles `pallas_gemm.ragged_dot.mosaic` with the heuristic's config (modes:
+rows = forward, contracting = the weight gradient, dlhs = rows with rhs read
+transposed, the input gradient), checks
 a subsample of the result against float64 NumPy, and times (CUPTI median,
 `pallas_gemm.timing`) the kernel, `jax.lax.ragged_dot(_general)` (XLA), a
 dense `jnp.dot` of the same flops and a copy (measured bandwidth). It prints
@@ -110,6 +112,9 @@ def check_contracting(out, lhs, dout, sizes, rng):
 def xla_fn(mode):
   if mode == "rows":
     return lambda lhs, rhs, sizes: jax.lax.ragged_dot(lhs, rhs, sizes)
+  if mode == "dlhs":
+    return lambda dout, rhs, sizes: jax.lax.ragged_dot(
+        dout, jnp.swapaxes(rhs, 1, 2), sizes)
   numbers = jax.lax.RaggedDotDimensionNumbers(
       dot_dimension_numbers=(((0,), (0,)), ((), ())),
       lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
@@ -120,7 +125,11 @@ def xla_fn(mode):
 def run_case(name, mode, args, rng, dense_cache):
   groups, tokens, k, n, distribution = CASES[name]
   dtype = jnp.bfloat16
-  problem = RaggedProblem(mode, tokens, k, n, groups, "bfloat16", "bfloat16")
+  if mode == "dlhs":  # dout (tokens, n) times each rhs[g] (k, n) transposed
+    problem = RaggedProblem("rows", tokens, n, k, groups, "bfloat16",
+                            "bfloat16", transpose_rhs=True)
+  else:
+    problem = RaggedProblem(mode, tokens, k, n, groups, "bfloat16", "bfloat16")
   device = device_info()
   config = mosaic.heuristic(problem, device)
   reason = mosaic.supports(problem, device)
@@ -138,8 +147,11 @@ def run_case(name, mode, args, rng, dense_cache):
       a, b, s, o, problem=problem, config=config))
   out = jax.block_until_ready(kernel(lhs, rhs, sizes, offset))
   log(name, mode, "compiled and ran")
-  check = check_rows if mode == "rows" else check_contracting
-  err = check(out, lhs, rhs, sizes_np, rng)
+  if mode == "contracting":
+    err = check_contracting(out, lhs, rhs, sizes_np, rng)
+  else:
+    err = check_rows(out, lhs, jnp.swapaxes(rhs, 1, 2) if mode == "dlhs"
+                     else rhs, sizes_np, rng)
   log(name, mode, f"rel err vs float64 (subsample) {err:.2e}",
       "OK" if err < 2e-2 else "FAILED")
   del out
@@ -150,10 +162,12 @@ def run_case(name, mode, args, rng, dense_cache):
   if not args.skip_xla:
     xla = median_ms(xla_fn(mode), (lhs, rhs, sizes), 2)
     log(name, mode, f"xla {xla:.3f} ms {flops / xla / 1e9:.1f} TFLOP/s")
-  key = (tokens, k, n)
+  key = (tokens, problem.k, problem.n)
   if key not in dense_cache:
-    a = jax.random.normal(keys[0], (tokens, k), jnp.float32).astype(dtype)
-    b = jax.random.normal(keys[1], (k, n), jnp.float32).astype(dtype)
+    a = jax.random.normal(keys[0], (tokens, problem.k),
+                          jnp.float32).astype(dtype)
+    b = jax.random.normal(keys[1], (problem.k, problem.n),
+                          jnp.float32).astype(dtype)
     dense_cache[key] = median_ms(jnp.dot, (a, b), args.iters)
     del a, b
   dense = dense_cache[key]

@@ -4,6 +4,7 @@ Run from the repo root on an H100/H200 (it takes well under 150 s):
 
     PYTHONPATH=. python3 experiments/lab/gpu_smoke_ragged.py [--modes rows,contracting,dlhs]
         [--cases g8_even,g8_zipf,g64_even,g128_even,g128_zipf] [--budget-s 140]
+        [--config tile_m=64,stages=5] [--skip-xla]
 
 For every case (issue 18's shapes, even and Zipf group sizes) and mode it
 compiles `pallas_gemm.ragged_dot.mosaic` with the heuristic's config (modes:
@@ -22,6 +23,7 @@ Errors are printed per case and the run goes on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -132,6 +134,10 @@ def run_case(name, mode, args, rng, dense_cache):
     problem = RaggedProblem(mode, tokens, k, n, groups, "bfloat16", "bfloat16")
   device = device_info()
   config = mosaic.heuristic(problem, device)
+  if args.config:  # e.g. "tile_n=64,stages=5": the heuristic's, with these
+    overrides = dict(item.split("=") for item in args.config.split(","))
+    config = dataclasses.replace(
+        config, **{key: int(value) for key, value in overrides.items()})
   reason = mosaic.supports(problem, device)
   if reason:
     log(name, mode, "unsupported:", reason)
@@ -189,6 +195,9 @@ def main(argv=None):
   parser.add_argument("--modes", default="rows,contracting")
   parser.add_argument("--iters", type=int, default=5)
   parser.add_argument("--budget-s", type=float, default=140.0)
+  parser.add_argument("--config", default="",
+                      help="RaggedConfig fields to override, e.g. "
+                      "'tile_m=64,stages=5'")
   parser.add_argument("--skip-xla", action="store_true",
                       help="do not time jax.lax.ragged_dot (slow to compile)")
   args = parser.parse_args(argv)

@@ -200,19 +200,25 @@ def test_bad_operands_name_the_argument():
 # The GPU shapes of issue 18 (G, tokens, K, N).
 GPU_SHAPES = [(8, 16384, 4096, 14336), (64, 16384, 2048, 1408),
               (128, 8192, 7168, 2048), (256, 4096, 7168, 2048)]
-LOWERING_CASES = [(shape, mode, transpose)
+LOWERING_CASES = [(shape, mode, transpose, "bfloat16", "bfloat16")
                   for shape in GPU_SHAPES
                   for mode, transpose in (("rows", False), ("rows", True),
-                                          ("contracting", False))]
+                                          ("contracting", False))] + [
+    # float32 weight gradients; float16 inputs
+    (GPU_SHAPES[2], "contracting", False, "bfloat16", "float32"),
+    (GPU_SHAPES[0], "contracting", False, "float16", "float32"),
+    (GPU_SHAPES[1], "rows", False, "float16", "float16"),
+]
 
 
-@pytest.mark.parametrize("shape,mode,transpose", LOWERING_CASES,
-                         ids=lambda v: str(v))
-def test_heuristic_config_lowers_for_cuda(shape, mode, transpose):
+@pytest.mark.parametrize("shape,mode,transpose,in_dtype,out_dtype",
+                         LOWERING_CASES, ids=lambda v: str(v))
+def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
+                                          out_dtype):
   groups, m, k, n = shape
   if mode == "rows" and transpose:  # the lhs gradient: (m, n) x (G, k, n)^T
     k, n = n, k
-  problem = RaggedProblem(mode, m, k, n, groups, "bfloat16", "bfloat16",
+  problem = RaggedProblem(mode, m, k, n, groups, in_dtype, out_dtype,
                           transpose_rhs=transpose,
                           activation="silu" if mode == "rows" and not transpose
                           else None)
@@ -221,8 +227,8 @@ def test_heuristic_config_lowers_for_cuda(shape, mode, transpose):
   fn = jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
       lhs, rhs, sizes, offset, problem=problem, config=config))
   spec = lambda s, d: jax.ShapeDtypeStruct(s, d)
-  fn.trace(spec(problem.lhs_shape, jnp.bfloat16),
-           spec(problem.rhs_shape, jnp.bfloat16),
+  fn.trace(spec(problem.lhs_shape, in_dtype),
+           spec(problem.rhs_shape, in_dtype),
            spec((groups,), jnp.int32),
            spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
 

@@ -31,6 +31,10 @@ ON_GPU = jax.default_backend() == "gpu"
 #: Small tiles, so that tiny problems still span several tiles and CTAs.
 SMALL = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
                      grid_band=2)
+#: 128-row tiles split into two 64-row halves, one per consumer.
+SPLIT_ROWS = RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=3,
+                          epi_tile_n=64, grid_band=2, out_slots=2,
+                          split_rows=True)
 
 
 def _run(problem, sizes, *, row_offset=0, config=SMALL):
@@ -67,8 +71,10 @@ ROWS_CASES = [
     # rhs read as (G, n, k); rows before row_offset and after the last group
     # (sizes sum < m) are zero, also under sigmoid (sigmoid(0) != 0); f16
     (100, 128, 120, [30, 0, 50, 10], 5, "float16", "float16", True, "sigmoid"),
-    # one group takes every token; odd k and n (padded to the TMA tiling)
-    (130, 72, 80, [0, 130, 0], 0, "bfloat16", "bfloat16", False, "silu"),
+    # one group takes every token; odd k and n (padded to the TMA tiling);
+    # the consumers split the rows, a half of the second block holds none
+    (130, 72, 80, [0, 130, 0], 0, "bfloat16", "bfloat16", False, "silu",
+     SPLIT_ROWS),
     # eight groups, several tiny or empty, sum < m (slow on a CPU)
     pytest.param((140, 64, 64, [3, 0, 17, 64, 1, 0, 40, 5], 0, "bfloat16",
                   "float32", True, None), marks=pytest.mark.slow),
@@ -79,10 +85,11 @@ ROWS_CASES = [
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
                               "eight_groups"])
 def test_rows(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case
+  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
+  config = case[9] if len(case) > 9 else SMALL
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
-  _run(problem, sizes, row_offset=offset)
+  _run(problem, sizes, row_offset=offset, config=config)
 
 
 CONTRACTING_CASES = [
@@ -178,6 +185,17 @@ def test_config_validation_names_the_field(field, value, error):
 def test_config_out_slots_need_even_stores():
   with pytest.raises(ValueError, match="out_slots"):
     RaggedConfig(tile_n=64, epi_tile_n=64, out_slots=2)
+  with pytest.raises(ValueError, match="split_rows"):
+    RaggedConfig(tile_m=64, split_rows=True)
+
+
+def test_contracting_rejects_split_rows():
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="split_rows"):
+    mosaic.ragged_matmul(
+        jnp.zeros((64, 64), jnp.bfloat16), jnp.zeros((64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, config=SPLIT_ROWS, interpret=True)
 
 
 def test_supports():

@@ -12,6 +12,11 @@ One `RaggedConfig` serves both modes; the fields mean:
                CTA tile is (2 * tile_m) x tile_n.
     tile_n     output columns (the N dim of dout).
     tile_k     token rows of one pipeline stage (the reduction chunk).
+    split_rows the two consumers split the CTA tile's rows instead of its
+               columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
+               wgmma per step (needs tile_m 128, tile_n <= 128). A "rows"-mode
+               option: "contracting" always splits its rows (K), and raises
+               on it.
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -52,10 +57,19 @@ class RaggedConfig:
   epi_tile_n: int = 64
   grid_band: int = 8
   out_slots: int = 1
+  split_rows: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
-      _int_field(self, field.name)
+      if field.name != "split_rows":
+        _int_field(self, field.name)
+    if not isinstance(self.split_rows, bool):
+      raise TypeError(f"RaggedConfig.split_rows={self.split_rows!r} must be "
+                      "a bool")
+    if self.split_rows and (self.tile_m != 128 or self.tile_n > 128):
+      raise ValueError(f"RaggedConfig.split_rows needs tile_m=128 (two 64-row "
+                       f"halves) and tile_n <= 128 (wgmma's N <= 256), got "
+                       f"tile_m={self.tile_m}, tile_n={self.tile_n}")
     if self.tile_m not in (64, 128):
       raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64 or 128 "
                        "(wgmma's 64-row groups; 128 keeps the accumulator in "
@@ -77,7 +91,8 @@ class RaggedConfig:
     if self.out_slots not in (1, 2):
       raise ValueError(f"RaggedConfig.out_slots={self.out_slots} must be 1 "
                        "or 2")
-    if self.out_slots == 2 and (self.tile_n // self.epi_tile_n) % 2:
+    if (self.out_slots == 2 and not self.split_rows
+        and (self.tile_n // self.epi_tile_n) % 2):
       # Each tile's stores must start on the same slot, or a tile's first
       # store would overwrite the slot its predecessor's last one still reads.
       raise ValueError(f"RaggedConfig.out_slots=2 needs an even number of "
@@ -90,13 +105,20 @@ class RaggedConfig:
       return NUM_CONSUMERS * self.tile_m, self.tile_n
     return self.tile_m, NUM_CONSUMERS * self.tile_n
 
+  def consumer_tile(self, mode: str) -> tuple[int, int]:
+    """(rows, columns) of one consumer warpgroup's accumulator."""
+    if mode == "rows" and self.split_rows:
+      return self.tile_m // NUM_CONSUMERS, NUM_CONSUMERS * self.tile_n
+    return self.tile_m, self.tile_n
+
   def smem_bytes(self, problem: RaggedProblem) -> int:
     in_size = jnp.dtype(problem.in_dtype).itemsize
     out_size = jnp.dtype(problem.out_dtype).itemsize
     cta_m, cta_n = self.cta_tile(problem.mode)
     stage = (cta_m + cta_n) * self.tile_k * in_size
-    staging = (NUM_CONSUMERS * self.out_slots * self.tile_m * self.epi_tile_n
-               * out_size)
+    consumer_rows = self.consumer_tile(problem.mode)[0]
+    staging = (NUM_CONSUMERS * self.out_slots * consumer_rows
+               * self.epi_tile_n * out_size)
     return self.stages * stage + staging + SMEM_SLACK_BYTES
 
   def fits(self, problem: RaggedProblem) -> bool:
@@ -106,7 +128,8 @@ class RaggedConfig:
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
-  slot_options = (2, 1) if (config.tile_n // config.epi_tile_n) % 2 == 0 else (1,)
+  stores = config.consumer_tile(problem.mode)[1] // config.epi_tile_n
+  slot_options = (2, 1) if stores % 2 == 0 else (1,)
   for stages in range(MAX_STAGES, 1, -1):
     for slots in slot_options:
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
@@ -137,6 +160,8 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # weight tile is fetched from HBM once and the other row tiles of the
   # group find it in L2.
   band = 8 if tile_m == 128 else 16
+  # A 128-row tile is split into two 64 x 256 halves, one wgmma each per
+  # step, as the dense `mosaic/ws_persistent` does at its best.
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
-                      grid_band=band)
+                      grid_band=band, split_rows=tile_m == 128)
   return _most_stages(base, problem)

@@ -161,7 +161,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   stages = config.stages
   transpose_rhs = problem.transpose_rhs
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
-  epi_per_tile = tile_n // epi_n
+  cons_m, cons_n = config.consumer_tile("rows")
   out_slots = config.out_slots
   activation = (ACTIVATIONS[problem.activation] if problem.activation
                 else None)
@@ -221,15 +221,16 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      wg_cols = wg * tile_n
+      wg_rows = wg * cons_m if config.split_rows else 0
+      wg_cols = 0 if config.split_rows else wg * tile_n
 
       def mma(acc_ref, slot, kk):
         del kk
         if transpose_rhs:
-          b = rhs_smem.at[slot, pl.ds(wg_cols, tile_n), :].T
+          b = rhs_smem.at[slot, pl.ds(wg_cols, cons_n), :].T
         else:
-          b = rhs_smem.at[slot, :, pl.ds(wg_cols, tile_n)]
-        plgpu.wgmma(acc_ref, lhs_smem.at[slot], b)
+          b = rhs_smem.at[slot, :, pl.ds(wg_cols, cons_n)]
+        plgpu.wgmma(acc_ref, lhs_smem.at[slot, pl.ds(wg_rows, cons_m), :], b)
 
       def tile(linear, first_step):
         group, block, row_lo, row_hi, n_idx, steps = tile_info(linear)
@@ -239,21 +240,24 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                      stage_consumed, mma)
           return acc_ref[...]
 
-        acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
+        acc = pl.run_scoped(mma_scope, plgpu.ACC((cons_m, cons_n), jnp.float32))
         if activation is not None:
           # Rows of no group are zero, also where activation(0) is not.
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
+        # This consumer's share of the item's rows [row_lo, row_hi).
+        row0 = block * tile_m + wg_rows
+        first_row = jnp.clip(row_lo - row0, 0, cons_m)
+        num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
         col0 = n_idx * cta_n + wg_cols
-        for ej in range(epi_per_tile):
+        for ej in range(cons_n // epi_n):
           slot = ej % out_slots
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = part.astype(out_dtype)
           plgpu.commit_smem()
-          store_rows(out_smem.at[wg, slot], out_gmem, row0=block * tile_m,
-                     first_row=row_lo - block * tile_m,
-                     num_rows=row_hi - row_lo, max_rows=tile_m,
+          store_rows(out_smem.at[wg, slot], out_gmem, row0=row0,
+                     first_row=first_row, num_rows=num_rows, max_rows=cons_m,
                      cols=pl.ds(col0 + ej * epi_n, epi_n))
         return first_step + steps
 
@@ -270,7 +274,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
                                    num_barriers=stages),
       # Un-swizzled: the ladder of partial stores starts at any row.
-      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, tile_m, epi_n),
+      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, cons_m, epi_n),
                           out_dtype),
       collective_axes="wg",
   )

@@ -154,6 +154,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
 
 def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                        problem: RaggedProblem, config: RaggedConfig, params):
+  if config.split_rows:
+    raise ValueError("RaggedConfig.split_rows is a \"rows\"-mode option: the "
+                     "contracting kernel always splits its K strip")
   m, k, n, groups = problem.m, problem.k, problem.n, problem.groups
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
   cta_m = NUM_CONSUMERS * tile_m

@@ -136,8 +136,9 @@ def run_case(name, mode, args, rng, dense_cache):
   config = mosaic.heuristic(problem, device)
   if args.config:  # e.g. "tile_n=64,stages=5": the heuristic's, with these
     overrides = dict(item.split("=") for item in args.config.split(","))
-    config = dataclasses.replace(
-        config, **{key: int(value) for key, value in overrides.items()})
+    config = dataclasses.replace(config, **{
+        key: (value.lower() in ("1", "true") if key == "split_rows"
+              else int(value)) for key, value in overrides.items()})
   reason = mosaic.supports(problem, device)
   if reason:
     log(name, mode, "unsupported:", reason)
@@ -197,7 +198,7 @@ def main(argv=None):
   parser.add_argument("--budget-s", type=float, default=140.0)
   parser.add_argument("--config", default="",
                       help="RaggedConfig fields to override, e.g. "
-                      "'tile_m=64,stages=5'")
+                      "'tile_m=64,stages=5' or 'split_rows=0'")
   parser.add_argument("--skip-xla", action="store_true",
                       help="do not time jax.lax.ragged_dot (slow to compile)")
   args = parser.parse_args(argv)

@@ -18,6 +18,10 @@ descriptor's box is static. Items of rows that belong to no group skip the
 product and store zeros. Tiles are (item, column strip) pairs walked in a
 banded snake along the items, so all row items of one (group, column strip)
 run together and the expert's weight tile comes from HBM once.
+The two consumers split the CTA tile's columns, or with
+`RaggedConfig.split_rows` its two 64-row halves (each then stores only its
+half's share of the item's rows). The staged output tile is un-swizzled, as
+the partial stores start at any row.
 
 Mode "contracting" lives in `mosaic_contracting.py`.
 """

@@ -4,7 +4,7 @@ Run from the repo root on an H100/H200 (it takes well under 150 s):
 
     PYTHONPATH=. python3 experiments/lab/gpu_smoke_ragged.py [--modes rows,contracting,dlhs]
         [--cases g8_even,g8_zipf,g64_even,g128_even,g128_zipf] [--budget-s 140]
-        [--config tile_m=64,stages=5] [--skip-xla]
+        [--config tile_m=64,stages=5] [--skip-xla] [--sweep]
 
 For every case (issue 18's shapes, even and Zipf group sizes) and mode it
 compiles `pallas_gemm.ragged_dot.mosaic` with the heuristic's config (modes:
@@ -34,7 +34,7 @@ import numpy as np
 
 from pallas_gemm import timing
 from pallas_gemm.devices import device_info
-from pallas_gemm.ragged_dot import mosaic
+from pallas_gemm.ragged_dot import configs, mosaic
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds
 
 # name: (groups, tokens, k, n, distribution)
@@ -124,6 +124,35 @@ def xla_fn(mode):
       lhs, dout, sizes, ragged_dot_dimension_numbers=numbers)
 
 
+def sweep_case(name, mode, args):
+  """Times every `configs.candidates` config of one case (no checks)."""
+  groups, tokens, k, n, distribution = CASES[name]
+  problem = RaggedProblem(mode, tokens, k, n, groups, "bfloat16", "bfloat16")
+  keys = jax.random.split(jax.random.key(1), 2)
+  lhs = jax.random.normal(keys[0], problem.lhs_shape,
+                          jnp.float32).astype(jnp.bfloat16)
+  rhs = jax.random.normal(keys[1], problem.rhs_shape,
+                          jnp.float32).astype(jnp.bfloat16)
+  sizes = jnp.asarray(group_sizes_for(groups, tokens, distribution))
+  offset = jnp.zeros((1,), jnp.int32)
+  chosen = mosaic.heuristic(problem, device_info())
+  for config in [chosen] + [c for c in configs.candidates(problem)
+                            if c != chosen]:
+    if time.perf_counter() - START > args.budget_s:
+      log(name, mode, "sweep stopped: over --budget-s")
+      return
+    try:
+      kernel = jax.jit(lambda a, b, s, o, c=config: mosaic.ragged_matmul(
+          a, b, s, o, problem=problem, config=c))
+      ms = median_ms(kernel, (lhs, rhs, sizes, offset), args.iters)
+      print(f"SWEEP {name:10s} {mode:11s} {ms:.3f} ms "
+            f"{problem.flops / ms / 1e9:7.1f} TFLOP/s  {config}", flush=True)
+    except Exception:  # one failing config must not stop the others
+      log(name, mode, "FAILED:", config)
+      traceback.print_exc()
+      sys.stdout.flush()
+
+
 def run_case(name, mode, args, rng, dense_cache):
   groups, tokens, k, n, distribution = CASES[name]
   dtype = jnp.bfloat16
@@ -199,6 +228,9 @@ def main(argv=None):
   parser.add_argument("--config", default="",
                       help="RaggedConfig fields to override, e.g. "
                       "'tile_m=64,stages=5' or 'split_rows=0'")
+  parser.add_argument("--sweep", action="store_true",
+                      help="instead of the checks, time the few candidate "
+                      "configs of each case (configs.candidates)")
   parser.add_argument("--skip-xla", action="store_true",
                       help="do not time jax.lax.ragged_dot (slow to compile)")
   args = parser.parse_args(argv)
@@ -211,6 +243,9 @@ def main(argv=None):
     for mode in args.modes.split(","):
       if time.perf_counter() - START > args.budget_s:
         log(name, mode, "skipped: over --budget-s")
+        continue
+      if args.sweep:
+        sweep_case(name, mode, args)
         continue
       try:
         run_case(name, mode, args, rng, dense_cache)

@@ -165,3 +165,24 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128)
   return _most_stages(base, problem)
+
+
+def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
+  """A few configs around the heuristic's, for a GPU sweep (each with the
+  deepest ring that fits)."""
+  if problem.mode == "contracting":
+    shapes = [dict(tile_m=128, tile_n=128), dict(tile_m=64, tile_n=128),
+              dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256)]
+  else:
+    shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
+              dict(tile_m=128, tile_n=128),
+              dict(tile_m=128, tile_n=64, split_rows=True),
+              dict(tile_m=64, tile_n=128),
+              dict(tile_m=64, tile_n=64),
+              dict(tile_m=128, tile_n=128, split_rows=True, grid_band=16)]
+  out = []
+  for fields in shapes:
+    config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)
+    if config.fits(problem) and config not in out:
+      out.append(config)
+  return out

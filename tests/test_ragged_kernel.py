@@ -126,6 +126,16 @@ def test_zero_tokens(mode):
   assert not np.any(np.asarray(out))
 
 
+def test_no_groups_gives_zeros():
+  problem = RaggedProblem("rows", 16, 64, 64, 0, "bfloat16", "float32",
+                          activation="sigmoid")
+  out = mosaic.ragged_matmul(
+      jnp.ones((16, 64), jnp.bfloat16), jnp.ones((0, 64, 64), jnp.bfloat16),
+      jnp.zeros((0,), jnp.int32), jnp.zeros((1,), jnp.int32),
+      problem=problem, config=SMALL, interpret=True)
+  assert out.shape == (16, 64) and not np.any(np.asarray(out))
+
+
 def test_rows_zero_k_applies_activation_to_group_rows():
   problem = RaggedProblem("rows", 10, 0, 8, 2, "bfloat16", "float32",
                           activation="sigmoid")

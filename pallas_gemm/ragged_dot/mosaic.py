@@ -356,7 +356,8 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
                      "bytes of shared memory, more than an sm_90 block has")
   _check_operands(lhs, rhs, group_sizes, row_offset, problem)
   out_dtype = jnp.dtype(problem.out_dtype)
-  if 0 in problem.out_shape or problem.m == 0:  # nothing to sum: all zeros
+  if 0 in problem.out_shape or problem.m == 0 or problem.groups == 0:
+    # Nothing to sum, or no row in any group: all zeros.
     return jnp.zeros(problem.out_shape, out_dtype)
   if problem.k == 0:  # "rows": empty products, then the activation
     return _rows_without_k(group_sizes, row_offset, problem)

@@ -1,0 +1,188 @@
+"""The launch config of the Mosaic grouped-GEMM kernels, and its heuristic.
+
+One `RaggedConfig` serves both modes; the fields mean:
+
+  mode "rows" (out (m, n) = lhs rows of g @ rhs[g]):
+    tile_m     token rows of one CTA tile (64 or 128: wgmma's row groups).
+    tile_n     output columns of each of the two consumer warpgroups; the CTA
+               tile is tile_m x (2 * tile_n).
+    tile_k     K depth of one pipeline stage.
+  mode "contracting" (out (g, k, n) = lhs rows of g ^T @ dout rows of g):
+    tile_m     output rows (the K dim of lhs) of each consumer warpgroup; the
+               CTA tile is (2 * tile_m) x tile_n.
+    tile_n     output columns (the N dim of dout).
+    tile_k     token rows of one pipeline stage (the reduction chunk).
+    split_rows the two consumers split the CTA tile's rows instead of its
+               columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
+               wgmma per step (needs tile_m 128, tile_n <= 128). A "rows"-mode
+               option: "contracting" always splits its rows (K), and raises
+               on it.
+  both:
+    stages     pipeline stages resident in shared memory (>= 2).
+    epi_tile_n columns of one staged output store (divides tile_n).
+    grid_band  tile order: tiles are walked in bands `grid_band` tiles tall
+               (along the row items in "rows" mode, along K in
+               "contracting"), every other band backwards (a snake), so that
+               the CTAs in flight share operand tiles in L2.
+
+Every field is validated at construction: a non-int raises TypeError, a
+value out of range ValueError, each naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
+                                                SMEM_SLACK_BYTES, _int_field)
+from pallas_gemm.ragged_dot.problem import RaggedProblem
+
+#: Consumer warpgroups of one CTA (plus one TMA producer warpgroup).
+NUM_CONSUMERS = 2
+#: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
+#: dimension (and each consumer's share of it) spans whole spans.
+SWIZZLE_ELEMS_16BIT = 64
+MAX_STAGES = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedConfig:
+  tile_m: int = 128
+  tile_n: int = 128
+  tile_k: int = 64
+  stages: int = 4
+  epi_tile_n: int = 64
+  grid_band: int = 8
+  out_slots: int = 1
+  split_rows: bool = False
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      if field.name != "split_rows":
+        _int_field(self, field.name)
+    if not isinstance(self.split_rows, bool):
+      raise TypeError(f"RaggedConfig.split_rows={self.split_rows!r} must be "
+                      "a bool")
+    if self.split_rows and (self.tile_m != 128 or self.tile_n > 128):
+      raise ValueError(f"RaggedConfig.split_rows needs tile_m=128 (two 64-row "
+                       f"halves) and tile_n <= 128 (wgmma's N <= 256), got "
+                       f"tile_m={self.tile_m}, tile_n={self.tile_n}")
+    if self.tile_m not in (64, 128):
+      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64 or 128 "
+                       "(wgmma's 64-row groups; 128 keeps the accumulator in "
+                       "registers)")
+    if self.tile_n % SWIZZLE_ELEMS_16BIT or not 64 <= self.tile_n <= 256:
+      raise ValueError(f"RaggedConfig.tile_n={self.tile_n} must be 64, 128, "
+                       "192 or 256 (whole 128-byte swizzle spans, wgmma's N "
+                       "range)")
+    if self.tile_k not in (64, 128):
+      raise ValueError(f"RaggedConfig.tile_k={self.tile_k} must be 64 or 128")
+    if not 2 <= self.stages <= 8:
+      raise ValueError(f"RaggedConfig.stages={self.stages} must be in [2, 8]")
+    if (self.epi_tile_n < 64 or self.epi_tile_n % 64
+        or self.tile_n % self.epi_tile_n):
+      raise ValueError(f"RaggedConfig.epi_tile_n={self.epi_tile_n} must be a "
+                       f"multiple of 64 dividing tile_n={self.tile_n}")
+    if self.grid_band < 1:
+      raise ValueError(f"RaggedConfig.grid_band={self.grid_band} must be >= 1")
+    if self.out_slots not in (1, 2):
+      raise ValueError(f"RaggedConfig.out_slots={self.out_slots} must be 1 "
+                       "or 2")
+    if (self.out_slots == 2 and not self.split_rows
+        and (self.tile_n // self.epi_tile_n) % 2):
+      # Each tile's stores must start on the same slot, or a tile's first
+      # store would overwrite the slot its predecessor's last one still reads.
+      raise ValueError(f"RaggedConfig.out_slots=2 needs an even number of "
+                       f"epilogue stores per tile (tile_n={self.tile_n} / "
+                       f"epi_tile_n={self.epi_tile_n})")
+
+  def cta_tile(self, mode: str) -> tuple[int, int]:
+    """(rows, columns) of one CTA's output tile."""
+    if mode == "contracting":
+      return NUM_CONSUMERS * self.tile_m, self.tile_n
+    return self.tile_m, NUM_CONSUMERS * self.tile_n
+
+  def consumer_tile(self, mode: str) -> tuple[int, int]:
+    """(rows, columns) of one consumer warpgroup's accumulator."""
+    if mode == "rows" and self.split_rows:
+      return self.tile_m // NUM_CONSUMERS, NUM_CONSUMERS * self.tile_n
+    return self.tile_m, self.tile_n
+
+  def smem_bytes(self, problem: RaggedProblem) -> int:
+    in_size = jnp.dtype(problem.in_dtype).itemsize
+    out_size = jnp.dtype(problem.out_dtype).itemsize
+    cta_m, cta_n = self.cta_tile(problem.mode)
+    stage = (cta_m + cta_n) * self.tile_k * in_size
+    consumer_rows = self.consumer_tile(problem.mode)[0]
+    staging = (NUM_CONSUMERS * self.out_slots * consumer_rows
+               * self.epi_tile_n * out_size)
+    return self.stages * stage + staging + SMEM_SLACK_BYTES
+
+  def fits(self, problem: RaggedProblem) -> bool:
+    return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+
+def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
+  """The deepest ring that fits; a second output slot only where it costs
+  no stage (the main loop's latency hiding matters more)."""
+  stores = config.consumer_tile(problem.mode)[1] // config.epi_tile_n
+  slot_options = (2, 1) if stores % 2 == 0 else (1,)
+  for stages in range(MAX_STAGES, 1, -1):
+    for slots in slot_options:
+      candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
+      if candidate.fits(problem):
+        return candidate
+  return dataclasses.replace(config, stages=2, out_slots=1)
+
+
+def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
+  """A config from the shapes alone (pure; group sizes are runtime data)."""
+  sms = device.planning_sms
+  groups = max(problem.groups, 1)
+  if problem.mode == "contracting":
+    base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
+                        grid_band=8)
+    return _most_stages(base, problem)
+  rows_per_group = problem.m / groups
+  # Few tokens per expert: a 128-row tile would be mostly rows of other
+  # groups, each computed and thrown away, while every expert's weights are
+  # streamed once either way.
+  tile_m = 64 if rows_per_group <= 96 else 128
+  tile_n = 128
+  n_tiles = -(-problem.n // (NUM_CONSUMERS * tile_n))
+  if n_tiles * max(problem.m // tile_m, 1) < sms and problem.n <= 1024:
+    tile_n = 64  # too few tiles to fill the machine
+  # Consecutive tiles walk `grid_band` row items for one column strip: the
+  # row tiles of one (group, column strip) run together, so an expert's
+  # weight tile is fetched from HBM once and the other row tiles of the
+  # group find it in L2.
+  band = 8 if tile_m == 128 else 16
+  # A 128-row tile is split into two 64 x 256 halves, one wgmma each per
+  # step, as the dense `mosaic/ws_persistent` does at its best.
+  base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
+                      grid_band=band, split_rows=tile_m == 128)
+  return _most_stages(base, problem)
+
+
+def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
+  """A few configs around the heuristic's, for a GPU sweep (each with the
+  deepest ring that fits)."""
+  if problem.mode == "contracting":
+    shapes = [dict(tile_m=128, tile_n=128), dict(tile_m=64, tile_n=128),
+              dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256)]
+  else:
+    shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
+              dict(tile_m=128, tile_n=128),
+              dict(tile_m=128, tile_n=64, split_rows=True),
+              dict(tile_m=64, tile_n=128),
+              dict(tile_m=64, tile_n=64),
+              dict(tile_m=128, tile_n=128, split_rows=True, grid_band=16)]
+  out = []
+  for fields in shapes:
+    config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)
+    if config.fits(problem) and config not in out:
+      out.append(config)
+  return out

@@ -1,0 +1,373 @@
+"""`mosaic`: the grouped GEMM on Pallas Mosaic GPU (Hopper: TMA + wgmma).
+
+Both modes run one persistent, warp-specialised kernel shape, as
+`mosaic_backend/ws_persistent.py` does for the dense GEMM: one CTA per SM,
+a producer warpgroup that only issues TMA loads into a ring of `stages`
+shared-memory stages, and two consumer warpgroups that run wgmma on them.
+The ring's step counter runs on across tiles (carried through the tile
+loop, since tiles take different numbers of steps), so the next tile's
+loads overlap this tile's epilogue.
+
+Mode "rows" (this file). The work is a list of row items computed on the
+device from `group_sizes` (see `mosaic_schedule.py`): one item per (group,
+tile_m-row block) pair that share rows. A block that straddles a group
+boundary is computed once per group it touches, and each item stores only
+its own rows: the TMA store of a partial block goes out as a ladder of
+power-of-two row counts (the binary digits of the row count), since a TMA
+descriptor's box is static. Items of rows that belong to no group skip the
+product and store zeros. Tiles are (item, column strip) pairs walked in a
+banded snake along the items, so all row items of one (group, column strip)
+run together and the expert's weight tile comes from HBM once.
+The two consumers split the CTA tile's columns, or with
+`RaggedConfig.split_rows` its two 64-row halves (each then stores only its
+half's share of the item's rows). The staged output tile is un-swizzled, as
+the partial stores start at any row.
+
+Mode "contracting" lives in `mosaic_contracting.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.configs import Dim
+from pallas_gemm.mosaic_backend.tma import tiled_transforms
+from pallas_gemm.mosaic_backend.ws_persistent import (INTERPRET_CTAS,
+                                                      call_kernel, index,
+                                                      interpret_params,
+                                                      tile_coordinates)
+from pallas_gemm.problem import ACTIVATIONS, cdiv
+from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
+from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
+from pallas_gemm.ragged_dot.problem import RaggedProblem
+
+NAME = "mosaic"
+
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+INPUT_DTYPES = ("bfloat16", "float16")
+OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
+  return configs.heuristic(problem, device)
+
+
+def supports(problem: RaggedProblem, device: DeviceInfo) -> str | None:
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  if problem.in_dtype not in INPUT_DTYPES:
+    return f"input dtype {problem.in_dtype} is not one of {INPUT_DTYPES}"
+  if problem.out_dtype not in OUTPUT_DTYPES:
+    return f"output dtype {problem.out_dtype} is not one of {OUTPUT_DTYPES}"
+  if problem.precision not in ("default", "bf16", "fp16"):
+    return f"precision {problem.precision!r} is not the inputs' own"
+  return None
+
+
+# -- shared by both modes ----------------------------------------------------
+
+
+def num_ctas_for(params) -> int:
+  if params is not None:
+    return INTERPRET_CTAS
+  return device_info().planning_sms
+
+
+def for_each_tile(num_tiles, body, carry):
+  """Runs `body(linear_tile, carry)` over this CTA's share of `num_tiles`
+  (a traced count) handed out round-robin; returns the final carry."""
+  cta = index(lax.axis_index("sm"))
+  num_ctas = index(lax.axis_size("sm"))
+  mine = lax.div(jnp.maximum(num_tiles - cta + num_ctas - 1, 0), num_ctas)
+  return lax.fori_loop(index(0), mine,
+                       lambda i, c: body(cta + i * num_ctas, c), carry)
+
+
+def drain_ring(stage_consumed, total_steps, stages):
+  """The producer's last `stages` releases were never awaited by a later
+  load; await them so that no barrier is left with an unobserved phase."""
+  def drain(step, carry):
+    plgpu.barrier_wait(stage_consumed.at[lax.rem(step, index(stages))])
+    return carry
+
+  lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain, None)
+
+
+def run_stages(acc_ref, first_step, steps, stages, stage_loaded,
+               stage_consumed, mma):
+  """The consumer's main loop: `steps` wgmma steps from ring position
+  `first_step`; each stage is released one step later (one wgmma group stays
+  in flight), the last one after the final wait."""
+  def mma_stage(kk, carry):
+    step = first_step + kk
+    slot = lax.rem(step, index(stages))
+    plgpu.barrier_wait(stage_loaded.at[slot])
+    mma(acc_ref, slot, kk)
+    plgpu.wgmma_wait(1)
+
+    @pl.when(kk > 0)
+    def _release_previous():
+      plgpu.barrier_arrive(
+          stage_consumed.at[lax.rem(step - 1, index(stages))])
+    return carry
+
+  lax.fori_loop(index(0), steps, mma_stage, None)
+  plgpu.wgmma_wait(0)
+
+  @pl.when(steps > 0)
+  def _release_last():
+    plgpu.barrier_arrive(
+        stage_consumed.at[lax.rem(first_step + steps - 1, index(stages))])
+
+
+def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
+               cols):
+  """TMA-stores rows [first_row, first_row + num_rows) of `out_smem` (an
+  un-swizzled (max_rows, width) tile) to rows row0 + those of `out_gmem`,
+  leaving the others untouched: one store per binary digit of num_rows
+  (largest first), as a TMA box has a static size. Commits one bulk group."""
+  offset = first_row
+  rows = max_rows
+  while rows >= 1:
+    size = rows
+    digit = jnp.bitwise_and(num_rows, index(size))
+
+    @pl.when(digit != 0)
+    def _store(offset=offset, size=size):
+      plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(offset, size)],
+                              out_gmem.at[pl.ds(row0 + offset, size), cols],
+                              commit_group=False)
+    offset = offset + digit
+    rows //= 2
+  plgpu.commit_smem_to_gmem_group()
+
+
+# -- mode "rows" ---------------------------------------------------------------
+
+
+def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
+               problem: RaggedProblem, config: RaggedConfig, k_iters: int,
+               n_tiles: int):
+  tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+  cta_n = NUM_CONSUMERS * tile_n
+  epi_n = config.epi_tile_n
+  stages = config.stages
+  transpose_rhs = problem.transpose_rhs
+  in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
+  cons_m, cons_n = config.consumer_tile("rows")
+  out_slots = config.out_slots
+  activation = (ACTIVATIONS[problem.activation] if problem.activation
+                else None)
+
+  lhs_block = (tile_m, tile_k)
+  rhs_block = (cta_n, tile_k) if transpose_rhs else (tile_k, cta_n)
+  num_items = index(num_items_gmem[0])
+  num_tiles = num_items * n_tiles
+
+  def tile_info(linear):
+    _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
+                                      n_tiles=n_tiles, band_dim=Dim.M,
+                                      band=config.grid_band)
+    group = items_gmem[schedule.ITEM_GROUP, item]
+    block = items_gmem[schedule.ITEM_BLOCK, item]
+    row_lo = items_gmem[schedule.ITEM_ROW_LO, item]
+    row_hi = items_gmem[schedule.ITEM_ROW_HI, item]
+    steps = jnp.where(group >= 0, index(k_iters), index(0))
+    return group, block, row_lo, row_hi, n_idx, steps
+
+  def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+      def tile(linear, first_step):
+        group, block, _, _, n_idx, steps = tile_info(linear)
+        weights = rhs_gmem.at[jnp.maximum(group, 0)]
+        rows = pl.ds(block * tile_m, tile_m)
+        cols = pl.ds(n_idx * cta_n, cta_n)
+
+        def load_stage(kk, carry):
+          step = first_step + kk
+          slot = lax.rem(step, index(stages))
+
+          @pl.when(step >= stages)  # the first pass finds every stage free
+          def _wait_free():
+            plgpu.barrier_wait(stage_consumed.at[slot])
+
+          depth = pl.ds(kk * tile_k, tile_k)
+          plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, depth], lhs_smem.at[slot],
+                                  stage_loaded.at[slot])
+          plgpu.copy_gmem_to_smem(
+              weights.at[cols, depth] if transpose_rhs
+              else weights.at[depth, cols],
+              rhs_smem.at[slot], stage_loaded.at[slot])
+          return carry
+
+        lax.fori_loop(index(0), steps, load_stage, None)
+        return first_step + steps
+
+      total_steps = for_each_tile(num_tiles, tile, index(0))
+      drain_ring(stage_consumed, total_steps, stages)
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      wg_rows = wg * cons_m if config.split_rows else 0
+      wg_cols = 0 if config.split_rows else wg * tile_n
+
+      def mma(acc_ref, slot, kk):
+        del kk
+        if transpose_rhs:
+          b = rhs_smem.at[slot, pl.ds(wg_cols, cons_n), :].T
+        else:
+          b = rhs_smem.at[slot, :, pl.ds(wg_cols, cons_n)]
+        plgpu.wgmma(acc_ref, lhs_smem.at[slot, pl.ds(wg_rows, cons_m), :], b)
+
+      def tile(linear, first_step):
+        group, block, row_lo, row_hi, n_idx, steps = tile_info(linear)
+
+        def mma_scope(acc_ref):
+          run_stages(acc_ref, first_step, steps, stages, stage_loaded,
+                     stage_consumed, mma)
+          return acc_ref[...]
+
+        acc = pl.run_scoped(mma_scope, plgpu.ACC((cons_m, cons_n), jnp.float32))
+        if activation is not None:
+          # Rows of no group are zero, also where activation(0) is not.
+          acc = activation(acc) * (group >= 0).astype(jnp.float32)
+        # This consumer's share of the item's rows [row_lo, row_hi).
+        row0 = block * tile_m + wg_rows
+        first_row = jnp.clip(row_lo - row0, 0, cons_m)
+        num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
+        col0 = n_idx * cta_n + wg_cols
+        for ej in range(cons_n // epi_n):
+          slot = ej % out_slots
+          part = acc[:, ej * epi_n:(ej + 1) * epi_n]
+          # The TMA stores that last read this slot must be done with it.
+          plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+          out_smem[wg, slot] = part.astype(out_dtype)
+          plgpu.commit_smem()
+          store_rows(out_smem.at[wg, slot], out_gmem, row0=row0,
+                     first_row=first_row, num_rows=num_rows, max_rows=cons_m,
+                     cols=pl.ds(col0 + ej * epi_n, epi_n))
+        return first_step + steps
+
+      for_each_tile(num_tiles, tile, index(0))
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  pl.run_scoped(
+      scoped,
+      lhs_smem=plgpu.SMEM((stages, *lhs_block), in_dtype,
+                          transforms=tiled_transforms(lhs_block[1], in_dtype)),
+      rhs_smem=plgpu.SMEM((stages, *rhs_block), in_dtype,
+                          transforms=tiled_transforms(rhs_block[1], in_dtype)),
+      stage_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
+                                   num_barriers=stages),
+      # Un-swizzled: the ladder of partial stores starts at any row.
+      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, cons_m, epi_n),
+                          out_dtype),
+      collective_axes="wg",
+  )
+
+
+def _check_operands(lhs, rhs, group_sizes, row_offset, problem):
+  for name, value, shape in (("lhs", lhs, problem.lhs_shape),
+                             ("rhs", rhs, problem.rhs_shape),
+                             ("group_sizes", group_sizes, (problem.groups,)),
+                             ("row_offset", row_offset, (1,))):
+    if tuple(value.shape) != tuple(shape):
+      raise ValueError(f"{name} has shape {tuple(value.shape)}; the problem "
+                       f"needs {tuple(shape)}")
+  for name, value in (("lhs", lhs), ("rhs", rhs)):
+    if jnp.dtype(value.dtype).name != problem.in_dtype:
+      raise ValueError(f"{name} has dtype {value.dtype}; the problem needs "
+                       f"{problem.in_dtype}")
+
+
+def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
+                 params):
+  m, n = problem.m, problem.n
+  tile_m, tile_k = config.tile_m, config.tile_k
+  cta_n = NUM_CONSUMERS * config.tile_n
+  in_dtype = problem.in_dtype
+  items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
+                                        tile_m=tile_m)
+  lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
+                          (tile_m, tile_k))
+  rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)
+  rhs = tma.pad_to_tiling(rhs, tma.tma_tiling(rhs_box[1], in_dtype), rhs_box)
+  m_out = max(cdiv(m, 8) * 8, tile_m)
+  n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
+  n_tiles = cdiv(n, cta_n)
+  k_iters = cdiv(problem.k, tile_k)
+  max_tiles = schedule.max_row_items(m, problem.groups, tile_m) * n_tiles
+  out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
+  kernel = plgpu.kernel(
+      functools.partial(_rows_body, problem=problem, config=config,
+                        k_iters=k_iters, n_tiles=n_tiles),
+      out_type=out_type,
+      grid=(min(num_ctas_for(params), max_tiles),),
+      grid_names=("sm",),
+      num_threads=NUM_CONSUMERS + 1,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=params,
+  )
+  out = call_kernel(kernel, [items, num_items, lhs, rhs], out_type, params)
+  return out[:m, :n] if out.shape != (m, n) else out
+
+
+def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
+  """Every product is an empty sum; rows of a group still get
+  activation(0), which is not 0 for every activation."""
+  starts, ends = schedule.group_rows(group_sizes, row_offset, problem.m)
+  rows = jnp.arange(problem.m, dtype=jnp.int32)
+  in_group = (rows >= starts[0]) & (rows < ends[-1])  # groups are contiguous
+  zeros = jnp.zeros(problem.out_shape, jnp.float32)
+  value = (ACTIVATIONS[problem.activation](zeros) if problem.activation
+           else zeros)
+  return jnp.where(in_group[:, None], value, 0).astype(problem.out_dtype)
+
+
+def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
+                  problem: RaggedProblem, config: RaggedConfig,
+                  interpret=False):
+  """`problem` on the Mosaic kernels; see `problem.py` for the semantics."""
+  if not isinstance(config, RaggedConfig):
+    raise TypeError(f"config must be a RaggedConfig, got "
+                    f"{type(config).__name__}")
+  if not config.fits(problem):
+    raise ValueError(f"config={config} needs {config.smem_bytes(problem)} "
+                     "bytes of shared memory, more than an sm_90 block has")
+  _check_operands(lhs, rhs, group_sizes, row_offset, problem)
+  out_dtype = jnp.dtype(problem.out_dtype)
+  if 0 in problem.out_shape or problem.m == 0 or problem.groups == 0:
+    # Nothing to sum, or no row in any group: all zeros.
+    return jnp.zeros(problem.out_shape, out_dtype)
+  if problem.k == 0:  # "rows": empty products, then the activation
+    return _rows_without_k(group_sizes, row_offset, problem)
+  params = interpret_params(interpret)
+  group_sizes = group_sizes.astype(jnp.int32)
+  row_offset = row_offset.astype(jnp.int32)
+  if problem.mode == "contracting":
+    from pallas_gemm.ragged_dot import mosaic_contracting
+    return mosaic_contracting.contracting_matmul(
+        lhs, rhs, group_sizes, row_offset, problem=problem, config=config,
+        params=params)
+  return _rows_matmul(lhs, rhs, group_sizes, row_offset, problem=problem,
+                      config=config, params=params)

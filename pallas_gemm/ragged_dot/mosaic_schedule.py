@@ -1,0 +1,75 @@
+"""The per-call work lists of the Mosaic grouped-GEMM kernels.
+
+They are computed by a few XLA ops on the device from `group_sizes` (no host
+sync, and no recompilation when the sizes change: the lists have static
+upper-bound shapes, and the kernels read how many entries are valid).
+
+"rows" mode. The m rows are cut into consecutive pieces: the rows before the
+first group, one piece per group, and the rows after the last group. A row
+item is one piece's share of one tile_m-row block: a block that straddles a
+group boundary gives one item per piece it touches, each computed with its
+own group's weights and stored for its own rows only. Items of the
+no-group pieces are zeros (no product is computed). Items are listed in row
+order, so the items of one group are consecutive. There are at most
+cdiv(m, tile_m) + groups + 1 of them.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_gemm.problem import cdiv
+
+#: Rows of the "rows"-mode item table.
+ITEM_GROUP, ITEM_BLOCK, ITEM_ROW_LO, ITEM_ROW_HI = range(4)
+#: Rows of the "contracting"-mode group table.
+GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS = range(4)
+
+
+def group_rows(group_sizes, row_offset, m: int):
+  """(start, end) row of each group, clipped to [0, m), int32 on device."""
+  sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
+  ends = row_offset.astype(jnp.int32)[0] + jnp.cumsum(sizes, dtype=jnp.int32)
+  starts = ends - sizes
+  return jnp.clip(starts, 0, m), jnp.clip(ends, 0, m)
+
+
+def max_row_items(m: int, groups: int, tile_m: int) -> int:
+  return cdiv(m, tile_m) + groups + 1
+
+
+def row_items(group_sizes, row_offset, *, m: int, tile_m: int):
+  """The "rows"-mode item table (4, max_row_items) int32 (see the module
+  docstring; rows ITEM_*; group -1 marks rows that belong to no group) and
+  the number of valid items, shape (1,)."""
+  groups = group_sizes.shape[0]
+  starts, ends = group_rows(group_sizes, row_offset, m)
+  zero = jnp.zeros((1,), jnp.int32)
+  lo = jnp.concatenate([zero, starts, ends[-1:] if groups else zero])
+  hi = jnp.concatenate([starts[:1] if groups else zero, ends,
+                        jnp.full((1,), m, jnp.int32)])
+  piece_group = jnp.concatenate([jnp.full((1,), -1, jnp.int32),
+                                 jnp.arange(groups, dtype=jnp.int32),
+                                 jnp.full((1,), -1, jnp.int32)])
+  counts = jnp.where(hi > lo, (hi - 1) // tile_m - lo // tile_m + 1, 0)
+  ends_incl = jnp.cumsum(counts)
+  first_item = ends_incl - counts
+  num_items = ends_incl[-1:]
+  item = jnp.arange(max_row_items(m, groups, tile_m), dtype=jnp.int32)
+  piece = jnp.minimum(jnp.searchsorted(ends_incl, item, side="right"),
+                      groups + 1).astype(jnp.int32)
+  block = lo[piece] // tile_m + item - first_item[piece]
+  row_lo = jnp.maximum(lo[piece], block * tile_m)
+  row_hi = jnp.minimum(hi[piece], (block + 1) * tile_m)
+  table = jnp.stack([piece_group[piece], block, row_lo, row_hi])
+  return table.astype(jnp.int32), num_items.astype(jnp.int32)
+
+
+def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int):
+  """The "contracting"-mode group table (4, groups) int32: each group's
+  rows [lo, hi), its first `chunk`-row block and how many blocks it
+  touches (0 for an empty group)."""
+  starts, ends = group_rows(group_sizes, row_offset, m)
+  chunks = jnp.where(ends > starts, (ends - 1) // chunk - starts // chunk + 1,
+                     0)
+  return jnp.stack([starts, ends, starts // chunk, chunks]).astype(jnp.int32)

@@ -1,0 +1,293 @@
+"""The Mosaic grouped-GEMM kernels (`pallas_gemm.ragged_dot.mosaic`).
+
+On a CPU the kernels run in Mosaic GPU interpret mode (seconds per call, so
+shapes stay tiny and the odd cases are packed into a few calls); on an
+H100/H200 the same tests run the compiled kernels. The cross-lowering tests
+compile the configs the heuristic picks for the GPU shapes of the `moe`
+suite down to Mosaic GPU's MLIR on the CPU, without running them.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm import numerics
+from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.ragged_dot import mosaic, mosaic_schedule
+from pallas_gemm.ragged_dot.configs import RaggedConfig
+from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+HOPPER = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+AMPERE = DeviceInfo("gpu", "NVIDIA A100", (8, 0), 108, 163 * 1024)
+ON_GPU = jax.default_backend() == "gpu"
+#: Small tiles, so that tiny problems still span several tiles and CTAs.
+SMALL = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
+                     grid_band=2)
+#: 128-row tiles split into two 64-row halves, one per consumer.
+SPLIT_ROWS = RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=3,
+                          epi_tile_n=64, grid_band=2, out_slots=2,
+                          split_rows=True)
+
+
+def _run(problem, sizes, *, row_offset=0, config=SMALL, detect_races=False):
+  keys = jax.random.split(numerics.fresh_key(), 2)
+  lhs = numerics.random_normal(keys[0], problem.lhs_shape, problem.in_dtype)
+  rhs = numerics.random_normal(keys[1], problem.rhs_shape, problem.in_dtype)
+  # On a CPU the interpreter can also check that the warpgroups' accesses
+  # to shared memory are ordered (the ring, the masking, the staged stores);
+  # it costs time, so one case of each mode does.
+  params = (False if ON_GPU
+            else plgpu.InterpretGPUParams(detect_races=detect_races))
+  out = mosaic.ragged_matmul(
+      lhs, rhs, jnp.asarray(sizes, jnp.int32),
+      jnp.asarray([row_offset], jnp.int32), problem=problem, config=config,
+      interpret=params)
+  if detect_races and not ON_GPU:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    assert not interpret_pallas_call.get_races().races_found
+  assert out.shape == problem.out_shape
+  assert out.dtype == jnp.dtype(problem.out_dtype)
+  as64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+  want = reference(as64(lhs), as64(rhs), sizes, problem, row_offset)
+  got = as64(out)
+  tol = numerics.tolerance(problem.in_dtype, "default", problem.out_dtype)
+  scale = max(np.linalg.norm(want), 1.0)
+  assert np.linalg.norm(got - want) / scale <= tol, (sizes, row_offset)
+  # Rows (rows mode) or groups (contracting) with no data are exactly zero.
+  assert np.all(got[want == 0] == 0) or problem.activation == "sigmoid"
+  return got, want
+
+
+# (m, k, n, sizes, row_offset, in_dtype, out_dtype, transpose_rhs, activation)
+ROWS_CASES = [
+    # odd sizes straddling 64-row tiles, an empty group, bf16 -> f32
+    (100, 64, 128, [30, 0, 50, 20], 0, "bfloat16", "float32", False, None),
+    # rhs read as (G, n, k); rows before row_offset and after the last group
+    # (sizes sum < m) are zero, also under sigmoid (sigmoid(0) != 0); f16
+    (100, 128, 120, [30, 0, 50, 10], 5, "float16", "float16", True, "sigmoid"),
+    # one group takes every token; odd k and n (padded to the TMA tiling);
+    # the consumers split the rows, a half of the second block holds none
+    (130, 72, 80, [0, 130, 0], 0, "bfloat16", "bfloat16", False, "silu",
+     SPLIT_ROWS),
+    # eight groups, several tiny or empty, sum < m (slow on a CPU)
+    pytest.param((140, 64, 64, [3, 0, 17, 64, 1, 0, 40, 5], 0, "bfloat16",
+                  "float32", True, None), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("case", ROWS_CASES,
+                         ids=["odd_sizes", "transposed_offset_f16", "one_group",
+                              "eight_groups"])
+def test_rows(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
+  config = case[9] if len(case) > 9 else SMALL
+  problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
+                          transpose_rhs=transpose, activation=act)
+  _run(problem, sizes, row_offset=offset, config=config,
+       detect_races=case is ROWS_CASES[0])
+
+
+CONTRACTING_CASES = [
+    (150, 128, 64, [30, 0, 70, 20], 0, "bfloat16", "float32"),
+    # row_offset, an empty last group, odd k and n, f16
+    (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16"),
+]
+
+
+@pytest.mark.parametrize("case", CONTRACTING_CASES,
+                         ids=lambda c: f"m{c[0]}_g{len(c[3])}_off{c[4]}")
+def test_contracting(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype = case
+  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
+                          out_dtype)
+  got, _ = _run(problem, sizes, row_offset=offset,
+                detect_races=case is CONTRACTING_CASES[0])
+  empty = [g for g, size in enumerate(sizes) if size == 0]
+  assert np.all(got[empty] == 0)
+
+
+@pytest.mark.parametrize("mode", ["rows", "contracting"])
+def test_zero_tokens(mode):
+  problem = RaggedProblem(mode, 0, 64, 64, 3, "bfloat16", "float32")
+  out = mosaic.ragged_matmul(
+      jnp.zeros(problem.lhs_shape, jnp.bfloat16),
+      jnp.ones(problem.rhs_shape, jnp.bfloat16),
+      jnp.zeros((3,), jnp.int32), jnp.zeros((1,), jnp.int32),
+      problem=problem, config=SMALL, interpret=True)
+  assert out.shape == problem.out_shape
+  assert not np.any(np.asarray(out))
+
+
+def test_no_groups_gives_zeros():
+  problem = RaggedProblem("rows", 16, 64, 64, 0, "bfloat16", "float32",
+                          activation="sigmoid")
+  out = mosaic.ragged_matmul(
+      jnp.ones((16, 64), jnp.bfloat16), jnp.ones((0, 64, 64), jnp.bfloat16),
+      jnp.zeros((0,), jnp.int32), jnp.zeros((1,), jnp.int32),
+      problem=problem, config=SMALL, interpret=True)
+  assert out.shape == (16, 64) and not np.any(np.asarray(out))
+
+
+def test_rows_zero_k_applies_activation_to_group_rows():
+  problem = RaggedProblem("rows", 10, 0, 8, 2, "bfloat16", "float32",
+                          activation="sigmoid")
+  out = mosaic.ragged_matmul(
+      jnp.zeros((10, 0), jnp.bfloat16), jnp.zeros((2, 0, 8), jnp.bfloat16),
+      jnp.asarray([3, 4], jnp.int32), jnp.asarray([1], jnp.int32),
+      problem=problem, config=SMALL, interpret=True)
+  want = reference(np.zeros((10, 0)), np.zeros((2, 0, 8)), [3, 4], problem, 1)
+  np.testing.assert_array_equal(np.asarray(out), want)
+
+
+@pytest.mark.parametrize("sizes,offset,m,tile_m", [
+    ([30, 0, 50, 20], 0, 100, 64),
+    ([0, 0, 0], 0, 70, 64),
+    ([200, 5], 3, 128, 64),        # clipped at m
+    ([1] * 256, 10, 300, 128),     # G = 256
+    ([64] * 4, 0, 256, 64),        # tile-aligned: no straddling items
+])
+def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
+  items = jax.jit(mosaic_schedule.row_items, static_argnames=("m", "tile_m"))
+  table, count = items(jnp.asarray(sizes, jnp.int32),
+                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m)
+  table, count = np.asarray(table), int(np.asarray(count)[0])
+  assert count <= table.shape[1]
+  starts, ends = group_bounds(sizes, m, offset)
+  owner = np.full(m, -1)
+  for g, (s, e) in enumerate(zip(starts, ends)):
+    owner[s:e] = g
+  covered = np.zeros(m, int)
+  for group, block, lo, hi in table[:, :count].T:
+    assert block * tile_m <= lo < hi <= (block + 1) * tile_m
+    assert np.all(owner[lo:hi] == group)
+    covered[lo:hi] += 1
+  np.testing.assert_array_equal(covered, 1)
+
+
+def test_contracting_groups_table():
+  table = np.asarray(mosaic_schedule.contracting_groups(
+      jnp.asarray([30, 0, 70, 100], jnp.int32), jnp.asarray([7], jnp.int32),
+      m=150, chunk=64))
+  np.testing.assert_array_equal(table[mosaic_schedule.GROUP_ROW_LO],
+                                [7, 37, 37, 107])
+  np.testing.assert_array_equal(table[mosaic_schedule.GROUP_ROW_HI],
+                                [37, 37, 107, 150])
+  np.testing.assert_array_equal(table[mosaic_schedule.GROUP_CHUNKS],
+                                [1, 0, 2, 2])
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("tile_m", 96, ValueError), ("tile_n", 100, ValueError),
+    ("tile_k", 32, ValueError), ("stages", 1, ValueError),
+    ("epi_tile_n", 48, ValueError), ("grid_band", 0, ValueError),
+    ("out_slots", 3, ValueError), ("tile_m", 64.0, TypeError),
+    ("stages", True, TypeError),
+])
+def test_config_validation_names_the_field(field, value, error):
+  with pytest.raises(error, match=field):
+    RaggedConfig(**{field: value})
+
+
+def test_config_out_slots_need_even_stores():
+  with pytest.raises(ValueError, match="out_slots"):
+    RaggedConfig(tile_n=64, epi_tile_n=64, out_slots=2)
+  with pytest.raises(ValueError, match="split_rows"):
+    RaggedConfig(tile_m=64, split_rows=True)
+
+
+def test_contracting_rejects_split_rows():
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="split_rows"):
+    mosaic.ragged_matmul(
+        jnp.zeros((64, 64), jnp.bfloat16), jnp.zeros((64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, config=SPLIT_ROWS, interpret=True)
+
+
+def test_supports():
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "bfloat16")
+  assert mosaic.supports(problem, HOPPER) is None
+  assert "Hopper" in mosaic.supports(problem, AMPERE)
+  f32 = RaggedProblem("rows", 64, 64, 64, 2, "float32", "float32")
+  assert "float32" in mosaic.supports(f32, HOPPER)
+
+
+def test_bad_operands_name_the_argument():
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "bfloat16")
+  with pytest.raises(ValueError, match="rhs"):
+    mosaic.ragged_matmul(
+        jnp.zeros((64, 64), jnp.bfloat16), jnp.zeros((3, 64, 64), jnp.bfloat16),
+        jnp.zeros((2,), jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, config=SMALL)
+
+
+# The GPU shapes of issue 18 (G, tokens, K, N).
+GPU_SHAPES = [(8, 16384, 4096, 14336), (64, 16384, 2048, 1408),
+              (128, 8192, 7168, 2048), (256, 4096, 7168, 2048)]
+LOWERING_CASES = [(shape, mode, transpose, "bfloat16", "bfloat16")
+                  for shape in GPU_SHAPES
+                  for mode, transpose in (("rows", False), ("rows", True),
+                                          ("contracting", False))] + [
+    # float32 weight gradients; float16 inputs
+    (GPU_SHAPES[2], "contracting", False, "bfloat16", "float32"),
+    (GPU_SHAPES[0], "contracting", False, "float16", "float32"),
+    (GPU_SHAPES[1], "rows", False, "float16", "float16"),
+]
+
+
+@pytest.mark.parametrize("shape,mode,transpose,in_dtype,out_dtype",
+                         LOWERING_CASES, ids=lambda v: str(v))
+def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
+                                          out_dtype):
+  groups, m, k, n = shape
+  if mode == "rows" and transpose:  # the lhs gradient: (m, n) x (G, k, n)^T
+    k, n = n, k
+  problem = RaggedProblem(mode, m, k, n, groups, in_dtype, out_dtype,
+                          transpose_rhs=transpose,
+                          activation="silu" if mode == "rows" and not transpose
+                          else None)
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.fits(problem)
+  fn = jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+      lhs, rhs, sizes, offset, problem=problem, config=config))
+  spec = lambda s, d: jax.ShapeDtypeStruct(s, d)
+  fn.trace(spec(problem.lhs_shape, in_dtype),
+           spec(problem.rhs_shape, in_dtype),
+           spec((groups,), jnp.int32),
+           spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+
+
+def test_heuristic_prefers_64_rows_for_few_tokens_per_group():
+  few = RaggedProblem("rows", 8192, 7168, 2048, 128, "bfloat16", "bfloat16")
+  many = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
+  assert mosaic.heuristic(few, HOPPER).tile_m == 64
+  assert mosaic.heuristic(many, HOPPER).tile_m == 128
+  assert mosaic.heuristic(many, device_info()) == mosaic.heuristic(
+      many, DeviceInfo("cpu", "cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,transpose", [("rows", False), ("rows", True),
+                                            ("contracting", False)])
+def test_sweep_candidates_lower_for_cuda(mode, transpose):
+  """Every config the GPU sweep (`configs.candidates`) times compiles."""
+  from pallas_gemm.ragged_dot import configs
+  groups, m, k, n = GPU_SHAPES[2]
+  problem = RaggedProblem(mode, m, k, n, groups, "bfloat16", "bfloat16",
+                          transpose_rhs=transpose)
+  spec = jax.ShapeDtypeStruct
+  for config in configs.candidates(problem):
+    fn = jax.jit(lambda lhs, rhs, sizes, offset, config=config:
+                 mosaic.ragged_matmul(lhs, rhs, sizes, offset,
+                                      problem=problem, config=config))
+    fn.trace(spec(problem.lhs_shape, jnp.bfloat16),
+             spec(problem.rhs_shape, jnp.bfloat16), spec((groups,), jnp.int32),
+             spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))

@@ -437,3 +437,48 @@ def _expert_parallel_main():
 if __name__ == "__main__":
   sys.path.insert(0, ROOT)
   _expert_parallel_main()
+
+
+# ------------------------------------------ GPU lowering and the benchmark ---
+
+_HOPPER = DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 232448)
+
+
+@pytest.mark.skipif("mosaic" not in implementations.IMPLEMENTATIONS,
+                    reason="pallas_gemm.ragged_dot.mosaic is not importable")
+@pytest.mark.parametrize("direction", arg_specs.DIRECTIONS)
+@pytest.mark.parametrize("layer", arg_specs.MOE_LAYERS[:3],
+                         ids=lambda layer: layer.name)
+def test_mosaic_lowers_for_cuda_through_the_primitive(monkeypatch, layer,
+                                                      direction):
+  """The CUDA lowering of the primitive with the mosaic kernel, on the
+  suite's big shapes, as an H100 would compile it (cross-lowered here)."""
+  from pallas_gemm.ragged_dot import primitive
+  monkeypatch.setattr(primitive, "device_info", lambda: _HOPPER)
+  implementations.clear_cache()
+  problem = arg_specs.MoeCase(layer, "even", direction).problem
+  numbers = (CONTRACTING if problem.mode == "contracting"
+             else ROWS_T if problem.transpose_rhs else ROWS)
+  f = jax.jit(lambda l, r, s: ragged_dot_general(l, r, s, numbers,
+                                                 kernel="mosaic"))
+  try:
+    f.trace(jax.ShapeDtypeStruct(problem.lhs_shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct(problem.rhs_shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct((problem.groups,), jnp.int32)
+            ).lower(lowering_platforms=("cuda",))
+  finally:
+    implementations.clear_cache()
+
+
+def test_bench_moe_smoke(tmp_path):
+  from experiments import bench_moe
+  status = bench_moe.main([
+      "--shapes=small_g1", "--distributions=even,one_hot",
+      "--directions=forward,drhs", "--kernels=auto,xla,dense,mosaic",
+      "--iters=1", f"--output_dir={tmp_path}"])
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert status == 0 and results["metadata"]["complete"]
+  ok = [r for r in results["results"] if r["status"] == "ok"]
+  assert {r["kernel"] for r in ok} >= {"auto", "xla", "dense"}
+  assert all(r["correct"] in (True, None) for r in ok)
+  assert "| small_g1 even forward | auto |" in (tmp_path / "README.md").read_text()

@@ -135,13 +135,13 @@ def test_vmap_folds_the_batch_into_groups():
   lhs, rhs = _normal((3, 23, 16)), _normal((3, 4, 16, 8))
   sizes = jnp.asarray([[5, 0, 11, 3], [23, 0, 0, 0], [0, 0, 0, 2]], jnp.int32)
   call = lambda l, r, s: ragged_dot(l, r, s, precision="highest")
-  per_rhs = jax.vmap(call)(lhs, rhs, sizes)
-  shared = jax.vmap(call, in_axes=(0, None, 0))(lhs, rhs[0], sizes)
-  axis1 = jax.vmap(call, in_axes=(1, None, None))(
+  per_rhs = jax.jit(jax.vmap(call))(lhs, rhs, sizes)
+  shared = jax.jit(jax.vmap(call, in_axes=(0, None, 0)))(lhs, rhs[0], sizes)
+  axis1 = jax.jit(jax.vmap(call, in_axes=(1, None, None)))(
       jnp.moveaxis(lhs, 0, 1), rhs[0], sizes[0])
-  contracting = jax.vmap(lambda l, r, s: ragged_dot_general(
-      l, r, s, CONTRACTING, precision="highest"))(lhs, _normal((3, 23, 8)),
-                                                  sizes)
+  contracting = jax.jit(jax.vmap(lambda l, r, s: ragged_dot_general(
+      l, r, s, CONTRACTING, precision="highest")))(lhs, _normal((3, 23, 8)),
+                                                   sizes)
   assert "while" not in str(jax.make_jaxpr(jax.vmap(call))(lhs, rhs, sizes))
   for b in range(3):
     s = np.asarray(sizes[b])
@@ -169,9 +169,9 @@ def test_grad_of_rows_form_matches_lax(transpose_rhs, case):
 
   def loss(op):
     return lambda l, r: jnp.sum(weights * jnp.sin(op(l, r)))
-  ours = jax.grad(loss(lambda l, r: ragged_dot(
+  ours = jax.jit(jax.grad(loss(lambda l, r: ragged_dot(
       l, r, sizes, transpose_rhs=transpose_rhs, precision="highest")),
-                  (0, 1))(lhs, rhs)
+                          (0, 1)))(lhs, rhs)
   theirs = jax.grad(loss(lambda l, r: _lax_rows(l, r, sizes, transpose_rhs)),
                     (0, 1))(lhs, rhs)
   for a, b in zip(ours, theirs):
@@ -196,7 +196,7 @@ def test_grad_of_contracting_form_matches_lax():
   def loss(fn):
     return lambda l, r: jnp.sum(weights * jnp.sin(fn(
         l, r, sizes, CONTRACTING, precision=jax.lax.Precision.HIGHEST)))
-  ours = jax.grad(loss(ragged_dot_general), (0, 1))(lhs, rhs)
+  ours = jax.jit(jax.grad(loss(ragged_dot_general), (0, 1)))(lhs, rhs)
   theirs = jax.grad(loss(masked_sums), (0, 1))(lhs, rhs)
   for a, b in zip(ours, theirs):
     _check(a, np.asarray(b, np.float64))
@@ -215,8 +215,8 @@ def test_grad_with_activation(activation):
   sizes = jnp.asarray([4, 0, 9, 6], jnp.int32)  # sums to m: no rows left out
   lhs, rhs = _normal((19, 8)), _normal((4, 8, 12))
   act = pallas_gemm.ACTIVATIONS[activation]
-  ours = jax.grad(lambda l, r: jnp.sum(jnp.cos(ragged_dot(
-      l, r, sizes, activation=activation, precision="highest"))), (0, 1))
+  ours = jax.jit(jax.grad(lambda l, r: jnp.sum(jnp.cos(ragged_dot(
+      l, r, sizes, activation=activation, precision="highest"))), (0, 1)))
   theirs = jax.grad(lambda l, r: jnp.sum(jnp.cos(act(_lax_rows(
       l, r, sizes)))), (0, 1))
   for a, b in zip(ours(lhs, rhs), theirs(lhs, rhs)):
@@ -227,8 +227,8 @@ def test_vmap_of_grad():
   lhs, rhs = _normal((2, 15, 8)), _normal((2, 3, 8, 4))
   sizes = jnp.asarray([[4, 0, 9], [1, 1, 1]], jnp.int32)
   loss = lambda op: (lambda l, r, s: jnp.sum(jnp.sin(op(l, r, s))))
-  ours = jax.vmap(jax.grad(loss(lambda l, r, s: ragged_dot(
-      l, r, s, precision="highest")), (0, 1)))(lhs, rhs, sizes)
+  ours = jax.jit(jax.vmap(jax.grad(loss(lambda l, r, s: ragged_dot(
+      l, r, s, precision="highest")), (0, 1))))(lhs, rhs, sizes)
   theirs = jax.vmap(jax.grad(loss(lambda l, r, s: _lax_rows(l, r, s)),
                              (0, 1)))(lhs, rhs, sizes)
   for a, b in zip(ours, theirs):

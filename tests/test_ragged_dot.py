@@ -54,7 +54,7 @@ def _rows_problem(lhs, rhs, transpose_rhs=False, activation=None):
 
 
 # Odd sizes, empty groups, one group holding everything, no tokens, sums
-# below m, and a prime m.
+# below and above m, m = 0 and m = 1, and a prime m.
 SIZES = {
     "odd": (37, [5, 0, 11, 3, 17, 1]),
     "empty_first_last": (40, [0, 13, 27, 0]),
@@ -63,6 +63,8 @@ SIZES = {
     "sum_below_m": (53, [7, 0, 9, 4]),
     "single_group": (31, [31]),
     "zero_rows": (0, [0, 0]),
+    "one_row": (1, [0, 1, 0]),
+    "sum_above_m": (20, [8, 9, 7]),  # the last group is cut at row m
 }
 
 

@@ -35,7 +35,8 @@ def ragged_dot(lhs, rhs, group_sizes, *, precision=None,
     rhs: (groups, k, n), or (groups, n, k) read in place when `transpose_rhs`.
     group_sizes: int32 (total_groups,): rows per group, in order.
     precision: as for `jax.lax.dot` (matters for float32 inputs only).
-    preferred_element_type: the output dtype (default: lhs's dtype).
+    preferred_element_type: the output dtype (default: lhs's dtype, and
+      float32 for fp8 inputs, whose products an fp8 output would not hold).
     group_offset: expert parallelism: rhs holds groups [offset, offset +
       groups) of the total_groups in group_sizes (an int or an int32 array
       of shape () or (1,)); rows of the other groups come out zero.

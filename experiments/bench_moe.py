@@ -219,6 +219,9 @@ def measure(args):
       output._REPO_ROOT / ("experiments/results/" + device.key if on_gpu  # noqa: SLF001
                            else "build/bench") / suite)
   bandwidth, bandwidth_how = copy_bandwidth_tbs(on_gpu)
+  implementations.names()  # imports the optional kernels, keeping errors
+  for name, why in implementations.UNAVAILABLE.items():
+    print(f"moe: implementation {name!r} unavailable: {why}", flush=True)
   metadata = {
       "command_line": " ".join(sys.argv), "device": device.device_kind,
       "device_key": device.key, "jax_version": jax.__version__,

@@ -26,12 +26,28 @@ IMPLEMENTATIONS: dict[str, object] = {"xla": xla}
 #: Implementations that failed to import, with the error, for `explain`.
 UNAVAILABLE: dict[str, str] = {}
 
-try:
-  _mosaic = importlib.import_module("pallas_gemm.ragged_dot.mosaic")
-except Exception as _error:  # noqa: BLE001 - kept and reported, not swallowed
-  UNAVAILABLE["mosaic"] = f"{type(_error).__name__}: {_error}"
-else:
-  IMPLEMENTATIONS["mosaic"] = _mosaic
+_LOADED = False
+
+
+def _load_optional() -> None:
+  """Imports the Mosaic kernels on first use, not when pallas_gemm is
+  imported: the kernels import other pallas_gemm backends, and a failure
+  (a JAX without Mosaic GPU) must leave xla usable, with the reason kept."""
+  global _LOADED
+  if _LOADED:
+    return
+  _LOADED = True
+  try:
+    mosaic = importlib.import_module("pallas_gemm.ragged_dot.mosaic")
+  except Exception as error:  # noqa: BLE001 - kept and reported
+    UNAVAILABLE.setdefault("mosaic", f"{type(error).__name__}: {error}")
+  else:
+    IMPLEMENTATIONS.setdefault("mosaic", mosaic)
+
+
+def available(name: str) -> bool:
+  _load_optional()
+  return name in IMPLEMENTATIONS
 
 
 def config_type():
@@ -45,6 +61,7 @@ def config_type():
 def register(implementation) -> None:
   """Adds (or replaces) an implementation under its NAME; tests use it to
   plug in a stand-in kernel."""
+  _load_optional()
   IMPLEMENTATIONS[implementation.NAME] = implementation
   UNAVAILABLE.pop(implementation.NAME, None)
   clear_cache()
@@ -58,6 +75,7 @@ def unregister(name: str) -> None:
 
 
 def names() -> tuple[str, ...]:
+  _load_optional()
   return tuple(IMPLEMENTATIONS)
 
 
@@ -70,6 +88,7 @@ class Resolution:
 
 
 def get(name: str):
+  _load_optional()
   if name in IMPLEMENTATIONS:
     return IMPLEMENTATIONS[name]
   if name in UNAVAILABLE:
@@ -102,6 +121,7 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
     raise TypeError(f"problem must be a RaggedProblem, got {type(problem).__name__}")
   if kernel is not None and not isinstance(kernel, str):
     raise TypeError(f"kernel must be a str or None, got {type(kernel).__name__}")
+  _load_optional()
   return _resolve(problem, device, kernel, config)
 
 

@@ -448,15 +448,19 @@ if __name__ == "__main__":
 _HOPPER = DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 232448)
 
 
-@pytest.mark.skipif(not implementations.available("mosaic"),
-                    reason="pallas_gemm.ragged_dot.mosaic is not importable")
+@pytest.mark.parametrize("kernel", ["xla", "mosaic"])
 @pytest.mark.parametrize("direction", arg_specs.DIRECTIONS)
 @pytest.mark.parametrize("layer", arg_specs.MOE_LAYERS[:3],
                          ids=lambda layer: layer.name)
-def test_mosaic_lowers_for_cuda_through_the_primitive(monkeypatch, layer,
-                                                      direction):
-  """The CUDA lowering of the primitive with the mosaic kernel, on the
-  suite's big shapes, as an H100 would compile it (cross-lowered here)."""
+def test_lowers_for_cuda_through_the_primitive(monkeypatch, layer, direction,
+                                               kernel):
+  """The CUDA lowering of the primitive on the suite's big shapes, as an
+  H100 would compile it (cross-lowered here): every shape for the mosaic
+  kernel, one layer for xla."""
+  if kernel == "mosaic" and not implementations.available("mosaic"):
+    pytest.skip("pallas_gemm.ragged_dot.mosaic is not importable")
+  if kernel == "xla" and layer != arg_specs.MOE_LAYERS[0]:
+    pytest.skip("xla: one layer is enough")
   from pallas_gemm.ragged_dot import primitive
   monkeypatch.setattr(primitive, "device_info", lambda: _HOPPER)
   implementations.clear_cache()
@@ -464,7 +468,7 @@ def test_mosaic_lowers_for_cuda_through_the_primitive(monkeypatch, layer,
   numbers = (CONTRACTING if problem.mode == "contracting"
              else ROWS_T if problem.transpose_rhs else ROWS)
   f = jax.jit(lambda l, r, s: ragged_dot_general(l, r, s, numbers,
-                                                 kernel="mosaic"))
+                                                 kernel=kernel))
   try:
     f.trace(jax.ShapeDtypeStruct(problem.lhs_shape, jnp.bfloat16),
             jax.ShapeDtypeStruct(problem.rhs_shape, jnp.bfloat16),

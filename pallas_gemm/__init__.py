@@ -16,6 +16,7 @@ from pallas_gemm.dispatch import Resolution, resolve
 from pallas_gemm.explain import Explanation, explain
 from pallas_gemm.primitive import pallas_gemm_p
 from pallas_gemm.problem import ACTIVATIONS, Epilogue, GemmProblem
+from pallas_gemm.ragged_dot import ragged_dot, ragged_dot_general
 from pallas_gemm.registry import get_kernel, list_kernels, select_kernel
 
 # Backends register their kernels on import. One that fails to import (a
@@ -46,5 +47,6 @@ __all__ = [
     "ACTIVATIONS", "DeviceInfo", "Epilogue", "Explanation", "GemmProblem",
     "Resolution", "TritonConfig", "backend_errors", "device_info",
     "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
-    "pallas_gemm_p", "resolve", "select_kernel",
+    "pallas_gemm_p", "ragged_dot", "ragged_dot_general", "resolve",
+    "select_kernel",
 ]

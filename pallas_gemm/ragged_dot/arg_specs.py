@@ -1,0 +1,137 @@
+"""The `moe` shape suite: grouped GEMMs of real mixture-of-experts layers.
+
+A case is one expert projection (a `RaggedProblem`) and a token routing
+(group sizes). `rows` is the number of lhs rows, tokens × experts per token
+(top-k), as a sorted-by-expert MoE layer feeds its experts. Every layer has
+its forward product and the two backward ones:
+
+  forward  rows:        (rows, k) x (groups, k, n)           -> (rows, n)
+  dlhs     rows, rhs^T: (rows, n) x (groups, k, n) read as kT -> (rows, k)
+  drhs     contracting: (rows, k)^T x (rows, n) per group    -> (groups, k, n)
+
+Group sizes are generated deterministically from a seed:
+  even     rows split equally (the remainder one row each to the first);
+  zipf     sizes proportional to 1/rank, experts ranked in a seeded order;
+  one_hot  every row to one (seeded) expert, the others empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pallas_gemm.ragged_dot.problem import RaggedProblem
+
+DISTRIBUTIONS = ("even", "zipf", "one_hot")
+DIRECTIONS = ("forward", "dlhs", "drhs")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeLayer:
+  """One expert projection: `groups` experts of (k -> n), fed `rows` rows."""
+  name: str
+  groups: int
+  rows: int
+  k: int
+  n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeCase:
+  layer: MoeLayer
+  distribution: str
+  direction: str
+  dtype: str = "bfloat16"
+  out_dtype: str = "bfloat16"
+  seed: int = 0
+
+  @property
+  def label(self) -> str:
+    return f"{self.layer.name} {self.distribution} {self.direction}"
+
+  @property
+  def problem(self) -> RaggedProblem:
+    layer = self.layer
+    common = dict(m=layer.rows, groups=layer.groups, in_dtype=self.dtype,
+                  out_dtype=self.out_dtype)
+    if self.direction == "forward":
+      return RaggedProblem("rows", k=layer.k, n=layer.n, **common)
+    if self.direction == "dlhs":
+      return RaggedProblem("rows", k=layer.n, n=layer.k, transpose_rhs=True,
+                           **common)
+    return RaggedProblem("contracting", k=layer.k, n=layer.n, **common)
+
+  def group_sizes(self) -> np.ndarray:
+    return group_sizes(self.distribution, self.layer.rows, self.layer.groups,
+                       seed=self.seed)
+
+
+def group_sizes(distribution: str, rows: int, groups: int, *,
+                seed: int = 0) -> np.ndarray:
+  """int32 (groups,) sizes summing to `rows` (see the module docstring)."""
+  if groups < 1:
+    raise ValueError(f"groups={groups} must be >= 1")
+  rng = np.random.default_rng(seed)
+  if distribution == "even":
+    sizes = np.full(groups, rows // groups, np.int64)
+    sizes[: rows % groups] += 1
+  elif distribution == "zipf":
+    weights = 1.0 / np.arange(1, groups + 1)
+    ideal = rows * weights / weights.sum()
+    sizes = np.floor(ideal).astype(np.int64)
+    # Largest remainders take the rows the floor left over.
+    sizes[np.argsort(ideal - sizes)[::-1][: rows - sizes.sum()]] += 1
+    sizes = sizes[rng.permutation(groups)]
+  elif distribution == "one_hot":
+    sizes = np.zeros(groups, np.int64)
+    sizes[rng.integers(groups)] = rows
+  else:
+    raise ValueError(f"distribution={distribution!r} is not one of "
+                     f"{DISTRIBUTIONS}")
+  assert sizes.sum() == rows
+  return sizes.astype(np.int32)
+
+
+#: The issue's table (rows = the tokens the experts see), then real models.
+#: Forward projections: "up" is hidden -> expert ffn (gate and up each),
+#: "down" is expert ffn -> hidden.
+MOE_LAYERS = (
+    MoeLayer("g8_t16384_k4096_n14336", 8, 16384, 4096, 14336),
+    MoeLayer("g64_t16384_k2048_n1408", 64, 16384, 2048, 1408),
+    MoeLayer("g128_t8192_k7168_n2048", 128, 8192, 7168, 2048),
+    # Mixtral 8x7B: 8 experts, top-2, hidden 4096, ffn 14336; 8192 tokens.
+    MoeLayer("mixtral8x7b_up", 8, 16384, 4096, 14336),
+    MoeLayer("mixtral8x7b_down", 8, 16384, 14336, 4096),
+    # DeepSeek-V3: 256 routed experts, top-8, hidden 7168, expert ffn 2048;
+    # a 4096-token training step and a 256-token decode batch.
+    MoeLayer("deepseek_v3_up", 256, 32768, 7168, 2048),
+    MoeLayer("deepseek_v3_down", 256, 32768, 2048, 7168),
+    MoeLayer("deepseek_v3_up_decode", 256, 2048, 7168, 2048),
+    # Qwen1.5-MoE-A2.7B: 60 experts, top-4, hidden 2048, ffn 1408; 4096 tokens.
+    MoeLayer("qwen1.5_moe_up", 60, 16384, 2048, 1408),
+    MoeLayer("qwen1.5_moe_down", 60, 16384, 1408, 2048),
+    # Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, ffn 768; 4096 tokens.
+    MoeLayer("qwen3_30b_a3b_up", 128, 32768, 2048, 768),
+    MoeLayer("qwen3_30b_a3b_down", 128, 32768, 768, 2048),
+)
+
+#: CPU-sized layers (interpret mode): odd sizes, one group, many groups.
+MOE_SMALL_LAYERS = (
+    MoeLayer("small_g4", 4, 96, 64, 128),
+    MoeLayer("small_g8_odd", 8, 77, 48, 40),
+    MoeLayer("small_g1", 1, 33, 32, 64),
+)
+
+
+def cases(layers=MOE_LAYERS, distributions=DISTRIBUTIONS,
+          directions=DIRECTIONS, *, dtype="bfloat16", seed=0
+          ) -> list[MoeCase]:
+  """Every (layer, distribution, direction), the issue's table first."""
+  return [MoeCase(layer, distribution, direction, dtype=dtype,
+                  out_dtype=dtype, seed=seed)
+          for layer in layers for direction in directions
+          for distribution in distributions]
+
+
+SUITES = {"moe": MOE_LAYERS, "moe_small": MOE_SMALL_LAYERS}

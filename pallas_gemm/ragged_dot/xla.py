@@ -1,0 +1,95 @@
+"""`xla`: the grouped GEMM written with `jax.lax.ragged_dot_general`.
+
+It runs every `RaggedProblem` on every platform and is the explicit fallback
+when no Pallas kernel supports a problem. `jax.lax.ragged_dot_general` has
+no `group_offset` yet, so a `row_offset` is honoured by rotating the rows:
+the groups then start at row 0, and rows outside every group come out zero
+(or are left out of the sums) exactly as the problem defines.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas_gemm.problem import ACTIVATIONS
+from pallas_gemm.ragged_dot.problem import RaggedProblem
+
+NAME = "xla"
+
+_PRECISION = {
+    "ieee": jax.lax.Precision.HIGHEST,
+    "tf32": jax.lax.Precision.DEFAULT,
+    "default": jax.lax.Precision.DEFAULT,
+}
+
+_ROWS = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (1,)), ((), ())),
+    lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
+_ROWS_TRANSPOSED = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (2,)), ((), ())),
+    lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
+_CONTRACTING = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())),
+    lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
+
+
+def supports(problem: RaggedProblem, device) -> str | None:
+  del problem, device
+  return None
+
+
+def heuristic(problem: RaggedProblem, device):
+  del problem, device
+  return None
+
+
+def clipped_groups(group_sizes, row_offset, m: int):
+  """(first row, sizes) of the groups once clipped to [0, m), as int32.
+
+  The clipped sizes sum to at most m - first row, so the rows they cover
+  never wrap around when the operands are rotated by the first row."""
+  sizes = group_sizes.astype(jnp.int32)
+  offset = jnp.reshape(row_offset, ()).astype(jnp.int32)
+  ends = offset + jnp.cumsum(sizes)
+  starts = ends - sizes
+  ends, starts = jnp.clip(ends, 0, m), jnp.clip(starts, 0, m)
+  return jnp.clip(offset, 0, m), ends - starts
+
+
+def group_row_mask(group_sizes, row_offset, m: int):
+  """(m,) bool: which rows belong to some group."""
+  first, sizes = clipped_groups(group_sizes, row_offset, m)
+  rows = jnp.arange(m, dtype=jnp.int32)
+  return (rows >= first) & (rows < first + jnp.sum(sizes))
+
+
+def ragged_matmul(lhs, rhs, group_sizes, row_offset, *, problem: RaggedProblem,
+                  config=None, interpret=False):
+  del interpret
+  if config is not None:
+    raise TypeError(f"the xla implementation takes no config, got {config!r}")
+  m = problem.m
+  first, sizes = clipped_groups(group_sizes, row_offset, m)
+  precision = _PRECISION[problem.precision]
+  wide = jnp.float64 if "float64" in (problem.in_dtype,
+                                      problem.out_dtype) else jnp.float32
+  acc_dtype = problem.out_dtype if problem.activation is None else wide
+  # Rotating by a traced amount is a dynamic slice of the doubled array;
+  # with m == 0 there is nothing to rotate.
+  rotate = (lambda x, shift: jnp.roll(x, shift, axis=0)) if m else (
+      lambda x, shift: x)
+  if problem.mode == "contracting":
+    out = jax.lax.ragged_dot_general(
+        rotate(lhs, -first), rotate(rhs, -first), sizes, _CONTRACTING,
+        precision=precision, preferred_element_type=acc_dtype)
+    return out.astype(problem.out_dtype)
+  numbers = _ROWS_TRANSPOSED if problem.transpose_rhs else _ROWS
+  out = jax.lax.ragged_dot_general(
+      rotate(lhs, -first), rhs, sizes, numbers, precision=precision,
+      preferred_element_type=acc_dtype)
+  out = rotate(out, first)
+  if problem.activation is not None:
+    mask = group_row_mask(group_sizes, row_offset, m)
+    out = jnp.where(mask[:, None], ACTIVATIONS[problem.activation](out), 0)
+  return out.astype(problem.out_dtype)

@@ -1,0 +1,492 @@
+"""`pallas_gemm.ragged_dot`: the API, the resolution, the primitive's rules.
+
+Results are compared with the float64 per-group reference of
+`ragged_dot/problem.py`; gradients with `jax.grad` of `jax.lax.ragged_dot`.
+The kernel path is exercised with a stand-in implementation registered here
+(computed with the xla one), which proves the plumbing: resolution, config
+passing and the interpret flag. The expert-parallel case runs in a fresh
+interpreter with 8 simulated CPU devices (as tests/test_sharding.py does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_gemm
+from pallas_gemm import numerics
+from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.ragged_dot import (RaggedProblem, arg_specs, explain,
+                                    implementations, ragged_dot,
+                                    ragged_dot_general, reference, xla)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = jax.lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
+ROWS_T = jax.lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), (0,), (0,))
+CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
+                                                (0,), ())
+
+
+def _normal(shape, dtype=jnp.float32):
+  return numerics.random_normal(numerics.fresh_key(), shape, dtype)
+
+
+def _check(out, ref, dtype="float32", precision="ieee"):
+  tol = numerics.tolerance(dtype, precision, dtype)
+  error = numerics.relative_error(out, ref)
+  assert error <= tol, f"relative error {error} > {tol}"
+
+
+def _rows_problem(lhs, rhs, transpose_rhs=False, activation=None):
+  m, k = lhs.shape
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  dtype = jnp.dtype(lhs.dtype).name
+  return RaggedProblem("rows", m, k, n, rhs.shape[0], dtype, dtype,
+                       transpose_rhs, activation)
+
+
+# Odd sizes, empty groups, one group holding everything, no tokens, sums
+# below and above m, m = 0 and m = 1, and a prime m.
+SIZES = {
+    "odd": (37, [5, 0, 11, 3, 17, 1]),
+    "empty_first_last": (40, [0, 13, 27, 0]),
+    "one_hot": (29, [0, 0, 29, 0, 0]),
+    "zero_tokens": (16, [0, 0, 0]),
+    "sum_below_m": (53, [7, 0, 9, 4]),
+    "single_group": (31, [31]),
+    "zero_rows": (0, [0, 0]),
+    "one_row": (1, [0, 1, 0]),
+    "sum_above_m": (20, [8, 9, 7]),  # the last group is cut at row m
+}
+
+
+@pytest.mark.parametrize("case, dtype", [
+    *((case, "float32") for case in sorted(SIZES)),
+    ("odd", "bfloat16"), ("one_hot", "bfloat16"), ("zero_rows", "bfloat16")])
+def test_rows_against_float64(case, dtype):
+  m, sizes = SIZES[case]
+  k, n = 24, 40
+  lhs, rhs = _normal((m, k), dtype), _normal((len(sizes), k, n), dtype)
+  group_sizes = jnp.asarray(sizes, jnp.int32)
+  out = ragged_dot(lhs, rhs, group_sizes, precision="highest")
+  assert out.shape == (m, n) and out.dtype == lhs.dtype
+  ref = reference(lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes,
+                  _rows_problem(lhs, rhs))
+  _check(out, ref, dtype, "ieee" if dtype == "float32" else "default")
+  # Rows in no group are exactly zero.
+  np.testing.assert_array_equal(np.asarray(out, np.float32)[sum(sizes):], 0)
+
+
+@pytest.mark.parametrize("activation", [None, "silu", "sigmoid"])
+def test_transposed_rhs_and_activation(activation):
+  m, sizes = SIZES["sum_below_m"]
+  lhs, rhs = _normal((m, 32)), _normal((len(sizes), 48, 32))
+  out = ragged_dot(lhs, rhs, jnp.asarray(sizes, jnp.int32), transpose_rhs=True,
+                   activation=activation, precision="highest")
+  general = ragged_dot_general(lhs, rhs, jnp.asarray(sizes, jnp.int32), ROWS_T,
+                               precision="highest", activation=activation)
+  ref = reference(lhs, rhs, sizes, _rows_problem(lhs, rhs, True, activation))
+  _check(out, ref)
+  _check(general, ref)
+
+
+@pytest.mark.parametrize("case", ["odd", "sum_below_m", "zero_tokens"])
+def test_contracting_against_float64(case):
+  m, sizes = SIZES[case]
+  lhs, rhs = _normal((m, 16)), _normal((m, 24))
+  out = ragged_dot_general(lhs, rhs, jnp.asarray(sizes, jnp.int32),
+                           CONTRACTING, precision="highest")
+  problem = RaggedProblem("contracting", m, 16, 24, len(sizes), "float32",
+                          "float32")
+  assert out.shape == (len(sizes), 16, 24)
+  _check(out, reference(lhs, rhs, sizes, problem))
+
+
+@pytest.mark.parametrize("offset", [0, 2, 4])
+def test_group_offset_selects_the_local_experts(offset):
+  sizes = [5, 0, 11, 3, 17, 1]
+  m, local = 41, 2
+  lhs, rhs = _normal((m, 16)), _normal((local, 16, 8))
+  out = jax.jit(lambda l, r, s, o: ragged_dot(
+      l, r, s, group_offset=o, precision="highest"))(
+          lhs, rhs, jnp.asarray(sizes, jnp.int32), jnp.asarray([offset]))
+  problem = _rows_problem(lhs, rhs)
+  ref = reference(lhs, rhs, sizes[offset:offset + local], problem,
+                  row_offset=sum(sizes[:offset]))
+  _check(out, ref)
+
+
+def test_jit_and_eager_agree_and_sizes_are_runtime_data():
+  lhs, rhs = _normal((30, 16)), _normal((3, 16, 8))
+  f = jax.jit(lambda l, r, s: ragged_dot(l, r, s, precision="highest"))
+  for sizes in ([10, 10, 10], [0, 30, 0], [1, 2, 3]):
+    s = jnp.asarray(sizes, jnp.int32)
+    _check(f(lhs, rhs, s), reference(lhs, rhs, sizes, _rows_problem(lhs, rhs)))
+  assert f._cache_size() == 1  # noqa: SLF001 - no recompilation per routing
+
+
+def test_vmap_folds_the_batch_into_groups():
+  lhs, rhs = _normal((3, 23, 16)), _normal((3, 4, 16, 8))
+  sizes = jnp.asarray([[5, 0, 11, 3], [23, 0, 0, 0], [0, 0, 0, 2]], jnp.int32)
+  call = lambda l, r, s: ragged_dot(l, r, s, precision="highest")
+  per_rhs = jax.jit(jax.vmap(call))(lhs, rhs, sizes)
+  shared = jax.jit(jax.vmap(call, in_axes=(0, None, 0)))(lhs, rhs[0], sizes)
+  axis1 = jax.jit(jax.vmap(call, in_axes=(1, None, None)))(
+      jnp.moveaxis(lhs, 0, 1), rhs[0], sizes[0])
+  contracting = jax.jit(jax.vmap(lambda l, r, s: ragged_dot_general(
+      l, r, s, CONTRACTING, precision="highest")))(lhs, _normal((3, 23, 8)),
+                                                   sizes)
+  assert "while" not in str(jax.make_jaxpr(jax.vmap(call))(lhs, rhs, sizes))
+  for b in range(3):
+    s = np.asarray(sizes[b])
+    _check(per_rhs[b], reference(lhs[b], rhs[b], s, _rows_problem(lhs[b], rhs[b])))
+    _check(shared[b], reference(lhs[b], rhs[0], s, _rows_problem(lhs[b], rhs[0])))
+    _check(axis1[b], reference(lhs[b], rhs[0], np.asarray(sizes[0]),
+                               _rows_problem(lhs[b], rhs[0])))
+  assert contracting.shape == (3, 4, 16, 8)
+
+
+def _lax_rows(lhs, rhs, sizes, transpose_rhs=False):
+  numbers = ROWS_T if transpose_rhs else ROWS
+  return jax.lax.ragged_dot_general(lhs, rhs, sizes, numbers,
+                                    precision=jax.lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("case", ["odd", "sum_below_m"])
+def test_grad_of_rows_form_matches_lax(transpose_rhs, case):
+  m, sizes = SIZES[case]
+  sizes = jnp.asarray(sizes, jnp.int32)
+  lhs = _normal((m, 16))
+  rhs = _normal((len(sizes), 8, 16) if transpose_rhs else (len(sizes), 16, 8))
+  weights = _normal((m, 8))
+
+  def loss(op):
+    return lambda l, r: jnp.sum(weights * jnp.sin(op(l, r)))
+  ours = jax.jit(jax.grad(loss(lambda l, r: ragged_dot(
+      l, r, sizes, transpose_rhs=transpose_rhs, precision="highest")),
+                          (0, 1)))(lhs, rhs)
+  theirs = jax.grad(loss(lambda l, r: _lax_rows(l, r, sizes, transpose_rhs)),
+                    (0, 1))(lhs, rhs)
+  for a, b in zip(ours, theirs):
+    _check(a, np.asarray(b, np.float64))
+
+
+def test_grad_of_contracting_form_matches_lax():
+  m, sizes = SIZES["odd"]
+  sizes = jnp.asarray(sizes, jnp.int32)
+  lhs, rhs = _normal((m, 16)), _normal((m, 8))
+  weights = _normal((len(sizes), 16, 8))
+
+  def masked_sums(l, r, s, numbers, precision):
+    # lax has no grad for this form: the same sums written with a one-hot
+    # row-to-group matrix are differentiable by jnp.
+    del numbers
+    ends = jnp.cumsum(s)
+    rows = jnp.arange(l.shape[0])[:, None]
+    onehot = ((rows >= ends - s) & (rows < ends)).astype(l.dtype)
+    return jnp.einsum("mg,mk,mn->gkn", onehot, l, r, precision=precision)
+
+  def loss(fn):
+    return lambda l, r: jnp.sum(weights * jnp.sin(fn(
+        l, r, sizes, CONTRACTING, precision=jax.lax.Precision.HIGHEST)))
+  ours = jax.jit(jax.grad(loss(ragged_dot_general), (0, 1)))(lhs, rhs)
+  theirs = jax.grad(loss(masked_sums), (0, 1))(lhs, rhs)
+  for a, b in zip(ours, theirs):
+    _check(a, np.asarray(b, np.float64))
+
+
+def test_backward_products_are_ragged_primitives():
+  sizes = jnp.asarray([3, 5], jnp.int32)
+  grad = jax.grad(lambda l, r: jnp.sum(ragged_dot(l, r, sizes)), (0, 1))
+  jaxpr = str(jax.make_jaxpr(grad)(_normal((8, 4)), _normal((2, 4, 6))))
+  assert jaxpr.count("pallas_ragged_dot") == 3
+  assert "mode=contracting" in jaxpr and "transpose_rhs=True" in jaxpr
+
+
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_grad_with_activation(activation):
+  sizes = jnp.asarray([4, 0, 9, 6], jnp.int32)  # sums to m: no rows left out
+  lhs, rhs = _normal((19, 8)), _normal((4, 8, 12))
+  act = pallas_gemm.ACTIVATIONS[activation]
+  ours = jax.jit(jax.grad(lambda l, r: jnp.sum(jnp.cos(ragged_dot(
+      l, r, sizes, activation=activation, precision="highest"))), (0, 1)))
+  theirs = jax.grad(lambda l, r: jnp.sum(jnp.cos(act(_lax_rows(
+      l, r, sizes)))), (0, 1))
+  for a, b in zip(ours(lhs, rhs), theirs(lhs, rhs)):
+    _check(a, np.asarray(b, np.float64))
+
+
+def test_vmap_of_grad():
+  lhs, rhs = _normal((2, 15, 8)), _normal((2, 3, 8, 4))
+  sizes = jnp.asarray([[4, 0, 9], [1, 1, 1]], jnp.int32)
+  loss = lambda op: (lambda l, r, s: jnp.sum(jnp.sin(op(l, r, s))))
+  ours = jax.jit(jax.vmap(jax.grad(loss(lambda l, r, s: ragged_dot(
+      l, r, s, precision="highest")), (0, 1))))(lhs, rhs, sizes)
+  theirs = jax.vmap(jax.grad(loss(lambda l, r, s: _lax_rows(l, r, s)),
+                             (0, 1)))(lhs, rhs, sizes)
+  for a, b in zip(ours, theirs):
+    _check(a, np.asarray(b, np.float64))
+
+
+# ------------------------------------------------------------ bad inputs ---
+
+
+@pytest.mark.parametrize("change, error, names", [
+    (dict(group_sizes=jnp.asarray([1, 2], jnp.int32)), ValueError, "group_sizes"),
+    (dict(group_sizes=jnp.asarray([1, 2, 3], jnp.int64)
+          if jax.config.jax_enable_x64 else np.asarray([1., 2., 3.])),
+     TypeError, "group_sizes"),
+    (dict(group_sizes=jnp.ones((3, 1), jnp.int32)), ValueError, "group_sizes"),
+    (dict(rhs=jnp.ones((3, 5, 4))), ValueError, "rhs.shape"),
+    (dict(rhs=jnp.ones((3, 8, 4), jnp.bfloat16)), TypeError, "rhs.dtype"),
+    (dict(lhs=jnp.ones((6, 8), jnp.int32), rhs=jnp.ones((3, 8, 4), jnp.int32)),
+     TypeError, "lhs.dtype"),
+    (dict(lhs=jnp.ones((6,))), ValueError, "lhs.shape"),
+    (dict(kernel="nope"), ValueError, "kernel='nope'"),
+    (dict(kernel=3), TypeError, "kernel"),
+    (dict(config=object()), TypeError, "config"),
+    (dict(activation="swish"), ValueError, "activation"),
+    (dict(preferred_element_type=jnp.int8), TypeError, "preferred_element_type"),
+    (dict(group_offset=2), ValueError, "group_offset"),
+    (dict(group_offset=1.5), TypeError, "group_offset"),
+    (dict(transpose_rhs=1), TypeError, "transpose_rhs"),
+])
+def test_bad_inputs_name_the_argument(change, error, names):
+  args = dict(lhs=jnp.ones((6, 8)), rhs=jnp.ones((3, 8, 4)),
+              group_sizes=jnp.asarray([1, 2, 3], jnp.int32))
+  args.update(change)
+  with pytest.raises(error, match=names.replace("(", r"\(")):
+    ragged_dot(**args)
+
+
+def test_unsupported_dimension_numbers_raise():
+  batched = jax.lax.RaggedDotDimensionNumbers(
+      (((2,), (1,)), ((0,), (0,))), (1,), ())
+  with pytest.raises(NotImplementedError, match="ragged_dot_dimension_numbers"):
+    ragged_dot_general(jnp.ones((2, 6, 8)), jnp.ones((2, 8, 4)),
+                       jnp.asarray([3, 3], jnp.int32), batched)
+  with pytest.raises(TypeError, match="ragged_dot_dimension_numbers"):
+    ragged_dot_general(jnp.ones((6, 8)), jnp.ones((3, 8, 4)),
+                       jnp.asarray([1, 2, 3], jnp.int32), ((1,), (1,)))
+  with pytest.raises(ValueError, match="activation"):
+    ragged_dot_general(jnp.ones((6, 8)), jnp.ones((6, 4)),
+                       jnp.asarray([1, 2, 3], jnp.int32), CONTRACTING,
+                       activation="relu")
+
+
+# ----------------------------------------------- resolution and plumbing ---
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeConfig:
+  tile: int = 64
+
+
+class FakeKernel:
+  """A stand-in Pallas implementation: it computes with the xla one and
+  records what the primitive handed it."""
+  NAME = "fake"
+  CONFIG_TYPE = FakeConfig
+
+  def __init__(self):
+    self.calls = []
+
+  def supports(self, problem, device):
+    del device
+    return "no activation in this fake" if problem.activation else None
+
+  def heuristic(self, problem, device):
+    del device
+    return FakeConfig(tile=32 if problem.mode == "contracting" else 64)
+
+  def ragged_matmul(self, lhs, rhs, group_sizes, row_offset, *, problem,
+                    config, interpret=False):
+    self.calls.append((problem.mode, problem.transpose_rhs, config, interpret))
+    return xla.ragged_matmul(lhs, rhs, group_sizes, row_offset,
+                             problem=problem, config=None)
+
+
+@pytest.fixture
+def fake_kernel():
+  fake = FakeKernel()
+  implementations.register(fake)
+  yield fake
+  implementations.unregister(fake.NAME)
+
+
+def test_named_kernel_gets_its_config_and_the_interpret_flag(fake_kernel):
+  sizes = jnp.asarray([3, 0, 5], jnp.int32)
+  lhs, rhs = _normal((8, 16)), _normal((3, 16, 4))
+  out = ragged_dot(lhs, rhs, sizes, kernel="fake", config=FakeConfig(16),
+                   precision="highest")
+  _check(out, reference(lhs, rhs, [3, 0, 5], _rows_problem(lhs, rhs)))
+  on_cpu = jax.default_backend() == "cpu"  # Pallas interpret mode there
+  assert fake_kernel.calls[-1] == ("rows", False, FakeConfig(16), on_cpu)
+  jax.grad(lambda l, r: jnp.sum(ragged_dot(l, r, sizes, kernel="fake")),
+           (0, 1))(lhs, rhs)
+  modes = {(mode, tr) for mode, tr, _, _ in fake_kernel.calls}
+  assert {("rows", True), ("contracting", False)} <= modes
+  assert FakeConfig(32) in [c for _, _, c, _ in fake_kernel.calls]
+
+
+def test_named_kernel_that_cannot_run_raises_its_reason(fake_kernel):
+  with pytest.raises(ValueError, match="no activation in this fake"):
+    ragged_dot(jnp.ones((4, 8)), jnp.ones((1, 8, 4)),
+               jnp.asarray([4], jnp.int32), kernel="fake", activation="relu")
+  with pytest.raises(TypeError, match="FakeConfig"):
+    ragged_dot(jnp.ones((4, 8)), jnp.ones((1, 8, 4)),
+               jnp.asarray([4], jnp.int32), kernel="fake", config=object())
+  with pytest.raises(TypeError, match="takes no config"):
+    ragged_dot(jnp.ones((4, 8)), jnp.ones((1, 8, 4)),
+               jnp.asarray([4], jnp.int32), kernel="xla", config=FakeConfig())
+
+
+def test_automatic_choice_and_explain(monkeypatch):
+  problem = RaggedProblem("rows", 64, 32, 32, 4, "bfloat16", "bfloat16")
+  here = implementations.resolve(problem, device_info())
+  assert here.implementation == "xla" and "fallback to xla" in here.reason
+  fake = FakeKernel()
+  fake.NAME = "mosaic"
+  implementations.available("mosaic")  # loads the real one, replaced below
+  monkeypatch.setitem(implementations.IMPLEMENTATIONS, "mosaic", fake)
+  implementations.clear_cache()
+  hopper = DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 232448)
+  ampere = DeviceInfo("gpu", "NVIDIA A100", (8, 0), 108, 166912)
+  try:
+    chosen = implementations.resolve(problem, hopper)
+    assert (chosen.implementation, chosen.config) == ("mosaic", FakeConfig(64))
+    assert implementations.resolve(problem, ampere).implementation == "xla"
+    with_act = dataclasses.replace(problem, activation="relu")
+    fallback = implementations.resolve(with_act, hopper)
+    assert fallback.implementation == "xla"
+    assert "no activation in this fake" in fallback.reason
+  finally:
+    implementations.clear_cache()
+  shapes = (jax.ShapeDtypeStruct((64, 32), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4, 32, 32), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4,), jnp.int32))
+  assert explain(*shapes, kernel="xla").reason == "asked for by name"
+  assert pallas_gemm.ragged_dot.explain is explain
+
+
+def test_moe_suite_group_sizes():
+  for distribution in arg_specs.DISTRIBUTIONS:
+    a = arg_specs.group_sizes(distribution, 1000, 7, seed=3)
+    assert a.dtype == np.int32 and a.sum() == 1000 and (a >= 0).all()
+    np.testing.assert_array_equal(a, arg_specs.group_sizes(
+        distribution, 1000, 7, seed=3))
+  zipf = np.sort(arg_specs.group_sizes("zipf", 1000, 4))[::-1]
+  assert zipf[0] > 1.8 * zipf[1]
+  cases = arg_specs.cases()
+  assert {c.direction for c in cases} == set(arg_specs.DIRECTIONS)
+  for case in arg_specs.cases(arg_specs.MOE_SMALL_LAYERS):
+    assert case.problem.m == case.group_sizes().sum()
+
+
+# ------------------------------------------- expert parallelism (8 CPUs) ---
+
+_MARKER = "RAGGED_SHARDED_JSON:"
+
+
+def test_expert_parallel_on_8_devices():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=8")
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith(_MARKER)]
+  assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+  errors = json.loads(lines[-1][len(_MARKER):])
+  for name, error in errors.items():
+    assert error <= 1e-5, f"{name}: relative error {error}"
+
+
+def _expert_parallel_main():
+  from jax.sharding import Mesh
+  from pallas_gemm.ragged_dot import sharded_ragged_dot
+  assert jax.device_count() == 8
+  mesh = Mesh(np.array(jax.devices()), ("experts",))
+  sizes = jnp.asarray(arg_specs.group_sizes("zipf", 150, 16, seed=1))
+  lhs, rhs = _normal((157, 32)), _normal((16, 32, 24))
+  errors = {}
+  for activation in (None, "silu"):
+    want = ragged_dot(lhs, rhs, sizes, activation=activation,
+                      precision="highest")
+    got = jax.jit(lambda l, r, s: sharded_ragged_dot(
+        l, r, s, mesh=mesh, expert_axis="experts", activation=activation,
+        precision="highest"))(lhs, rhs, sizes)
+    errors[f"forward activation={activation}"] = numerics.relative_error(
+        got, np.asarray(want, np.float64))
+  loss = lambda fn: (lambda l, r: jnp.sum(jnp.sin(fn(l, r))))
+  grads = jax.grad(loss(lambda l, r: sharded_ragged_dot(
+      l, r, sizes, mesh=mesh, expert_axis="experts", precision="highest")),
+                   (0, 1))(lhs, rhs)
+  wants = jax.grad(loss(lambda l, r: ragged_dot(l, r, sizes,
+                                                precision="highest")),
+                   (0, 1))(lhs, rhs)
+  for name, got, want in zip(("dlhs", "drhs"), grads, wants):
+    errors[name] = numerics.relative_error(got, np.asarray(want, np.float64))
+  print(_MARKER + json.dumps(errors))
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, ROOT)
+  _expert_parallel_main()
+
+
+# ------------------------------------------ GPU lowering and the benchmark ---
+
+_HOPPER = DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 232448)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "mosaic"])
+@pytest.mark.parametrize("direction", arg_specs.DIRECTIONS)
+@pytest.mark.parametrize("layer", arg_specs.MOE_LAYERS[:3],
+                         ids=lambda layer: layer.name)
+def test_lowers_for_cuda_through_the_primitive(monkeypatch, layer, direction,
+                                               kernel):
+  """The CUDA lowering of the primitive on the suite's big shapes, as an
+  H100 would compile it (cross-lowered here): every shape for the mosaic
+  kernel, one layer for xla."""
+  if kernel == "mosaic" and not implementations.available("mosaic"):
+    pytest.skip("pallas_gemm.ragged_dot.mosaic is not importable")
+  if kernel == "xla" and layer != arg_specs.MOE_LAYERS[0]:
+    pytest.skip("xla: one layer is enough")
+  from pallas_gemm.ragged_dot import primitive
+  monkeypatch.setattr(primitive, "device_info", lambda: _HOPPER)
+  implementations.clear_cache()
+  problem = arg_specs.MoeCase(layer, "even", direction).problem
+  numbers = (CONTRACTING if problem.mode == "contracting"
+             else ROWS_T if problem.transpose_rhs else ROWS)
+  f = jax.jit(lambda l, r, s: ragged_dot_general(l, r, s, numbers,
+                                                 kernel=kernel))
+  try:
+    f.trace(jax.ShapeDtypeStruct(problem.lhs_shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct(problem.rhs_shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct((problem.groups,), jnp.int32)
+            ).lower(lowering_platforms=("cuda",))
+  finally:
+    implementations.clear_cache()
+
+
+def test_bench_moe_smoke(tmp_path):
+  from experiments import bench_moe
+  status = bench_moe.main([
+      "--suite=moe_small", "--shapes=small_g1", "--distributions=even,one_hot",
+      "--directions=forward,drhs", "--kernels=auto,xla,dense,mosaic",
+      "--iters=1", f"--output_dir={tmp_path}"])
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert status == 0 and results["metadata"]["complete"]
+  ok = [r for r in results["results"] if r["status"] == "ok"]
+  assert {r["kernel"] for r in ok} >= {"auto", "xla", "dense"}
+  assert all(r["correct"] in (True, None) for r in ok)
+  assert "| small_g1 even forward | auto |" in (tmp_path / "README.md").read_text()

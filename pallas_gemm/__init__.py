@@ -39,11 +39,14 @@ def backend_errors() -> dict[str, str]:
 
 
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
+from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
+                                           gated_linear_unit)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "DeviceInfo", "Epilogue", "Explanation", "GemmProblem",
+    "GluConfig", "gated_linear_unit",
     "Resolution", "TritonConfig", "backend_errors", "device_info",
     "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
     "pallas_gemm_p", "resolve", "select_kernel",

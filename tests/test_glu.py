@@ -98,8 +98,9 @@ def test_mosaic_residuals_are_the_products():
   _check(out, x, w, "gelu")
 
 
-@pytest.mark.parametrize("activation", sorted(GLU_ACTIVATIONS))
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("activation,dtype", [
+    (name, "bfloat16") for name in sorted(GLU_ACTIVATIONS)] + [
+        ("silu", "float32"), ("gelu_exact", "float32")])
 def test_xla_forward_vs_float64(activation, dtype):
   x, w, weights = _inputs((3, 5, 48), 48, 40, dtype=dtype,
                           fused=activation < "r")
@@ -131,11 +132,11 @@ def _xla_form_loss(x, weights, activation, cotangent):
 
 @pytest.mark.parametrize("kernel,fused,activation", [
     ("mosaic", False, "silu"), ("mosaic", True, "gelu_exact"),
-    ("xla", True, "sigmoid"), ("xla", False, "relu"),
+    ("xla", True, "sigmoid"),
 ])
 def test_grad_vs_jax_grad_of_xla_form(kernel, fused, activation):
-  x, _, weights = _inputs((2, 40, 64), 64, 128, fused=fused)
-  cotangent = numerics.random_normal(numerics.fresh_key(), (2, 40, 128),
+  x, _, weights = _inputs((2, 20, 64), 64, 64, fused=fused)
+  cotangent = numerics.random_normal(numerics.fresh_key(), (2, 20, 64),
                                      jnp.float32)
 
   def loss(x, weights):
@@ -153,7 +154,7 @@ def test_grad_vs_jax_grad_of_xla_form(kernel, fused, activation):
 def test_grad_under_vmap_and_promoted_dtypes():
   # x in float32 and bf16 weights promote to float32 (the XLA form runs);
   # the cotangent of x comes back in x's dtype.
-  x, _, weights = _inputs((3, 8, 32), 32, 24, dtype=jnp.float32)
+  x, _, weights = _inputs((2, 8, 32), 32, 16, dtype=jnp.float32)
   weights = tuple(w.astype(BF16) for w in weights)
 
   def loss(x_row, weights):
@@ -161,11 +162,8 @@ def test_grad_under_vmap_and_promoted_dtypes():
 
   grads = jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, None))(
       x, weights)
-  expected = jax.vmap(jax.grad(
-      lambda xr, w: jnp.sum(jax.nn.silu(xr @ w[0].astype(jnp.float32))
-                            * (xr @ w[1].astype(jnp.float32))) ** 2
-      if False else _sq_loss(xr, w), argnums=(0, 1)), in_axes=(0, None))(
-          x, weights)
+  expected = jax.vmap(jax.grad(_sq_loss, argnums=(0, 1)),
+                      in_axes=(0, None))(x, weights)
   assert grads[0].dtype == jnp.float32 and grads[1][0].dtype == BF16
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
     assert numerics.relative_error(got, np.asarray(want.astype(jnp.float32),

@@ -39,8 +39,13 @@ def backend_errors() -> dict[str, str]:
 
 
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
-from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
-                                           gated_linear_unit)
+try:  # needs Mosaic GPU, as the backend above does
+  from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
+                                             gated_linear_unit)
+except Exception as _e:  # noqa: BLE001 - reported, not swallowed
+  _BACKEND_ERRORS["pallas_gemm.gated_linear_unit"] = f"{type(_e).__name__}: {_e}"
+  _warnings.warn(f"pallas_gemm: gated_linear_unit failed to import: {_e}",
+                 RuntimeWarning, stacklevel=2)
 
 __version__ = "0.1.0"
 

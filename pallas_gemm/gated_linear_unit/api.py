@@ -126,12 +126,18 @@ def gated_linear_unit(x, weights, *, activation: str = "silu", precision=None,
 def explain(x, weights, **kwargs) -> GluResolution:
   """The resolution `gated_linear_unit` would use for these arguments."""
   kernel, config = kwargs.pop("kernel", None), kwargs.pop("config", None)
-  _, _, problem, _ = _normalize(
-      x, weights, kwargs.pop("activation", "silu"),
-      kwargs.pop("precision", None), kwargs.pop("preferred_element_type", None))
+  args = (kwargs.pop("activation", "silu"), kwargs.pop("precision", None),
+          kwargs.pop("preferred_element_type", None))
   if kwargs:
     raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-  return resolve(problem, device_info(), kernel, config)
+  problems = []
+
+  def describe(x, weights):  # abstract: takes jax.ShapeDtypeStruct too
+    problems.append(_normalize(x, weights, *args)[2])
+    return jnp.zeros(())
+
+  jax.eval_shape(describe, x, weights)
+  return resolve(problems[0], device_info(), kernel, config)
 
 
 def _as_array(value, name):

@@ -55,21 +55,30 @@ def _check(out, x, w, activation, tol=None):
 # ------------------------------------------------------ forward vs float64
 
 # Every activation once, on small ragged shapes, alternating the weights'
-# layout (interpret mode is slow: few, small cases).
+# layout and covering the config variants (interpret mode is slow: few,
+# small cases). None: the heuristic's config.
 MOSAIC_CASES = [
-    ("silu", (72, 64), 128, False),
-    ("gelu", (64, 128), 64, True),
-    ("gelu_exact", (130, 64), 64, False),
-    ("relu", (1, 64), 128, True),          # M = 1
-    ("sigmoid", (2, 3, 64), 64, True),     # leading batch dims
-    ("identity", (67, 97), 131, False),    # primes: every dim padded
+    # The production tile (CTA 128 x 128, two staging slots).
+    ("silu", (72, 64), 128, False, GluConfig(max_concurrent_steps=2)),
+    # Consumers split N; the CTA's 128 columns span the whole fused array.
+    ("gelu", (64, 128), 64, True,
+     GluConfig(tile_n=64, wg_dimension=Dim.N, max_concurrent_steps=2)),
+    ("gelu_exact", (130, 64), 64, False,
+     GluConfig(tile_m=128, tile_n=64, epi_tile_n=32, max_concurrent_steps=3)),
+    ("relu", (1, 64), 128, True, None),                  # M = 1
+    # Leading batch dims; a CTA tile (256 columns) wider than the fused
+    # (k, 2n) view, which is then padded.
+    ("sigmoid", (2, 3, 64), 64, True,
+     GluConfig(tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=2)),
+    ("identity", (67, 97), 131, False, None),             # primes
 ]
 
 
-@pytest.mark.parametrize("activation,x_shape,n,fused", MOSAIC_CASES)
-def test_mosaic_forward_vs_float64(activation, x_shape, n, fused):
+@pytest.mark.parametrize("activation,x_shape,n,fused,config", MOSAIC_CASES)
+def test_mosaic_forward_vs_float64(activation, x_shape, n, fused, config):
   x, w, weights = _inputs(x_shape, x_shape[-1], n, fused=fused)
-  out = gated_linear_unit(x, weights, activation=activation, kernel="mosaic")
+  out = gated_linear_unit(x, weights, activation=activation, kernel="mosaic",
+                          config=config)
   assert out.dtype == BF16 and out.shape == x_shape[:-1] + (n,)
   _check(out, x, w, activation)
 
@@ -345,3 +354,21 @@ def test_mosaic_on_gpu_vs_float64(m, n, k, fused):
   numerics.poison_allocator((m, n), BF16)
   out = gated_linear_unit(x, weights, kernel="mosaic")
   _check(out, x, w, "silu")
+
+
+# -------------------------------------------------------------- benchmark
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU smoke run of the benchmark")
+def test_bench_glu_smoke(tmp_path):
+  import json
+  from experiments import bench_glu
+  bench_glu.main(["--targets=xla,two_dots,auto", "--modes=fwd",
+                  "--weights=pair", "--max_cases=1",
+                  f"--output_dir={tmp_path}"])
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["metadata"]["git"] and results["metadata"]["jax_version"]
+  rows = results["results"]
+  assert {r["target"] for r in rows} == {"xla", "two_dots", "auto"}
+  assert all(r["status"] == "ok" for r in rows), rows
+  assert "× xla" in (tmp_path / "README.md").read_text()

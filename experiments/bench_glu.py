@@ -47,7 +47,7 @@ from pallas_gemm.gated_linear_unit import (GLU_ACTIVATIONS,  # noqa: E402
                                            explain, gated_linear_unit)
 from pallas_gemm.gated_linear_unit.arg_specs import (GLU_SMOKE,  # noqa: E402
                                                      glu_suite)
-from pallas_gemm.gated_linear_unit.problem import _np_activation  # noqa: E402
+from pallas_gemm.gated_linear_unit.problem import np_activation  # noqa: E402
 
 from experiments.bench.cases import CPU_TIMING_NOTE  # noqa: E402
 from experiments.bench.checks import _sample_indices  # noqa: E402
@@ -146,7 +146,7 @@ def _activation_grad64(name, g64):
 def _forward_error(out, x, w_gate, w_up, activation, rows, cols):
   picked = jnp.take(jnp.take(out, rows, axis=0), cols, axis=1)
   x64 = _f64(jnp.take(x, rows, axis=0))
-  ref = (_np_activation(activation, x64 @ _f64(jnp.take(w_gate, cols, axis=1)))
+  ref = (np_activation(activation, x64 @ _f64(jnp.take(w_gate, cols, axis=1)))
          * (x64 @ _f64(jnp.take(w_up, cols, axis=1))))
   return numerics.relative_error(picked, ref)
 
@@ -157,7 +157,7 @@ def _dx_error(dx, x, w_gate, w_up, dy, activation, rows):
   gate, up = x64 @ wg64, x64 @ wu64
   dy64 = _f64(jnp.take(dy, rows, axis=0))
   d_gate = dy64 * up * _activation_grad64(activation, gate)
-  d_up = dy64 * _np_activation(activation, gate)
+  d_up = dy64 * np_activation(activation, gate)
   ref = d_gate @ wg64.T + d_up @ wu64.T
   return numerics.relative_error(jnp.take(dx, rows, axis=0), ref)
 

@@ -276,6 +276,8 @@ def test_resolution():
   assert on_hopper.config == glu_heuristic(problem, 132)
   on_ampere = resolve(problem, A100)
   assert on_ampere.kernel == "xla" and "Hopper" in on_ampere.reason
+  huge = resolve(_problem(2**20, 4096, 4096), H200)
+  assert huge.kernel == "xla" and "int32" in huge.reason
   f32 = resolve(_problem(64, 64, 64, "float32"), H200)
   assert f32.kernel == "xla" and "TF32" in f32.reason
   config = GluConfig(max_concurrent_steps=3)

@@ -47,6 +47,7 @@ from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       interpret_params,
                                                       tile_coordinates)
 from pallas_gemm.problem import cdiv
+from pallas_gemm.registry import INT32_LIMIT
 
 NAME = "mosaic"
 #: wgmma reads (k, n)-major weights only for 16-bit inputs: TF32 wgmma
@@ -68,6 +69,11 @@ def supports(problem: GluProblem, device: DeviceInfo) -> str | None:
     return f"output dtype {problem.out_dtype} is not supported"
   if 0 in (problem.m, problem.n, problem.k):
     return "an empty dimension (nothing for a kernel to do)"
+  largest = max(problem.m * problem.k, 2 * problem.k * problem.n,
+                problem.m * problem.n)
+  if largest > INT32_LIMIT:
+    return (f"an operand of {largest} elements is past the int32 indexing "
+            "the kernel uses")
   return None
 
 

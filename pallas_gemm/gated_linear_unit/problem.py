@@ -47,7 +47,7 @@ GLU_ACTIVATIONS: dict[str, Callable] = {
 }
 
 
-def _np_activation(name: str, x: np.ndarray) -> np.ndarray:
+def np_activation(name: str, x: np.ndarray) -> np.ndarray:
   """The activations in float64 NumPy, for the reference."""
   if name == "silu":
     return x / (1 + np.exp(-x))
@@ -113,4 +113,4 @@ def reference_glu(x, w_gate, w_up, activation: str) -> np.ndarray:
   x64 = f64(x)
   gate = x64 @ f64(w_gate)
   up = x64 @ f64(w_up)
-  return _np_activation(activation, gate) * up
+  return np_activation(activation, gate) * up

@@ -374,3 +374,14 @@ def test_bench_glu_smoke(tmp_path):
   assert {r["target"] for r in rows} == {"xla", "two_dots", "auto"}
   assert all(r["status"] == "ok" for r in rows), rows
   assert "× xla" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize("case", [c for c in MOSAIC_CASES if c[-1]],
+                         ids=lambda c: c[0])
+def test_mosaic_lowers_the_tested_configs(case):
+  # The interpret-mode cases above run compiled on a GPU: lower them here.
+  activation, x_shape, n, fused, config = case
+  problem = GluProblem(int(np.prod(x_shape[:-1])), n, x_shape[-1],
+                       "bfloat16", "bfloat16", activation, fused)
+  for residuals in (False, True):
+    _lower(problem, config, residuals)

@@ -256,7 +256,38 @@ def write_results(output_dir, metadata, rows, complete):
       geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
       lines.append(f"- {mode}: geomean {geo:.3f}x, min {min(ratios):.3f}x, "
                    f"max {max(ratios):.3f}x over {len(ratios)} shapes")
+  failed = [r for r in rows if r["status"] not in ("ok", "same as mosaic")]
+  if failed:
+    lines.append(f"- {len(failed)} rows failed or were wrong: " + ", ".join(
+        f"{r['target']} {r['m']}x{r['n']}x{r['k']} {r['weights']} "
+        f"{r['mode']}: {r['status']} {r['note'][:80]}" for r in failed[:8]))
+  lines += ["", _acceptance_line(mosaic), ""]
+  lines.append(format_markdown_table(
+      ["model", "M", "N", "K", "weights", "mode", "µs", "× xla", "error"],
+      [[r["model"], r["m"], r["n"], r["k"], r["weights"], r["mode"],
+        fmt(r["time_us"], ".1f"), fmt(r["vs_xla"], ".3f"),
+        fmt(r["error"], ".1e")] for r in mosaic]))
   (output_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def _required_speedup(row) -> float:
+  """Issue #20's acceptance: forward >= 1.08x XLA from M = 2048 up and
+  >= 1.0x below; forward + backward >= 1.03x."""
+  if row["mode"] == "fwd+bwd":
+    return 1.03
+  return 1.08 if row["m"] >= 2048 else 1.0
+
+
+def _acceptance_line(mosaic_rows) -> str:
+  misses = [r for r in mosaic_rows if r["vs_xla"] < _required_speedup(r)]
+  text = (f"Acceptance (fwd >= 1.08x xla at M >= 2048, >= 1.0x below; "
+          f"fwd+bwd >= 1.03x): {len(mosaic_rows) - len(misses)}/"
+          f"{len(mosaic_rows)} rows pass")
+  if misses:
+    text += "; misses: " + ", ".join(
+        f"{r['m']}x{r['n']}x{r['k']} {r['weights']} {r['mode']} "
+        f"{r['vs_xla']:.3f}x" for r in misses[:12])
+  return text
 
 
 def main(argv=None):

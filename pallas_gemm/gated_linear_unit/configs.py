@@ -99,8 +99,8 @@ class GluConfig:
   def out_slots(self) -> int:
     """Double-buffered staging only with an even count of sub-tiles per
     output tile, so that slot parity carries from one tile to the next
-    (with residuals each sub-tile makes three stores: the kernel then uses
-    one slot when the count is odd)."""
+    (with residuals each sub-tile makes three stores, which keeps an even
+    count even)."""
     return 2 if self.epilogue_tiles_per_wg % 2 == 0 else 1
 
   def smem_bytes(self, problem: GluProblem) -> int:

@@ -40,11 +40,19 @@ def backend_errors() -> dict[str, str]:
 
 
 from pallas_gemm.triton_backend.common import TritonConfig  # noqa: E402
+try:  # needs Mosaic GPU, as the backend above does
+  from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
+                                             gated_linear_unit)
+except Exception as _e:  # noqa: BLE001 - reported, not swallowed
+  _BACKEND_ERRORS["pallas_gemm.gated_linear_unit"] = f"{type(_e).__name__}: {_e}"
+  _warnings.warn(f"pallas_gemm: gated_linear_unit failed to import: {_e}",
+                 RuntimeWarning, stacklevel=2)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "DeviceInfo", "Epilogue", "Explanation", "GemmProblem",
+    "GluConfig", "gated_linear_unit",
     "Resolution", "TritonConfig", "backend_errors", "device_info",
     "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
     "pallas_gemm_p", "ragged_dot", "ragged_dot_general", "resolve",

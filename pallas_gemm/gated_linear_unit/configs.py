@@ -1,0 +1,159 @@
+"""The frozen launch config of the Mosaic GLU kernel and its heuristic.
+
+Each consumer warpgroup holds two float32 accumulators (gate and up) of
+tile_m x tile_n, so its register budget caps tile_m * tile_n at half of
+what one plain GEMM accumulator may take: 64 x 128 per accumulator is the
+same 128 registers a thread as ws_persistent's 64 x 256 tile. One pipeline
+stage holds one x tile and two weight tiles (same columns, gate and up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from pallas_gemm.gated_linear_unit.problem import GluProblem
+from pallas_gemm.mosaic_backend.config import (HOPPER_SMEM_BYTES,
+                                               SMEM_SLACK_BYTES, Dim)
+from pallas_gemm.mosaic_backend.configs import _dim_field, _int_field
+from pallas_gemm.problem import cdiv
+
+#: tile_m * tile_n of one accumulator: two of them take 128 f32 registers
+#: per consumer thread, leaving the rest of 232 for the epilogue.
+MAX_ACC_ELEMS = 64 * 128
+
+
+@dataclasses.dataclass(frozen=True)
+class GluConfig:
+  """One launch of the Mosaic GLU kernel.
+
+  tile_m, tile_n: the gate (and up) accumulator of one consumer warpgroup;
+    the CTA tile is twice that along `wg_dimension`. tile_m is 64 or 128,
+    tile_n a multiple of 64 up to 128; tile_m * tile_n <= 8192 (registers).
+  tile_k: K per pipeline stage, 64 (one 128-byte swizzle span of bf16).
+  max_concurrent_steps: stages in the shared-memory ring (>= 2).
+  epi_tile_n: columns of the output sub-tile staged per TMA store (a
+    multiple of 8 dividing tile_n); the sub-tile is 64 rows.
+  band_dim, grid_band: the snake order of output tiles (see
+    `ws_persistent.tile_coordinates`).
+  wg_dimension: the dimension split between the two consumers: M for
+    large token counts, N when M fits in one 64-row wgmma group.
+  """
+
+  tile_m: int = 64
+  tile_n: int = 128
+  tile_k: int = 64
+  max_concurrent_steps: int = 4
+  epi_tile_n: int = 64
+  band_dim: Dim = Dim.M
+  grid_band: int = 8
+  wg_dimension: Dim = Dim.M
+
+  def __post_init__(self):
+    for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
+                 "epi_tile_n", "grid_band"):
+      _int_field(self, name)
+    if self.tile_m not in (64, 128):
+      raise ValueError(f"GluConfig.tile_m={self.tile_m} must be 64 or 128")
+    if self.tile_n % 64 or not 64 <= self.tile_n <= 128:
+      raise ValueError(f"GluConfig.tile_n={self.tile_n} must be 64 or 128 "
+                       "(whole 128-byte swizzle spans, wgmma's N range)")
+    if self.tile_m * self.tile_n > MAX_ACC_ELEMS:
+      raise ValueError(
+          f"GluConfig.tile_m * tile_n = {self.tile_m * self.tile_n} must be "
+          f"<= {MAX_ACC_ELEMS}: two float32 accumulators of that size take "
+          "all the registers a consumer warpgroup has")
+    if self.tile_k != 64:
+      raise ValueError(f"GluConfig.tile_k={self.tile_k} must be 64 (one "
+                       "128-byte swizzle span of 16-bit inputs)")
+    if self.max_concurrent_steps < 2:
+      raise ValueError(f"GluConfig.max_concurrent_steps="
+                       f"{self.max_concurrent_steps} must be >= 2")
+    if (self.epi_tile_n < 8 or self.epi_tile_n % 8
+        or self.tile_n % self.epi_tile_n):
+      raise ValueError(f"GluConfig.epi_tile_n={self.epi_tile_n} must be a "
+                       f"multiple of 8 dividing tile_n={self.tile_n}")
+    if self.grid_band < 1:
+      raise ValueError(f"GluConfig.grid_band={self.grid_band} must be >= 1")
+    _dim_field(self, "band_dim")
+    _dim_field(self, "wg_dimension")
+
+  @property
+  def cta_tile_m(self) -> int:
+    return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
+
+  @property
+  def cta_tile_n(self) -> int:
+    return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
+
+  @property
+  def epi_tile_m(self) -> int:
+    return 64
+
+  @property
+  def epilogue_tiles_per_wg(self) -> int:
+    return (self.tile_m // self.epi_tile_m) * (self.tile_n // self.epi_tile_n)
+
+  @property
+  def out_slots(self) -> int:
+    """Double-buffered staging only with an even count of sub-tiles per
+    output tile, so that slot parity carries from one tile to the next
+    (with residuals each sub-tile makes three stores, which keeps an even
+    count even)."""
+    return 2 if self.epilogue_tiles_per_wg % 2 == 0 else 1
+
+  def smem_bytes(self, problem: GluProblem) -> int:
+    """Shared memory of one CTA. The gate and up residuals (the forward
+    pass of the gradient) are staged through the same output slots, so
+    they cost no shared memory."""
+    in_size = jnp.dtype(problem.in_dtype).itemsize
+    out_size = jnp.dtype(problem.out_dtype).itemsize
+    stage = (self.cta_tile_m + 2 * self.cta_tile_n) * self.tile_k * in_size
+    staged = 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_size
+    return self.max_concurrent_steps * stage + staged + SMEM_SLACK_BYTES
+
+  def fits(self, problem: GluProblem) -> bool:
+    return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+
+#: (tile_m, tile_n, wg_dimension, slowdown): the CTA tiles the heuristic
+#: weighs. The slowdown is the shared-memory traffic per flop relative to
+#: the 128 x 128 CTA tile (x rows read once per two weight tiles).
+CTA_TILE_CHOICES = (
+    (64, 128, Dim.M, 1.0),
+    (128, 64, Dim.M, 1.1),
+    (64, 64, Dim.M, 1.25),
+    (64, 128, Dim.N, 1.25),
+    (64, 64, Dim.N, 1.5),
+)
+
+
+def glu_waves(problem: GluProblem, config: GluConfig, num_sms: int) -> int:
+  tiles = cdiv(problem.m, config.cta_tile_m) * cdiv(problem.n,
+                                                    config.cta_tile_n)
+  return cdiv(tiles, max(num_sms, 1))
+
+
+def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
+  """The CTA tile whose waves cost least (waves x CTA area x slowdown),
+  then the deepest pipeline that fits in shared memory.
+
+  Padding rows of a CTA tile cost their full wgmma time, so when m is
+  small (decode) a tile split over N wastes less than one split over M.
+  """
+  def cost(choice):
+    tile_m, tile_n, wg_dim, slowdown = choice
+    config = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim)
+    return (glu_waves(problem, config, num_sms) * config.cta_tile_m
+            * config.cta_tile_n * slowdown)
+
+  tile_m, tile_n, wg_dim, _ = min(CTA_TILE_CHOICES, key=cost)
+  epi_tile_n = min(tile_n, 128 // jnp.dtype(problem.out_dtype).itemsize)
+  base = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim,
+                   epi_tile_n=epi_tile_n)
+  for stages in (5, 4, 3):
+    config = dataclasses.replace(base, max_concurrent_steps=stages)
+    if config.fits(problem):
+      return config
+  return dataclasses.replace(base, max_concurrent_steps=2)

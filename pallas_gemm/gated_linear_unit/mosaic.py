@@ -1,0 +1,320 @@
+"""The fused GLU forward on Pallas Mosaic GPU (Hopper): one persistent,
+warp-specialised kernel in the shape of `mosaic/ws_persistent`.
+
+  producer warpgroup   (setmaxnreg 40) streams, per pipeline stage, ONE x
+                       tile and TWO weight tiles (gate and up, the same
+                       columns) into a ring of shared-memory stages.
+  2 consumer wgs       (setmaxnreg 232) each keep two float32 wgmma
+                       accumulators, gate and up, fed from the same x tile;
+                       the epilogue computes activation(gate) * up in f32
+                       and TMA-stores one output tile.
+
+Against XLA's two GEMMs and an elementwise fusion, x is read once per tile
+for both products and the two m x n intermediates are never written nor
+read back. With `residuals` the kernel also stores gate and up (rounded to
+the output dtype): the forward pass of the gradient, which needs them.
+
+Fused (k, 2, n) weights are read in place as the free (k, 2n) reshape: the
+up tile of columns [j, j + w) lies at [n + j, n + j + w). A gate tile that
+runs past column n reads up columns into output columns >= n, which are
+cut off (the TMA drops stores past the array's end, and a padded output is
+sliced). When n is not a multiple of the 128-byte swizzle span the up tile
+would start mid-tile of the TMA's tiled view, so such weights are split
+into two arrays first (one copy).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.gated_linear_unit.configs import GluConfig
+from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
+from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES, Dim
+from pallas_gemm.mosaic_backend.tma import tiled_transforms
+from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
+                                                      INTERPRET_CTAS,
+                                                      NUM_CONSUMERS,
+                                                      PRODUCER_REGISTERS,
+                                                      call_kernel, index,
+                                                      interpret_params,
+                                                      tile_coordinates)
+from pallas_gemm.problem import cdiv
+from pallas_gemm.registry import INT32_LIMIT
+
+NAME = "mosaic"
+#: wgmma reads (k, n)-major weights only for 16-bit inputs: TF32 wgmma
+#: takes K-major operands alone.
+MOSAIC_GLU_DTYPES = ("bfloat16", "float16")
+MOSAIC_GLU_OUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def supports(problem: GluProblem, device: DeviceInfo) -> str | None:
+  """None when the kernel can run `problem` on `device`, else why not."""
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  if problem.in_dtype not in MOSAIC_GLU_DTYPES:
+    return (f"input dtype {problem.in_dtype} is not one of "
+            f"{MOSAIC_GLU_DTYPES} (TF32 wgmma cannot read (k, n) weights)")
+  if problem.out_dtype not in MOSAIC_GLU_OUT_DTYPES:
+    return f"output dtype {problem.out_dtype} is not supported"
+  if 0 in (problem.m, problem.n, problem.k):
+    return "an empty dimension (nothing for a kernel to do)"
+  largest = max(problem.m * problem.k, 2 * problem.k * problem.n,
+                problem.m * problem.n)
+  if largest > INT32_LIMIT:
+    return (f"an operand of {largest} elements is past the int32 indexing "
+            "the kernel uses")
+  return None
+
+
+def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
+                 k_iters: int, m_tiles: int, n_tiles: int, up_offset: int,
+                 separate_up: bool, residuals: bool):
+  """One CTA of the persistent grid."""
+  refs = list(refs)
+  gate_gmem = refs.pop(0)
+  up_gmem = refs.pop(0) if separate_up else gate_gmem
+  out_gmems = refs  # out, then gate and up with `residuals`
+  activation = GLU_ACTIVATIONS[problem.activation]
+
+  in_dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
+  tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
+  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+  stages, out_slots = config.max_concurrent_steps, config.out_slots
+  num_tiles = m_tiles * n_tiles
+
+  def coords(linear):
+    _, m_idx, n_idx = tile_coordinates(
+        linear, m_tiles=m_tiles, n_tiles=n_tiles, band_dim=config.band_dim,
+        band=config.grid_band)
+    return m_idx, n_idx
+
+  def slot_of(step):
+    return lax.rem(step, index(stages))
+
+  def scoped(x_smem, gate_smem, up_smem, stage_loaded, stage_consumed,
+             out_smem):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        m_idx, n_idx = coords(info.index[0])
+        m_slice = pl.ds(m_idx * cta_m, cta_m)
+        first_step = info.local_index * k_iters
+
+        def load_stage(kk, carry):
+          kk = index(kk)
+          step = first_step + kk
+          slot = slot_of(step)
+
+          @pl.when(step >= stages)  # the first pass finds every stage free
+          def _wait_free():
+            plgpu.barrier_wait(stage_consumed.at[slot])
+
+          k_slice = pl.ds(kk * tile_k, tile_k)
+          loaded = stage_loaded.at[slot]
+          plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice],
+                                  x_smem.at[slot], loaded)
+          plgpu.copy_gmem_to_smem(
+              gate_gmem.at[k_slice, pl.ds(n_idx * cta_n, cta_n)],
+              gate_smem.at[slot], loaded)
+          plgpu.copy_gmem_to_smem(
+              up_gmem.at[k_slice, pl.ds(up_offset + n_idx * cta_n, cta_n)],
+              up_smem.at[slot], loaded)
+          return carry
+
+        lax.fori_loop(index(0), index(k_iters), load_stage, None)
+
+      # Await the last releases, which no later load waited for, so that no
+      # barrier is left with an unobserved phase.
+      cta = lax.axis_index("sm")
+      num_ctas = index(lax.axis_size("sm"))
+      local_tiles = lax.div(index(num_tiles), num_ctas) + (
+          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
+      total_steps = local_tiles * k_iters
+
+      def drain(step, carry):
+        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
+        return carry
+
+      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
+                    None)
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      if config.wg_dimension == Dim.M:
+        wg_m_offset, wg_n_offset = wg * tile_m, 0
+      else:
+        wg_m_offset, wg_n_offset = 0, wg * tile_n
+
+      def compute_tile(m_idx, n_idx, first_step):
+        def mma_scope(gate_acc, up_acc):
+          def mma_stage(kk, carry):
+            kk = index(kk)
+            step = first_step + kk
+            slot = slot_of(step)
+            plgpu.barrier_wait(stage_loaded.at[slot])
+            x_view = x_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
+            cols = pl.ds(wg_n_offset, tile_n)
+            plgpu.wgmma(gate_acc, x_view, gate_smem.at[slot, :, cols])
+            plgpu.wgmma(up_acc, x_view, up_smem.at[slot, :, cols])
+            # This stage's two groups stay in flight; the previous stage's
+            # are done reading it, and it goes back to the producer.
+            plgpu.wgmma_wait(2)
+
+            @pl.when(kk > 0)
+            def _release_previous():
+              plgpu.barrier_arrive(stage_consumed.at[slot_of(step - 1)])
+            return carry
+
+          lax.fori_loop(index(0), index(k_iters), mma_stage, None)
+          plgpu.wgmma_wait(0)
+          plgpu.barrier_arrive(
+              stage_consumed.at[slot_of(first_step + k_iters - 1)])
+          return gate_acc[...], up_acc[...]
+
+        acc_type = plgpu.ACC((tile_m, tile_n), jnp.float32)
+        gate, up = pl.run_scoped(mma_scope, acc_type, acc_type)
+
+        row0 = m_idx * cta_m + wg_m_offset
+        col0 = n_idx * cta_n + wg_n_offset
+        store_index = 0
+        for ei in range(tile_m // epi_m):
+          for ej in range(tile_n // epi_n):
+            part = (slice(ei * epi_m, (ei + 1) * epi_m),
+                    slice(ej * epi_n, (ej + 1) * epi_n))
+            gate_part, up_part = gate[part], up[part]
+            values = [activation(gate_part) * up_part]
+            if residuals:
+              values += [gate_part, up_part]
+            rows = pl.ds(row0 + ei * epi_m, epi_m)
+            cols = pl.ds(col0 + ej * epi_n, epi_n)
+            for value, dst in zip(values, out_gmems):
+              slot = store_index % out_slots
+              store_index += 1
+              # The TMA store that last read this slot must be done with it.
+              plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+              out_smem[wg, slot] = value.astype(out_dtype)
+              plgpu.commit_smem()
+              plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                      dst.at[rows, cols])
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        m_idx, n_idx = coords(info.index[0])
+        compute_tile(m_idx, n_idx, info.local_index * k_iters)
+
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  w_transforms = tiled_transforms(cta_n, in_dtype)
+  pl.run_scoped(
+      scoped,
+      x_smem=plgpu.SMEM((stages, cta_m, tile_k), in_dtype,
+                        transforms=tiled_transforms(tile_k, in_dtype)),
+      gate_smem=plgpu.SMEM((stages, tile_k, cta_n), in_dtype,
+                           transforms=w_transforms),
+      up_smem=plgpu.SMEM((stages, tile_k, cta_n), in_dtype,
+                         transforms=w_transforms),
+      stage_loaded=plgpu.Barrier(num_arrivals=3, num_barriers=stages),
+      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
+                                   num_barriers=stages),
+      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
+                          transforms=tiled_transforms(epi_n, out_dtype)),
+      collective_axes="wg",
+  )
+
+
+def prepare_weights(weights, problem: GluProblem, config: GluConfig):
+  """The weight operands as the kernel reads them: a list of one (k, 2n)
+  view of fused weights (with the up columns' offset) or of two (k, n)
+  arrays, padded to the TMA tiling. Returns (arrays, up_offset)."""
+  in_dtype = problem.in_dtype
+  tiling = tma.tma_tiling(config.cta_tile_n, in_dtype)
+  box = (config.tile_k, config.cta_tile_n)
+  if problem.fused_weights:
+    k, _, n = weights.shape
+    if n % tma.swizzle_elems(in_dtype) == 0:
+      flat = weights.reshape(k, 2 * n)  # free: (k, 2, n) is row-major
+      return [tma.pad_to_tiling(flat, tiling, box)], n
+    weights = (weights[:, 0, :], weights[:, 1, :])
+  gate, up = weights
+  return [tma.pad_to_tiling(gate, tiling, box),
+          tma.pad_to_tiling(up, tiling, box)], 0
+
+
+def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
+                residuals: bool = False, interpret=False):
+  """activation(x @ w_gate) * (x @ w_up) for a 2-D x on the Mosaic kernel;
+  with `residuals` returns (out, gate, up)."""
+  params = interpret_params(interpret)
+  if not isinstance(config, GluConfig):
+    raise TypeError(f"config must be a GluConfig, got {type(config).__name__}")
+  reason = supports(problem, device_info() if params is None
+                    else DeviceInfo("cpu", "cpu"))
+  if reason:
+    raise ValueError(f"the Mosaic GLU kernel cannot run {problem.describe()}: "
+                     f"{reason}")
+  if not config.fits(problem):
+    raise ValueError(
+        f"config={config} needs {config.smem_bytes(problem)} bytes of shared "
+        f"memory, more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
+  num_sms = (INTERPRET_CTAS if params is not None
+             else max(device_info().num_sms, 1))
+  cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
+  x = tma.pad_to_tiling(x, tma.tma_tiling(tile_k, problem.in_dtype),
+                        (cta_m, tile_k))
+  w_operands, up_offset = prepare_weights(weights, problem, config)
+  m_out, n_out = tma.padded_dims(
+      problem.m, problem.n,
+      tma.tma_tiling(config.epi_tile_n, problem.out_dtype), (cta_m, cta_n))
+  m_tiles, n_tiles = cdiv(problem.m, cta_m), cdiv(problem.n, cta_n)
+  k_iters = cdiv(problem.k, tile_k)
+  one_out = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
+  out_type = (one_out,) * 3 if residuals else one_out
+  kernel = plgpu.kernel(
+      functools.partial(
+          _kernel_body, problem=problem, config=config, k_iters=k_iters,
+          m_tiles=m_tiles, n_tiles=n_tiles, up_offset=up_offset,
+          separate_up=len(w_operands) == 2, residuals=residuals),
+      out_type=out_type,
+      grid=(min(num_sms, m_tiles * n_tiles),),
+      grid_names=("sm",),
+      num_threads=NUM_CONSUMERS + 1,
+      thread_name="wg",
+      # Lane semantics, as ws_persistent: explicit WGMMA-layout epilogue.
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=params,
+  )
+  operands = [x] + w_operands
+  if residuals and params is not None:
+    # The interpreter's host callback hands back one array: stack there.
+    stacked = jax.ShapeDtypeStruct((3, m_out, n_out), one_out.dtype)
+    outs = tuple(call_kernel(lambda *ops: jnp.stack(kernel(*ops)), operands,
+                             stacked, params))
+  else:
+    outs = call_kernel(kernel, operands, out_type, params)
+  on_gpu = params is None
+
+  def unpad(out):
+    return tma.unpad_output(out[None], problem.m, problem.n, on_gpu=on_gpu)[0]
+
+  if residuals:
+    return tuple(unpad(out) for out in outs)
+  return unpad(outs)

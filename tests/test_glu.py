@@ -1,0 +1,387 @@
+"""pallas_gemm.gated_linear_unit: the Mosaic kernel (interpret mode on a
+CPU, compiled on a Hopper GPU) and the XLA form against float64, the
+backward against jax.grad of the XLA form, vmap, errors, the resolution,
+and the kernel's Mosaic lowering at the configs a GPU run will use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_gemm
+from pallas_gemm import numerics
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.gated_linear_unit import (GLU_ACTIVATIONS, GluConfig,
+                                           GluProblem, explain,
+                                           gated_linear_unit, glu_heuristic,
+                                           reference_glu, resolve)
+from pallas_gemm.gated_linear_unit import mosaic
+from pallas_gemm.gated_linear_unit.arg_specs import glu_suite
+from pallas_gemm.mosaic_backend.config import Dim
+
+ON_GPU = jax.default_backend() == "gpu"
+BF16 = jnp.bfloat16
+H200 = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+A100 = DeviceInfo("gpu", "NVIDIA A100", (8, 0), 108, 163 * 1024)
+CPU = DeviceInfo("cpu", "cpu")
+
+
+def _inputs(x_shape, k, n, dtype=BF16, fused=False):
+  keys = jax.random.split(numerics.fresh_key(), 2)
+  x = numerics.random_normal(keys[0], x_shape, dtype)
+  # Scaled so that the gate's pre-activations are O(1), where every
+  # activation is far from linear.
+  w = (jax.random.normal(keys[1], (k, 2, n), jnp.float32)
+       / np.sqrt(k)).astype(dtype)
+  weights = w if fused else (w[:, 0], w[:, 1])
+  return x, w, weights
+
+
+def _check(out, x, w, activation, tol=None):
+  ref = reference_glu(x, w[:, 0], w[:, 1], activation)
+  assert out.shape == ref.shape
+  in_dtype = jnp.dtype(x.dtype).name
+  precision = "ieee" if in_dtype == "float32" else "default"
+  tol = tol or numerics.tolerance(in_dtype, precision,
+                                  jnp.dtype(out.dtype).name)
+  error = numerics.relative_error(out, ref)
+  assert error <= tol, f"relative error {error} > {tol}"
+
+
+# ------------------------------------------------------ forward vs float64
+
+# Every activation once, on small ragged shapes, alternating the weights'
+# layout and covering the config variants (interpret mode is slow: few,
+# small cases). None: the heuristic's config.
+MOSAIC_CASES = [
+    # The production tile (CTA 128 x 128, two staging slots).
+    ("silu", (72, 64), 128, False, GluConfig(max_concurrent_steps=2)),
+    # Consumers split N; the CTA's 128 columns span the whole fused array.
+    ("gelu", (64, 128), 64, True,
+     GluConfig(tile_n=64, wg_dimension=Dim.N, max_concurrent_steps=2)),
+    ("gelu_exact", (130, 64), 64, False,
+     GluConfig(tile_m=128, tile_n=64, epi_tile_n=32, max_concurrent_steps=3)),
+    ("relu", (1, 64), 128, True, None),                  # M = 1
+    # Leading batch dims; a CTA tile (256 columns) wider than the fused
+    # (k, 2n) view, which is then padded.
+    ("sigmoid", (2, 3, 64), 64, True,
+     GluConfig(tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=2)),
+    ("identity", (67, 97), 131, False, None),             # primes
+]
+
+
+@pytest.mark.parametrize("activation,x_shape,n,fused,config", MOSAIC_CASES)
+def test_mosaic_forward_vs_float64(activation, x_shape, n, fused, config):
+  x, w, weights = _inputs(x_shape, x_shape[-1], n, fused=fused)
+  out = gated_linear_unit(x, weights, activation=activation, kernel="mosaic",
+                          config=config)
+  assert out.dtype == BF16 and out.shape == x_shape[:-1] + (n,)
+  _check(out, x, w, activation)
+
+
+def test_mosaic_fused_weights_with_ragged_n_and_f32_output():
+  # n = 131 is no multiple of the swizzle span: the fused weights are split
+  # (one copy) instead of read in place.
+  x, w, weights = _inputs((40, 64), 64, 131, fused=True)
+  out = gated_linear_unit(x, weights, kernel="mosaic",
+                          preferred_element_type=jnp.float32)
+  assert out.dtype == jnp.float32
+  _check(out, x, w, "silu", tol=1e-2)
+
+
+def test_mosaic_residuals_are_the_products():
+  x, w, weights = _inputs((64, 64), 64, 128, fused=True)
+  problem = GluProblem(64, 128, 64, "bfloat16", "bfloat16", "gelu",
+                       fused_weights=True)
+  out, gate, up = mosaic.glu_forward(
+      x, weights, problem=problem, config=GluConfig(max_concurrent_steps=2),
+      residuals=True, interpret=not ON_GPU)
+  x64 = np.asarray(x.astype(jnp.float32), np.float64)
+  w64 = np.asarray(w.astype(jnp.float32), np.float64)
+  assert numerics.relative_error(gate, x64 @ w64[:, 0]) < 1e-2
+  assert numerics.relative_error(up, x64 @ w64[:, 1]) < 1e-2
+  _check(out, x, w, "gelu")
+
+
+@pytest.mark.parametrize("activation,dtype", [
+    (name, "bfloat16") for name in sorted(GLU_ACTIVATIONS)] + [
+        ("silu", "float32"), ("gelu_exact", "float32")])
+def test_xla_forward_vs_float64(activation, dtype):
+  x, w, weights = _inputs((3, 5, 48), 48, 40, dtype=dtype,
+                          fused=activation < "r")
+  out = gated_linear_unit(x, weights, activation=activation, kernel="xla",
+                          precision=jax.lax.Precision.HIGHEST)
+  _check(out, x, w, activation)
+
+
+def test_zero_sized():
+  x, _, weights = _inputs((0, 64), 64, 16)
+  assert gated_linear_unit(x, weights).shape == (0, 16)
+  x = jnp.ones((4, 0), BF16)
+  weights = (jnp.ones((0, 16), BF16), jnp.ones((0, 16), BF16))
+  out = gated_linear_unit(x, weights)
+  assert out.shape == (4, 16) and not np.any(np.asarray(out, np.float32))
+
+
+# ------------------------------------------------------------ the backward
+
+
+def _xla_form_loss(x, weights, activation, cotangent):
+  """The XLA form in float32 (jax.grad's reference)."""
+  gate_w, up_w = (weights if isinstance(weights, tuple)
+                  else (weights[:, 0], weights[:, 1]))
+  f32 = lambda v: v.astype(jnp.float32)
+  out = GLU_ACTIVATIONS[activation](f32(x) @ f32(gate_w)) * (f32(x) @ f32(up_w))
+  return jnp.sum(out * cotangent)
+
+
+@pytest.mark.parametrize("kernel,fused,activation", [
+    ("mosaic", False, "silu"), ("mosaic", True, "gelu_exact"),
+    ("xla", True, "sigmoid"),
+])
+def test_grad_vs_jax_grad_of_xla_form(kernel, fused, activation):
+  x, _, weights = _inputs((2, 20, 64), 64, 64, fused=fused)
+  cotangent = numerics.random_normal(numerics.fresh_key(), (2, 20, 64),
+                                     jnp.float32)
+
+  def loss(x, weights):
+    out = gated_linear_unit(x, weights, activation=activation, kernel=kernel)
+    return jnp.sum(out.astype(jnp.float32) * cotangent)
+
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, weights)
+  expected = jax.grad(_xla_form_loss, argnums=(0, 1))(x, weights, activation,
+                                                      cotangent)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+    assert got.dtype == BF16 and got.shape == want.shape  # as lax's cotangents
+    assert numerics.relative_error(got, np.asarray(want, np.float64)) < 2e-2
+
+
+def test_grad_under_vmap_and_promoted_dtypes():
+  # x in float32 and bf16 weights promote to float32 (the XLA form runs);
+  # the cotangent of x comes back in x's dtype.
+  x, _, weights = _inputs((2, 8, 32), 32, 16, dtype=jnp.float32)
+  weights = tuple(w.astype(BF16) for w in weights)
+
+  def loss(x_row, weights):
+    return jnp.sum(gated_linear_unit(x_row, weights) ** 2)
+
+  grads = jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, None))(
+      x, weights)
+  expected = jax.vmap(jax.grad(_sq_loss, argnums=(0, 1)),
+                      in_axes=(0, None))(x, weights)
+  assert grads[0].dtype == jnp.float32 and grads[1][0].dtype == BF16
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+    assert numerics.relative_error(got, np.asarray(want.astype(jnp.float32),
+                                                   np.float64)) < 2e-2
+
+
+def _sq_loss(x, weights):
+  w = tuple(v.astype(jnp.float32) for v in weights)
+  return jnp.sum((GLU_ACTIVATIONS["silu"](x @ w[0]) * (x @ w[1])) ** 2)
+
+
+# -------------------------------------------------------------------- vmap
+
+
+def test_vmap_over_x_runs_one_mosaic_call():
+  x, w, weights = _inputs((2, 24, 64), 64, 64, fused=True)
+  out = jax.jit(jax.vmap(lambda xi: gated_linear_unit(
+      xi, weights, kernel="mosaic")))(x)
+  _check(out, x, w, "silu")
+
+
+def test_vmap_over_weights():
+  x, w, _ = _inputs((3, 16, 32), 32, 40)
+  stacked = jnp.stack([w, w * 0.5, -w])  # (3, k, 2, n)
+  out = jax.vmap(lambda xi, wi: gated_linear_unit(xi, wi, kernel="xla"))(
+      x, stacked)
+  for i, scale in enumerate((1.0, 0.5, -1.0)):
+    ws = (w * scale).astype(BF16)
+    _check(out[i], x[i], ws, "silu")
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("kwargs,weights_kind,error,match", [
+    ({"activation": "swish"}, "pair", ValueError, "activation"),
+    ({"activation": jax.nn.silu}, "pair", TypeError, "activation"),
+    ({"kernel": "triton"}, "pair", ValueError, "kernel"),
+    ({"kernel": "xla", "config": GluConfig()}, "pair", ValueError, "config"),
+    ({"config": "fast"}, "pair", TypeError, "config"),
+    ({"preferred_element_type": jnp.int8}, "pair", TypeError,
+     "preferred_element_type"),
+    ({}, "triple", ValueError, "weights"),
+    ({}, "k_mismatch", ValueError, "k="),
+    ({}, "bad_fused", ValueError, r"\(k, 2, n\)"),
+    ({}, "int_x", TypeError, "x has dtype"),
+    ({}, "scalar_x", ValueError, "rank"),
+    ({}, "none_weight", TypeError, r"weights\[1\]"),
+])
+def test_errors_name_the_argument(kwargs, weights_kind, error, match):
+  x = jnp.ones((4, 32), BF16)
+  w = jnp.ones((32, 16), BF16)
+  weights = {"pair": (w, w), "triple": (w, w, w),
+             "k_mismatch": (jnp.ones((8, 16), BF16),) * 2,
+             "bad_fused": jnp.ones((32, 3, 16), BF16),
+             "none_weight": (w, None)}.get(weights_kind, (w, w))
+  if weights_kind == "int_x":
+    x = jnp.ones((4, 32), jnp.int32)
+  if weights_kind == "scalar_x":
+    x = jnp.ones((), BF16)
+  with pytest.raises(error, match=match):
+    gated_linear_unit(x, weights, **kwargs)
+
+
+def test_mosaic_rejects_float32_by_name():
+  x, _, weights = _inputs((8, 32), 32, 16, dtype=jnp.float32)
+  with pytest.raises(ValueError, match="TF32"):
+    gated_linear_unit(x, weights, kernel="mosaic")
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("tile_m", 96, ValueError), ("tile_n", 96, ValueError),
+    ("tile_m", 128.0, TypeError), ("tile_k", 32, ValueError),
+    ("max_concurrent_steps", 1, ValueError), ("epi_tile_n", 48, ValueError),
+    ("grid_band", 0, ValueError), ("wg_dimension", 2, TypeError),
+    ("tile_n", True, TypeError),
+])
+def test_config_validation_names_the_field(field, value, error):
+  with pytest.raises(error, match=f"GluConfig.{field}"):
+    GluConfig(**{field: value})
+
+
+def test_config_register_budget():
+  with pytest.raises(ValueError, match="registers"):
+    GluConfig(tile_m=128, tile_n=128)
+
+
+# -------------------------------------------------------------- resolution
+
+
+def _problem(m, n, k, dtype="bfloat16", fused=False):
+  return GluProblem(m, n, k, dtype, dtype, "silu", fused)
+
+
+def test_resolution():
+  problem = _problem(4096, 11008, 4096)
+  on_cpu = resolve(problem, CPU)
+  assert on_cpu.kernel == "xla" and "interpret" in on_cpu.reason
+  on_hopper = resolve(problem, H200)
+  assert on_hopper.kernel == "mosaic" and on_hopper.source == "heuristic"
+  assert on_hopper.config == glu_heuristic(problem, 132)
+  on_ampere = resolve(problem, A100)
+  assert on_ampere.kernel == "xla" and "Hopper" in on_ampere.reason
+  huge = resolve(_problem(2**20, 4096, 4096), H200)
+  assert huge.kernel == "xla" and "int32" in huge.reason
+  f32 = resolve(_problem(64, 64, 64, "float32"), H200)
+  assert f32.kernel == "xla" and "TF32" in f32.reason
+  config = GluConfig(max_concurrent_steps=3)
+  explicit = resolve(problem, CPU, config=config)
+  assert explicit.kernel == "mosaic" and explicit.config is config
+  with pytest.raises(ValueError, match="Hopper"):
+    resolve(problem, A100, kernel="mosaic")
+  x, _, weights = _inputs((8, 32), 32, 16)
+  assert explain(x, weights).kernel == ("mosaic" if ON_GPU else "xla")
+
+
+@pytest.mark.parametrize("name,m,n,k", glu_suite())
+def test_heuristic_configs_fit(name, m, n, k):
+  del name
+  for fused in (False, True):
+    config = glu_heuristic(_problem(m, n, k, fused=fused), 132)
+    assert config.fits(_problem(m, n, k)) and config.max_concurrent_steps >= 3
+
+
+def test_heuristic_splits_n_for_decode():
+  config = glu_heuristic(_problem(16, 14336, 4096), 132)
+  assert config.wg_dimension == Dim.N and config.cta_tile_m == 64
+  assert glu_heuristic(_problem(8192, 14336, 4096), 132).cta_tile_m == 128
+
+
+# --------------------------------------------- Mosaic lowering for a GPU
+# Interpret mode does not lower through Mosaic; these lower the real kernel
+# for CUDA on this host, at the configs the heuristic picks for the shapes
+# a GPU run measures, so that a compile error shows here first.
+
+LOWERING_SHAPES = [(8192, 14336, 4096), (4096, 11008, 4096), (16, 14336, 4096),
+                   (3000, 18944, 3584)]
+
+
+def _lower(problem, config, residuals):
+  x = jax.ShapeDtypeStruct((problem.m, problem.k), problem.in_dtype)
+  if problem.fused_weights:
+    ws = (jax.ShapeDtypeStruct((problem.k, 2, problem.n), problem.in_dtype),)
+  else:
+    ws = (jax.ShapeDtypeStruct((problem.k, problem.n), problem.in_dtype),) * 2
+
+  def call(x, *w):
+    return mosaic.glu_forward(x, w[0] if problem.fused_weights else tuple(w),
+                              problem=problem, config=config,
+                              residuals=residuals, interpret=False)
+
+  return jax.jit(call).trace(x, *ws).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("m,n,k", LOWERING_SHAPES)
+@pytest.mark.parametrize("fused", [False, True])
+def test_mosaic_lowers_for_cuda_at_heuristic_configs(m, n, k, fused):
+  problem = _problem(m, n, k, fused=fused)
+  config = glu_heuristic(problem, 132)
+  for residuals in (False, True):
+    assert "mosaic_gpu" in _lower(problem, config, residuals).as_text()
+
+
+@pytest.mark.parametrize("activation", sorted(GLU_ACTIVATIONS))
+def test_mosaic_lowers_every_activation(activation):
+  problem = dataclasses.replace(_problem(512, 1024, 512, fused=True),
+                                activation=activation,
+                                out_dtype="float32")
+  _lower(problem, glu_heuristic(problem, 132), residuals=False)
+
+
+# ---------------------------------------------------------- on a real GPU
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("m,n,k,fused", [(2048, 4096, 1024, True),
+                                         (1000, 2752, 1024, False),
+                                         (16, 4096, 2048, True)])
+def test_mosaic_on_gpu_vs_float64(m, n, k, fused):
+  x, w, weights = _inputs((m, k), k, n, fused=fused)
+  numerics.poison_allocator((m, n), BF16)
+  out = gated_linear_unit(x, weights, kernel="mosaic")
+  _check(out, x, w, "silu")
+
+
+# -------------------------------------------------------------- benchmark
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU smoke run of the benchmark")
+def test_bench_glu_smoke(tmp_path):
+  import json
+  from experiments import bench_glu
+  bench_glu.main(["--targets=xla,two_dots,auto", "--modes=fwd",
+                  "--weights=pair", "--max_cases=1",
+                  f"--output_dir={tmp_path}"])
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["metadata"]["git"] and results["metadata"]["jax_version"]
+  rows = results["results"]
+  assert {r["target"] for r in rows} == {"xla", "two_dots", "auto"}
+  assert all(r["status"] == "ok" for r in rows), rows
+  assert "× xla" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize("case", [c for c in MOSAIC_CASES if c[-1]],
+                         ids=lambda c: c[0])
+def test_mosaic_lowers_the_tested_configs(case):
+  # The interpret-mode cases above run compiled on a GPU: lower them here.
+  activation, x_shape, n, fused, config = case
+  problem = GluProblem(int(np.prod(x_shape[:-1])), n, x_shape[-1],
+                       "bfloat16", "bfloat16", activation, fused)
+  for residuals in (False, True):
+    _lower(problem, config, residuals)

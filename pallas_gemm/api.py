@@ -252,7 +252,8 @@ def _matmul_nd(a, b, c, bias, *, batch_shape, m, n, **params):
 def _promote(a, b):
   try:
     return jnp.result_type(a, b)
-  except TypeError as e:  # fp8 with another dtype: jnp has no promotion
+  except (TypeError, jax.dtypes.TypePromotionError) as e:
+    # fp8 with another dtype: jnp has no implicit promotion for it.
     raise TypeError(
         f"a ({a.dtype}) and b ({b.dtype}) have no common dtype: {e}") from None
 

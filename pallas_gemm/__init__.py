@@ -14,6 +14,7 @@ from pallas_gemm.api import dot_general, matmul
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.dispatch import Resolution, resolve
 from pallas_gemm.explain import Explanation, explain
+from pallas_gemm.fp8 import dequantize_fp8, quantize_fp8
 from pallas_gemm.primitive import pallas_gemm_p
 from pallas_gemm.problem import ACTIVATIONS, Epilogue, GemmProblem
 from pallas_gemm.registry import get_kernel, list_kernels, select_kernel
@@ -45,6 +46,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIVATIONS", "DeviceInfo", "Epilogue", "Explanation", "GemmProblem",
     "Resolution", "TritonConfig", "backend_errors", "device_info",
-    "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
-    "pallas_gemm_p", "resolve", "select_kernel",
+    "dequantize_fp8", "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
+    "pallas_gemm_p", "quantize_fp8", "resolve", "select_kernel",
 ]

@@ -22,16 +22,32 @@ places:
              per-tensor/row/column scale is expanded to the same per-K form.
 
 Layouts. fp8 wgmma reads both operands K-major only: A as (m, k), B as
-(n, k). So the NT layout (`transpose_b=True`) is native. With jax 0.11.2,
-handing wgmma an MN-major fp8 tile (B stored (k, n)) fails in Mosaic's
-lowering with "ValueError: Only f16 WGMMA supports transposes"; Mosaic
-does accept an fp8 A operand from registers, but only a (64, 128) fragment
-in the 8-bit WGMMA layout, and it has no transposing smem->register load
-for 8-bit tiles, so neither the B^T A^T formulation nor a register
-transpose lowers here. NN, TN and TT therefore run as: XLA transposes the
-MN-major operand(s) into a K-major copy (one extra pass over B, or A),
-then this NT kernel. `layout_note()` says so, and `pallas_gemm.explain`
-shows it in the kernel's description.
+(n, k). So the NT layout (`transpose_b=True`) is native. NN, TN and TT run
+as: XLA transposes the MN-major operand(s) into a K-major copy (one extra
+pass over B, or A), then this NT kernel; `layout_note()` says so and the
+registry description repeats it. What was tried in Mosaic (jax 0.11.2,
+cross-lowered for sm_90a) to keep the transpose in the kernel:
+
+  * wgmma on an MN-major fp8 B tile (the 16-bit kernels' way):
+    "ValueError: Only f16 WGMMA supports transposes".
+  * out^T = B^T A^T with B^T as wgmma's register operand (fp8 A-from-
+    registers is accepted as a (64, 128) fragment): loading the transposed
+    view of a swizzled (k, n) fp8 tile into the WGMMA_8BIT (or WGMMA)
+    layout fails with "UnsupportedTransferError: Tiled strides must be a
+    multiple of the vector length, except for the load vectorized
+    dimension"; and the output tile would then need a transpose too.
+  * a register transpose: FragmentedArray only transposes 16- and 32-bit
+    arrays (WGMMA_LAYOUT <-> WGMMA_TRANSPOSED_LAYOUT).
+  * a transposing pass through shared memory: a WG_STRIDED load of a
+    swizzled tile raises "NotImplementedError: WGStridedFragLayout"; through
+    unswizzled buffers, reading the transposed copy back into WGMMA_8BIT
+    fails with "TransferPlanDerivationError: Failed to synthesize a transfer
+    pattern that avoids bank conflicts", and with `optimized=False` with a
+    verifier error ("'vector.load' op most minor memref dim must have unit
+    stride").
+
+The next step is the raw-CUDA FFI path or a Mosaic version whose 8-bit
+transfers cover transposed views.
 """
 
 from __future__ import annotations
@@ -48,6 +64,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
+                                                     prepare_operands,
+                                                     scaling_kind)
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
                                                 MosaicConfig)
 from pallas_gemm.mosaic_backend.heuristics import cta_waves
@@ -59,20 +78,13 @@ from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       call_kernel, index,
                                                       interpret_params,
                                                       tile_coordinates)
-from pallas_gemm.problem import (FP8_DTYPES, SCALE_BLOCK, GemmProblem,
+from pallas_gemm.problem import (FP8_DTYPES, GemmProblem,
                                  apply_epilogue, cdiv)
 
 NAME = "mosaic/fp8"
 #: One stage's K extent: 128 fp8 bytes, the full swizzle span, and one
 #: block-wise scale's K extent.
 FP8_TILE_K = 128
-
-
-def scaling_kind(problem: GemmProblem) -> str:
-  """"none", "epilogue" (tensor/row/col scales) or "per_k" (block-wise)."""
-  if "block" in (problem.a_scale_mode, problem.b_scale_mode):
-    return "per_k"
-  return "epilogue" if problem.is_scaled else "none"
 
 
 def layout_note(problem: GemmProblem) -> str:
@@ -357,73 +369,6 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       **scale_smem,
       collective_axes="wg",
   )
-
-
-# ------------------------------------------------------ operands and scales ---
-
-
-def _pad_last(x, size: int):
-  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])],
-                 constant_values=1.0)
-
-
-def _scale_vector(scale, mode: str, batch: int, size: int):
-  """A per-tensor / per-row / per-column scale as (batch, size) float32."""
-  if mode == "none":
-    return jnp.ones((batch, size), jnp.float32)
-  if mode == "tensor":
-    return jnp.broadcast_to(scale[:, None], (batch, size))
-  return scale
-
-
-def kernel_scales(problem: GemmProblem, a_scale, b_scale, m_rows: int,
-                  n_cols: int):
-  """The two scale arrays the kernel reads, padded to whole CTA tiles:
-  epilogue: (batch, m_rows) and (batch, n_cols);
-  per K:    (batch, k_blocks, m_rows) and (batch, k_blocks, n_cols)."""
-  kind = scaling_kind(problem)
-  batch, m, n = problem.batch, problem.m, problem.n
-  if kind == "epilogue":
-    rows = _scale_vector(a_scale, problem.a_scale_mode, batch, m)
-    cols = _scale_vector(b_scale, problem.b_scale_mode, batch, n)
-    return _pad_last(rows, m_rows), _pad_last(cols, n_cols)
-  k_blocks = cdiv(problem.k, SCALE_BLOCK)
-  if problem.a_scale_mode == "block":
-    a_k = jnp.swapaxes(a_scale, 1, 2)
-  else:
-    a_k = jnp.broadcast_to(
-        _scale_vector(a_scale, problem.a_scale_mode, batch, m)[:, None],
-        (batch, k_blocks, m))
-  if problem.b_scale_mode == "block":
-    b_k = jnp.repeat(b_scale, SCALE_BLOCK, axis=2)[:, :, :n]
-  else:
-    b_k = jnp.broadcast_to(
-        _scale_vector(b_scale, problem.b_scale_mode, batch, n)[:, None],
-        (batch, k_blocks, n))
-  return _pad_last(a_k, m_rows), _pad_last(b_k, n_cols)
-
-
-def prepare_operands(a, b, c, bias, problem: GemmProblem,
-                     config: MosaicConfig):
-  """K-major operands (see the module docstring: MN-major ones are
-  transposed by XLA), padded to the TMA tiling; returns them and the padded
-  output dims."""
-  if problem.transpose_a:
-    a = jnp.swapaxes(a, 1, 2)
-  if not problem.transpose_b:
-    b = jnp.swapaxes(b, 1, 2)
-  cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
-  a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, a.dtype), (cta_m, tile_k))
-  b = tma.pad_to_tiling(b, tma.tma_tiling(tile_k, b.dtype), (cta_n, tile_k))
-  out_dims = tma.padded_dims(
-      problem.m, problem.n,
-      tma.tma_tiling(config.epi_tile_n, problem.out_dtype), (cta_m, cta_n))
-  if c is not None:
-    c = tma.pad_to_tiling(c, tma.tma_tiling(config.epi_tile_n, c.dtype),
-                          (cta_m, cta_n))
-  if bias is not None:
-    bias = tma.pad_vector(bias.astype(jnp.float32), cta_n)
-  return a, b, c, bias, out_dims
 
 
 def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,

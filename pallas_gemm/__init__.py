@@ -45,7 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "DeviceInfo", "Epilogue", "Explanation", "GemmProblem",
-    "Resolution", "TritonConfig", "backend_errors", "device_info",
-    "dequantize_fp8", "dot_general", "explain", "get_kernel", "list_kernels", "matmul",
-    "pallas_gemm_p", "quantize_fp8", "resolve", "select_kernel",
+    "Resolution", "TritonConfig", "backend_errors", "dequantize_fp8",
+    "device_info", "dot_general", "explain", "get_kernel", "list_kernels",
+    "matmul", "pallas_gemm_p", "quantize_fp8", "resolve", "select_kernel",
 ]

@@ -343,3 +343,15 @@ def test_cross_lowering_8192(modes, transpose_b):
 def test_cross_lowering_mixed_llm_projection():
   _lower(8192, 14336, 4096, "block", "block", True, dtypes=(E4M3, E5M2))
   _lower(8192, 14336, 4096, "tensor", "tensor", True, dtypes=(E5M2, E4M3))
+
+
+def test_search_space_configs_fit():
+  for modes in (("tensor", "tensor"), ("block", "block")):
+    problem = GemmProblem(1, 8192, 8192, 8192, "float8_e4m3fn", "bfloat16",
+                          transpose_b=True, a_scale_mode=modes[0],
+                          b_scale_mode=modes[1])
+    candidates = mosaic_fp8.fp8_candidates(problem, HOPPER)
+    assert candidates[0] == mosaic_fp8.fp8_heuristic(problem, HOPPER)
+    assert len(candidates) > 3
+    assert all(mosaic_fp8.check_fp8_config(c, problem) is None
+               for c in candidates)

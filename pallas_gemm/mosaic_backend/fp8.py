@@ -61,7 +61,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_gemm import registry
+from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
@@ -459,6 +459,32 @@ def fp8_heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
     if check_fp8_config(config, problem) is None:
       return config
   return dataclasses.replace(base, max_concurrent_steps=2)
+
+
+def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
+  """The autotuner's search space: the heuristic's config first, then the
+  CTA tiles and ring depths that fit (block-wise: the 64x128 consumer tile
+  split over M or N)."""
+  tiles = ([(64, 128, Dim.M), (64, 128, Dim.N)]
+           if scaling_kind(problem) == "per_k" else
+           [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
+            (64, 128, Dim.M)])
+  epi_tile_n = tma.SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
+  first = fp8_heuristic(problem, device)
+  out = [first]
+  for tile_m, tile_n, wg_dim in tiles:
+    for stages in (5, 4, 3):
+      for band in (8, 16):
+        config = MosaicConfig(tile_m=tile_m, tile_n=tile_n,
+                              tile_k=FP8_TILE_K, max_concurrent_steps=stages,
+                              epi_tile_n=min(epi_tile_n, tile_n),
+                              grid_band=band, wg_dimension=wg_dim)
+        if config != first and check_fp8_config(config, problem) is None:
+          out.append(config)
+  return out
+
+
+autotune.register_search_space(NAME, fp8_candidates)
 
 
 def check_config(config: MosaicConfig, problem: GemmProblem,

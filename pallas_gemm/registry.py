@@ -58,6 +58,9 @@ class KernelEntry:
   # True if `fn` takes fp8 dequantization scales (`a_scale=`, `b_scale=`)
   # and mixed e4m3 x e5m2 operands.
   takes_scales: bool = False
+  # What the kernel does around the problem that a user should know (e.g.
+  # an operand copied into another layout first), for `explain`; or None.
+  note: Callable[[GemmProblem], "str | None"] | None = None
 
   def default_config(self, problem: GemmProblem, device: DeviceInfo):
     """The config `kernel=<this kernel>` gets with no explicit config: what

@@ -355,3 +355,13 @@ def test_search_space_configs_fit():
     assert len(candidates) > 3
     assert all(mosaic_fp8.check_fp8_config(c, problem) is None
                for c in candidates)
+
+
+def test_explain_names_the_layout_copy():
+  qa = jnp.ones((64, 128), E4M3)
+  qb = jnp.ones((128, 64), E4M3)
+  text = str(pallas_gemm.explain(qa, qb, kernel="mosaic/fp8", a_scale=2.0))
+  assert "XLA first transposes B" in text
+  text = str(pallas_gemm.explain(qa, qb.T, kernel="mosaic/fp8",
+                                 transpose_b=True))
+  assert "NT: native" in text

@@ -502,6 +502,7 @@ registry.register(registry.KernelEntry(
     config_cls=MosaicConfig,
     runs_on_cpu=True,
     takes_scales=True,
+    note=layout_note,
     description=("persistent warp-specialised fp8 wgmma GEMM with fused "
                  "dequantization (per tensor/row/column in the epilogue, "
                  "block-wise per 128-deep K step); NT native, other layouts "

@@ -89,6 +89,12 @@ flags.DEFINE_list(
     "tf32 (float32 inputs, TF32 products only), float8_e4m3fn, float8_e5m2. "
     "Default: bfloat16 on a GPU (bfloat16,float32 for the ladder), float32 "
     "on a CPU.")
+flags.DEFINE_enum(
+    "fp8_scaling", "none", ["none", "tensor", "row", "block"],
+    "For fp8 --dtypes: the dequantization scales every kernel applies: none, "
+    "tensor (per tensor), row (A per row, B per column) or block (A 1x128, "
+    "B 128x128). The baselines xla_scaled and jax_scaled_matmul time XLA's "
+    "scaled forms; xla stays the unscaled fp8 dot.")
 flags.DEFINE_list(
     "f32_precisions", ["ieee", "tf32"],
     "For float32 inputs: 'ieee' (exact products, compared with "
@@ -259,6 +265,7 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
       max_candidates=FLAGS.max_candidates,
       interpret=interpret,
       seed=FLAGS.seed,
+      fp8_scaling=FLAGS.fp8_scaling,
       time_budget_s=FLAGS.time_budget_s,
       max_seconds_per_measurement=FLAGS.max_seconds_per_measurement,
       command_line=command_line(sys.argv),

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import primitive
-from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES,
+from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES, SCALE_BLOCK,
                                  SUPPORTED_INPUT_DTYPES,
                                  SUPPORTED_OUTPUT_DTYPES, XLA_ONLY_DTYPES,
                                  Epilogue,
@@ -44,7 +44,8 @@ def _check_input_dtype(x, name):
 def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
            preferred_element_type=None, transpose_a: bool = False,
            transpose_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
-           c=None, bias=None, activation: str | None = None):
+           c=None, bias=None, activation: str | None = None,
+           a_scale=None, b_scale=None):
   """`jnp.matmul` on pallas_gemm kernels, with a fused BLAS-style epilogue.
 
   Computes `activation(alpha * (op(a) @ op(b)) + beta * c + bias)`, where
@@ -68,6 +69,14 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
     bias: a vector of length N added to every row.
     activation: None or one of "relu", "gelu" (tanh form), "silu",
       "sigmoid", "tanh".
+    a_scale, b_scale: fp8 inputs only (float8_e4m3fn, float8_e5m2, or one of
+      each): float32 dequantization factors (x ≈ q · s), applied before the
+      epilogue. Each is a scalar (per tensor), a vector (A: one per row of
+      op(a), (m,); B: one per column of op(b), (n,)) or block-wise (A:
+      (m, ceil(k/128)), 1x128 blocks; B: (ceil(k/128), ceil(n/128)), 128x128
+      blocks, or (ceil(n/128), ceil(k/128)) when `transpose_b`, i.e. in B's
+      stored layout). They are shared by every batch entry; vmap for
+      per-example scales. See `pallas_gemm.fp8`. No gradient.
   """
   a = _as_array(a, "a")
   b = _as_array(b, "b")
@@ -89,14 +98,18 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
         f"activation={activation!r} is not one of {sorted(ACTIVATIONS)} or None")
 
   # jnp's promotion, weak types included: a weakly typed float32 operand
-  # (from a Python scalar) does not widen a bfloat16 one.
-  in_dtype = jnp.result_type(a, b)
+  # (from a Python scalar) does not widen a bfloat16 one. The e4m3 x e5m2
+  # pair has no promotion: wgmma multiplies it as it is.
+  mixed_fp8 = (a.dtype != b.dtype and dtype_name(a.dtype) in FP8_DTYPES
+               and dtype_name(b.dtype) in FP8_DTYPES)
+  in_dtype = a.dtype if mixed_fp8 else _promote(a, b)
   if dtype_name(in_dtype) not in (SUPPORTED_INPUT_DTYPES + FP8_DTYPES
                                   + XLA_ONLY_DTYPES):
     raise TypeError(
         f"a ({a.dtype}) and b ({b.dtype}) promote to {in_dtype}, which "
         f"pallas_gemm.matmul does not support")
-  a, b = a.astype(in_dtype), b.astype(in_dtype)
+  if not mixed_fp8:
+    a, b = a.astype(in_dtype), b.astype(in_dtype)
   if preferred_element_type is None:
     out_dtype = in_dtype if dtype_name(in_dtype) in (
         SUPPORTED_OUTPUT_DTYPES + XLA_ONLY_DTYPES) \
@@ -170,6 +183,14 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
           f"{scalar_name} must be a Python float: it is compiled into the "
           f"kernel, so it cannot be a traced or array value (got "
           f"{type(scalar).__name__})")
+  a_scale, a_scale_mode = _scale_operand(
+      a_scale, "a_scale", operand="a", size=m, k=k, in_dtype=in_dtype,
+      transposed=False, vector=squeeze_m)
+  b_scale, b_scale_mode = _scale_operand(
+      b_scale, "b_scale", operand="b", size=n, k=k, in_dtype=in_dtype,
+      transposed=transpose_b, vector=squeeze_n)
+  scales = dict(a_scale=a_scale, b_scale=b_scale, a_scale_mode=a_scale_mode,
+                b_scale_mode=b_scale_mode)
   epilogue = Epilogue(alpha=float(alpha), beta=float(beta),
                       has_c=c is not None and float(beta) != 0.0,
                       has_bias=bias is not None, activation=activation)
@@ -182,7 +203,7 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
     out = _matmul_nd(a, b, c, bias, batch_shape=tuple(batch_shape), m=m, n=n,
                      kernel=kernel, config=config, transpose_a=transpose_a,
                      transpose_b=transpose_b, precision=precision_name,
-                     epilogue=epilogue, out_dtype=out_dtype)
+                     epilogue=epilogue, out_dtype=out_dtype, **scales)
   if squeeze_m or squeeze_n:
     out = out.reshape(_squeezed(out_shape, squeeze_m, squeeze_n))
   return out
@@ -205,13 +226,20 @@ def _matmul_nd(a, b, c, bias, *, batch_shape, m, n, **params):
   if not batch_shape:
     return primitive.bind(a, b, c, bias, **params)
   batch = math.prod(batch_shape)
+  a_scale, b_scale = params.pop("a_scale"), params.pop("b_scale")
   if b.ndim == 2 and not params["transpose_a"]:
     # B is shared by every batch entry: stack the rows of A into one tall
     # problem (a free reshape) instead of broadcasting B.
     a2 = jnp.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch * m, -1)
     c2 = None if c is None else c.reshape(batch * m, n)
-    out = primitive.bind(a2, b, c2, bias, **params)
+    if params["a_scale_mode"] in ("row", "block"):  # one per row: repeat
+      a_scale = jnp.tile(a_scale, (batch,) + (1,) * (a_scale.ndim - 1))
+    out = primitive.bind(a2, b, c2, bias, a_scale=a_scale, b_scale=b_scale,
+                         **params)
     return out.reshape(batch_shape + (m, n))
+  params["a_scale"], params["b_scale"] = (
+      None if x is None else jnp.broadcast_to(x, (batch,) + x.shape)
+      for x in (a_scale, b_scale))
   a3 = jnp.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(
       (batch,) + a.shape[-2:])
   b3 = jnp.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(
@@ -219,6 +247,51 @@ def _matmul_nd(a, b, c, bias, *, batch_shape, m, n, **params):
   c3 = None if c is None else c.reshape(batch, m, n)
   out = primitive.bind(a3, b3, c3, bias, **params)
   return out.reshape(batch_shape + (m, n))
+
+
+def _promote(a, b):
+  try:
+    return jnp.result_type(a, b)
+  except (TypeError, jax.dtypes.TypePromotionError) as e:
+    # fp8 with another dtype: jnp has no implicit promotion for it.
+    raise TypeError(
+        f"a ({a.dtype}) and b ({b.dtype}) have no common dtype: {e}") from None
+
+
+def _scale_operand(scale, name, *, operand, size, k, in_dtype, transposed,
+                   vector):
+  """(scale as the primitive takes it, its mode) for one fp8 operand."""
+  if scale is None:
+    return None, "none"
+  if dtype_name(in_dtype) not in FP8_DTYPES:
+    raise TypeError(f"{name} is for fp8 inputs only; the inputs are "
+                    f"{dtype_name(in_dtype)}")
+  scale = _as_array(scale, name)
+  if not jnp.issubdtype(scale.dtype, jnp.floating):
+    raise TypeError(f"{name} has dtype {scale.dtype}; it must be a float array")
+  scale = scale.astype(jnp.float32)
+  blocks_k, blocks = -(-k // SCALE_BLOCK), -(-size // SCALE_BLOCK)
+  vector_mode = "row" if operand == "a" else "col"
+  if operand == "a":
+    block_shape = (size, blocks_k)
+  else:
+    block_shape = (blocks, blocks_k) if transposed else (blocks_k, blocks)
+  if scale.shape == ():
+    return scale, "tensor"
+  if vector:
+    raise ValueError(f"{name}.shape={scale.shape}: a 1-D operand takes only "
+                     "a scalar (per-tensor) scale")
+  if scale.shape == (size,):
+    return scale, vector_mode
+  if scale.shape == block_shape:
+    if operand == "b" and transposed:
+      scale = scale.T  # the primitive takes B's block scales as (kb, nb)
+    return scale, "block"
+  what = "row of op(a)" if operand == "a" else "column of op(b)"
+  raise ValueError(
+      f"{name}.shape={scale.shape} is none of the scale layouts: () per "
+      f"tensor, ({size},) per {what}, or {block_shape} block-wise "
+      f"({'1x128' if operand == 'a' else '128x128'} blocks)")
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None,

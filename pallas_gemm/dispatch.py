@@ -46,7 +46,7 @@ from typing import Any
 
 from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.problem import GemmProblem, itemsize
+from pallas_gemm.problem import FP8_DTYPES, GemmProblem, itemsize
 
 #: How far (in octaves, summed over batch, M, N and K) a dispatch bucket may
 #: lie from the problem's and still decide for it.
@@ -326,7 +326,10 @@ def _resolve(problem, device, kernel, config) -> Resolution:
                       "the caller named the kernel")
   if device.is_gpu and problem.flops > 0:
     records = dispatch_records(device)
-    if records:
+    # fp8 classes were never measured into the table: rather than fall back
+    # to xla for want of a bucket, they take the order (mosaic/fp8 first).
+    if records and not (problem.in_dtype in FP8_DTYPES
+                        and not _class_measured(problem, records)):
       return _from_table(problem, device, records)
   entry = registry.select_kernel(problem, device)
   chosen, source = _config_for(entry, problem, device)
@@ -338,6 +341,17 @@ def _resolve(problem, device, kernel, config) -> Resolution:
     reason += (f"; interpret mode is kept to problems of at most "
                f"{registry.CPU_INTERPRET_FLOP_BUDGET} flops")
   return Resolution(entry.name, chosen, "order", source, reason)
+
+
+def _class_measured(problem: GemmProblem, records: dict[str, dict]) -> bool:
+  key = DispatchKey.for_problem(problem)
+  for name in records:
+    try:
+      if DispatchKey.parse(name).same_class(key):
+        return True
+    except ValueError:
+      continue
+  return False
 
 
 def _order_name(device: DeviceInfo) -> str:

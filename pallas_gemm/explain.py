@@ -30,13 +30,20 @@ class Explanation:
     return tuple(resolution.kernel for _, resolution in self.calls)
 
   def __str__(self) -> str:
-    lines = [f"{problem.describe()}: {resolution}"
+    lines = [f"{problem.describe()}: {resolution}{_note(problem, resolution)}"
              for problem, resolution in self.calls]
     lines += [f"lax.dot_general: {why}" for why in self.lax]
     if not lines:
       lines = ["no GEMM: the result needs no product (a zero-size or K=0 "
                "problem)"]
     return "\n".join(lines)
+
+
+def _note(problem: GemmProblem, resolution) -> str:
+  from pallas_gemm import registry
+  entry = registry._REGISTRY.get(resolution.kernel)
+  note = entry.note(problem) if entry is not None and entry.note else None
+  return f" [{note}]" if note else ""
 
 
 def _walk(jaxpr):

@@ -4,13 +4,19 @@ One equation in a jaxpr stands for one fused GEMM:
 
     out = activation(alpha * (op(a) @ op(b)) + beta * c + bias)
 
-Operands: `a`, `b`, then `c` and `bias` when the epilogue asks for them.
-`a` and `b` are both rank 2 (m×k, k×n) or both rank 3 with a leading batch
-dimension; `c` has the output's shape and `bias` is (n,).
+Operands: `a`, `b`, then `c` and `bias` when the epilogue asks for them,
+then fp8 dequantization scales `a_scale` and `b_scale` when their modes are
+not "none". `a` and `b` are both rank 2 (m×k, k×n) or both rank 3 with a
+leading batch dimension; `c` has the output's shape and `bias` is (n,).
+Scales are float32 and, for rank 3, carry the batch dimension first:
+  a_scale: "tensor" (), "row" (m,), "block" (m, ceil(k/128));
+  b_scale: "tensor" (), "col" (n,), "block" (ceil(k/128), ceil(n/128)),
+           whatever B's stored layout (the API reorders an (n, k) one).
 
 Params (all static and hashable): `kernel` (a registered name), `config` (that
 kernel's frozen config dataclass, or None), `transpose_a`, `transpose_b`,
-`precision` ("ieee", "tf32" or "default"), `epilogue` and `out_dtype`.
+`precision` ("ieee", "tf32" or "default"), `epilogue`, `out_dtype`,
+`a_scale_mode` and `b_scale_mode`.
 
 Rules:
   * abstract eval: shape and dtype only;
@@ -37,8 +43,8 @@ from jax.interpreters import ad, batching, mlir
 
 from pallas_gemm import dispatch, registry, sharding
 from pallas_gemm.devices import device_info
-from pallas_gemm.problem import (ACTIVATIONS, Epilogue, GemmProblem,
-                                 dtype_name)
+from pallas_gemm.problem import (ACTIVATIONS, SCALE_BLOCK, Epilogue,
+                                 GemmProblem, cdiv, dtype_name)
 
 pallas_gemm_p = jex_core.Primitive("pallas_gemm")
 
@@ -53,26 +59,53 @@ def _matrix_dims(a_shape, b_shape, transpose_a, transpose_b):
 
 
 def problem_from_shapes(a_shape, b_shape, *, in_dtype, out_dtype, transpose_a,
-                        transpose_b, precision, epilogue, c_dtype=None
-                        ) -> GemmProblem:
+                        transpose_b, precision, epilogue, c_dtype=None,
+                        b_dtype=None, a_scale_mode="none",
+                        b_scale_mode="none") -> GemmProblem:
   m, n, k = _matrix_dims(a_shape, b_shape, transpose_a, transpose_b)
   batch = a_shape[0] if len(a_shape) == 3 else 1
   return GemmProblem(
       batch=batch, m=m, n=n, k=k, in_dtype=in_dtype, out_dtype=out_dtype,
       transpose_a=transpose_a, transpose_b=transpose_b, precision=precision,
-      epilogue=epilogue, c_dtype=c_dtype)
+      epilogue=epilogue, c_dtype=c_dtype,
+      b_dtype=None if b_dtype == in_dtype else b_dtype,
+      a_scale_mode=a_scale_mode, b_scale_mode=b_scale_mode)
 
 
-def _split_operands(operands, epilogue: Epilogue):
+def _split_all(operands, epilogue: Epilogue, scale_modes=("none", "none")):
+  """(a, b, c, bias, a_scale, b_scale), absent ones as None."""
   a, b, *rest = operands
   c = rest.pop(0) if epilogue.has_c else None
   bias = rest.pop(0) if epilogue.has_bias else None
+  a_scale = rest.pop(0) if scale_modes[0] != "none" else None
+  b_scale = rest.pop(0) if scale_modes[1] != "none" else None
   assert not rest, "unexpected extra operands"
-  return a, b, c, bias
+  return a, b, c, bias, a_scale, b_scale
 
 
-def _join_operands(a, b, c, bias):
-  return [x for x in (a, b, c, bias) if x is not None]
+def _split_operands(operands, epilogue: Epilogue, scale_modes=("none", "none")):
+  return _split_all(operands, epilogue, scale_modes)[:4]
+
+
+def _modes(params):
+  return (params.get("a_scale_mode", "none"),
+          params.get("b_scale_mode", "none"))
+
+
+def _join_operands(a, b, c, bias, a_scale=None, b_scale=None):
+  return [x for x in (a, b, c, bias, a_scale, b_scale) if x is not None]
+
+
+def scale_shape(mode: str, operand: str, m_or_n: int, k: int) -> tuple:
+  """The unbatched canonical shape of a scale (see the module docstring)."""
+  if mode == "tensor":
+    return ()
+  if mode in ("row", "col"):
+    return (m_or_n,)
+  blocks_k = cdiv(k, SCALE_BLOCK)
+  if operand == "a":
+    return (m_or_n, blocks_k)
+  return (blocks_k, cdiv(m_or_n, SCALE_BLOCK))
 
 
 def problem_from_params(operands, params) -> GemmProblem:
@@ -82,45 +115,52 @@ def problem_from_params(operands, params) -> GemmProblem:
 
 
 def _problem_for(operands, params) -> GemmProblem:
-  a, b, c, _ = _split_operands(operands, params["epilogue"])
+  modes = _modes(params)
+  a, b, c, _ = _split_operands(operands, params["epilogue"], modes)
   return problem_from_shapes(
       a.shape, b.shape, in_dtype=dtype_name(a.dtype),
       out_dtype=params["out_dtype"], transpose_a=params["transpose_a"],
       transpose_b=params["transpose_b"], precision=params["precision"],
       epilogue=params["epilogue"],
-      c_dtype=None if c is None else dtype_name(c.dtype))
+      c_dtype=None if c is None else dtype_name(c.dtype),
+      b_dtype=dtype_name(b.dtype), a_scale_mode=modes[0],
+      b_scale_mode=modes[1])
 
 
 def bind(a, b, c=None, bias=None, *, kernel=None, config=None,
          transpose_a=False, transpose_b=False, precision="default",
-         epilogue=Epilogue(), out_dtype=None):
+         epilogue=Epilogue(), out_dtype=None, a_scale=None, b_scale=None,
+         a_scale_mode="none", b_scale_mode="none"):
   """Resolves the kernel and its config for these operands, then binds.
 
   `kernel` may be None (automatic choice). A named kernel that cannot run the
   problem fails with the kernel's own reason; a config of the wrong class is
   a TypeError. The decision is `dispatch.resolve`'s, made once per problem.
   """
-  operands = _join_operands(a, b, c, bias)
+  operands = _join_operands(a, b, c, bias, a_scale, b_scale)
   params = dict(transpose_a=transpose_a, transpose_b=transpose_b,
                 precision=precision, epilogue=epilogue,
                 out_dtype=dtype_name(out_dtype if out_dtype is not None
-                                     else a.dtype))
+                                     else a.dtype),
+                a_scale_mode=a_scale_mode, b_scale_mode=b_scale_mode)
   problem = _problem_for(operands, params)
   resolution = dispatch.resolve(problem, device_info(), kernel, config)
   return _bind_resolved(resolution, operands, params)
 
 
 def rebind(a, b, c=None, bias=None, *, kernel, config, transpose_a,
-           transpose_b, precision, epilogue, out_dtype):
+           transpose_b, precision, epilogue, out_dtype, a_scale=None,
+           b_scale=None, a_scale_mode="none", b_scale_mode="none"):
   """Binds a derived product (a tangent, a cotangent, a batched copy).
 
   It keeps the original kernel and config when that kernel supports the new
   problem, and otherwise lets the automatic choice decide.
   """
-  operands = _join_operands(a, b, c, bias)
+  operands = _join_operands(a, b, c, bias, a_scale, b_scale)
   params = dict(transpose_a=transpose_a, transpose_b=transpose_b,
                 precision=precision, epilogue=epilogue,
-                out_dtype=dtype_name(out_dtype))
+                out_dtype=dtype_name(out_dtype), a_scale_mode=a_scale_mode,
+                b_scale_mode=b_scale_mode)
   problem, device = _problem_for(operands, params), device_info()
   entry = registry.get_kernel(kernel)
   if registry.why_unsupported(entry, problem, device) is not None:
@@ -140,9 +180,11 @@ def _bind_resolved(resolution, operands, params):
 
 @pallas_gemm_p.def_abstract_eval
 def _abstract_eval(*operands, kernel, config, transpose_a, transpose_b,
-                   precision, epilogue, out_dtype):
+                   precision, epilogue, out_dtype, a_scale_mode="none",
+                   b_scale_mode="none"):
   del kernel, config, precision
-  a, b, c, bias = _split_operands(operands, epilogue)
+  a, b, c, bias, a_scale, b_scale = _split_all(
+      operands, epilogue, (a_scale_mode, b_scale_mode))
   if a.ndim != b.ndim or a.ndim not in (2, 3):
     raise ValueError(
         f"pallas_gemm_p needs a and b of equal rank 2 or 3, got a.shape="
@@ -160,6 +202,17 @@ def _abstract_eval(*operands, kernel, config, transpose_a, transpose_b,
     raise ValueError(f"c.shape={c.shape} must equal the output shape {out_shape}")
   if bias is not None and tuple(bias.shape) != (n,):
     raise ValueError(f"bias.shape={bias.shape} must be ({n},)")
+  batch = (a.shape[0],) if a.ndim == 3 else ()
+  for name, scale, mode, size in (("a_scale", a_scale, a_scale_mode, m),
+                                  ("b_scale", b_scale, b_scale_mode, n)):
+    if scale is None:
+      continue
+    want = batch + scale_shape(mode, name[0], size, k)
+    if tuple(scale.shape) != want:
+      raise ValueError(f"{name}.shape={scale.shape} must be {want} for "
+                       f"{name}_mode={mode!r}")
+    if scale.dtype != jnp.float32:
+      raise TypeError(f"{name} has dtype {scale.dtype}; it must be float32")
   return sharding.output_type(operands, out_shape, out_dtype,
                               transpose_a=transpose_a, transpose_b=transpose_b)
 
@@ -168,12 +221,15 @@ def _abstract_eval(*operands, kernel, config, transpose_a, transpose_b,
 
 
 def _run_kernel(*operands, platform, kernel, config, transpose_a, transpose_b,
-                precision, epilogue, out_dtype):
+                precision, epilogue, out_dtype, a_scale_mode="none",
+                b_scale_mode="none"):
   params = dict(kernel=kernel, config=config, transpose_a=transpose_a,
                 transpose_b=transpose_b, precision=precision,
-                epilogue=epilogue, out_dtype=out_dtype)
+                epilogue=epilogue, out_dtype=out_dtype,
+                a_scale_mode=a_scale_mode, b_scale_mode=b_scale_mode)
   problem = _problem_for(operands, params)
-  a, b, c, bias = _split_operands(operands, epilogue)
+  a, b, c, bias, a_scale, b_scale = _split_all(
+      operands, epilogue, (a_scale_mode, b_scale_mode))
   entry = registry.get_kernel(kernel)
   interpret = platform == "cpu"
   if interpret and not entry.runs_on_cpu:
@@ -182,8 +238,13 @@ def _run_kernel(*operands, platform, kernel, config, transpose_a, transpose_b,
   if rank2:
     a, b = a[None], b[None]
     c = None if c is None else c[None]
+    a_scale = None if a_scale is None else a_scale[None]
+    b_scale = None if b_scale is None else b_scale[None]
+  # Only kernels that take scales get the keywords (`KernelEntry.takes_scales`).
+  scales = (dict(a_scale=a_scale, b_scale=b_scale) if problem.is_scaled
+            else {})
   out = entry.fn(a, b, c, bias, problem=problem, config=config,
-                 interpret=interpret)
+                 interpret=interpret, **scales)
   return out[0] if rank2 else out
 
 
@@ -191,6 +252,12 @@ def _lowering_for(platform):
   def rule(ctx, *args, **params):
     impl = functools.partial(_run_kernel, platform=platform, **params)
     if sharding.needs_partitioning(ctx):
+      if _modes(params) != ("none", "none"):
+        raise NotImplementedError(
+            "pallas_gemm: scaled fp8 matmuls are not partitioned across "
+            "devices; call them inside shard_map, or unsharded")
+      params = {key: value for key, value in params.items()
+                if key not in ("a_scale_mode", "b_scale_mode")}
       impl = sharding.partitioned_kernel(sharding.GemmCall(
           _run_kernel, platform, len(ctx.avals_in[0].shape), **params))
     return sharding.lower_per_device(ctx, impl, *args)
@@ -234,8 +301,10 @@ def _batching_rule(operands, batch_dims, **params):
   moved = [x if d is None else jnp.moveaxis(x, d, 0)
            for x, d in zip(operands, batch_dims)]
   mapped = [d is not None for d in batch_dims]
-  a, b, c, bias = _split_operands(moved, epilogue)
-  a_m, b_m, c_m, bias_m = _split_operands(mapped, epilogue)
+  modes = _modes(params)
+  a, b, c, bias, a_scale, b_scale = _split_all(moved, epilogue, modes)
+  a_m, b_m, c_m, bias_m, a_scale_m, b_scale_m = _split_all(
+      mapped, epilogue, modes)
   rank = a.ndim - 1 if a_m else a.ndim
 
   if bias_m:
@@ -258,7 +327,13 @@ def _batching_rule(operands, batch_dims, **params):
                                    has_bias=False)
     params = dict(params, epilogue=epilogue)
 
-  fold_into_m = (rank == 2 and a_m and not b_m and not params["transpose_a"])
+  # A's scales fold into rows only when they stay one per row (or one in
+  # all); B's must be shared by every example, as B is.
+  scales_fold = (not b_scale_m and (
+      modes[0] in ("none", "row", "block")
+      or (modes[0] == "tensor" and not a_scale_m)))
+  fold_into_m = (rank == 2 and a_m and not b_m and not params["transpose_a"]
+                 and scales_fold)
   if fold_into_m:
     # Rows of independent problems that share B are one taller problem.
     m = a.shape[1]
@@ -267,7 +342,13 @@ def _batching_rule(operands, batch_dims, **params):
     if c is not None:
       c2 = (c if c_m else jnp.broadcast_to(c, (size,) + c.shape))
       c2 = c2.reshape(size * m, c2.shape[-1])
-    out = rebind(a2, b, c2, bias, **params)
+    a_scale2 = a_scale
+    if modes[0] in ("row", "block"):
+      a_scale2 = (a_scale if a_scale_m
+                  else jnp.broadcast_to(a_scale, (size,) + a_scale.shape))
+      a_scale2 = a_scale2.reshape((size * m,) + a_scale.shape[2 if a_scale_m
+                                                              else 1:])
+    out = rebind(a2, b, c2, bias, a_scale=a_scale2, b_scale=b_scale, **params)
     return out.reshape(size, m, out.shape[-1]), 0
 
   def with_batch(x, is_mapped):
@@ -280,7 +361,9 @@ def _batching_rule(operands, batch_dims, **params):
     return x
 
   a3, b3, c3 = with_batch(a, a_m), with_batch(b, b_m), with_batch(c, c_m)
-  out = rebind(a3, b3, c3, bias, **params)
+  # Scales follow the batch axis when mapped and are broadcast otherwise.
+  out = rebind(a3, b3, c3, bias, a_scale=with_batch(a_scale, a_scale_m),
+               b_scale=with_batch(b_scale, b_scale_m), **params)
   if rank == 3:
     out = out.reshape((size, out.shape[0] // size) + out.shape[1:])
   return out, 0
@@ -298,6 +381,15 @@ def _is_zero(t):
 
 def _jvp_rule(primals, tangents, **params):
   epilogue: Epilogue = params["epilogue"]
+  if _modes(params) != ("none", "none"):
+    if all(_is_zero(t) for t in tangents):
+      out = pallas_gemm_p.bind(*primals, **params)
+      return out, ad.Zero.from_primal_value(out)
+    raise NotImplementedError(
+        "pallas_gemm.matmul: scaled fp8 matmuls have no gradient (fp8 "
+        "training recipes quantize outside the GEMM); differentiate a "
+        "bf16/f32 matmul of the dequantized operands instead, or wrap the "
+        "inputs in jax.lax.stop_gradient")
   a, b, c, bias = _split_operands(primals, epilogue)
   da, db, dc, dbias = _split_operands(tangents, epilogue)
   out_dtype = params["out_dtype"]

@@ -32,6 +32,13 @@ SUPPORTED_OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
 #: float64 (what jnp arrays are with jax_enable_x64) runs on XLA's dot
 #: only: no GPU kernel here computes in float64.
 XLA_ONLY_DTYPES = ("float64",)
+#: How an fp8 operand's dequantization scales are laid out (x ≈ q · s):
+#: "none" (no scale), "tensor" (one scalar), "row" (A: one per row, (m,)),
+#: "col" (B: one per output column, (n,)), "block" (A: (m, ceil(k/128)),
+#: 1x128 blocks; B: (ceil(k/128), ceil(n/128)), 128x128 blocks).
+SCALE_MODES = ("none", "tensor", "row", "col", "block")
+#: The K (and, for B, N) extent of one block-wise scale.
+SCALE_BLOCK = 128
 
 
 def _gelu_tanh(x):
@@ -118,6 +125,27 @@ class GemmProblem:
   precision: str = "default"
   epilogue: Epilogue = Epilogue()
   c_dtype: str | None = None
+  # fp8 only: B's dtype when it differs from A's (the e4m3 x e5m2 pair), and
+  # the layout of each operand's dequantization scales (`SCALE_MODES`).
+  b_dtype: str | None = None
+  a_scale_mode: str = "none"
+  b_scale_mode: str = "none"
+
+  def __post_init__(self):
+    for name, allowed in (("a_scale_mode", ("none", "tensor", "row", "block")),
+                          ("b_scale_mode", ("none", "tensor", "col", "block"))):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"GemmProblem.{name}={getattr(self, name)!r} is not "
+                         f"one of {allowed}")
+    if (self.is_scaled or self.b_dtype is not None) and (
+        self.in_dtype not in FP8_DTYPES
+        or (self.b_dtype or self.in_dtype) not in FP8_DTYPES):
+      raise ValueError("scales and mixed operand dtypes are for fp8 inputs "
+                       f"only, got {self.in_dtype} x {self.b_dtype}")
+
+  @property
+  def is_scaled(self) -> bool:
+    return (self.a_scale_mode, self.b_scale_mode) != ("none", "none")
 
   @property
   def flops(self) -> int:
@@ -142,8 +170,13 @@ class GemmProblem:
 
   def describe(self) -> str:
     batch = f"{self.batch}x" if self.batch != 1 else ""
-    return (f"{batch}{self.m}x{self.n}x{self.k} {self.in_dtype}->"
-            f"{self.out_dtype} {self.layout} precision={self.precision}")
+    in_dtype = self.in_dtype if self.b_dtype is None else (
+        f"{self.in_dtype}x{self.b_dtype}")
+    scaling = (f" scales={self.a_scale_mode}/{self.b_scale_mode}"
+               if self.is_scaled else "")
+    return (f"{batch}{self.m}x{self.n}x{self.k} {in_dtype}->"
+            f"{self.out_dtype} {self.layout} precision={self.precision}"
+            f"{scaling}")
 
 
 def normalize_precision(precision, in_dtype: str) -> str:

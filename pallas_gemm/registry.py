@@ -16,6 +16,8 @@ dispatch table exists (a CPU, or a GPU without one), ending in XLA's own
 dot, which supports everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
+  Hopper, fp8:        mosaic/fp8 -> xla (the dispatch table has no fp8
+                      buckets yet; fp8 problems take this order)
   Hopper, exact fp32: xla (wgmma has no exact-fp32 mode; see the results
                       notes in experiments/results/nvidia_h200/ for how the
                       exact-fp32 kernels compare)
@@ -33,7 +35,7 @@ import fnmatch
 from typing import Any, Callable
 
 from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.problem import GemmProblem
+from pallas_gemm.problem import FP8_DTYPES, GemmProblem
 
 SupportsFn = Callable[[GemmProblem, DeviceInfo], "str | None"]
 
@@ -53,6 +55,12 @@ class KernelEntry:
   # Why a stored config must not serve this problem (None if it may), e.g.
   # a tuned tile that makes more waves here than the heuristic's.
   check_config: Callable[[Any, GemmProblem, DeviceInfo], "str | None"] | None = None
+  # True if `fn` takes fp8 dequantization scales (`a_scale=`, `b_scale=`)
+  # and mixed e4m3 x e5m2 operands.
+  takes_scales: bool = False
+  # What the kernel does around the problem that a user should know (e.g.
+  # an operand copied into another layout first), for `explain`; or None.
+  note: Callable[[GemmProblem], "str | None"] | None = None
 
   def default_config(self, problem: GemmProblem, device: DeviceInfo):
     """The config `kernel=<this kernel>` gets with no explicit config: what
@@ -71,6 +79,7 @@ CPU_INTERPRET_FLOP_BUDGET = 2 * 512**3
 _AUTO_ORDER = {
     "hopper": ("mosaic/small_m", "mosaic/ws_persistent", "triton/06_tuned", "xla"),
     "hopper_ieee": ("xla",),
+    "hopper_fp8": ("mosaic/fp8", "xla"),
     "gpu": ("triton/05_split_k", "triton/06_tuned", "xla"),
     "cpu": ("triton/06_tuned", "xla"),
 }
@@ -117,6 +126,8 @@ def auto_order(device: DeviceInfo,
   if device.is_hopper:
     if problem is not None and problem.precision == "ieee":
       return _AUTO_ORDER["hopper_ieee"]
+    if problem is not None and problem.in_dtype in FP8_DTYPES:
+      return _AUTO_ORDER["hopper_fp8"]
     return _AUTO_ORDER["hopper"]
   if device.is_gpu:
     return _AUTO_ORDER["gpu"]
@@ -149,6 +160,10 @@ def why_unsupported(entry: KernelEntry, problem: GemmProblem,
     overflow = int32_overflow(problem)
     if overflow is not None:
       return overflow
+    if (problem.is_scaled or problem.b_dtype is not None) and (
+        not entry.takes_scales):
+      return (f"{entry.name} takes no fp8 scales or mixed fp8 operands "
+              "(mosaic/fp8 and xla do)")
   return entry.supports(problem, device)
 
 

@@ -40,6 +40,9 @@ class BenchmarkOptions:
   # A suite of whole problems (shapes.SuiteProblem), run as listed instead
   # of crossing `shapes` with `dtype_cases` and `layouts`.
   problems: tuple = ()
+  # fp8 inputs: "none", "tensor", "row" (A per row, B per column) or "block"
+  # (1x128 / 128x128); see experiments/bench/fp8_targets.py.
+  fp8_scaling: str = "none"
 
   def __post_init__(self):
     if not self.kernels:
@@ -56,6 +59,8 @@ class BenchmarkOptions:
       raise ValueError(f"iters={self.iters} must be >= 1")
     if self.warmup < 0:
       raise ValueError(f"warmup={self.warmup} must be >= 0")
+    from experiments.bench.fp8_targets import check_scaling  # noqa: PLC0415
+    check_scaling(self.fp8_scaling)
     if self.max_candidates < 1:
       raise ValueError(f"max_candidates={self.max_candidates} must be >= 1")
 

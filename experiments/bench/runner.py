@@ -15,6 +15,7 @@ from pallas_gemm.devices import device_info, peak_tflops
 from pallas_gemm.problem import GemmProblem
 
 from experiments.bench.cases import parse_dtypes, BASELINE_NAME, DtypeCase
+from experiments.bench import fp8_targets
 from experiments.bench.targets import BenchTarget, make_target
 from experiments.bench.options import BenchmarkOptions
 from experiments.bench.checks import (output_shape, ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
@@ -175,7 +176,8 @@ class BenchmarkRun:
 
   def _run_problem(self, shape, case: DtypeCase, layout: str, batch: int = 1,
                    regime: str = "") -> None:
-    problem = make_problem(shape, case, layout, batch)
+    problem = fp8_targets.with_scaling(make_problem(shape, case, layout, batch),
+                                       self.options.fp8_scaling)
     self._regime = regime
     state: dict[str, Any] = {}
     baseline_us = None

@@ -16,6 +16,7 @@ from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import FP8_DTYPES, GemmProblem
 
+from experiments.bench import fp8_targets
 from experiments.bench.cases import AUTO_NAME, BASELINE_NAME, HOPPER_NAME
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -131,12 +132,14 @@ def registered_target(name: str) -> BenchTarget:
 
   def build(problem: GemmProblem, config):
     precision = _precision_arg(problem) if problem.in_dtype == "float32" else None
+    scales = fp8_targets.scaled_kwargs(problem)
 
     def call(a, b):
       return pallas_gemm.matmul(
           a, b, kernel=name, config=config, precision=precision,
           preferred_element_type=problem.out_dtype,
-          transpose_a=problem.transpose_a, transpose_b=problem.transpose_b)
+          transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+          **scales)
     return call
 
   return BenchTarget(
@@ -216,11 +219,13 @@ def auto_target() -> BenchTarget:
   def build(problem: GemmProblem, config):
     del config
     precision = _precision_arg(problem) if problem.in_dtype == "float32" else None
+    scales = fp8_targets.scaled_kwargs(problem)
 
     def call(a, b):
       return pallas_gemm.matmul(
           a, b, precision=precision, preferred_element_type=problem.out_dtype,
-          transpose_a=problem.transpose_a, transpose_b=problem.transpose_b)
+          transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+          **scales)
     return call
 
   return BenchTarget(
@@ -234,7 +239,9 @@ def resolve_kernels(patterns: Sequence[str],
   """Expands names and globs, less those matching a `skip` glob; jnp.dot
   comes first, always."""
   registered = [n for n in pallas_gemm.list_kernels() if n != BASELINE_NAME]
-  universe = [AUTO_NAME] + registered + [HOPPER_NAME]
+  universe = [AUTO_NAME] + registered + [HOPPER_NAME,
+                                          fp8_targets.XLA_SCALED_NAME,
+                                          fp8_targets.SCALED_MATMUL_NAME]
   chosen: list[str] = [BASELINE_NAME]
   for raw in patterns:
     pattern = raw.strip()
@@ -264,4 +271,8 @@ def make_target(name: str) -> BenchTarget:
     return hopper_target()
   if name == AUTO_NAME:
     return auto_target()
+  if name == fp8_targets.XLA_SCALED_NAME:
+    return fp8_targets.xla_scaled_target(BenchTarget)
+  if name == fp8_targets.SCALED_MATMUL_NAME:
+    return fp8_targets.scaled_matmul_target(BenchTarget)
   return registered_target(name)

@@ -1,0 +1,87 @@
+"""The operands `mosaic/fp8` reads: K-major fp8 tiles and its scale arrays.
+
+Everything here runs in XLA before the kernel: the layout change for
+operands that are not K-major (see `mosaic_backend/fp8.py` for why), the
+TMA padding, and the scales reshaped into what the kernel streams (row and
+column vectors for the epilogue, or per-K-block vectors riding the TMA
+ring).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.configs import MosaicConfig
+from pallas_gemm.problem import SCALE_BLOCK, GemmProblem, cdiv
+
+
+def scaling_kind(problem: GemmProblem) -> str:
+  """"none", "epilogue" (tensor/row/col scales) or "per_k" (block-wise)."""
+  if "block" in (problem.a_scale_mode, problem.b_scale_mode):
+    return "per_k"
+  return "epilogue" if problem.is_scaled else "none"
+
+
+def _pad_last(x, size: int):
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])],
+                 constant_values=1.0)
+
+
+def _scale_vector(scale, mode: str, batch: int, size: int):
+  """A per-tensor / per-row / per-column scale as (batch, size) float32."""
+  if mode == "none":
+    return jnp.ones((batch, size), jnp.float32)
+  if mode == "tensor":
+    return jnp.broadcast_to(scale[:, None], (batch, size))
+  return scale
+
+
+def kernel_scales(problem: GemmProblem, a_scale, b_scale, m_rows: int,
+                  n_cols: int):
+  """The two scale arrays the kernel reads, padded to whole CTA tiles:
+  epilogue: (batch, m_rows) and (batch, n_cols);
+  per K:    (batch, k_blocks, m_rows) and (batch, k_blocks, n_cols)."""
+  kind = scaling_kind(problem)
+  batch, m, n = problem.batch, problem.m, problem.n
+  if kind == "epilogue":
+    rows = _scale_vector(a_scale, problem.a_scale_mode, batch, m)
+    cols = _scale_vector(b_scale, problem.b_scale_mode, batch, n)
+    return _pad_last(rows, m_rows), _pad_last(cols, n_cols)
+  k_blocks = cdiv(problem.k, SCALE_BLOCK)
+  if problem.a_scale_mode == "block":
+    a_k = jnp.swapaxes(a_scale, 1, 2)
+  else:
+    a_k = jnp.broadcast_to(
+        _scale_vector(a_scale, problem.a_scale_mode, batch, m)[:, None],
+        (batch, k_blocks, m))
+  if problem.b_scale_mode == "block":
+    b_k = jnp.repeat(b_scale, SCALE_BLOCK, axis=2)[:, :, :n]
+  else:
+    b_k = jnp.broadcast_to(
+        _scale_vector(b_scale, problem.b_scale_mode, batch, n)[:, None],
+        (batch, k_blocks, n))
+  return _pad_last(a_k, m_rows), _pad_last(b_k, n_cols)
+
+
+def prepare_operands(a, b, c, bias, problem: GemmProblem,
+                     config: MosaicConfig):
+  """K-major operands (see the module docstring: MN-major ones are
+  transposed by XLA), padded to the TMA tiling; returns them and the padded
+  output dims."""
+  if problem.transpose_a:
+    a = jnp.swapaxes(a, 1, 2)
+  if not problem.transpose_b:
+    b = jnp.swapaxes(b, 1, 2)
+  cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
+  a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, a.dtype), (cta_m, tile_k))
+  b = tma.pad_to_tiling(b, tma.tma_tiling(tile_k, b.dtype), (cta_n, tile_k))
+  out_dims = tma.padded_dims(
+      problem.m, problem.n,
+      tma.tma_tiling(config.epi_tile_n, problem.out_dtype), (cta_m, cta_n))
+  if c is not None:
+    c = tma.pad_to_tiling(c, tma.tma_tiling(config.epi_tile_n, c.dtype),
+                          (cta_m, cta_n))
+  if bias is not None:
+    bias = tma.pad_vector(bias.astype(jnp.float32), cta_n)
+  return a, b, c, bias, out_dims

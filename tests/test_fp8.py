@@ -1,0 +1,369 @@
+"""fp8 GEMMs with dequantization scales: quantize_fp8, the XLA fallback for
+every scale mode, `mosaic/fp8` in GPU interpret mode, errors, and the
+kernel's Mosaic lowering for the GPU configs (cross-lowered on a CPU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_gemm
+from pallas_gemm import dispatch
+from pallas_gemm.fp8 import (dequantize_fp8, fp8_max, quantize_fp8,
+                             reference_operand)
+from pallas_gemm.mosaic_backend import Dim, MosaicConfig
+from pallas_gemm.mosaic_backend import fp8 as mosaic_fp8
+from pallas_gemm.numerics import (fresh_key, random_normal, reference_matmul,
+                                  relative_error, tolerance)
+from pallas_gemm.problem import Epilogue, GemmProblem, cdiv
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+HOPPER = pallas_gemm.DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 227 * 1024)
+#: A small CTA tile keeps interpret mode quick (the GPU configs are checked by
+#: the cross-lowering tests below).
+SMALL = MosaicConfig(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2,
+                     epi_tile_n=64, wg_dimension=Dim.M)
+
+#: Every mode of each operand, and each kind of pair (both in the epilogue,
+#: both per K block, one of each), without the whole cross product.
+MODE_PAIRS = [("none", "tensor"), ("tensor", "col"), ("row", "block"),
+              ("block", "none"), ("block", "block"), ("row", "col")]
+
+
+def _operands(m, n, k, *, a_mode, b_mode, transpose_b, a_dtype=E4M3,
+              b_dtype=E4M3):
+  """Quantized a (m, k), b ((n, k) if transpose_b else (k, n)), their scales
+  and the float64 reference of op(a) @ op(b) of the dequantized values."""
+  x = random_normal(fresh_key(), (m, k), jnp.float32) * 3
+  w_shape = (n, k) if transpose_b else (k, n)
+  w = random_normal(fresh_key(), w_shape, jnp.float32) * 0.5
+
+  def quantize(v, mode, dtype, block):
+    if mode == "none":
+      return v.astype(dtype), None
+    if mode == "tensor":
+      return quantize_fp8(v, dtype=dtype)
+    if mode == "block":
+      return quantize_fp8(v, dtype=dtype, block=block)
+    # A vector: one positive scale per row of A / per column of op(B).
+    size = m if mode == "row" else n
+    scale = jnp.exp(random_normal(fresh_key(), (size,), jnp.float32) * 0.5)
+    if mode == "row":
+      return (v / scale[:, None]).astype(dtype), scale
+    column_axis = 0 if transpose_b else 1
+    expand = scale[:, None] if column_axis == 0 else scale[None, :]
+    return (v / expand).astype(dtype), scale
+
+  qa, sa = quantize(x, a_mode, a_dtype, (1, 128))
+  qb, sb = quantize(w, b_mode, b_dtype, (128, 128))
+  ra = reference_operand(qa, sa, a_mode, operand="a", transposed=False)
+  rb = reference_operand(qb, sb, b_mode, operand="b", transposed=transpose_b)
+  ref = ra @ (rb.T if transpose_b else rb)
+  return qa, qb, sa, sb, ref
+
+
+# ------------------------------------------------------------ quantize_fp8 ---
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("block", [None, (1, 128), (128, 128), (3, 5)])
+def test_quantize_round_trip(dtype, block):
+  x = random_normal(fresh_key(), (130, 257), jnp.float32) * 7
+  q, s = quantize_fp8(x, dtype=dtype, block=block)
+  assert q.dtype == dtype and s.dtype == jnp.float32
+  if block is None:
+    assert s.shape == ()
+  else:
+    assert s.shape == (cdiv(130, block[0]), cdiv(257, block[1]))
+  # Every block's largest magnitude lands on the dtype's max.
+  assert float(jnp.max(jnp.abs(q.astype(jnp.float32)))) == fp8_max(dtype)
+  back = dequantize_fp8(q, s, block=block)
+  # e4m3 keeps 3 mantissa bits (relative step 2^-4), e5m2 2 bits.
+  budget = 0.04 if dtype == E4M3 else 0.08
+  assert relative_error(back, np.asarray(x, np.float64)) < budget
+
+
+def test_quantize_saturates_and_rounds_to_nearest():
+  # An explicit tensor scale of 1 is what amax 448 gives for e4m3.
+  x = jnp.array([[448.0, -448.0, 1.0, 0.0], [1.0625, 1.1875, -0.3, 2.0]])
+  q, s = quantize_fp8(x)
+  assert float(s) == 1.0
+  got = np.asarray(q.astype(jnp.float32))
+  # 1.0625 is halfway between 1 and 1.125: ties to even (1.0); 1.1875 -> 1.25.
+  np.testing.assert_array_equal(got[1, :2], [1.0, 1.25])
+  # Huge and tiny magnitudes in one tensor: the largest lands exactly on the
+  # max, nothing overflows to NaN (e4m3fn has no inf), small ones go to 0.
+  wide = jnp.array([[3.4e38, -1e30, 1.0, -2.0]], jnp.float32)
+  q_wide, s_wide = quantize_fp8(wide)
+  values = np.asarray(q_wide.astype(jnp.float32))
+  assert np.all(np.isfinite(values)) and np.isfinite(float(s_wide))
+  assert values[0, 0] == fp8_max(E4M3) and values[0, 2] == 0.0
+
+
+def test_quantize_e5m2_range():
+  # e5m2 reaches 57344 and keeps tiny values that e4m3 flushes.
+  x = jnp.array([[57344.0, 1e-4, -3e4, 2.0 ** -14]])
+  q = x.astype(E5M2)
+  assert float(q[0, 0].astype(jnp.float32)) == 57344.0
+  assert float(q[0, 3].astype(jnp.float32)) == 2.0 ** -14
+  q_scaled, s = quantize_fp8(x, dtype=E5M2)
+  assert float(s) == 1.0  # amax is already the dtype's max
+  assert fp8_max(E5M2) == 57344.0 and fp8_max(E4M3) == 448.0
+
+
+def test_quantize_errors():
+  with pytest.raises(TypeError, match="dtype"):
+    quantize_fp8(jnp.ones((4, 4)), dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="block"):
+    quantize_fp8(jnp.ones((4, 4)), block=(0, 128))
+  with pytest.raises(ValueError, match="block"):
+    quantize_fp8(jnp.ones((4,)), block=(1, 128))
+
+
+# ------------------------------------------------------- the XLA fallback ---
+
+
+@pytest.mark.parametrize("transpose_b", [False, True], ids=["NN", "NT"])
+def test_xla_every_scale_mode(transpose_b):
+  m, n, k = 37, 150, 260
+  for a_mode, b_mode in MODE_PAIRS:
+    qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=a_mode, b_mode=b_mode,
+                                    transpose_b=transpose_b)
+    out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, kernel="xla",
+                             transpose_b=transpose_b,
+                             preferred_element_type=jnp.float32)
+    assert out.shape == (m, n) and out.dtype == jnp.float32
+    assert relative_error(out, ref) < 1e-5, (a_mode, b_mode)
+
+
+@pytest.mark.parametrize("dtypes", [(E4M3, E5M2), (E5M2, E5M2), (E5M2, E4M3)],
+                         ids=["e4m3xe5m2", "e5m2", "e5m2xe4m3"])
+def test_xla_dtypes_and_bf16_output(dtypes):
+  qa, qb, sa, sb, ref = _operands(19, 33, 131, a_mode="row", b_mode="block",
+                                  transpose_b=True, a_dtype=dtypes[0],
+                                  b_dtype=dtypes[1])
+  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, transpose_b=True,
+                           preferred_element_type=jnp.bfloat16)
+  assert out.dtype == jnp.bfloat16
+  assert relative_error(out, ref) < tolerance("float8_e4m3fn", "default",
+                                              "bfloat16")
+
+
+def test_epilogue_runs_after_dequantization():
+  m, n, k = 20, 24, 140
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="tensor", b_mode="col",
+                                  transpose_b=False)
+  c = random_normal(fresh_key(), (m, n), jnp.float32)
+  bias = random_normal(fresh_key(), (n,), jnp.float32)
+  epilogue = Epilogue(alpha=0.5, beta=2.0, has_c=True, has_bias=True,
+                      activation="gelu")
+  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, alpha=0.5,
+                           beta=2.0, c=c, bias=bias, activation="gelu",
+                           preferred_element_type=jnp.float32)
+  expected = reference_matmul(np.asarray(ref), np.eye(n), epilogue=epilogue,
+                              c=c, bias=bias)
+  assert relative_error(out, expected) < 1e-5
+
+
+def test_batched_and_vmapped_scales():
+  m, n, k = 16, 40, 130
+  qa, qb, sa, sb, _ = _operands(m, n, k, a_mode="block", b_mode="block",
+                                transpose_b=True)
+  stacked = jnp.stack([qa, qa])
+  out = pallas_gemm.matmul(stacked, qb, a_scale=sa, b_scale=sb,
+                           transpose_b=True, preferred_element_type=jnp.float32)
+  single = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, transpose_b=True,
+                              preferred_element_type=jnp.float32)
+  np.testing.assert_allclose(out[1], single, rtol=1e-6)
+  # vmap with per-example scales: they follow the batch axis.
+  per_example = jax.vmap(lambda a, s: pallas_gemm.matmul(
+      a, qb, a_scale=s, b_scale=sb, transpose_b=True,
+      preferred_element_type=jnp.float32))(stacked, jnp.stack([sa, 2 * sa]))
+  np.testing.assert_allclose(per_example[1], 2 * single, rtol=1e-5)
+  both = jax.vmap(lambda a, b, t: pallas_gemm.matmul(
+      a, b, a_scale=t, b_scale=t, preferred_element_type=jnp.float32))(
+          stacked, jnp.stack([qb.T, qb.T]), jnp.array([1.0, 3.0]))
+  np.testing.assert_allclose(both[1], 9 * both[0], rtol=1e-5)
+
+
+def test_scaled_grad_raises():
+  qa, qb, sa, sb, _ = _operands(8, 8, 128, a_mode="tensor", b_mode="tensor",
+                                transpose_b=True)
+  with pytest.raises(NotImplementedError, match="no gradient"):
+    jax.grad(lambda s: pallas_gemm.matmul(
+        qa, qb, a_scale=s, b_scale=sb, transpose_b=True,
+        preferred_element_type=jnp.float32).sum())(sa)
+
+
+def test_scale_errors_name_the_argument():
+  qa = jnp.ones((8, 256), E4M3)
+  qb = jnp.ones((256, 64), E4M3)
+  with pytest.raises(ValueError, match=r"a_scale.shape=\(3,\)"):
+    pallas_gemm.matmul(qa, qb, a_scale=jnp.ones(3))
+  with pytest.raises(ValueError, match=r"b_scale.shape=\(1, 2\)"):
+    pallas_gemm.matmul(qa, qb, b_scale=jnp.ones((1, 2)))
+  # Transposed B takes block scales in its stored (n, k) layout.
+  with pytest.raises(ValueError, match="b_scale"):
+    pallas_gemm.matmul(qa, qb.T, b_scale=jnp.ones((2, 1)), transpose_b=True)
+  with pytest.raises(TypeError, match="a_scale is for fp8"):
+    pallas_gemm.matmul(jnp.ones((8, 8)), jnp.ones((8, 8)), a_scale=1.0)
+  with pytest.raises(TypeError, match="b_scale has dtype"):
+    pallas_gemm.matmul(qa, qb, b_scale=jnp.ones((64,), jnp.int32))
+  with pytest.raises(TypeError, match="no common dtype"):
+    pallas_gemm.matmul(qa, jnp.ones((256, 64), jnp.bfloat16))
+  with pytest.raises(ValueError, match="mosaic/fp8"):
+    pallas_gemm.matmul(qa, qb, kernel="mosaic/ws_persistent", a_scale=2.0)
+  with pytest.raises(ValueError, match="a_scale_mode"):
+    GemmProblem(1, 8, 8, 8, "float8_e4m3fn", "float32", a_scale_mode="col")
+
+
+# ------------------------------------------------------ dispatch & explain ---
+
+
+def test_hopper_auto_choice_is_mosaic_fp8():
+  for modes in (("none", "none"), ("tensor", "tensor"), ("block", "block")):
+    problem = GemmProblem(1, 4096, 4096, 4096, "float8_e4m3fn", "bfloat16",
+                          transpose_b=True, a_scale_mode=modes[0],
+                          b_scale_mode=modes[1])
+    resolution = dispatch.resolve(problem, HOPPER)
+    assert resolution.kernel == "mosaic/fp8", resolution
+    assert resolution.config.tile_k == 128
+    assert mosaic_fp8.check_fp8_config(resolution.config, problem) is None
+  bf16 = GemmProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16")
+  assert dispatch.resolve(bf16, HOPPER).kernel != "mosaic/fp8"
+
+
+def test_layout_note():
+  nt = GemmProblem(1, 64, 64, 128, "float8_e4m3fn", "bfloat16",
+                   transpose_b=True)
+  nn = GemmProblem(1, 64, 64, 128, "float8_e4m3fn", "bfloat16")
+  assert "native" in mosaic_fp8.layout_note(nt)
+  assert "transposes B" in mosaic_fp8.layout_note(nn)
+
+
+# ------------------------------------------------- mosaic/fp8, interpreted ---
+
+
+@pytest.mark.parametrize("case", [
+    # (m, n, k, a_mode, b_mode, transpose_b, a_dtype, b_dtype, out_dtype)
+    (130, 72, 300, "tensor", "tensor", True, E4M3, E4M3, jnp.bfloat16),
+    (70, 136, 260, "block", "block", True, E4M3, E5M2, jnp.float32),
+    (65, 64, 129, "row", "col", False, E5M2, E5M2, jnp.float16),
+    (33, 64, 200, "none", "none", True, E4M3, E4M3, jnp.float32),
+], ids=["NT-tensor", "NT-block-mixed", "NN-rowcol-e5m2",
+        "NT-unscaled"])
+def test_mosaic_fp8_interpret(case):
+  m, n, k, a_mode, b_mode, transpose_b, a_dtype, b_dtype, out_dtype = case
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=a_mode, b_mode=b_mode,
+                                  transpose_b=transpose_b, a_dtype=a_dtype,
+                                  b_dtype=b_dtype)
+  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb,
+                           transpose_b=transpose_b, kernel="mosaic/fp8",
+                           config=SMALL, preferred_element_type=out_dtype)
+  assert out.dtype == out_dtype and out.shape == (m, n)
+  budget = 1e-5 if out_dtype == jnp.float32 else tolerance(
+      "float8_e4m3fn", "default", jnp.dtype(out_dtype).name)
+  assert relative_error(out, ref) < budget
+
+
+def test_mosaic_fp8_epilogue_interpret():
+  m, n, k = 64, 64, 128
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="row", b_mode="block",
+                                  transpose_b=True)
+  c = random_normal(fresh_key(), (m, n), jnp.bfloat16)
+  bias = random_normal(fresh_key(), (n,), jnp.float32)
+  epilogue = Epilogue(alpha=1.5, beta=-1.0, has_c=True, has_bias=True,
+                      activation="silu")
+  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, transpose_b=True,
+                           alpha=1.5, beta=-1.0, c=c, bias=bias,
+                           activation="silu", kernel="mosaic/fp8",
+                           config=SMALL, preferred_element_type=jnp.float32)
+  expected = reference_matmul(np.asarray(ref), np.eye(n), epilogue=epilogue,
+                              c=c, bias=bias)
+  assert relative_error(out, expected) < 1e-5
+
+
+def test_mosaic_fp8_config_errors():
+  problem = GemmProblem(1, 256, 256, 256, "float8_e4m3fn", "bfloat16",
+                        transpose_b=True, a_scale_mode="block",
+                        b_scale_mode="block")
+  wide = MosaicConfig(tile_m=64, tile_n=256, tile_k=128,
+                      max_concurrent_steps=2, wg_dimension=Dim.M)
+  assert "two f32 accumulators" in mosaic_fp8.check_fp8_config(wide, problem)
+  shallow = MosaicConfig(tile_m=64, tile_n=128, tile_k=64, wg_dimension=Dim.M)
+  assert "tile_k=64" in mosaic_fp8.check_fp8_config(shallow, problem)
+
+
+# -------------------------------------------- Mosaic lowering (GPU configs) ---
+
+
+def _lower(m, n, k, a_mode, b_mode, transpose_b, dtypes=(E4M3, E4M3)):
+  problem = GemmProblem(1, m, n, k, jnp.dtype(dtypes[0]).name, "bfloat16",
+                        transpose_b=transpose_b, a_scale_mode=a_mode,
+                        b_scale_mode=b_mode,
+                        b_dtype=jnp.dtype(dtypes[1]).name)
+  config = mosaic_fp8.fp8_heuristic(problem, HOPPER)
+  kb = cdiv(k, 128)
+  a_shape = {"none": (1,), "tensor": (1,), "row": (1, m),
+             "block": (1, m, kb)}[a_mode]
+  b_shape = {"none": (1,), "tensor": (1,), "col": (1, n),
+             "block": (1, kb, cdiv(n, 128))}[b_mode]
+
+  def run(a, b, a_scale, b_scale):
+    return mosaic_fp8.fp8_matmul(
+        a, b, None, None, problem=problem, config=config, interpret=False,
+        a_scale=None if a_mode == "none" else a_scale,
+        b_scale=None if b_mode == "none" else b_scale)
+
+  spec = jax.ShapeDtypeStruct
+  jax.jit(run).trace(
+      spec((1, m, k), dtypes[0]),
+      spec((1, n, k) if transpose_b else (1, k, n), dtypes[1]),
+      spec(a_shape, jnp.float32), spec(b_shape, jnp.float32),
+  ).lower(lowering_platforms=("cuda",))
+
+
+LOWERING_MODES = [("none", "none"), ("tensor", "tensor"), ("row", "col"),
+                  ("block", "block"), ("row", "block"), ("block", "tensor")]
+
+
+@pytest.mark.parametrize("modes", LOWERING_MODES, ids="-".join)
+@pytest.mark.parametrize("transpose_b", [True, False], ids=["NT", "NN"])
+def test_cross_lowering_4096(modes, transpose_b):
+  _lower(4096, 4096, 4096, *modes, transpose_b)
+
+
+@pytest.mark.parametrize("modes", [("tensor", "tensor"), ("block", "block")],
+                         ids="-".join)
+@pytest.mark.parametrize("transpose_b", [True, False], ids=["NT", "NN"])
+def test_cross_lowering_8192(modes, transpose_b):
+  _lower(8192, 8192, 8192, *modes, transpose_b)
+
+
+def test_cross_lowering_mixed_llm_projection():
+  _lower(8192, 14336, 4096, "block", "block", True, dtypes=(E4M3, E5M2))
+  _lower(8192, 14336, 4096, "tensor", "tensor", True, dtypes=(E5M2, E4M3))
+
+
+def test_search_space_configs_fit():
+  for modes in (("tensor", "tensor"), ("block", "block")):
+    problem = GemmProblem(1, 8192, 8192, 8192, "float8_e4m3fn", "bfloat16",
+                          transpose_b=True, a_scale_mode=modes[0],
+                          b_scale_mode=modes[1])
+    candidates = mosaic_fp8.fp8_candidates(problem, HOPPER)
+    assert candidates[0] == mosaic_fp8.fp8_heuristic(problem, HOPPER)
+    assert len(candidates) > 3
+    assert all(mosaic_fp8.check_fp8_config(c, problem) is None
+               for c in candidates)
+
+
+def test_explain_names_the_layout_copy():
+  qa = jnp.ones((64, 128), E4M3)
+  qb = jnp.ones((128, 64), E4M3)
+  text = str(pallas_gemm.explain(qa, qb, kernel="mosaic/fp8", a_scale=2.0))
+  assert "XLA first transposes B" in text
+  text = str(pallas_gemm.explain(qa, qb.T, kernel="mosaic/fp8",
+                                 transpose_b=True))
+  assert "NT: native" in text

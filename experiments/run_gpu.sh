@@ -16,6 +16,8 @@
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
+#   fp8        benchmark: fp8 suite, NT and NN, per-tensor then block-wise
+#              scales, mosaic/fp8 vs XLA's fp8 forms        BUDGET_fp8=200
 #   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=150
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
 #   smoke      not in the default run: every experiments/lab/gpu_smoke_*.py
@@ -35,7 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-"build tests properties wide large decode glu moe"}
+STAGES=${STAGES:-"build tests properties wide large decode fp8 glu moe"}
 ITERS=${ITERS:-20}
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -95,14 +97,14 @@ if wanted dispatch; then
     --seed="${DISPATCH_SEED:-20261123}" --kernels=mosaic/small_m,mosaic/ws_persistent
 fi
 
-bench() {  # bench SUITE DEFAULT_BUDGET [flags...]
-  local suite=$1 seconds
+bench() {  # [SUITE=suite] bench NAME DEFAULT_BUDGET [flags...]; results in NAME/
+  local name=$1 suite=${SUITE:-$1} seconds
   seconds=$(budget "$1" "$2")
   shift 2
-  stage "benchmark: $suite (${seconds}s)"
+  stage "benchmark: $name (${seconds}s)"
   run_budgeted "$((seconds + 60))" "$PY" experiments/benchmark.py \
     --suite="$suite" --iters="$ITERS" --warmup=2 --time_budget_s="$seconds" \
-    --max_seconds_per_measurement=2 --output_dir="$RESULTS/$suite" "$@"
+    --max_seconds_per_measurement=2 --output_dir="$RESULTS/$name" "$@"
 }
 
 EARLY_RUNGS='triton/0[1-5]*,ffi/sgemm*,ffi/mma_sync*'
@@ -112,6 +114,15 @@ wanted large && bench large 150 --dtypes=bfloat16 \
   --max_candidates=2 --skip_kernels="$EARLY_RUNGS"
 wanted decode && bench decode 90 --dtypes=bfloat16 \
   --kernels=auto,mosaic/small_m,mosaic/ws_persistent --skip_kernels="$EARLY_RUNGS"
+
+if wanted fp8; then
+  half=$(( $(budget fp8 200) / 2 ))
+  for scaling in tensor block; do
+    SUITE=fp8 bench "fp8_$scaling" "$half" \
+      --dtypes=float8_e4m3fn --layouts=NT,NN --fp8_scaling="$scaling" \
+      --kernels=auto,mosaic/fp8,xla_scaled,jax_scaled_matmul --plot=false
+  done
+fi
 
 if wanted glu && [ -f experiments/bench_glu.py ]; then
   stage "benchmark: gated linear unit"
@@ -150,7 +161,7 @@ stage "collect"
   for log in pytest_gpu pytest_properties; do
     [ -f "$OUT/$log.txt" ] && echo && echo "$log: $(tail -n 1 "$OUT/$log.txt")"
   done
-  for suite in wide large decode glu moe; do
+  for suite in wide large decode fp8_tensor fp8_block glu moe; do
     dir="$RESULTS/$suite"
     [ -d "$dir" ] || continue
     echo; echo "## $suite"; echo

@@ -176,6 +176,12 @@ def wide_suite(seed: int = WIDE_SEED) -> list[SuiteProblem]:
 
 WIDE = wide_suite()
 
+#: fp8 acceptance shapes: the cubes and the LLM projections of LARGE, plus
+#: token counts that are not multiples of the tile (a suite is only a sample).
+FP8 = [(4096, 4096, 4096), (8192, 8192, 8192)] + [
+    shape for shape in LARGE if shape[0] != shape[1] or shape[1] != shape[2]
+][:4] + [(5000, 6144, 4096), (3000, 14336, 4096)]
+
 SUITES = {
     "odd": ODD,
     "cpu": CPU_SMALL,
@@ -187,6 +193,7 @@ SUITES = {
     "skinny": SKINNY,
     "ladder": LADDER,
     "wide": WIDE,
+    "fp8": FP8,
 }
 
 

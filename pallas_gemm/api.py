@@ -18,7 +18,7 @@ from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES,
                                  SUPPORTED_OUTPUT_DTYPES, XLA_ONLY_DTYPES,
                                  Epilogue,
                                  apply_epilogue, dtype_name,
-                                 normalize_precision)
+                                 normalize_precision, preset_input_dtype)
 
 
 #: Why recent `dot_general` calls stayed on `jax.lax.dot_general` (read and
@@ -67,6 +67,11 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       the autotuning cache.
     precision: for float32 inputs, `jax.lax.Precision.HIGHEST` asks for exact
       fp32 products; anything else allows TF32, as `jnp.dot` does on a GPU.
+      Takes what `jnp.dot` takes: a `jax.lax.Precision`, its strings, or a
+      `jax.lax.DotAlgorithmPreset` (or its name). F16_F16_F32 and
+      BF16_BF16_F32 multiply in float16/bfloat16 (the operands are cast);
+      the float32-accurate presets run exactly; presets that accumulate in
+      16 bits, or need float8 or float64 operands they are not given, raise.
     preferred_element_type: the output dtype (default: the input dtype).
       Accumulation is always float32.
     alpha, beta: Python floats, compiled into the kernel.
@@ -118,6 +123,12 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       raise TypeError(
           f"preferred_element_type={out_dtype} is not one of "
           f"{SUPPORTED_OUTPUT_DTYPES}")
+  # A DotAlgorithmPreset may read the operands in another dtype (after the
+  # output dtype is fixed, as in lax): F16_F16_F32 on float32 inputs runs a
+  # float16 GEMM with a float32 output.
+  read_as = _preset_dtype(precision, in_dtype)
+  if read_as != in_dtype:
+    a, b, in_dtype = a.astype(read_as), b.astype(read_as), read_as
   precision_name = normalize_precision(precision, dtype_name(in_dtype))
 
   # 1-D operands are vectors, as in jnp.matmul: lift, multiply, drop.
@@ -192,6 +203,15 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
   if squeeze_m or squeeze_n:
     out = out.reshape(_squeezed(out_shape, squeeze_m, squeeze_n))
   return out
+
+
+def _preset_dtype(precision, in_dtype):
+  """The dtype `precision` (a DotAlgorithmPreset, its name, or None under a
+  preset jax_default_matmul_precision) multiplies `in_dtype` operands in."""
+  if precision is None:
+    precision = jax.config.jax_default_matmul_precision
+  read_as = preset_input_dtype(precision, dtype_name(in_dtype))
+  return jnp.dtype(in_dtype) if read_as is None else jnp.dtype(read_as)
 
 
 def _squeezed(out_shape, squeeze_m, squeeze_n):
@@ -292,6 +312,7 @@ def _resolve_planned(plan, lhs, rhs, precision, preferred_element_type):
   in_dtype = dtype_name(jnp.result_type(lhs, rhs))
   out_dtype = (in_dtype if preferred_element_type is None
                else dtype_name(preferred_element_type))
+  in_dtype = dtype_name(_preset_dtype(precision, in_dtype))
   problem = primitive.problem_from_shapes(
       plan.lhs_shape, plan.rhs_shape, in_dtype=in_dtype, out_dtype=out_dtype,
       transpose_a=plan.transpose_a, transpose_b=plan.transpose_b,

@@ -39,3 +39,28 @@ def test_equinox_mlp_trains_on_pallas_gemm():
   # Three layers forward; dW for each and dX for the two past the first.
   assert equinox_mlp.count_equations(model, dense, "pallas_gemm") == 8
   assert equinox_mlp.count_equations(model, dense, "dot_general") == 0
+
+
+def test_every_form_the_flax_example_uses_is_in_the_docs_table():
+  """The docs table (rendered from test_dot_general.FORMS) lists each
+  dot_general form the Flax example calls."""
+  import functools
+
+  import jax.numpy as jnp
+  import pallas_gemm
+  from test_dot_general import FORMS
+
+  seen = set()
+
+  def recording(lhs, rhs, dims, *args, **kwargs):
+    (lc, rc), (lb, rb) = dims
+    seen.add((lhs.ndim, rhs.ndim, ((tuple(lc), tuple(rc)),
+                                   (tuple(lb), tuple(rb)))))
+    return pallas_gemm.dot_general(lhs, rhs, dims, *args, **kwargs)
+
+  ops = {"dot_general": recording,
+         "einsum": functools.partial(jnp.einsum, _dot_general=recording)}
+  model = flax_transformer.make_model(ops)
+  assert flax_transformer.count_equations(model, "pallas_gemm") >= 20
+  listed = {(len(l), len(r), d) for _, l, r, d in FORMS}
+  assert seen and seen <= listed, seen - listed

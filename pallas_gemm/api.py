@@ -310,8 +310,12 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
 def _resolve_planned(plan, lhs, rhs, precision, preferred_element_type):
   """What the dispatch would run the planned GEMM on."""
   in_dtype = dtype_name(jnp.result_type(lhs, rhs))
-  out_dtype = (in_dtype if preferred_element_type is None
-               else dtype_name(preferred_element_type))
+  try:
+    out_dtype = (in_dtype if preferred_element_type is None
+                 else dtype_name(preferred_element_type))
+  except TypeError:
+    raise TypeError(f"preferred_element_type={preferred_element_type!r} is "
+                    "not a dtype") from None
   in_dtype = dtype_name(_preset_dtype(precision, in_dtype))
   problem = primitive.problem_from_shapes(
       plan.lhs_shape, plan.rhs_shape, in_dtype=in_dtype, out_dtype=out_dtype,

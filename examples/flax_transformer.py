@@ -2,7 +2,7 @@
 
     python examples/flax_transformer.py
 
-The attention projections are `nnx.Einsum` (queries: 'btd,dnh->btnh') and
+The attention projections are `nnx.Einsum` (queries: 'btd,dnh->bnth') and
 `nnx.LinearGeneral` (keys and values: d -> (heads, head_dim); the output:
 (heads, head_dim) -> d, two contracting axes); the MLP is two `nnx.Linear`.
 Each takes `pallas_gemm.dot_general` (the Einsum through `jnp.einsum`'s
@@ -38,7 +38,7 @@ class Block(nnx.Module):
     self.einsum = einsum
     self.norm1 = nnx.LayerNorm(dim, rngs=rngs)
     self.norm2 = nnx.LayerNorm(dim, rngs=rngs)
-    self.query = nnx.Einsum("btd,dnh->btnh", (dim, heads, head_dim),
+    self.query = nnx.Einsum("btd,dnh->bnth", (dim, heads, head_dim),
                             einsum_op=einsum, rngs=rngs)
     self.key = nnx.LinearGeneral(dim, (heads, head_dim), dot_general=dot,
                                  rngs=rngs)
@@ -51,13 +51,17 @@ class Block(nnx.Module):
 
   def __call__(self, x):
     h = self.norm1(x)
-    q, k, v = self.query(h), self.key(h), self.value(h)
+    # Heads before positions: both attention products are then batched
+    # GEMMs that read their operands as stored (no copy inside dot_general).
+    heads_first = lambda t: jnp.transpose(t, (0, 2, 1, 3))
+    q = self.query(h)
+    k, v = heads_first(self.key(h)), heads_first(self.value(h))
     scale = q.shape[-1] ** -0.5
-    logits = self.einsum("btnh,bsnh->bnts", q * scale, k)
+    logits = self.einsum("bnth,bnsh->bnts", q * scale, k)
     causal = jnp.tril(jnp.ones(logits.shape[-2:], bool))
     weights = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
-    attended = self.einsum("bnts,bsnh->btnh", weights, v)
-    x = x + self.out(attended)
+    attended = self.einsum("bnts,bnsh->bnth", weights, v)
+    x = x + self.out(heads_first(attended))
     return x + self.down(jax.nn.gelu(self.up(self.norm2(x))))
 
 

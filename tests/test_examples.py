@@ -7,6 +7,12 @@ import os
 import sys
 
 import numpy as np
+import pytest
+
+# The test extra installs them; an offline environment may lack them.
+for _module in ("flax", "equinox", "optax"):
+  pytest.importorskip(_module, reason=f"{_module} is not installed "
+                      "(pip install -e '.[examples]')")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "examples"))

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import collections
+import logging
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_gemm import primitive
+from pallas_gemm import dimension_numbers as dimension_numbers_lib
+from pallas_gemm import dispatch, primitive
+from pallas_gemm.devices import device_info
 from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES, SCALE_BLOCK,
                                  SUPPORTED_INPUT_DTYPES,
                                  SUPPORTED_OUTPUT_DTYPES, XLA_ONLY_DTYPES,
                                  Epilogue,
                                  apply_epilogue, dtype_name,
-                                 normalize_precision)
+                                 normalize_precision, preset_input_dtype)
 
 
 #: Why recent `dot_general` calls stayed on `jax.lax.dot_general` (read and
-#: cleared by `pallas_gemm.explain`).
-LAX_REASONS: list[str] = []
+#: cleared by `pallas_gemm.explain`; bounded, since every trace adds one).
+LAX_REASONS: collections.deque[str] = collections.deque(maxlen=256)
+_LOGGED_REASONS: set[str] = set()
+_LOGGER = logging.getLogger(__name__)
 
 
 def _as_array(x, name):
@@ -62,6 +68,11 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       the autotuning cache.
     precision: for float32 inputs, `jax.lax.Precision.HIGHEST` asks for exact
       fp32 products; anything else allows TF32, as `jnp.dot` does on a GPU.
+      Takes what `jnp.dot` takes: a `jax.lax.Precision`, its strings, or a
+      `jax.lax.DotAlgorithmPreset` (or its name). F16_F16_F32 and
+      BF16_BF16_F32 multiply in float16/bfloat16 (the operands are cast);
+      the float32-accurate presets run exactly; presets that accumulate in
+      16 bits, or need float8 or float64 operands they are not given, raise.
     preferred_element_type: the output dtype (default: the input dtype).
       Accumulation is always float32.
     alpha, beta: Python floats, compiled into the kernel.
@@ -125,6 +136,12 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       raise TypeError(
           f"preferred_element_type={out_dtype} is not one of "
           f"{SUPPORTED_OUTPUT_DTYPES}")
+  # A DotAlgorithmPreset may read the operands in another dtype (after the
+  # output dtype is fixed, as in lax): F16_F16_F32 on float32 inputs runs a
+  # float16 GEMM with a float32 output.
+  read_as = _preset_dtype(precision, in_dtype)
+  if read_as != in_dtype:
+    a, b, in_dtype = a.astype(read_as), b.astype(read_as), read_as
   precision_name = normalize_precision(precision, dtype_name(in_dtype))
 
   # 1-D operands are vectors, as in jnp.matmul: lift, multiply, drop.
@@ -207,6 +224,15 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
   if squeeze_m or squeeze_n:
     out = out.reshape(_squeezed(out_shape, squeeze_m, squeeze_n))
   return out
+
+
+def _preset_dtype(precision, in_dtype):
+  """The dtype `precision` (a DotAlgorithmPreset, its name, or None under a
+  preset jax_default_matmul_precision) multiplies `in_dtype` operands in."""
+  if precision is None:
+    precision = jax.config.jax_default_matmul_precision
+  read_as = preset_input_dtype(precision, dtype_name(in_dtype))
+  return jnp.dtype(in_dtype) if read_as is None else jnp.dtype(read_as)
 
 
 def _squeezed(out_shape, squeeze_m, squeeze_n):
@@ -296,54 +322,83 @@ def _scale_operand(scale, name, *, operand, size, k, in_dtype, transposed,
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None,
                 preferred_element_type=None, **kwargs):
-  """A drop-in for `jax.lax.dot_general` (e.g. `flax.linen.Dense(dot_general=...)`).
+  """A drop-in for `jax.lax.dot_general` (e.g. `flax.nnx.Linear(dot_general=...)`).
 
-  Cases that map onto one GEMM, optionally batched over leading dimensions
-  that both operands share at the same positions, run on pallas_gemm:
-  one contracting dimension per operand, which must be one of the last two.
-  Anything else, and non-float dtypes, go to `jax.lax.dot_general`.
+  Every dimension-number form runs as one (batched) pallas_gemm GEMM:
+  several contracting dims, batch dims anywhere, free dims on both sides
+  (see `pallas_gemm.dimension_numbers`). Where the operands' axes cannot be
+  grouped by a free reshape or the kernels' transpose flags, an operand is
+  transposed (a copy) first, unless `dispatch.resolve` leaves the GEMM to
+  XLA anyway: then lax.dot_general runs it with no copy. Non-float operands
+  and `out_sharding` stay on lax too. Each case on lax is logged once at
+  debug level and reported by `pallas_gemm.explain`.
   """
-  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   lhs = _as_array(lhs, "lhs")
   rhs = _as_array(rhs, "rhs")
-  mapped = _as_matmul(lhs.ndim, rhs.ndim, tuple(lhs_contract),
-                      tuple(rhs_contract), tuple(lhs_batch), tuple(rhs_batch))
-  floating = all(dtype_name(x.dtype) in SUPPORTED_INPUT_DTYPES for x in (lhs, rhs))
-  if mapped is None or not floating or kwargs.get("out_sharding") is not None:
-    LAX_REASONS.append(
-        "the dimension numbers do not map onto one GEMM" if mapped is None
-        else "non-float operands" if not floating else
-        "out_sharding is given")
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+
+  def on_lax(why):
+    _note_lax(f"{dimension_numbers_lib.describe(dimension_numbers)} on "
+              f"{lhs.shape}x{rhs.shape}: {why}")
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers,
+                               precision=precision,
                                preferred_element_type=preferred_element_type,
                                **kwargs)
-  transpose_a, transpose_b, lhs_free_dims = mapped
-  if lhs_free_dims > 1:
-    # (batch..., m1, m2, k) @ (k, n): flatten the free dims into M.
-    lhs_shape = lhs.shape
-    lhs = lhs.reshape(-1, lhs.shape[-1])
-    out = matmul(lhs, rhs, precision=precision, transpose_b=transpose_b,
-                 preferred_element_type=preferred_element_type)
-    return out.reshape(lhs_shape[:-1] + out.shape[-1:])
-  return matmul(lhs, rhs, precision=precision, transpose_a=transpose_a,
-                transpose_b=transpose_b,
-                preferred_element_type=preferred_element_type)
+
+  invalid = dimension_numbers_lib.check(lhs.shape, rhs.shape,
+                                        dimension_numbers)
+  if invalid is not None:  # lax raises its own error for these
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers,
+                               precision=precision,
+                               preferred_element_type=preferred_element_type,
+                               **kwargs)
+  unsupported = [dtype_name(x.dtype) for x in (lhs, rhs)
+                 if dtype_name(x.dtype) not in SUPPORTED_INPUT_DTYPES]
+  if unsupported:
+    return on_lax(f"{' and '.join(sorted(set(unsupported)))} operands (the "
+                  f"kernels take {', '.join(SUPPORTED_INPUT_DTYPES)})")
+  if kwargs.get("out_sharding") is not None:
+    return on_lax("out_sharding is given")
+  unknown = sorted(set(kwargs) - {"out_sharding"})
+  if unknown:
+    raise TypeError(f"dot_general got unexpected arguments {unknown}")
+
+  plan = dimension_numbers_lib.plan(lhs.shape, rhs.shape, dimension_numbers)
+  if plan.copies:
+    resolution = _resolve_planned(plan, lhs, rhs, precision,
+                                  preferred_element_type)
+    if resolution.kernel == "xla":
+      return on_lax(
+          f"{' and '.join(plan.copies)} would need a transpose copy, and the "
+          f"dispatch gives the GEMM to XLA ({resolution.reason})")
+  a = dimension_numbers_lib.arrange(lhs, plan.lhs_order, plan.lhs_copy,
+                                    plan.lhs_shape)
+  b = dimension_numbers_lib.arrange(rhs, plan.rhs_order, plan.rhs_copy,
+                                    plan.rhs_shape)
+  out = matmul(a, b, precision=precision, transpose_a=plan.transpose_a,
+               transpose_b=plan.transpose_b,
+               preferred_element_type=preferred_element_type)
+  return out.reshape(plan.out_shape)
 
 
-def _as_matmul(lhs_ndim, rhs_ndim, lc, rc, lb, rb):
-  """Returns (transpose_a, transpose_b, lhs_free_dims) or None."""
-  if len(lc) != 1 or len(rc) != 1 or len(lb) != len(rb):
-    return None
-  nb = len(lb)
-  if lb != tuple(range(nb)) or rb != tuple(range(nb)):
-    return None
-  if nb == 0 and rhs_ndim == 2 and lhs_ndim > 2 and lc[0] == lhs_ndim - 1:
-    # A dense layer: contract the lhs's last axis with a 2-D kernel.
-    if rc[0] not in (0, 1):
-      return None
-    return False, rc[0] == 1, lhs_ndim - 1
-  if lhs_ndim != nb + 2 or rhs_ndim != nb + 2:
-    return None
-  if lc[0] not in (nb, nb + 1) or rc[0] not in (nb, nb + 1):
-    return None
-  return lc[0] == nb, rc[0] == nb + 1, 1
+def _resolve_planned(plan, lhs, rhs, precision, preferred_element_type):
+  """What the dispatch would run the planned GEMM on."""
+  in_dtype = dtype_name(jnp.result_type(lhs, rhs))
+  try:
+    out_dtype = (in_dtype if preferred_element_type is None
+                 else dtype_name(preferred_element_type))
+  except TypeError:
+    raise TypeError(f"preferred_element_type={preferred_element_type!r} is "
+                    "not a dtype") from None
+  in_dtype = dtype_name(_preset_dtype(precision, in_dtype))
+  problem = primitive.problem_from_shapes(
+      plan.lhs_shape, plan.rhs_shape, in_dtype=in_dtype, out_dtype=out_dtype,
+      transpose_a=plan.transpose_a, transpose_b=plan.transpose_b,
+      precision=normalize_precision(precision, in_dtype), epilogue=Epilogue())
+  return dispatch.resolve(problem, device_info())
+
+
+def _note_lax(reason):
+  LAX_REASONS.append(reason)
+  if reason not in _LOGGED_REASONS:
+    _LOGGED_REASONS.add(reason)
+    _LOGGER.debug("pallas_gemm.dot_general runs lax.dot_general: %s", reason)

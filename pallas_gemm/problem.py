@@ -179,19 +179,80 @@ class GemmProblem:
             f"{scaling}")
 
 
+def _as_preset(precision):
+  """A `DotAlgorithmPreset` given as itself or by name (as jnp.dot takes
+  it), else None."""
+  if isinstance(precision, jax.lax.DotAlgorithmPreset):
+    return precision
+  if isinstance(precision, str) and (
+      precision in jax.lax.DotAlgorithmPreset.__members__):
+    return jax.lax.DotAlgorithmPreset[precision]
+  return None
+
+
+def preset_input_dtype(precision, in_dtype: str) -> str | None:
+  """The dtype a `DotAlgorithmPreset` multiplies `in_dtype` operands in,
+  when that differs from `in_dtype` (the caller casts the operands to it),
+  else None. Raises for presets that no kernel here honours.
+
+  As in lax: F16_F16_F32 reads its operands as float16, BF16_BF16_F32 as
+  bfloat16 (its products round float32 inputs to bfloat16); presets that
+  read float32 (TF32, F32 and the multi-pass ones) lose nothing on 16-bit
+  or fp8 inputs, whose products are exact in the float32 accumulator.
+  """
+  preset = _as_preset(precision)
+  if preset is None or preset.name == "DEFAULT":
+    return None
+  name = preset.name
+  if name.startswith("ANY_F8"):
+    # Our fp8 kernels accumulate in float32, which FAST_ACCUM and ANY allow.
+    if in_dtype not in FP8_DTYPES:
+      raise ValueError(
+          f"precision={name} needs float8 operands, got {in_dtype}")
+    return None
+  if name in ("F16_F16_F16", "BF16_BF16_BF16"):
+    raise ValueError(
+        f"precision={name} accumulates in 16 bits; every pallas_gemm kernel "
+        f"accumulates in float32, so none computes it (use "
+        f"{name[:-3]}F32, or jax.lax.dot_general)")
+  if name == "F64_F64_F64":
+    if in_dtype != "float64":
+      raise ValueError(
+          f"precision={name} needs float64 operands, got {in_dtype}")
+    return None
+  if name == "F16_F16_F32":
+    return None if in_dtype == "float16" else "float16"
+  if name == "BF16_BF16_F32":
+    return None if in_dtype == "bfloat16" else "bfloat16"
+  return None
+
+
 def normalize_precision(precision, in_dtype: str) -> str:
   """Maps a jax precision argument onto what the kernels distinguish.
 
   Only float32 inputs have a choice: `HIGHEST` asks for exact fp32 products
   ("ieee"); anything else allows the tensor cores' TF32 mode, which is what
-  `jnp.dot` does on a GPU at default precision.
+  `jnp.dot` does on a GPU at default precision. A `DotAlgorithmPreset` that
+  reads the operands in another dtype is applied first, by casting (see
+  `preset_input_dtype`).
   """
+  if isinstance(precision, jax.lax.DotAlgorithm):  # a NamedTuple, not a pair
+    raise _not_a_precision(precision)
+  if _as_preset(precision) is not None:
+    precision = _as_preset(precision)
+    cast_to = preset_input_dtype(precision, in_dtype)
+    if cast_to is not None:
+      raise ValueError(
+          f"precision={precision} reads the operands as {cast_to}: cast "
+          f"the {in_dtype} operands first (pallas_gemm.matmul does)")
   if in_dtype != "float32":
     _check_precision_value(precision)
     return "default"
   if precision is None:
     config_value = jax.config.jax_default_matmul_precision
     precision = config_value
+    if _as_preset(precision) is not None:
+      return normalize_precision(precision, in_dtype)
   if isinstance(precision, (tuple, list)):
     if len(precision) != 2:
       raise ValueError(f"precision={precision!r} must be one value or a pair")
@@ -211,28 +272,31 @@ def normalize_precision(precision, in_dtype: str) -> str:
     return "ieee" if precision == jax.lax.Precision.HIGHEST else "tf32"
   if isinstance(precision, jax.lax.DotAlgorithmPreset):
     return _preset_precision(precision)
-  raise TypeError(
+  raise _not_a_precision(precision)
+
+
+def _not_a_precision(precision):
+  if isinstance(precision, jax.lax.DotAlgorithm):
+    return TypeError(
+        f"precision={precision} is a jax.lax.DotAlgorithm; pallas_gemm takes "
+        "the jax.lax.DotAlgorithmPreset values (or their names) instead")
+  return TypeError(
       f"precision must be None, a str, jax.lax.Precision or "
       f"jax.lax.DotAlgorithmPreset, got {type(precision).__name__}")
 
 
 def _preset_precision(preset) -> str:
-  """float32 inputs under a `DotAlgorithmPreset`. Presets that round the
-  products to TF32 run as TF32; those asking for float32 accuracy (exact,
-  or the bf16/tf32 multi-pass emulations of it) get exact products, which
-  are at least as accurate; presets that round f32 inputs to 16 bits, or
-  that need float64, no kernel here computes."""
+  """float32 inputs under a preset that reads them as float32: those that
+  round the products to TF32 run as TF32; those asking for float32 accuracy
+  (exact, or the bf16/tf32 multi-pass emulations of it) get exact products,
+  which are at least as accurate."""
   name = preset.name
   if name in ("DEFAULT", "TF32_TF32_F32"):
     return "tf32"
   if name in ("F32_F32_F32", "TF32_TF32_F32_X3", "BF16_BF16_F32_X3",
               "BF16_BF16_F32_X6", "BF16_BF16_F32_X9"):
     return "ieee"
-  raise ValueError(
-      f"precision={preset} is not supported for float32 inputs: pallas_gemm "
-      "computes float32 GEMMs as TF32 or exactly, never in 16-bit, fp8 or "
-      "float64 arithmetic; cast the inputs, or use F32_F32_F32 or "
-      "TF32_TF32_F32")
+  raise ValueError(f"precision={preset} is not supported for float32 inputs")
 
 
 def itemsize(dtype) -> int:
@@ -250,16 +314,11 @@ def _check_precision_value(precision) -> None:
     return
   if precision is None or isinstance(
       precision, (jax.lax.Precision, jax.lax.DotAlgorithmPreset)):
-    if isinstance(precision, jax.lax.DotAlgorithmPreset) and (
-        precision.name == "F64_F64_F64"):
-      raise ValueError(f"precision={precision} needs float64 inputs")
     return
   if isinstance(precision, str):
     normalize_precision(precision, "float32")
     return
-  raise TypeError(
-      f"precision must be None, a str, jax.lax.Precision or "
-      f"jax.lax.DotAlgorithmPreset, got {type(precision).__name__}")
+  raise _not_a_precision(precision)
 
 
 def dtype_name(dtype) -> str:

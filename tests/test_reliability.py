@@ -104,8 +104,8 @@ def test_dot_algorithm_presets_map_or_refuse():
                              rtol=1e-5, atol=1e-5)
   assert pallas_gemm.matmul(a, b, precision=preset.TF32_TF32_F32).shape == (
       8, 4)
-  with pytest.raises(ValueError, match="BF16_BF16_F32"):
-    pallas_gemm.matmul(a, b, precision=preset.BF16_BF16_F32)
+  with pytest.raises(ValueError, match="BF16_BF16_BF16"):
+    pallas_gemm.matmul(a, b, precision=preset.BF16_BF16_BF16)
   a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
   assert pallas_gemm.matmul(a16, b16, precision=preset.BF16_BF16_F32).dtype \
       == jnp.bfloat16

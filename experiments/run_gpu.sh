@@ -50,7 +50,14 @@ export PATH="$PATH:/usr/local/cuda/bin"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
-stage() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s in)"; }
+# The results so far, packed before every stage: a call cut off by the
+# device's time limit still returns what the finished stages measured.
+pack() {
+  [ -n "${RESULTS:-}" ] && [ -d "$RESULTS" ] \
+    && tar czf "$OUT/results.tar.gz" "$RESULTS" pallas_gemm/tuned 2>/dev/null
+  return 0
+}
+stage() { pack; echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s in)"; }
 wanted() { [[ " $STAGES " == *" $1 "* ]]; }
 budget() { local var="BUDGET_$1"; echo "${!var:-$2}"; }
 run_budgeted() {  # run_budgeted SECONDS command...

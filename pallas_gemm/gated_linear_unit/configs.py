@@ -39,6 +39,11 @@ class GluConfig:
     `ws_persistent.tile_coordinates`).
   wg_dimension: the dimension split between the two consumers: M for
     large token counts, N when M fits in one 64-row wgmma group.
+  fast_math: the epilogue's activation on the SFU's approximate
+    instructions (sigmoid and silu through one tanh.approx, exp and tanh
+    approximate) instead of exact exp and IEEE division: the epilogue
+    stalls the tensor cores, and the approximate forms' error (about 2^-11
+    relative) is far below a 16-bit output's rounding.
   """
 
   tile_m: int = 64
@@ -49,6 +54,7 @@ class GluConfig:
   band_dim: Dim = Dim.M
   grid_band: int = 8
   wg_dimension: Dim = Dim.M
+  fast_math: bool = False
 
   def __post_init__(self):
     for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
@@ -78,6 +84,8 @@ class GluConfig:
       raise ValueError(f"GluConfig.grid_band={self.grid_band} must be >= 1")
     _dim_field(self, "band_dim")
     _dim_field(self, "wg_dimension")
+    if not isinstance(self.fast_math, bool):
+      raise TypeError(f"GluConfig.fast_math={self.fast_math!r} must be a bool")
 
   @property
   def cta_tile_m(self) -> int:

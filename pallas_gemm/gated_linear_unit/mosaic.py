@@ -56,6 +56,27 @@ MOSAIC_GLU_DTYPES = ("bfloat16", "float16")
 MOSAIC_GLU_OUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
+def _sigmoid_by_tanh(x):
+  # One SFU op (tanh.approx under approx_math) in place of exp and an IEEE
+  # division: sigmoid(x) = (1 + tanh(x / 2)) / 2.
+  return 0.5 * jnp.tanh(0.5 * x) + 0.5
+
+
+#: The epilogue activations of a `fast_math` config: the forms with fewer
+#: SFU ops; the rest are as GLU_ACTIVATIONS (whose exp and tanh the
+#: approx_math lowering makes approximate).
+FAST_ACTIVATIONS = {
+    "silu": lambda x: x * _sigmoid_by_tanh(x),
+    "sigmoid": _sigmoid_by_tanh,
+}
+
+
+def epilogue_activation(name: str, config: GluConfig):
+  if config.fast_math and name in FAST_ACTIVATIONS:
+    return FAST_ACTIVATIONS[name]
+  return GLU_ACTIVATIONS[name]
+
+
 def supports(problem: GluProblem, device: DeviceInfo) -> str | None:
   """None when the kernel can run `problem` on `device`, else why not."""
   if device.is_gpu and not device.is_hopper:
@@ -85,7 +106,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   gate_gmem = refs.pop(0)
   up_gmem = refs.pop(0) if separate_up else gate_gmem
   out_gmems = refs  # out, then gate and up with `residuals`
-  activation = GLU_ACTIVATIONS[problem.activation]
+  activation = epilogue_activation(problem.activation, config)
 
   in_dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
@@ -299,7 +320,8 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
       thread_name="wg",
       # Lane semantics, as ws_persistent: explicit WGMMA-layout epilogue.
       compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
+          lowering_semantics=plgpu.LoweringSemantics.Lane,
+          approx_math=config.fast_math),
       interpret=params,
   )
   operands = [x] + w_operands

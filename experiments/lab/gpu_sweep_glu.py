@@ -1,0 +1,240 @@
+"""Which GLU kernel configs and backward variants are fastest, in one GPU
+call (issue #20, tasks: forward at least two plain dots, fwd+bwd >= 1.03x).
+
+    python3 experiments/lab/gpu_sweep_glu.py [--max_seconds 220]
+
+Pair weights (w_gate, w_up), bf16, silu, on a few representative shapes.
+One line per candidate: time, TFLOP/s, and the ratio against XLA's pair
+form `silu(x @ wg) * (x @ wu)` and against two plain `jnp.dot`s (forward;
+for fwd+bwd and the backward parts, against XLA's fwd+bwd / the matching
+jnp.dot). Pass 1 measures what decides the heuristic on every shape;
+pass 2 the remaining knobs, as far as the budget goes.
+
+Timing: `pallas_gemm.timing.time_over_sets` (CUPTI kernel time, median,
+operand sets rotated past L2), as the benchmark. On a CPU it runs one tiny
+shape in interpret mode as a smoke test (timings mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+import time
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+  sys.path.insert(0, str(_ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import pallas_gemm  # noqa: E402
+from pallas_gemm import timing  # noqa: E402
+from pallas_gemm.devices import device_info  # noqa: E402
+from pallas_gemm.gated_linear_unit import api as glu_api  # noqa: E402
+from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
+                                           gated_linear_unit)
+from pallas_gemm.gated_linear_unit.problem import GluProblem  # noqa: E402
+from pallas_gemm.gated_linear_unit.configs import glu_heuristic  # noqa: E402
+from pallas_gemm.mosaic_backend.config import Dim  # noqa: E402
+
+from experiments.bench_glu import _operand_sets, _set_count  # noqa: E402
+
+#: (label, m, n, k): one large prefill, one at each side of M = 2048 / 4096,
+#: one small batch (the M < 2048 class).
+GPU_SHAPES = (("llama2_7b", 8192, 11008, 4096),
+              ("llama2_7b", 4096, 11008, 4096),
+              ("llama3_8b", 2048, 14336, 4096),
+              ("llama3_8b", 512, 14336, 4096))
+CPU_SHAPES = (("smoke", 128, 128, 64),)
+
+
+def silu(v):
+  return v * jax.nn.sigmoid(v)
+
+
+def xla_pair(x, w, dy=None):
+  return silu(x @ w[0]) * (x @ w[1])
+
+
+def two_dots(x, w, dy=None):
+  return x @ w[0], x @ w[1]
+
+
+def fwd_bwd(forward):
+  def run(x, w, dy):
+    out, pullback = jax.vjp(forward, x, w)
+    return out, pullback(dy)
+  return run
+
+
+def mosaic_fwd(config):
+  return lambda x, w, dy=None: gated_linear_unit(x, w, kernel="mosaic",
+                                                 config=config)
+
+
+def mosaic_residuals(config, problem, on_gpu):
+  from pallas_gemm.gated_linear_unit import mosaic
+  return lambda x, w, dy: mosaic.glu_forward(x, w, problem=problem,
+                                             config=config, residuals=True,
+                                             interpret=not on_gpu)
+
+
+def short(config):
+  """The config's fields, compactly."""
+  return (f"[{config.tile_m}x{config.tile_n} wg={config.wg_dimension.name} "
+          f"st={config.max_concurrent_steps} epi={config.epi_tile_n} "
+          f"band={config.band_dim.name}{config.grid_band} "
+          f"fast={int(config.fast_math)}]")
+
+
+def fwd_candidates(problem, num_sms):
+  """(label, config): the heuristic, then one knob changed at a time."""
+  base = glu_heuristic(problem, num_sms)
+  first = [("heuristic", base),
+           ("fast_math", dataclasses.replace(base, fast_math=True))]
+  fast = dataclasses.replace(base, fast_math=True)
+  second = []
+  for label, change in (
+      ("stages=3", dict(max_concurrent_steps=3)),
+      ("band=4", dict(grid_band=4)),
+      ("band=16", dict(grid_band=16)),
+      ("band_dim=N", dict(band_dim=Dim.N)),
+      ("epi_n=32", dict(epi_tile_n=32)),
+      ("epi_n=128", dict(epi_tile_n=128)),
+      ("tile 128x64 M", dict(tile_m=128, tile_n=64, wg_dimension=Dim.M)),
+      ("tile 64x128 N", dict(tile_m=64, tile_n=128, wg_dimension=Dim.N)),
+      ("tile 64x64 N", dict(tile_m=64, tile_n=64, wg_dimension=Dim.N))):
+    try:
+      config = dataclasses.replace(fast, **change)
+    except (ValueError, TypeError):
+      continue
+    if config != fast and config.fits(problem):
+      second.append(("fast_math+" + label, config))
+  return first, second
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--max_seconds", type=float, default=220)
+  parser.add_argument("--iters", type=int, default=10)
+  args = parser.parse_args(argv)
+  device = device_info()
+  on_gpu = device.is_gpu
+  shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
+  iters = args.iters if on_gpu else 1
+  start = time.monotonic()
+  print(f"# {device.device_kind}, jax {jax.__version__}, pair weights, bf16, "
+        "silu; ratios: baseline time / candidate time", flush=True)
+
+  state = {}
+
+  def setup(shape):
+    if shape not in state:
+      name, m, n, k = shape
+      sets = _operand_sets(m, n, k, False, _set_count(m, n, k, on_gpu), 0)
+      problem = GluProblem(m=m, n=n, k=k, in_dtype="bfloat16",
+                           out_dtype="bfloat16")
+      state[shape] = dict(sets=sets, problem=problem, base={})
+    return state[shape]
+
+  def timed(shape, label, fn, flops, baselines=()):
+    if time.monotonic() - start > args.max_seconds:
+      print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | "
+            "skipped (budget)", flush=True)
+      return None
+    st = setup(shape)
+    try:
+      ms = timing.time_over_sets(fn, st["sets"], iterations=iters,
+                                 on_gpu=on_gpu)
+    except Exception as e:  # noqa: BLE001 - a failing candidate is a result
+      print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | ERROR "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+            flush=True)
+      return None
+    us = ms * 1e3
+    ratios = " ".join(f"x{b}={st['base'][b] / us:.3f}" for b in baselines
+                      if st["base"].get(b))
+    print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | "
+          f"{us:9.1f} us | {flops / (us * 1e-6) / 1e12:6.0f} TFLOP/s | "
+          f"{ratios}", flush=True)
+    return us
+
+  def explain_backward(shape):
+    _, m, n, k = shape
+    bf = jnp.bfloat16
+    spec = jax.ShapeDtypeStruct
+    for label, a, b, kw in (
+        ("dx_part d_gate@wg^T", spec((m, n), bf), spec((k, n), bf),
+         dict(transpose_b=True)),
+        ("dW x^T@d_gate", spec((m, k), bf), spec((m, n), bf),
+         dict(transpose_a=True))):
+      try:
+        text = str(pallas_gemm.explain(a, b, **kw)).replace("\n", " / ")
+      except Exception as e:  # noqa: BLE001
+        text = f"{type(e).__name__}: {e}"
+      print(f"{shape[0]} {m}x{n}x{k} | explain {label} | {text}", flush=True)
+
+  # Pass 1: baselines, the heuristic, fast_math, the backward variants.
+  for shape in shapes:
+    _, m, n, k = shape
+    st = setup(shape)
+    fwd_flops, gemm_flops = 4 * m * n * k, 2 * m * n * k
+    first, _ = fwd_candidates(st["problem"], device.planning_sms)
+    st["base"]["xla"] = timed(shape, "fwd xla pair form", xla_pair, fwd_flops)
+    st["base"]["dots"] = timed(shape, "fwd two jnp.dot", two_dots, fwd_flops,
+                               ("xla",))
+    for label, config in first:
+      timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config), fwd_flops,
+            ("xla", "dots"))
+    st["base"]["xla_fb"] = timed(shape, "fwd+bwd xla pair form",
+                                 fwd_bwd(xla_pair), 3 * fwd_flops)
+    explain_backward(shape)
+    for bwd_kernel in (None, "xla"):
+      glu_api.BACKWARD_GEMM_KERNEL = bwd_kernel
+      for label, config in first:
+        timed(shape, f"fwd+bwd {label}, backward GEMMs kernel={bwd_kernel}",
+              fwd_bwd(mosaic_fwd(config)), 3 * fwd_flops, ("xla_fb",))
+    glu_api.BACKWARD_GEMM_KERNEL = None
+    # The parts of the backward, each against its jnp.dot.
+    timed(shape, "part: fwd with residuals (heuristic)",
+          mosaic_residuals(first[0][1], st["problem"], on_gpu), fwd_flops,
+          ("dots",))
+    timed(shape, "part: fwd with residuals (fast_math)",
+          mosaic_residuals(first[1][1], st["problem"], on_gpu), fwd_flops,
+          ("dots",))
+    st["base"]["dx_dot"] = timed(
+        shape, "part: dx jnp.dot d@wg.T + d@wu.T",
+        lambda x, w, dy: dy @ w[0].T + dy @ w[1].T, 2 * gemm_flops)
+    for kernel in (None, "mosaic/ws_persistent"):
+      timed(shape, f"part: dx matmul kernel={kernel} (f32 c, beta=1)",
+            lambda x, w, dy, kernel=kernel: pallas_gemm.matmul(
+                dy, w[1], transpose_b=True, kernel=kernel,
+                c=pallas_gemm.matmul(dy, w[0], transpose_b=True,
+                                     kernel=kernel,
+                                     preferred_element_type=jnp.float32),
+                beta=1.0, preferred_element_type=jnp.bfloat16),
+            2 * gemm_flops, ("dx_dot",))
+    st["base"]["dw_dot"] = timed(shape, "part: dW jnp.dot x.T@d (one)",
+                                 lambda x, w, dy: x.T @ dy, gemm_flops)
+    for kernel in (None, "mosaic/ws_persistent"):
+      timed(shape, f"part: dW matmul kernel={kernel} (one)",
+            lambda x, w, dy, kernel=kernel: pallas_gemm.matmul(
+                x, dy, transpose_a=True, kernel=kernel), gemm_flops,
+            ("dw_dot",))
+
+  # Pass 2: one knob at a time around fast_math.
+  for shape in shapes:
+    _, m, n, k = shape
+    st = setup(shape)
+    _, second = fwd_candidates(st["problem"], device.planning_sms)
+    for label, config in second:
+      timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
+            4 * m * n * k, ("xla", "dots"))
+  print(f"# done in {time.monotonic() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -118,7 +118,7 @@ def fwd_candidates(problem, num_sms):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--max_seconds", type=float, default=220)
+  parser.add_argument("--max_seconds", type=float, default=195)
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   device = device_info()

@@ -217,6 +217,11 @@ def main(argv=None):
                                      preferred_element_type=jnp.float32),
                 beta=1.0, preferred_element_type=jnp.bfloat16),
             2 * gemm_flops, ("dx_dot",))
+    timed(shape, "part: dx matmul kernel=None, two bf16 GEMMs + add",
+          lambda x, w, dy: (
+              pallas_gemm.matmul(dy, w[0], transpose_b=True)
+              + pallas_gemm.matmul(dy, w[1], transpose_b=True)),
+          2 * gemm_flops, ("dx_dot",))
     st["base"]["dw_dot"] = timed(shape, "part: dW jnp.dot x.T@d (one)",
                                  lambda x, w, dy: x.T @ dy, gemm_flops)
     for kernel in (None, "mosaic/ws_persistent"):

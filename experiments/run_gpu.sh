@@ -16,7 +16,7 @@
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
-#   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=150
+#   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=200
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
 #   smoke      not in the default run: every experiments/lab/gpu_smoke_*.py
 #              (a new kernel compiled, checked and timed against XLA),
@@ -115,7 +115,7 @@ wanted decode && bench decode 90 --dtypes=bfloat16 \
 
 if wanted glu && [ -f experiments/bench_glu.py ]; then
   stage "benchmark: gated linear unit"
-  run_budgeted "$(budget glu 150)" "$PY" experiments/bench_glu.py \
+  run_budgeted "$(budget glu 200)" "$PY" experiments/bench_glu.py \
     --output_dir="$RESULTS/glu"
 fi
 if wanted moe && [ -f experiments/bench_moe.py ]; then

@@ -48,6 +48,8 @@ GPU_SHAPES = (("llama2_7b", 8192, 11008, 4096),
               ("llama2_7b", 4096, 11008, 4096),
               ("llama3_8b", 2048, 14336, 4096),
               ("llama3_8b", 512, 14336, 4096))
+#: Last, as far as the budget goes: a decode-sized batch (weight-bound).
+DECODE_SHAPE = ("llama3_8b", 128, 14336, 4096)
 CPU_SHAPES = (("smoke", 128, 128, 64),)
 
 
@@ -230,11 +232,21 @@ def main(argv=None):
                 x, dy, transpose_a=True, kernel=kernel), gemm_flops,
             ("dw_dot",))
 
-  # Pass 2: one knob at a time around fast_math.
-  for shape in shapes:
+  # Pass 2: one knob at a time around fast_math, then a decode-sized shape.
+  extra = (DECODE_SHAPE,) if on_gpu else ()
+  for shape in extra:
     _, m, n, k = shape
     st = setup(shape)
-    _, second = fwd_candidates(st["problem"], device.planning_sms)
+    st["base"]["xla"] = timed(shape, "fwd xla pair form", xla_pair,
+                              4 * m * n * k)
+    st["base"]["dots"] = timed(shape, "fwd two jnp.dot", two_dots,
+                               4 * m * n * k, ("xla",))
+  for shape in tuple(shapes) + extra:
+    _, m, n, k = shape
+    st = setup(shape)
+    first, second = fwd_candidates(st["problem"], device.planning_sms)
+    if shape == DECODE_SHAPE:
+      second = first + second
     for label, config in second:
       timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
             4 * m * n * k, ("xla", "dots"))

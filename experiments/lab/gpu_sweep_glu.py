@@ -142,14 +142,18 @@ def main(argv=None):
       state[shape] = dict(sets=sets, problem=problem, base={})
     return state[shape]
 
-  def timed(shape, label, fn, flops, baselines=()):
+  def timed(shape, label, fn, flops, baselines=(), fused=False):
     if time.monotonic() - start > args.max_seconds:
       print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | "
             "skipped (budget)", flush=True)
       return None
     st = setup(shape)
+    if fused and "fused_sets" not in st:
+      _, m, n, k = shape
+      st["fused_sets"] = _operand_sets(m, n, k, True, len(st["sets"]), 0)
     try:
-      ms = timing.time_over_sets(fn, st["sets"], iterations=iters,
+      ms = timing.time_over_sets(fn, st["fused_sets" if fused else "sets"],
+                                 iterations=iters,
                                  on_gpu=on_gpu)
     except Exception as e:  # noqa: BLE001 - a failing candidate is a result
       print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | ERROR "
@@ -200,6 +204,15 @@ def main(argv=None):
         timed(shape, f"fwd+bwd {label}, backward GEMMs kernel={bwd_kernel}",
               fwd_bwd(mosaic_fwd(config)), 3 * fwd_flops, ("xla_fb",))
     glu_api.BACKWARD_GEMM_KERNEL = None
+    if shape in shapes[:2]:
+      # Fused (k, 2, n) weights: the backward is one GEMM each for dx and
+      # dW; against XLA's pair form (the faster XLA form).
+      for label, config in first:
+        timed(shape, f"fwd fused weights {label}", mosaic_fwd(config),
+              fwd_flops, ("xla", "dots"), fused=True)
+        timed(shape, f"fwd+bwd fused weights {label}",
+              fwd_bwd(mosaic_fwd(config)), 3 * fwd_flops, ("xla_fb",),
+              fused=True)
     # The parts of the backward, each against its jnp.dot.
     timed(shape, "part: fwd with residuals (heuristic)",
           mosaic_residuals(first[0][1], st["problem"], on_gpu), fwd_flops,

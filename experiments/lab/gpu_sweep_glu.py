@@ -1,14 +1,15 @@
 """Which GLU kernel configs and backward variants are fastest, in one GPU
 call (issue #20, tasks: forward at least two plain dots, fwd+bwd >= 1.03x).
 
-    python3 experiments/lab/gpu_sweep_glu.py [--max_seconds 220]
+    python3 experiments/lab/gpu_sweep_glu.py [--max_seconds 195]
 
 Pair weights (w_gate, w_up), bf16, silu, on a few representative shapes.
 One line per candidate: time, TFLOP/s, and the ratio against XLA's pair
 form `silu(x @ wg) * (x @ wu)` and against two plain `jnp.dot`s (forward;
 for fwd+bwd and the backward parts, against XLA's fwd+bwd / the matching
-jnp.dot). Pass 1 measures what decides the heuristic on every shape;
-pass 2 the remaining knobs, as far as the budget goes.
+jnp.dot). In order of priority, as far as the budget goes: (1) baselines,
+the heuristic and fast_math, forward and fwd+bwd, every shape; (2) one
+knob at a time; (3) the parts of the backward; (4) a decode shape.
 
 Timing: `pallas_gemm.timing.time_over_sets` (CUPTI kernel time, median,
 operand sets rotated past L2), as the benchmark. On a CPU it runs one tiny
@@ -33,9 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import pallas_gemm  # noqa: E402
 from pallas_gemm import timing  # noqa: E402
 from pallas_gemm.devices import device_info  # noqa: E402
-from pallas_gemm.gated_linear_unit import api as glu_api  # noqa: E402
-from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
-                                           gated_linear_unit)
+from pallas_gemm.gated_linear_unit import gated_linear_unit  # noqa: E402
 from pallas_gemm.gated_linear_unit.problem import GluProblem  # noqa: E402
 from pallas_gemm.gated_linear_unit.configs import glu_heuristic  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim  # noqa: E402
@@ -183,28 +182,25 @@ def main(argv=None):
         text = f"{type(e).__name__}: {e}"
       print(f"{shape[0]} {m}x{n}x{k} | explain {label} | {text}", flush=True)
 
-  # Pass 1: baselines, the heuristic, fast_math, the backward variants.
+  # Pass 1: baselines, the heuristic and fast_math, forward and fwd+bwd.
   for shape in shapes:
     _, m, n, k = shape
     st = setup(shape)
-    fwd_flops, gemm_flops = 4 * m * n * k, 2 * m * n * k
+    fwd_flops = 4 * m * n * k
     first, _ = fwd_candidates(st["problem"], device.planning_sms)
     st["base"]["xla"] = timed(shape, "fwd xla pair form", xla_pair, fwd_flops)
     st["base"]["dots"] = timed(shape, "fwd two jnp.dot", two_dots, fwd_flops,
                                ("xla",))
     for label, config in first:
-      timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config), fwd_flops,
-            ("xla", "dots"))
+      timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
+            fwd_flops, ("xla", "dots"))
     st["base"]["xla_fb"] = timed(shape, "fwd+bwd xla pair form",
                                  fwd_bwd(xla_pair), 3 * fwd_flops)
     explain_backward(shape)
-    for bwd_kernel in (None, "xla"):
-      glu_api.BACKWARD_GEMM_KERNEL = bwd_kernel
-      for label, config in first:
-        timed(shape, f"fwd+bwd {label}, backward GEMMs kernel={bwd_kernel}",
-              fwd_bwd(mosaic_fwd(config)), 3 * fwd_flops, ("xla_fb",))
-    glu_api.BACKWARD_GEMM_KERNEL = None
-    if shape in shapes[:2]:
+    for label, config in first:
+      timed(shape, f"fwd+bwd {label}", fwd_bwd(mosaic_fwd(config)),
+            3 * fwd_flops, ("xla_fb",))
+    if shape == shapes[0]:
       # Fused (k, 2, n) weights: the backward is one GEMM each for dx and
       # dW; against XLA's pair form (the faster XLA form).
       for label, config in first:
@@ -213,54 +209,61 @@ def main(argv=None):
         timed(shape, f"fwd+bwd fused weights {label}",
               fwd_bwd(mosaic_fwd(config)), 3 * fwd_flops, ("xla_fb",),
               fused=True)
-    # The parts of the backward, each against its jnp.dot.
-    timed(shape, "part: fwd with residuals (heuristic)",
-          mosaic_residuals(first[0][1], st["problem"], on_gpu), fwd_flops,
-          ("dots",))
-    timed(shape, "part: fwd with residuals (fast_math)",
-          mosaic_residuals(first[1][1], st["problem"], on_gpu), fwd_flops,
-          ("dots",))
+
+  # Pass 2: one knob at a time around fast_math (the second shape is the
+  # first one's half).
+  for shape in shapes[:1] + shapes[2:]:
+    _, m, n, k = shape
+    st = setup(shape)
+    _, second = fwd_candidates(st["problem"], device.planning_sms)
+    for label, config in second:
+      timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
+            4 * m * n * k, ("xla", "dots"))
+
+  # Pass 3: the parts of the backward, each against its jnp.dot.
+  for shape in shapes[:3]:
+    _, m, n, k = shape
+    st = setup(shape)
+    fwd_flops, gemm_flops = 4 * m * n * k, 2 * m * n * k
+    first, _ = fwd_candidates(st["problem"], device.planning_sms)
+    for label, config in first:
+      timed(shape, f"part: fwd with residuals ({label})",
+            mosaic_residuals(config, st["problem"], on_gpu), fwd_flops,
+            ("dots",))
     st["base"]["dx_dot"] = timed(
         shape, "part: dx jnp.dot d@wg.T + d@wu.T",
         lambda x, w, dy: dy @ w[0].T + dy @ w[1].T, 2 * gemm_flops)
-    for kernel in (None, "mosaic/ws_persistent"):
-      timed(shape, f"part: dx matmul kernel={kernel} (f32 c, beta=1)",
-            lambda x, w, dy, kernel=kernel: pallas_gemm.matmul(
-                dy, w[1], transpose_b=True, kernel=kernel,
-                c=pallas_gemm.matmul(dy, w[0], transpose_b=True,
-                                     kernel=kernel,
-                                     preferred_element_type=jnp.float32),
-                beta=1.0, preferred_element_type=jnp.bfloat16),
-            2 * gemm_flops, ("dx_dot",))
-    timed(shape, "part: dx matmul kernel=None, two bf16 GEMMs + add",
-          lambda x, w, dy: (
-              pallas_gemm.matmul(dy, w[0], transpose_b=True)
-              + pallas_gemm.matmul(dy, w[1], transpose_b=True)),
+    timed(shape, "part: dx matmul auto, f32 partial as c (beta=1)",
+          lambda x, w, dy: pallas_gemm.matmul(
+              dy, w[1], transpose_b=True,
+              c=pallas_gemm.matmul(dy, w[0], transpose_b=True,
+                                   preferred_element_type=jnp.float32),
+              beta=1.0, preferred_element_type=jnp.bfloat16),
           2 * gemm_flops, ("dx_dot",))
+    for kernel in (None, "mosaic/ws_persistent"):
+      timed(shape, f"part: dx matmul kernel={kernel}, two GEMMs + add",
+            lambda x, w, dy, kernel=kernel: (
+                pallas_gemm.matmul(dy, w[0], transpose_b=True, kernel=kernel)
+                + pallas_gemm.matmul(dy, w[1], transpose_b=True,
+                                     kernel=kernel)),
+            2 * gemm_flops, ("dx_dot",))
     st["base"]["dw_dot"] = timed(shape, "part: dW jnp.dot x.T@d (one)",
                                  lambda x, w, dy: x.T @ dy, gemm_flops)
-    for kernel in (None, "mosaic/ws_persistent"):
-      timed(shape, f"part: dW matmul kernel={kernel} (one)",
-            lambda x, w, dy, kernel=kernel: pallas_gemm.matmul(
-                x, dy, transpose_a=True, kernel=kernel), gemm_flops,
-            ("dw_dot",))
+    timed(shape, "part: dW matmul kernel=mosaic/ws_persistent (one)",
+          lambda x, w, dy: pallas_gemm.matmul(
+              x, dy, transpose_a=True, kernel="mosaic/ws_persistent"),
+          gemm_flops, ("dw_dot",))
 
-  # Pass 2: one knob at a time around fast_math, then a decode-sized shape.
-  extra = (DECODE_SHAPE,) if on_gpu else ()
-  for shape in extra:
+  # Pass 4: a decode-sized shape, every candidate.
+  for shape in ((DECODE_SHAPE,) if on_gpu else ()):
     _, m, n, k = shape
     st = setup(shape)
     st["base"]["xla"] = timed(shape, "fwd xla pair form", xla_pair,
                               4 * m * n * k)
     st["base"]["dots"] = timed(shape, "fwd two jnp.dot", two_dots,
                                4 * m * n * k, ("xla",))
-  for shape in tuple(shapes) + extra:
-    _, m, n, k = shape
-    st = setup(shape)
     first, second = fwd_candidates(st["problem"], device.planning_sms)
-    if shape == DECODE_SHAPE:
-      second = first + second
-    for label, config in second:
+    for label, config in first + second:
       timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
             4 * m * n * k, ("xla", "dots"))
   print(f"# done in {time.monotonic() - start:.0f} s", flush=True)

@@ -58,8 +58,11 @@ def _check(out, x, w, activation, tol=None):
 # layout and covering the config variants (interpret mode is slow: few,
 # small cases). None: the heuristic's config.
 MOSAIC_CASES = [
-    # The production tile (CTA 128 x 128, two staging slots).
-    ("silu", (72, 64), 128, False, GluConfig(max_concurrent_steps=2)),
+    # The production tile (CTA 128 x 128, two staging slots), with the
+    # fast_math epilogue (silu through tanh) and the second consumer one
+    # step behind; three tiles of three k-steps over the two CTAs.
+    ("silu", (72, 192), 384, False,
+     GluConfig(max_concurrent_steps=2, fast_math=True, consumer_lag=1)),
     # Consumers split N; the CTA's 128 columns span the whole fused array.
     ("gelu", (64, 128), 64, True,
      GluConfig(tile_n=64, wg_dimension=Dim.N, max_concurrent_steps=2)),
@@ -69,8 +72,10 @@ MOSAIC_CASES = [
     # Leading batch dims; a CTA tile (256 columns) wider than the fused
     # (k, 2n) view, which is then padded.
     ("sigmoid", (2, 3, 64), 64, True,
-     GluConfig(tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=2)),
-    ("identity", (67, 97), 131, False, None),             # primes
+     GluConfig(tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=2,
+               fast_math=True)),
+    # Primes; fused weights with n off the swizzle span are split (a copy).
+    ("identity", (67, 97), 131, True, None),
 ]
 
 
@@ -83,6 +88,7 @@ def test_mosaic_forward_vs_float64(activation, x_shape, n, fused, config):
   _check(out, x, w, activation)
 
 
+@pytest.mark.slow
 def test_mosaic_fused_weights_with_ragged_n_and_f32_output():
   # n = 131 is no multiple of the swizzle span: the fused weights are split
   # (one copy) instead of read in place.
@@ -140,7 +146,10 @@ def _xla_form_loss(x, weights, activation, cotangent):
 
 
 @pytest.mark.parametrize("kernel,fused,activation", [
-    ("mosaic", False, "silu"), ("mosaic", True, "gelu_exact"),
+    # The backward is one function for both kernels: the Mosaic one once,
+    # the other layout on the (fast) XLA forward.
+    ("mosaic", False, "silu"),
+    pytest.param("mosaic", True, "gelu_exact", marks=pytest.mark.slow),
     ("xla", True, "sigmoid"),
 ])
 def test_grad_vs_jax_grad_of_xla_form(kernel, fused, activation):
@@ -187,6 +196,7 @@ def _sq_loss(x, weights):
 # -------------------------------------------------------------------- vmap
 
 
+@pytest.mark.slow
 def test_vmap_over_x_runs_one_mosaic_call():
   x, w, weights = _inputs((2, 24, 64), 64, 64, fused=True)
   out = jax.jit(jax.vmap(lambda xi: gated_linear_unit(
@@ -248,7 +258,8 @@ def test_mosaic_rejects_float32_by_name():
     ("tile_m", 128.0, TypeError), ("tile_k", 32, ValueError),
     ("max_concurrent_steps", 1, ValueError), ("epi_tile_n", 48, ValueError),
     ("grid_band", 0, ValueError), ("wg_dimension", 2, TypeError),
-    ("tile_n", True, TypeError),
+    ("tile_n", True, TypeError), ("fast_math", 1, TypeError),
+    ("consumer_lag", 4, ValueError),
 ])
 def test_config_validation_names_the_field(field, value, error):
   with pytest.raises(error, match=f"GluConfig.{field}"):

@@ -44,6 +44,10 @@ class GluConfig:
     approximate) instead of exact exp and IEEE division: the epilogue
     stalls the tensor cores, and the approximate forms' error (about 2^-11
     relative) is far below a 16-bit output's rounding.
+  consumer_lag: k-steps by which the second consumer starts behind the
+    first (< max_concurrent_steps: the ring holds the gap). The two then
+    reach their epilogues at different times, and one's epilogue can run
+    while the other issues wgmma; 0 runs them in lockstep.
   """
 
   tile_m: int = 64
@@ -55,10 +59,11 @@ class GluConfig:
   grid_band: int = 8
   wg_dimension: Dim = Dim.M
   fast_math: bool = False
+  consumer_lag: int = 0
 
   def __post_init__(self):
     for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
-                 "epi_tile_n", "grid_band"):
+                 "epi_tile_n", "grid_band", "consumer_lag"):
       _int_field(self, name)
     if self.tile_m not in (64, 128):
       raise ValueError(f"GluConfig.tile_m={self.tile_m} must be 64 or 128")
@@ -84,6 +89,10 @@ class GluConfig:
       raise ValueError(f"GluConfig.grid_band={self.grid_band} must be >= 1")
     _dim_field(self, "band_dim")
     _dim_field(self, "wg_dimension")
+    if not 0 <= self.consumer_lag < self.max_concurrent_steps:
+      raise ValueError(f"GluConfig.consumer_lag={self.consumer_lag} must be "
+                       f">= 0 and < max_concurrent_steps="
+                       f"{self.max_concurrent_steps}")
     if not isinstance(self.fast_math, bool):
       raise TypeError(f"GluConfig.fast_math={self.fast_math!r} must be a bool")
 

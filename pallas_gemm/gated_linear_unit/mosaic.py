@@ -114,6 +114,11 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages, out_slots = config.max_concurrent_steps, config.out_slots
   num_tiles = m_tiles * n_tiles
+  # The step of its first tile after which the first consumer lets the
+  # second one start (every CTA has at least one tile); the ring's free
+  # stages bound how far ahead it can be.
+  lag = config.consumer_lag
+  lag_step = min(lag, k_iters - 1)
 
   def coords(linear):
     _, m_idx, n_idx = tile_coordinates(
@@ -125,7 +130,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
     return lax.rem(step, index(stages))
 
   def scoped(x_smem, gate_smem, up_smem, stage_loaded, stage_consumed,
-             out_smem):
+             out_smem, lag_barrier=None):
     wg = lax.axis_index("wg")
 
     @pl.when(wg == NUM_CONSUMERS)
@@ -195,6 +200,10 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
             cols = pl.ds(wg_n_offset, tile_n)
             plgpu.wgmma(gate_acc, x_view, gate_smem.at[slot, :, cols])
             plgpu.wgmma(up_acc, x_view, up_smem.at[slot, :, cols])
+            if lag:
+              @pl.when((wg == 0) & (step == lag_step))
+              def _let_the_second_consumer_start():
+                plgpu.barrier_arrive(lag_barrier)
             # This stage's two groups stay in flight; the previous stage's
             # are done reading it, and it goes back to the producer.
             plgpu.wgmma_wait(2)
@@ -236,6 +245,11 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
               plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
                                       dst.at[rows, cols])
 
+      if lag:
+        @pl.when(wg == 1)
+        def _trail_the_first_consumer():
+          plgpu.barrier_wait(lag_barrier)
+
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):
         m_idx, n_idx = coords(info.index[0])
@@ -258,6 +272,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
                           transforms=tiled_transforms(epi_n, out_dtype)),
       collective_axes="wg",
+      **({"lag_barrier": plgpu.Barrier(num_arrivals=1)} if lag else {}),
   )
 
 

@@ -23,9 +23,6 @@ from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.problem import dtype_name, normalize_precision
 
 KERNELS = ("mosaic", "xla")
-#: The `kernel` the backward's GEMMs ask `pallas_gemm.matmul` for; None lets
-#: its dispatch decide per shape. Read when the backward is traced.
-BACKWARD_GEMM_KERNEL: str | None = None
 GLU_INPUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 GLU_OUTPUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -305,8 +302,7 @@ def _glu_bwd(spec: _Spec, saved, d_out):
   from pallas_gemm.api import matmul  # the package imports this module
   x, weights, gate, up = saved
   d_gate, d_up = _gating_cotangents(spec.activation, d_out, gate, up, x.dtype)
-  gemm = functools.partial(matmul, precision=spec.precision,
-                           kernel=BACKWARD_GEMM_KERNEL)
+  gemm = functools.partial(matmul, precision=spec.precision)
   if isinstance(weights, tuple):
     w_gate, w_up = weights
     # Two GEMMs in x's dtype and one add, as XLA's autodiff of the two-dot

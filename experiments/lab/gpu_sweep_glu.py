@@ -96,7 +96,7 @@ def fwd_candidates(problem, num_sms):
   base = glu_heuristic(problem, num_sms)
   fast = dataclasses.replace(base, fast_math=True)
   first = [("heuristic", base), ("fast_math", fast)]
-  for lag in (1, 2):
+  for lag in (1, 2, 3):
     if lag < fast.max_concurrent_steps:
       first.append((f"fast_math+lag={lag}",
                     dataclasses.replace(fast, consumer_lag=lag)))

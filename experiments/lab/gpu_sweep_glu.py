@@ -144,15 +144,29 @@ def main(argv=None):
       state[shape] = dict(sets=sets, problem=problem, base={})
     return state[shape]
 
-  def timed(shape, label, fn, flops, baselines=(), fused=False):
+  def check(shape, fn, fused):
+    """Relative error of a forward against XLA's pair form on the first
+    operand set (both bf16-rounded: about 1e-2 is agreement; a race or a
+    wrong tile shows as O(1))."""
+    st = setup(shape)
+    x, w, dy = st["sets"][0]
+    if "reference" not in st:
+      st["reference"] = jax.jit(xla_pair)(x, w).astype(jnp.float32)
+    operands = st["fused_sets"][0] if fused else st["sets"][0]
+    out = jax.jit(fn)(*operands[:2]).astype(jnp.float32)
+    ref = st["reference"]
+    return float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+
+  def timed(shape, label, fn, flops, baselines=(), fused=False, err=False):
     if time.monotonic() - start > args.max_seconds:
       print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | "
             "skipped (budget)", flush=True)
       return None
     st = setup(shape)
     if fused and "fused_sets" not in st:
-      _, m, n, k = shape
-      st["fused_sets"] = _operand_sets(m, n, k, True, len(st["sets"]), 0)
+      # The same values as the pair sets, as one (k, 2, n) array.
+      st["fused_sets"] = [(x, jnp.stack(w, axis=1), dy)
+                          for x, w, dy in st["sets"]]
     try:
       ms = timing.time_over_sets(fn, st["fused_sets" if fused else "sets"],
                                  iterations=iters,
@@ -163,8 +177,14 @@ def main(argv=None):
             flush=True)
       return None
     us = ms * 1e3
-    ratios = " ".join(f"x{b}={st['base'][b] / us:.3f}" for b in baselines
-                      if st["base"].get(b))
+    if err:
+      try:
+        baselines = tuple(baselines) + (f"err={check(shape, fn, fused):.1e}",)
+      except Exception as e:  # noqa: BLE001
+        baselines = tuple(baselines) + (f"err={type(e).__name__}",)
+    ratios = " ".join(b for b in baselines if b.startswith("err=")) + " "
+    ratios += " ".join(f"x{b}={st['base'][b] / us:.3f}" for b in baselines
+                       if st["base"].get(b))
     print(f"{shape[0]} {shape[1]}x{shape[2]}x{shape[3]} | {label} | "
           f"{us:9.1f} us | {flops / (us * 1e-6) / 1e12:6.0f} TFLOP/s | "
           f"{ratios}", flush=True)
@@ -196,7 +216,7 @@ def main(argv=None):
                                ("xla",))
     for label, config in first:
       timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
-            fwd_flops, ("xla", "dots"))
+            fwd_flops, ("xla", "dots"), err=True)
     st["base"]["xla_fb"] = timed(shape, "fwd+bwd xla pair form",
                                  fwd_bwd(xla_pair), 3 * fwd_flops)
     explain_backward(shape)
@@ -208,7 +228,7 @@ def main(argv=None):
       # dW; against XLA's pair form (the faster XLA form).
       for label, config in first[:2]:
         timed(shape, f"fwd fused weights {label}", mosaic_fwd(config),
-              fwd_flops, ("xla", "dots"), fused=True)
+              fwd_flops, ("xla", "dots"), fused=True, err=True)
         timed(shape, f"fwd+bwd fused weights {label}",
               fwd_bwd(mosaic_fwd(config)), 3 * fwd_flops, ("xla_fb",),
               fused=True)
@@ -221,7 +241,7 @@ def main(argv=None):
     _, second = fwd_candidates(st["problem"], device.planning_sms)
     for label, config in second:
       timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
-            4 * m * n * k, ("xla", "dots"))
+            4 * m * n * k, ("xla", "dots"), err=True)
 
   # Pass 3: the parts of the backward, each against its jnp.dot.
   for shape in shapes[:3]:
@@ -268,7 +288,7 @@ def main(argv=None):
     first, second = fwd_candidates(st["problem"], device.planning_sms)
     for label, config in first + second:
       timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
-            4 * m * n * k, ("xla", "dots"))
+            4 * m * n * k, ("xla", "dots"), err=True)
   print(f"# done in {time.monotonic() - start:.0f} s", flush=True)
 
 

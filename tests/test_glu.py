@@ -308,6 +308,14 @@ def test_heuristic_configs_fit(name, m, n, k):
     assert config.fits(_problem(m, n, k)) and config.max_concurrent_steps >= 3
 
 
+def test_heuristic_fast_math_only_for_16_bit_outputs():
+  bf16 = glu_heuristic(_problem(4096, 11008, 4096), 132)
+  f32_out = dataclasses.replace(_problem(4096, 11008, 4096),
+                                out_dtype="float32")
+  assert bf16.fast_math and bf16.consumer_lag == 0
+  assert not glu_heuristic(f32_out, 132).fast_math
+
+
 def test_heuristic_splits_n_for_decode():
   config = glu_heuristic(_problem(16, 14336, 4096), 132)
   assert config.wg_dimension == Dim.N and config.cta_tile_m == 64

@@ -60,8 +60,8 @@ def _check(out, x, w, activation, tol=None):
 MOSAIC_CASES = [
     # The production tile (CTA 128 x 128, two staging slots), with the
     # fast_math epilogue (silu through tanh) and the second consumer one
-    # step behind; three tiles of three k-steps over the two CTAs.
-    ("silu", (72, 192), 384, False,
+    # step behind; three tiles of two k-steps over the two CTAs.
+    ("silu", (72, 128), 384, False,
      GluConfig(max_concurrent_steps=2, fast_math=True, consumer_lag=1)),
     # Consumers split N; the CTA's 128 columns span the whole fused array.
     ("gelu", (64, 128), 64, True,
@@ -327,8 +327,9 @@ def test_heuristic_splits_n_for_decode():
 # for CUDA on this host, at the configs the heuristic picks for the shapes
 # a GPU run measures, so that a compile error shows here first.
 
-LOWERING_SHAPES = [(8192, 14336, 4096), (4096, 11008, 4096), (16, 14336, 4096),
-                   (3000, 18944, 3584)]
+LOWERING_SHAPES = [(8192, 14336, 4096), (16, 14336, 4096),
+                   pytest.param(4096, 11008, 4096, marks=pytest.mark.slow),
+                   pytest.param(3000, 18944, 3584, marks=pytest.mark.slow)]
 
 
 def _lower(problem, config, residuals):

@@ -39,6 +39,7 @@ from pallas_gemm.gated_linear_unit.problem import GluProblem  # noqa: E402
 from pallas_gemm.gated_linear_unit.configs import glu_heuristic  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim  # noqa: E402
 
+from experiments.bench.output import git_revision  # noqa: E402
 from experiments.bench_glu import _operand_sets, _set_count  # noqa: E402
 
 #: (label, m, n, k): one large prefill, one at each side of M = 2048 / 4096,
@@ -130,8 +131,9 @@ def main(argv=None):
   shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
   iters = args.iters if on_gpu else 1
   start = time.monotonic()
-  print(f"# {device.device_kind}, jax {jax.__version__}, pair weights, bf16, "
-        "silu; ratios: baseline time / candidate time", flush=True)
+  print(f"# {device.device_kind}, jax {jax.__version__}, git "
+        f"{git_revision()}, pair weights, bf16, silu; ratios: baseline time "
+        "/ candidate time", flush=True)
 
   state = {}
 

@@ -10,6 +10,7 @@ stage holds one x tile and two weight tiles (same columns, gate and up).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -158,13 +159,24 @@ def glu_waves(problem: GluProblem, config: GluConfig, num_sms: int) -> int:
 FAST_MATH_OUT_DTYPES = ("bfloat16", "float16")
 
 
+def balanced_band(cta_tile_m: int, cta_tile_n: int, num_sms: int) -> int:
+  """The grid band (M-tiles per band) whose concurrent tiles, one per SM,
+  read the fewest distinct operand bytes: `band` row blocks of x
+  (band * cta_tile_m rows) and num_sms / band column blocks of both weights
+  (2 * cta_tile_n columns each), least at band^2 = num_sms * 2 * cta_tile_n
+  / cta_tile_m; rounded to a power of two."""
+  ideal = math.sqrt(max(num_sms, 1) * 2 * cta_tile_n / cta_tile_m)
+  return 2 ** max(0, round(math.log2(ideal)))
+
+
 def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
   """The CTA tile whose waves cost least (waves x CTA area x slowdown),
   then the deepest pipeline that fits in shared memory, with the
   approximate-math epilogue for 16-bit outputs (the epilogue stalls both
   consumers' wgmma, and its exact exp and division cost more than the
-  main loop's slack). The consumers run in lockstep (consumer_lag=0): a
-  lag moved nothing on the H200.
+  main loop's slack), and the grid band that keeps the operands of the
+  tiles in flight smallest (`balanced_band`). The consumers run in
+  lockstep (consumer_lag=0): a lag moved nothing on the H200.
 
   Padding rows of a CTA tile cost their full wgmma time, so when m is
   small (decode) a tile split over N wastes less than one split over M.
@@ -180,6 +192,8 @@ def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
   base = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim,
                    epi_tile_n=epi_tile_n,
                    fast_math=problem.out_dtype in FAST_MATH_OUT_DTYPES)
+  base = dataclasses.replace(base, grid_band=balanced_band(
+      base.cta_tile_m, base.cta_tile_n, num_sms))
   for stages in (5, 4, 3):
     config = dataclasses.replace(base, max_concurrent_steps=stages)
     if config.fits(problem):

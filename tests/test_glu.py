@@ -259,7 +259,7 @@ def test_mosaic_rejects_float32_by_name():
     ("max_concurrent_steps", 1, ValueError), ("epi_tile_n", 48, ValueError),
     ("grid_band", 0, ValueError), ("wg_dimension", 2, TypeError),
     ("tile_n", True, TypeError), ("fast_math", 1, TypeError),
-    ("consumer_lag", 4, ValueError),
+    ("consumer_lag", 4, ValueError), ("x_in_registers", "yes", TypeError),
 ])
 def test_config_validation_names_the_field(field, value, error):
   with pytest.raises(error, match=f"GluConfig.{field}"):
@@ -356,6 +356,20 @@ def test_mosaic_lowers_for_cuda_at_heuristic_configs(m, n, k, fused):
     assert "mosaic_gpu" in _lower(problem, config, residuals).as_text()
 
 
+def test_x_in_registers_lowers_and_is_gpu_only():
+  problem = _problem(8192, 14336, 4096)
+  config = dataclasses.replace(glu_heuristic(problem, 132),
+                               x_in_registers=True)
+  for residuals in (False, True):
+    _lower(problem, config, residuals)
+  with pytest.raises(ValueError, match="tile_m=64"):
+    GluConfig(tile_m=128, tile_n=64, x_in_registers=True)
+  if not ON_GPU:
+    x, _, weights = _inputs((64, 64), 64, 128)
+    with pytest.raises(ValueError, match="GPU only"):
+      gated_linear_unit(x, weights, kernel="mosaic", config=config)
+
+
 @pytest.mark.parametrize("activation", sorted(GLU_ACTIVATIONS))
 def test_mosaic_lowers_every_activation(activation):
   problem = dataclasses.replace(_problem(512, 1024, 512, fused=True),
@@ -375,6 +389,12 @@ def test_mosaic_on_gpu_vs_float64(m, n, k, fused):
   x, w, weights = _inputs((m, k), k, n, fused=fused)
   numerics.poison_allocator((m, n), BF16)
   out = gated_linear_unit(x, weights, kernel="mosaic")
+  _check(out, x, w, "silu")
+  # The register-operand variant, which the interpreter cannot run.
+  problem = GluProblem(m, n, k, "bfloat16", "bfloat16", "silu", fused)
+  config = dataclasses.replace(glu_heuristic(problem, 132),
+                               x_in_registers=True, consumer_lag=1)
+  out = gated_linear_unit(x, weights, kernel="mosaic", config=config)
   _check(out, x, w, "silu")
 
 

@@ -89,7 +89,8 @@ def short(config):
   return (f"[{config.tile_m}x{config.tile_n} wg={config.wg_dimension.name} "
           f"st={config.max_concurrent_steps} epi={config.epi_tile_n} "
           f"band={config.band_dim.name}{config.grid_band} "
-          f"fast={int(config.fast_math)} lag={config.consumer_lag}]")
+          f"fast={int(config.fast_math)} lag={config.consumer_lag} "
+          f"x_regs={int(config.x_in_registers)}]")
 
 
 def fwd_candidates(problem, num_sms):
@@ -97,7 +98,10 @@ def fwd_candidates(problem, num_sms):
   base = glu_heuristic(problem, num_sms)
   fast = dataclasses.replace(base, fast_math=True)
   first = [("heuristic", base), ("fast_math", fast)]
-  for lag in (1, 2, 3):
+  if fast.tile_m == 64:
+    first.append(("fast_math+x_in_registers",
+                  dataclasses.replace(fast, x_in_registers=True)))
+  for lag in (1, 2):
     if lag < fast.max_concurrent_steps:
       first.append((f"fast_math+lag={lag}",
                     dataclasses.replace(fast, consumer_lag=lag)))

@@ -49,6 +49,11 @@ class GluConfig:
     first (< max_concurrent_steps: the ring holds the gap). The two then
     reach their epilogues at different times, and one's epilogue can run
     while the other issues wgmma; 0 runs them in lockstep.
+  x_in_registers: each consumer loads its x tile (64 x 64) from shared
+    memory into registers once per k-step, and both wgmma read it there
+    (shared-memory reads per step as a plain GEMM's, instead of x read
+    twice); needs tile_m = 64 (wgmma's register operand is one 64-row
+    group).
   """
 
   tile_m: int = 64
@@ -61,6 +66,7 @@ class GluConfig:
   wg_dimension: Dim = Dim.M
   fast_math: bool = False
   consumer_lag: int = 0
+  x_in_registers: bool = False
 
   def __post_init__(self):
     for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
@@ -94,8 +100,13 @@ class GluConfig:
       raise ValueError(f"GluConfig.consumer_lag={self.consumer_lag} must be "
                        f">= 0 and < max_concurrent_steps="
                        f"{self.max_concurrent_steps}")
-    if not isinstance(self.fast_math, bool):
-      raise TypeError(f"GluConfig.fast_math={self.fast_math!r} must be a bool")
+    for name in ("fast_math", "x_in_registers"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"GluConfig.{name}={getattr(self, name)!r} must be a "
+                        "bool")
+    if self.x_in_registers and self.tile_m != 64:
+      raise ValueError(f"GluConfig.x_in_registers needs tile_m=64, got "
+                       f"tile_m={self.tile_m}")
 
   @property
   def cta_tile_m(self) -> int:

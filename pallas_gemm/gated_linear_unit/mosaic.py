@@ -197,6 +197,10 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
             slot = slot_of(step)
             plgpu.barrier_wait(stage_loaded.at[slot])
             x_view = x_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
+            if config.x_in_registers:
+              # Read the x tile from shared memory once instead of once per
+              # wgmma: both products take it from registers.
+              x_view = x_view[...]
             cols = pl.ds(wg_n_offset, tile_n)
             plgpu.wgmma(gate_acc, x_view, gate_smem.at[slot, :, cols])
             plgpu.wgmma(up_acc, x_view, up_smem.at[slot, :, cols])
@@ -306,6 +310,10 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
   if reason:
     raise ValueError(f"the Mosaic GLU kernel cannot run {problem.describe()}: "
                      f"{reason}")
+  if config.x_in_registers and params is not None:
+    raise ValueError("config.x_in_registers=True runs on a GPU only: the "
+                     "Mosaic GPU interpreter has no wgmma with a register "
+                     "operand")
   if not config.fits(problem):
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem)} bytes of shared "

@@ -9,6 +9,11 @@ warp-specialised kernel in the shape of `mosaic/ws_persistent`.
                        the epilogue computes activation(gate) * up in f32
                        and TMA-stores one output tile.
 
+Config options beyond the tiling (see `GluConfig`): `fast_math` computes the
+epilogue's activation on the SFU's approximate instructions, `consumer_lag`
+starts the second consumer a few k-steps behind the first, and
+`x_in_registers` feeds both wgmma from one register copy of the x tile.
+
 Against XLA's two GEMMs and an elementwise fusion, x is read once per tile
 for both products and the two m x n intermediates are never written nor
 read back. With `residuals` the kernel also stores gate and up (rounded to

@@ -94,10 +94,11 @@ def short(config):
 
 
 def fwd_candidates(problem, num_sms):
-  """(label, config): the heuristic, then one knob changed at a time."""
-  base = glu_heuristic(problem, num_sms)
+  """(label, config): the heuristic's config with the exact and the
+  approximate epilogue, then one knob changed at a time."""
+  base = dataclasses.replace(glu_heuristic(problem, num_sms), fast_math=False)
   fast = dataclasses.replace(base, fast_math=True)
-  first = [("heuristic", base), ("fast_math", fast)]
+  first = [("exact epilogue", base), ("fast_math", fast)]
   if fast.tile_m == 64:
     first.append(("fast_math+x_in_registers",
                   dataclasses.replace(fast, x_in_registers=True)))

@@ -18,7 +18,7 @@
 #   decode     benchmark: decode suite                        BUDGET_decode=90
 #   fp8        benchmark: fp8 suite, NT and NN, per-tensor then block-wise
 #              scales, mosaic/fp8 vs XLA's fp8 forms        BUDGET_fp8=200
-#   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=150
+#   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=200
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
 #   smoke      not in the default run: every experiments/lab/gpu_smoke_*.py
 #              (a new kernel compiled, checked and timed against XLA),
@@ -133,7 +133,7 @@ fi
 
 if wanted glu && [ -f experiments/bench_glu.py ]; then
   stage "benchmark: gated linear unit"
-  run_budgeted "$(budget glu 150)" "$PY" experiments/bench_glu.py \
+  run_budgeted "$(budget glu 200)" "$PY" experiments/bench_glu.py \
     --output_dir="$RESULTS/glu"
 fi
 if wanted moe && [ -f experiments/bench_moe.py ]; then

@@ -58,8 +58,11 @@ def _check(out, x, w, activation, tol=None):
 # layout and covering the config variants (interpret mode is slow: few,
 # small cases). None: the heuristic's config.
 MOSAIC_CASES = [
-    # The production tile (CTA 128 x 128, two staging slots).
-    ("silu", (72, 64), 128, False, GluConfig(max_concurrent_steps=2)),
+    # The production tile (CTA 128 x 128, two staging slots), with the
+    # fast_math epilogue (silu through tanh) and the second consumer one
+    # step behind; three tiles of two k-steps over the two CTAs.
+    ("silu", (72, 128), 384, False,
+     GluConfig(max_concurrent_steps=2, fast_math=True, consumer_lag=1)),
     # Consumers split N; the CTA's 128 columns span the whole fused array.
     ("gelu", (64, 128), 64, True,
      GluConfig(tile_n=64, wg_dimension=Dim.N, max_concurrent_steps=2)),
@@ -69,8 +72,10 @@ MOSAIC_CASES = [
     # Leading batch dims; a CTA tile (256 columns) wider than the fused
     # (k, 2n) view, which is then padded.
     ("sigmoid", (2, 3, 64), 64, True,
-     GluConfig(tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=2)),
-    ("identity", (67, 97), 131, False, None),             # primes
+     GluConfig(tile_n=128, wg_dimension=Dim.N, max_concurrent_steps=2,
+               fast_math=True)),
+    # Primes; fused weights with n off the swizzle span are split (a copy).
+    ("identity", (67, 97), 131, True, None),
 ]
 
 
@@ -83,6 +88,7 @@ def test_mosaic_forward_vs_float64(activation, x_shape, n, fused, config):
   _check(out, x, w, activation)
 
 
+@pytest.mark.slow
 def test_mosaic_fused_weights_with_ragged_n_and_f32_output():
   # n = 131 is no multiple of the swizzle span: the fused weights are split
   # (one copy) instead of read in place.
@@ -140,7 +146,10 @@ def _xla_form_loss(x, weights, activation, cotangent):
 
 
 @pytest.mark.parametrize("kernel,fused,activation", [
-    ("mosaic", False, "silu"), ("mosaic", True, "gelu_exact"),
+    # The backward is one function for both kernels: the Mosaic one once,
+    # the other layout on the (fast) XLA forward.
+    ("mosaic", False, "silu"),
+    pytest.param("mosaic", True, "gelu_exact", marks=pytest.mark.slow),
     ("xla", True, "sigmoid"),
 ])
 def test_grad_vs_jax_grad_of_xla_form(kernel, fused, activation):
@@ -187,6 +196,7 @@ def _sq_loss(x, weights):
 # -------------------------------------------------------------------- vmap
 
 
+@pytest.mark.slow
 def test_vmap_over_x_runs_one_mosaic_call():
   x, w, weights = _inputs((2, 24, 64), 64, 64, fused=True)
   out = jax.jit(jax.vmap(lambda xi: gated_linear_unit(
@@ -248,7 +258,8 @@ def test_mosaic_rejects_float32_by_name():
     ("tile_m", 128.0, TypeError), ("tile_k", 32, ValueError),
     ("max_concurrent_steps", 1, ValueError), ("epi_tile_n", 48, ValueError),
     ("grid_band", 0, ValueError), ("wg_dimension", 2, TypeError),
-    ("tile_n", True, TypeError),
+    ("tile_n", True, TypeError), ("fast_math", 1, TypeError),
+    ("consumer_lag", 4, ValueError), ("x_in_registers", "yes", TypeError),
 ])
 def test_config_validation_names_the_field(field, value, error):
   with pytest.raises(error, match=f"GluConfig.{field}"):
@@ -297,6 +308,14 @@ def test_heuristic_configs_fit(name, m, n, k):
     assert config.fits(_problem(m, n, k)) and config.max_concurrent_steps >= 3
 
 
+def test_heuristic_fast_math_only_for_16_bit_outputs():
+  bf16 = glu_heuristic(_problem(4096, 11008, 4096), 132)
+  f32_out = dataclasses.replace(_problem(4096, 11008, 4096),
+                                out_dtype="float32")
+  assert bf16.fast_math and bf16.consumer_lag == 0
+  assert not glu_heuristic(f32_out, 132).fast_math
+
+
 def test_heuristic_splits_n_for_decode():
   config = glu_heuristic(_problem(16, 14336, 4096), 132)
   assert config.wg_dimension == Dim.N and config.cta_tile_m == 64
@@ -308,8 +327,9 @@ def test_heuristic_splits_n_for_decode():
 # for CUDA on this host, at the configs the heuristic picks for the shapes
 # a GPU run measures, so that a compile error shows here first.
 
-LOWERING_SHAPES = [(8192, 14336, 4096), (4096, 11008, 4096), (16, 14336, 4096),
-                   (3000, 18944, 3584)]
+LOWERING_SHAPES = [(8192, 14336, 4096), (16, 14336, 4096),
+                   pytest.param(4096, 11008, 4096, marks=pytest.mark.slow),
+                   pytest.param(3000, 18944, 3584, marks=pytest.mark.slow)]
 
 
 def _lower(problem, config, residuals):
@@ -336,6 +356,20 @@ def test_mosaic_lowers_for_cuda_at_heuristic_configs(m, n, k, fused):
     assert "mosaic_gpu" in _lower(problem, config, residuals).as_text()
 
 
+def test_x_in_registers_lowers_and_is_gpu_only():
+  problem = _problem(8192, 14336, 4096)
+  config = dataclasses.replace(glu_heuristic(problem, 132),
+                               x_in_registers=True)
+  for residuals in (False, True):
+    _lower(problem, config, residuals)
+  with pytest.raises(ValueError, match="tile_m=64"):
+    GluConfig(tile_m=128, tile_n=64, x_in_registers=True)
+  if not ON_GPU:
+    x, _, weights = _inputs((64, 64), 64, 128)
+    with pytest.raises(ValueError, match="GPU only"):
+      gated_linear_unit(x, weights, kernel="mosaic", config=config)
+
+
 @pytest.mark.parametrize("activation", sorted(GLU_ACTIVATIONS))
 def test_mosaic_lowers_every_activation(activation):
   problem = dataclasses.replace(_problem(512, 1024, 512, fused=True),
@@ -355,6 +389,12 @@ def test_mosaic_on_gpu_vs_float64(m, n, k, fused):
   x, w, weights = _inputs((m, k), k, n, fused=fused)
   numerics.poison_allocator((m, n), BF16)
   out = gated_linear_unit(x, weights, kernel="mosaic")
+  _check(out, x, w, "silu")
+  # The register-operand variant, which the interpreter cannot run.
+  problem = GluProblem(m, n, k, "bfloat16", "bfloat16", "silu", fused)
+  config = dataclasses.replace(glu_heuristic(problem, 132),
+                               x_in_registers=True, consumer_lag=1)
+  out = gated_linear_unit(x, weights, kernel="mosaic", config=config)
   _check(out, x, w, "silu")
 
 

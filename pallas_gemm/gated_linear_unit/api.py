@@ -305,10 +305,12 @@ def _glu_bwd(spec: _Spec, saved, d_out):
   gemm = functools.partial(matmul, precision=spec.precision)
   if isinstance(weights, tuple):
     w_gate, w_up = weights
-    partial_dx = gemm(d_gate, w_gate, transpose_b=True,
-                      preferred_element_type=jnp.float32)
-    dx = gemm(d_up, w_up, transpose_b=True, c=partial_dx, beta=1.0,
-              preferred_element_type=x.dtype)
+    # Two GEMMs in x's dtype and one add, as XLA's autodiff of the two-dot
+    # form: a float32 partial product passed as `c` costs an m x k float32
+    # write and read, which XLA cannot fold into the second GEMM, while the
+    # add of two same-dtype products it folds into the GEMM's beta.
+    dx = (gemm(d_gate, w_gate, transpose_b=True, preferred_element_type=x.dtype)
+          + gemm(d_up, w_up, transpose_b=True, preferred_element_type=x.dtype))
     d_weights = (gemm(x, d_gate, transpose_a=True,
                       preferred_element_type=w_gate.dtype),
                  gemm(x, d_up, transpose_a=True,

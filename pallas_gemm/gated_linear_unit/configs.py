@@ -10,6 +10,7 @@ stage holds one x tile and two weight tiles (same columns, gate and up).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -39,6 +40,20 @@ class GluConfig:
     `ws_persistent.tile_coordinates`).
   wg_dimension: the dimension split between the two consumers: M for
     large token counts, N when M fits in one 64-row wgmma group.
+  fast_math: the epilogue's activation on the SFU's approximate
+    instructions (sigmoid and silu through one tanh.approx, exp and tanh
+    approximate) instead of exact exp and IEEE division: the epilogue
+    stalls the tensor cores, and the approximate forms' error (about 2^-11
+    relative) is far below a 16-bit output's rounding.
+  consumer_lag: k-steps by which the second consumer starts behind the
+    first (< max_concurrent_steps: the ring holds the gap). The two then
+    reach their epilogues at different times, and one's epilogue can run
+    while the other issues wgmma; 0 runs them in lockstep.
+  x_in_registers: each consumer loads its x tile (64 x 64) from shared
+    memory into registers once per k-step, and both wgmma read it there
+    (shared-memory reads per step as a plain GEMM's, instead of x read
+    twice); needs tile_m = 64 (wgmma's register operand is one 64-row
+    group).
   """
 
   tile_m: int = 64
@@ -49,10 +64,13 @@ class GluConfig:
   band_dim: Dim = Dim.M
   grid_band: int = 8
   wg_dimension: Dim = Dim.M
+  fast_math: bool = False
+  consumer_lag: int = 0
+  x_in_registers: bool = False
 
   def __post_init__(self):
     for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
-                 "epi_tile_n", "grid_band"):
+                 "epi_tile_n", "grid_band", "consumer_lag"):
       _int_field(self, name)
     if self.tile_m not in (64, 128):
       raise ValueError(f"GluConfig.tile_m={self.tile_m} must be 64 or 128")
@@ -78,6 +96,17 @@ class GluConfig:
       raise ValueError(f"GluConfig.grid_band={self.grid_band} must be >= 1")
     _dim_field(self, "band_dim")
     _dim_field(self, "wg_dimension")
+    if not 0 <= self.consumer_lag < self.max_concurrent_steps:
+      raise ValueError(f"GluConfig.consumer_lag={self.consumer_lag} must be "
+                       f">= 0 and < max_concurrent_steps="
+                       f"{self.max_concurrent_steps}")
+    for name in ("fast_math", "x_in_registers"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"GluConfig.{name}={getattr(self, name)!r} must be a "
+                        "bool")
+    if self.x_in_registers and self.tile_m != 64:
+      raise ValueError(f"GluConfig.x_in_registers needs tile_m=64, got "
+                       f"tile_m={self.tile_m}")
 
   @property
   def cta_tile_m(self) -> int:
@@ -135,9 +164,30 @@ def glu_waves(problem: GluProblem, config: GluConfig, num_sms: int) -> int:
   return cdiv(tiles, max(num_sms, 1))
 
 
+#: Output dtypes whose rounding (2^-9 relative for bf16, 2^-12 for f16 at
+#: most) hides the approximate activation of `GluConfig.fast_math`; a float32
+#: output keeps the exact one.
+FAST_MATH_OUT_DTYPES = ("bfloat16", "float16")
+
+
+def balanced_band(cta_tile_m: int, cta_tile_n: int, num_sms: int) -> int:
+  """The grid band (M-tiles per band) whose concurrent tiles, one per SM,
+  read the fewest distinct operand bytes: `band` row blocks of x
+  (band * cta_tile_m rows) and num_sms / band column blocks of both weights
+  (2 * cta_tile_n columns each), least at band^2 = num_sms * 2 * cta_tile_n
+  / cta_tile_m; rounded to a power of two."""
+  ideal = math.sqrt(max(num_sms, 1) * 2 * cta_tile_n / cta_tile_m)
+  return 2 ** max(0, round(math.log2(ideal)))
+
+
 def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
   """The CTA tile whose waves cost least (waves x CTA area x slowdown),
-  then the deepest pipeline that fits in shared memory.
+  then the deepest pipeline that fits in shared memory, with the
+  approximate-math epilogue for 16-bit outputs (the epilogue stalls both
+  consumers' wgmma, and its exact exp and division cost more than the
+  main loop's slack), and the grid band that keeps the operands of the
+  tiles in flight smallest (`balanced_band`). The consumers run in
+  lockstep (consumer_lag=0): a lag moved nothing on the H200.
 
   Padding rows of a CTA tile cost their full wgmma time, so when m is
   small (decode) a tile split over N wastes less than one split over M.
@@ -151,7 +201,10 @@ def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
   tile_m, tile_n, wg_dim, _ = min(CTA_TILE_CHOICES, key=cost)
   epi_tile_n = min(tile_n, 128 // jnp.dtype(problem.out_dtype).itemsize)
   base = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim,
-                   epi_tile_n=epi_tile_n)
+                   epi_tile_n=epi_tile_n,
+                   fast_math=problem.out_dtype in FAST_MATH_OUT_DTYPES)
+  base = dataclasses.replace(base, grid_band=balanced_band(
+      base.cta_tile_m, base.cta_tile_n, num_sms))
   for stages in (5, 4, 3):
     config = dataclasses.replace(base, max_concurrent_steps=stages)
     if config.fits(problem):

@@ -9,6 +9,11 @@ warp-specialised kernel in the shape of `mosaic/ws_persistent`.
                        the epilogue computes activation(gate) * up in f32
                        and TMA-stores one output tile.
 
+Config options beyond the tiling (see `GluConfig`): `fast_math` computes the
+epilogue's activation on the SFU's approximate instructions, `consumer_lag`
+starts the second consumer a few k-steps behind the first, and
+`x_in_registers` feeds both wgmma from one register copy of the x tile.
+
 Against XLA's two GEMMs and an elementwise fusion, x is read once per tile
 for both products and the two m x n intermediates are never written nor
 read back. With `residuals` the kernel also stores gate and up (rounded to
@@ -56,6 +61,27 @@ MOSAIC_GLU_DTYPES = ("bfloat16", "float16")
 MOSAIC_GLU_OUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
+def _sigmoid_by_tanh(x):
+  # One SFU op (tanh.approx under approx_math) in place of exp and an IEEE
+  # division: sigmoid(x) = (1 + tanh(x / 2)) / 2.
+  return 0.5 * jnp.tanh(0.5 * x) + 0.5
+
+
+#: The epilogue activations of a `fast_math` config: the forms with fewer
+#: SFU ops; the rest are as GLU_ACTIVATIONS (whose exp and tanh the
+#: approx_math lowering makes approximate).
+FAST_ACTIVATIONS = {
+    "silu": lambda x: x * _sigmoid_by_tanh(x),
+    "sigmoid": _sigmoid_by_tanh,
+}
+
+
+def epilogue_activation(name: str, config: GluConfig):
+  if config.fast_math and name in FAST_ACTIVATIONS:
+    return FAST_ACTIVATIONS[name]
+  return GLU_ACTIVATIONS[name]
+
+
 def supports(problem: GluProblem, device: DeviceInfo) -> str | None:
   """None when the kernel can run `problem` on `device`, else why not."""
   if device.is_gpu and not device.is_hopper:
@@ -85,7 +111,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   gate_gmem = refs.pop(0)
   up_gmem = refs.pop(0) if separate_up else gate_gmem
   out_gmems = refs  # out, then gate and up with `residuals`
-  activation = GLU_ACTIVATIONS[problem.activation]
+  activation = epilogue_activation(problem.activation, config)
 
   in_dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
@@ -93,6 +119,11 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages, out_slots = config.max_concurrent_steps, config.out_slots
   num_tiles = m_tiles * n_tiles
+  # The step of its first tile after which the first consumer lets the
+  # second one start (every CTA has at least one tile); the ring's free
+  # stages bound how far ahead it can be.
+  lag = config.consumer_lag
+  lag_step = min(lag, k_iters - 1)
 
   def coords(linear):
     _, m_idx, n_idx = tile_coordinates(
@@ -104,7 +135,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
     return lax.rem(step, index(stages))
 
   def scoped(x_smem, gate_smem, up_smem, stage_loaded, stage_consumed,
-             out_smem):
+             out_smem, lag_barrier=None):
     wg = lax.axis_index("wg")
 
     @pl.when(wg == NUM_CONSUMERS)
@@ -171,9 +202,17 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
             slot = slot_of(step)
             plgpu.barrier_wait(stage_loaded.at[slot])
             x_view = x_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
+            if config.x_in_registers:
+              # Read the x tile from shared memory once instead of once per
+              # wgmma: both products take it from registers.
+              x_view = x_view[...]
             cols = pl.ds(wg_n_offset, tile_n)
             plgpu.wgmma(gate_acc, x_view, gate_smem.at[slot, :, cols])
             plgpu.wgmma(up_acc, x_view, up_smem.at[slot, :, cols])
+            if lag:
+              @pl.when((wg == 0) & (step == lag_step))
+              def _let_the_second_consumer_start():
+                plgpu.barrier_arrive(lag_barrier)
             # This stage's two groups stay in flight; the previous stage's
             # are done reading it, and it goes back to the producer.
             plgpu.wgmma_wait(2)
@@ -215,6 +254,11 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
               plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
                                       dst.at[rows, cols])
 
+      if lag:
+        @pl.when(wg == 1)
+        def _trail_the_first_consumer():
+          plgpu.barrier_wait(lag_barrier)
+
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):
         m_idx, n_idx = coords(info.index[0])
@@ -237,6 +281,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
                           transforms=tiled_transforms(epi_n, out_dtype)),
       collective_axes="wg",
+      **({"lag_barrier": plgpu.Barrier(num_arrivals=1)} if lag else {}),
   )
 
 
@@ -270,6 +315,10 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
   if reason:
     raise ValueError(f"the Mosaic GLU kernel cannot run {problem.describe()}: "
                      f"{reason}")
+  if config.x_in_registers and params is not None:
+    raise ValueError("config.x_in_registers=True runs on a GPU only: the "
+                     "Mosaic GPU interpreter has no wgmma with a register "
+                     "operand")
   if not config.fits(problem):
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem)} bytes of shared "
@@ -299,7 +348,8 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
       thread_name="wg",
       # Lane semantics, as ws_persistent: explicit WGMMA-layout epilogue.
       compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
+          lowering_semantics=plgpu.LoweringSemantics.Lane,
+          approx_math=config.fast_math),
       interpret=params,
   )
   operands = [x] + w_operands

@@ -10,7 +10,7 @@
 #
 #   build      the CUDA FFI kernels (nvcc)                    BUDGET_build=150
 #   tests      the whole pytest suite, compiled on the GPU    BUDGET_tests=200
-#   properties the hypothesis suite, "gpu" profile            BUDGET_properties=120
+#   properties the hypothesis suite, "gpu" profile            BUDGET_properties=150
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
 #              another training set)                          BUDGET_dispatch=300
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
@@ -91,7 +91,7 @@ fi
 
 if wanted properties; then
   stage "property suite (hypothesis profile gpu)"
-  HYPOTHESIS_PROFILE=gpu run_budgeted "$(budget properties 120)" "$PY" -m pytest \
+  HYPOTHESIS_PROFILE=gpu run_budgeted "$(budget properties 150)" "$PY" -m pytest -n 3 \
     -q -p no:cacheprovider tests/test_properties.py > "$OUT/pytest_properties.txt" 2>&1
   tail -n 5 "$OUT/pytest_properties.txt"
 fi

@@ -32,7 +32,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning,
 
 settings.register_profile("ci", max_examples=30, deadline=None,
                           derandomize=True, print_blob=True)
-settings.register_profile("gpu", max_examples=200, deadline=None,
+settings.register_profile("gpu", max_examples=60, deadline=None,
                           derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -42,9 +42,11 @@ from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.gated_linear_unit.configs import GluConfig
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES, Dim
+from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
+                                                      consumer_offsets,
+                                                      drain_ring,
                                                       INTERPRET_CTAS,
                                                       NUM_CONSUMERS,
                                                       PRODUCER_REGISTERS,
@@ -171,28 +173,13 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
 
         lax.fori_loop(index(0), index(k_iters), load_stage, None)
 
-      # Await the last releases, which no later load waited for, so that no
-      # barrier is left with an unobserved phase.
-      cta = lax.axis_index("sm")
-      num_ctas = index(lax.axis_size("sm"))
-      local_tiles = lax.div(index(num_tiles), num_ctas) + (
-          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
-      total_steps = local_tiles * k_iters
-
-      def drain(step, carry):
-        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
-        return carry
-
-      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
-                    None)
+      drain_ring(stage_consumed, num_tiles=num_tiles, k_iters=k_iters,
+                 stages=stages)
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      if config.wg_dimension == Dim.M:
-        wg_m_offset, wg_n_offset = wg * tile_m, 0
-      else:
-        wg_m_offset, wg_n_offset = 0, wg * tile_n
+      wg_m_offset, wg_n_offset = consumer_offsets(config, wg, tile_m, tile_n)
 
       def compute_tile(m_idx, n_idx, first_step):
         def mma_scope(gate_acc, up_acc):

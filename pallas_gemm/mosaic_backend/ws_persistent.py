@@ -151,6 +151,74 @@ def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
   return batch_idx, along_idx, across_idx
 
 
+def drain_ring(stage_consumed, *, num_tiles: int, k_iters: int, stages: int):
+  """The producer's last act: await the final `stages` releases of the ring,
+  which no later load waited for, so that no barrier is left with an
+  unobserved phase. This CTA ran every `num_ctas`-th of `num_tiles` tiles
+  (the round-robin of `plgpu.nd_loop`), `k_iters` ring steps each."""
+  cta = lax.axis_index("sm")
+  num_ctas = index(lax.axis_size("sm"))
+  local_tiles = lax.div(index(num_tiles), num_ctas) + (
+      cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
+  total_steps = local_tiles * k_iters
+
+  def drain(step, carry):
+    plgpu.barrier_wait(stage_consumed.at[lax.rem(step, index(stages))])
+    return carry
+
+  lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain, None)
+
+
+def consumer_offsets(config, wg, tile_m: int, tile_n: int):
+  """(row, column) offset of consumer warpgroup `wg`'s part of the CTA tile,
+  which the two consumers split along `config.wg_dimension`."""
+  if config.wg_dimension == Dim.M:
+    return wg * tile_m, 0
+  return 0, wg * tile_n
+
+
+def store_epilogue(acc, *, problem: GemmProblem, config, wg, batch_idx, row0,
+                   col0, out_gmem, out_smem, c_gmem=None, c_smem=None,
+                   c_loaded=None, bias_gmem=None, bias_smem=None,
+                   bias_loaded=None):
+  """Applies the fused epilogue to one consumer's f32 accumulator `acc`
+  (tile_m x tile_n, at (row0, col0) of batch `batch_idx`) and TMA-stores it
+  in epi_tile_m x epi_tile_n pieces through `out_slots` staging buffers."""
+  tile_m, tile_n = config.tile_m, config.tile_n
+  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+  out_slots = config.out_slots
+  if bias_gmem is not None:
+    plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
+                            bias_smem.at[wg], bias_loaded.at[wg])
+    plgpu.barrier_wait(bias_loaded.at[wg])
+  epi_index = 0
+  for ei in range(tile_m // epi_m):
+    for ej in range(tile_n // epi_n):
+      slot = epi_index % out_slots
+      epi_index += 1
+      rows = pl.ds(row0 + ei * epi_m, epi_m)
+      cols = pl.ds(col0 + ej * epi_n, epi_n)
+      part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
+      c_part = bias_part = None
+      if c_gmem is not None:
+        plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
+                                c_smem.at[wg], c_loaded.at[wg])
+        plgpu.barrier_wait(c_loaded.at[wg])
+        c_part = c_smem[wg]
+      if bias_gmem is not None:
+        bias_vec = plgpu.load(
+            bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
+            layout=plgpu.Layout.WGMMA.reduce(0))
+        bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
+      value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
+      # The TMA store that last read this slot must be done with it.
+      plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+      out_smem[wg, slot] = value.astype(out_gmem.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                              out_gmem.at[batch_idx, rows, cols])
+
+
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                  k_iters: int, m_tiles: int, n_tiles: int):
   """One CTA of the persistent grid."""
@@ -222,28 +290,13 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
         lax.fori_loop(index(0), index(k_iters), load_stage, None)
 
-      # The last `stages` releases were never awaited by a later load; await
-      # them so that no barrier is left with an unobserved phase.
-      cta = lax.axis_index("sm")
-      num_ctas = index(lax.axis_size("sm"))
-      local_tiles = lax.div(index(num_tiles), num_ctas) + (
-          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
-      total_steps = local_tiles * k_iters
-
-      def drain(step, carry):
-        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
-        return carry
-
-      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
-                    None)
+      drain_ring(stage_consumed, num_tiles=num_tiles, k_iters=k_iters,
+                 stages=stages)
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      if config.wg_dimension == Dim.M:
-        wg_m_offset, wg_n_offset = wg * tile_m, 0
-      else:
-        wg_m_offset, wg_n_offset = 0, wg * tile_n
+      wg_m_offset, wg_n_offset = consumer_offsets(config, wg, tile_m, tile_n)
 
       def a_view(slot):
         if transpose_a:
@@ -282,36 +335,11 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
         row0 = m_idx * cta_m + wg_m_offset
         col0 = n_idx * cta_n + wg_n_offset
-        if has_bias:
-          plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
-                                  bias_smem.at[wg], bias_loaded.at[wg])
-          plgpu.barrier_wait(bias_loaded.at[wg])
-        epi_index = 0
-        for ei in range(tile_m // epi_m):
-          for ej in range(tile_n // epi_n):
-            slot = epi_index % out_slots
-            epi_index += 1
-            rows = pl.ds(row0 + ei * epi_m, epi_m)
-            cols = pl.ds(col0 + ej * epi_n, epi_n)
-            part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
-            c_part = bias_part = None
-            if has_c:
-              plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
-                                      c_smem.at[wg], c_loaded.at[wg])
-              plgpu.barrier_wait(c_loaded.at[wg])
-              c_part = c_smem[wg]
-            if has_bias:
-              bias_vec = plgpu.load(
-                  bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
-                  layout=plgpu.Layout.WGMMA.reduce(0))
-              bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
-            value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
-            # The TMA store that last read this slot must be done with it.
-            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-            out_smem[wg, slot] = value.astype(out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
-                                    out_gmem.at[batch_idx, rows, cols])
+        store_epilogue(
+            acc, problem=problem, config=config, wg=wg, batch_idx=batch_idx,
+            row0=row0, col0=col0, out_gmem=out_gmem, out_smem=out_smem,
+            c_gmem=c_gmem, c_smem=c_smem, c_loaded=c_loaded,
+            bias_gmem=bias_gmem, bias_smem=bias_smem, bias_loaded=bias_loaded)
 
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):

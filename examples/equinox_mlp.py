@@ -15,7 +15,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jax.extend import core as jex_core
 
 import pallas_gemm
 
@@ -100,14 +99,7 @@ def count_equations(model, dense, name):
     return loss_fn(eqx.combine(params, static), dense, x, y)
 
   jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_of_params))(params)
-  return sum(1 for eqn in _walk(jaxpr.jaxpr) if eqn.primitive.name == name)
-
-
-def _walk(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for sub in jex_core.jaxprs_in_params(eqn.params):
-      yield from _walk(sub)
+  return pallas_gemm.primitive_counts(jaxpr)[name]
 
 
 def main():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax.extend import core as jex_core
 import jax.numpy as jnp
 import optax
 from flax import nnx
@@ -104,14 +103,7 @@ def count_equations(model, name):
     return loss_fn(nnx.merge(graphdef, state), x, y)
 
   jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_of_state))(state)
-  return sum(1 for eqn in _walk(jaxpr.jaxpr) if eqn.primitive.name == name)
-
-
-def _walk(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for sub in jex_core.jaxprs_in_params(eqn.params):
-      yield from _walk(sub)
+  return pallas_gemm.primitive_counts(jaxpr)[name]
 
 
 def main():

@@ -15,6 +15,7 @@ from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.dispatch import Resolution, resolve
 from pallas_gemm.explain import Explanation, explain
 from pallas_gemm.fp8 import dequantize_fp8, quantize_fp8
+from pallas_gemm.jaxpr_tools import primitive_counts
 from pallas_gemm.primitive import pallas_gemm_p
 from pallas_gemm.problem import ACTIVATIONS, Epilogue, GemmProblem
 from pallas_gemm.ragged_dot import ragged_dot, ragged_dot_general
@@ -56,6 +57,6 @@ __all__ = [
     "GluConfig", "Resolution", "TritonConfig", "backend_errors",
     "dequantize_fp8", "device_info", "dot_general", "explain",
     "gated_linear_unit", "get_kernel", "list_kernels", "matmul",
-    "pallas_gemm_p", "quantize_fp8", "ragged_dot", "ragged_dot_general",
-    "resolve", "select_kernel",
+    "pallas_gemm_p", "primitive_counts", "quantize_fp8", "ragged_dot",
+    "ragged_dot_general", "resolve", "select_kernel",
 ]

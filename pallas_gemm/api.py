@@ -16,7 +16,7 @@ from pallas_gemm.devices import device_info
 from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES, SCALE_BLOCK,
                                  SUPPORTED_INPUT_DTYPES,
                                  SUPPORTED_OUTPUT_DTYPES, XLA_ONLY_DTYPES,
-                                 Epilogue,
+                                 Epilogue, as_array,
                                  apply_epilogue, dtype_name,
                                  normalize_precision, preset_input_dtype)
 
@@ -26,17 +26,6 @@ from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES, SCALE_BLOCK,
 LAX_REASONS: collections.deque[str] = collections.deque(maxlen=256)
 _LOGGED_REASONS: set[str] = set()
 _LOGGER = logging.getLogger(__name__)
-
-
-def _as_array(x, name):
-  if x is None:
-    raise TypeError(f"{name} must be an array, got None")
-  if isinstance(x, jax.Array) or hasattr(x, "aval"):
-    return x
-  try:
-    return jnp.asarray(x)
-  except (TypeError, ValueError) as e:
-    raise TypeError(f"{name} cannot be converted to an array: {e}") from None
 
 
 def _check_input_dtype(x, name):
@@ -89,8 +78,8 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       stored layout). They are shared by every batch entry; vmap for
       per-example scales. See `pallas_gemm.fp8`. No gradient.
   """
-  a = _as_array(a, "a")
-  b = _as_array(b, "b")
+  a = as_array(a, "a")
+  b = as_array(b, "b")
   if a.ndim == 0 or b.ndim == 0:
     raise ValueError(
         f"matmul needs operands of rank >= 1, got a.shape={a.shape}, "
@@ -168,7 +157,7 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
   out_shape = tuple(batch_shape) + (m, n)
 
   if c is not None:
-    c = _as_array(c, "c")
+    c = as_array(c, "c")
     if not jnp.issubdtype(c.dtype, jnp.floating):
       raise TypeError(f"c has dtype {c.dtype}; it must be a float array")
     c_target = out_shape
@@ -182,7 +171,7 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
           f"{c_target}") from None
     c = c.reshape(out_shape)
   if bias is not None:
-    bias = _as_array(bias, "bias")
+    bias = as_array(bias, "bias")
     if not jnp.issubdtype(bias.dtype, jnp.floating):
       raise TypeError(f"bias has dtype {bias.dtype}; it must be a float array")
     if bias.shape != (n,):
@@ -292,7 +281,7 @@ def _scale_operand(scale, name, *, operand, size, k, in_dtype, transposed,
   if dtype_name(in_dtype) not in FP8_DTYPES:
     raise TypeError(f"{name} is for fp8 inputs only; the inputs are "
                     f"{dtype_name(in_dtype)}")
-  scale = _as_array(scale, name)
+  scale = as_array(scale, name)
   if not jnp.issubdtype(scale.dtype, jnp.floating):
     raise TypeError(f"{name} has dtype {scale.dtype}; it must be a float array")
   scale = scale.astype(jnp.float32)
@@ -333,8 +322,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
   and `out_sharding` stay on lax too. Each case on lax is logged once at
   debug level and reported by `pallas_gemm.explain`.
   """
-  lhs = _as_array(lhs, "lhs")
-  rhs = _as_array(rhs, "rhs")
+  lhs = as_array(lhs, "lhs")
+  rhs = as_array(rhs, "rhs")
 
   def on_lax(why):
     _note_lax(f"{dimension_numbers_lib.describe(dimension_numbers)} on "

@@ -327,3 +327,16 @@ def dtype_name(dtype) -> str:
 
 def cdiv(a: int, b: int) -> int:
   return -(-a // b)
+
+
+def as_array(value, name: str):
+  """`value` as a JAX array (tracers and arrays pass through), or a
+  TypeError that names the argument `name`."""
+  if value is None:
+    raise TypeError(f"{name} must be an array, got None")
+  if isinstance(value, jax.Array) or hasattr(value, "aval"):
+    return value
+  try:
+    return jnp.asarray(value)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{name} cannot be converted to an array: {e}") from None

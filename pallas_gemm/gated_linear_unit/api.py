@@ -20,7 +20,7 @@ from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.gated_linear_unit import mosaic, xla
 from pallas_gemm.gated_linear_unit.configs import GluConfig, glu_heuristic
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
-from pallas_gemm.problem import dtype_name, normalize_precision
+from pallas_gemm.problem import as_array, dtype_name, normalize_precision
 
 KERNELS = ("mosaic", "xla")
 GLU_INPUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -140,29 +140,18 @@ def explain(x, weights, **kwargs) -> GluResolution:
   return resolve(problems[0], device_info(), kernel, config)
 
 
-def _as_array(value, name):
-  if value is None:
-    raise TypeError(f"{name} must be an array, got None")
-  if isinstance(value, jax.Array) or hasattr(value, "aval"):
-    return value
-  try:
-    return jnp.asarray(value)
-  except (TypeError, ValueError) as e:
-    raise TypeError(f"{name} cannot be converted to an array: {e}") from None
-
-
 def _normalize(x, weights, activation, precision, preferred_element_type):
   """Checks every argument (errors name it) and returns (x, weights,
   problem, out_dtype) with x and the weights in one promoted dtype."""
-  x = _as_array(x, "x")
+  x = as_array(x, "x")
   if x.ndim < 1:
     raise ValueError(f"x must have rank >= 1 (..., k), got shape {x.shape}")
   if isinstance(weights, (tuple, list)):
     if len(weights) != 2:
       raise ValueError(f"weights must be a pair (w_gate, w_up) or one "
                        f"(k, 2, n) array, got a sequence of {len(weights)}")
-    w_gate = _as_array(weights[0], "weights[0] (w_gate)")
-    w_up = _as_array(weights[1], "weights[1] (w_up)")
+    w_gate = as_array(weights[0], "weights[0] (w_gate)")
+    w_up = as_array(weights[1], "weights[1] (w_up)")
     if w_gate.ndim != 2 or w_gate.shape != w_up.shape:
       raise ValueError(f"weights (w_gate, w_up) must both be (k, n), got "
                        f"{w_gate.shape} and {w_up.shape}")
@@ -170,7 +159,7 @@ def _normalize(x, weights, activation, precision, preferred_element_type):
     fused = False
     arrays = (w_gate, w_up)
   else:
-    w = _as_array(weights, "weights")
+    w = as_array(weights, "weights")
     if w.ndim != 3 or w.shape[1] != 2:
       raise ValueError(f"fused weights must be (k, 2, n), got shape {w.shape}")
     k, _, n = w.shape

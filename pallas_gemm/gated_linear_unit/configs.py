@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from pallas_gemm.gated_linear_unit.problem import GluProblem
 from pallas_gemm.mosaic_backend.config import (HOPPER_SMEM_BYTES,
                                                SMEM_SLACK_BYTES, Dim)
-from pallas_gemm.mosaic_backend.configs import _dim_field, _int_field
+from pallas_gemm.mosaic_backend.configs import (TwoConsumerTile, _dim_field,
+                                                _int_field)
 from pallas_gemm.problem import cdiv
 
 #: tile_m * tile_n of one accumulator: two of them take 128 f32 registers
@@ -26,7 +27,7 @@ MAX_ACC_ELEMS = 64 * 128
 
 
 @dataclasses.dataclass(frozen=True)
-class GluConfig:
+class GluConfig(TwoConsumerTile):
   """One launch of the Mosaic GLU kernel.
 
   tile_m, tile_n: the gate (and up) accumulator of one consumer warpgroup;
@@ -107,14 +108,6 @@ class GluConfig:
     if self.x_in_registers and self.tile_m != 64:
       raise ValueError(f"GluConfig.x_in_registers needs tile_m=64, got "
                        f"tile_m={self.tile_m}")
-
-  @property
-  def cta_tile_m(self) -> int:
-    return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
-
-  @property
-  def cta_tile_n(self) -> int:
-    return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
 
   @property
   def epi_tile_m(self) -> int:

@@ -91,8 +91,21 @@ def _tile_n_error(config, name: str, value: int) -> str | None:
   return None
 
 
+class TwoConsumerTile:
+  """The CTA tile of a config whose two consumer warpgroups each compute a
+  tile_m x tile_n part, side by side along `wg_dimension`."""
+
+  @property
+  def cta_tile_m(self) -> int:
+    return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
+
+  @property
+  def cta_tile_n(self) -> int:
+    return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
+
+
 @dataclasses.dataclass(frozen=True)
-class MosaicConfig:
+class MosaicConfig(TwoConsumerTile):
   """One launch of `mosaic/ws_persistent`.
 
   tile_m, tile_n: the output tile each of the two consumer warpgroups owns;
@@ -165,14 +178,6 @@ class MosaicConfig:
     if not isinstance(self.warpgroup_semantics, bool):
       raise TypeError(f"MosaicConfig.warpgroup_semantics="
                       f"{self.warpgroup_semantics!r} must be a bool")
-
-  @property
-  def cta_tile_m(self) -> int:
-    return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
-
-  @property
-  def cta_tile_n(self) -> int:
-    return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
 
   @property
   def epilogue_tiles_per_wg(self) -> int:

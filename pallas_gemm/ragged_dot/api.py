@@ -17,7 +17,7 @@ import numpy as np
 from pallas_gemm.devices import device_info
 from pallas_gemm.problem import (ACTIVATIONS, FP8_DTYPES, SUPPORTED_INPUT_DTYPES,
                                  SUPPORTED_OUTPUT_DTYPES, XLA_ONLY_DTYPES,
-                                 dtype_name, normalize_precision)
+                                 as_array, dtype_name, normalize_precision)
 from pallas_gemm.ragged_dot import implementations, primitive
 
 _INPUT_DTYPES = SUPPORTED_INPUT_DTYPES + FP8_DTYPES + XLA_ONLY_DTYPES
@@ -54,7 +54,7 @@ def ragged_dot(lhs, rhs, group_sizes, *, precision=None,
 def _ragged_rows(lhs, rhs, group_sizes, precision, preferred_element_type,
                  group_offset, transpose_rhs, activation, kernel, config,
                  submit):
-  lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
+  lhs, rhs = as_array(lhs, "lhs"), as_array(rhs, "rhs")
   in_dtype = _check_operands(lhs, rhs)
   if rhs.ndim != 3:
     raise ValueError(f"rhs.shape={rhs.shape} must be (groups, k, n)")
@@ -136,7 +136,7 @@ def _general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision,
   if not isinstance(numbers, jax.lax.RaggedDotDimensionNumbers):
     raise TypeError("ragged_dot_dimension_numbers must be a jax.lax."
                     f"RaggedDotDimensionNumbers, got {type(numbers).__name__}")
-  lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
+  lhs, rhs = as_array(lhs, "lhs"), as_array(rhs, "rhs")
   (contract_lhs, contract_rhs), (batch_lhs, batch_rhs) = (
       numbers.dot_dimension_numbers)
   ragged, group = (tuple(numbers.lhs_ragged_dimensions),
@@ -188,15 +188,6 @@ def _ragged_contracting(lhs, rhs, group_sizes, precision,
 # ------------------------------------------------------------------ checks ---
 
 
-def _as_array(x, name):
-  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-    try:
-      x = jnp.asarray(x)
-    except TypeError as e:
-      raise TypeError(f"{name} must be an array, got {type(x).__name__}") from e
-  return x
-
-
 def _check_operands(lhs, rhs) -> str:
   if lhs.ndim != 2:
     raise ValueError(f"lhs.shape={lhs.shape} must be (m, k)")
@@ -209,7 +200,7 @@ def _check_operands(lhs, rhs) -> str:
 
 
 def _check_group_sizes(group_sizes):
-  group_sizes = _as_array(group_sizes, "group_sizes")
+  group_sizes = as_array(group_sizes, "group_sizes")
   if dtype_name(group_sizes.dtype) != "int32":
     raise TypeError(f"group_sizes.dtype={group_sizes.dtype} must be int32")
   if group_sizes.ndim != 1:
@@ -230,7 +221,7 @@ def _local_groups(group_sizes, local_groups: int, group_offset):
   if total < local_groups:
     raise ValueError(f"group_sizes.shape={sizes.shape} has fewer groups than "
                      f"rhs ({local_groups})")
-  offset = _as_array(group_offset, "group_offset")
+  offset = as_array(group_offset, "group_offset")
   if not jnp.issubdtype(offset.dtype, jnp.integer) or offset.size != 1 or (
       offset.ndim > 1):
     raise TypeError(f"group_offset must be one integer (an int or an int array "

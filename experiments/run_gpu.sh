@@ -140,7 +140,8 @@ fi
 if wanted moe && [ -f experiments/bench_moe.py ]; then
   stage "benchmark: mixture-of-experts grouped GEMM"
   run_budgeted "$(budget moe 200)" "$PY" experiments/bench_moe.py \
-    --max_seconds="$(( $(budget moe 200) - 30 ))" --output_dir="$RESULTS/moe"
+    --max_seconds="$(( $(budget moe 200) - 30 ))" --kernels=auto,xla,tokamax \
+    --output_dir="$RESULTS/moe"
 fi
 
 if wanted smoke; then

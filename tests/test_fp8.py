@@ -15,6 +15,7 @@ from pallas_gemm.fp8 import (dequantize_fp8, fp8_max, quantize_fp8,
                              reference_operand)
 from pallas_gemm.mosaic_backend import Dim, MosaicConfig
 from pallas_gemm.mosaic_backend import fp8 as mosaic_fp8
+from pallas_gemm.mosaic_backend.fp8_config import Fp8Config
 from pallas_gemm.numerics import (fresh_key, random_normal, reference_matmul,
                                   relative_error, tolerance)
 from pallas_gemm.problem import Epilogue, GemmProblem, cdiv
@@ -23,8 +24,12 @@ E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 HOPPER = pallas_gemm.DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 227 * 1024)
 #: A small CTA tile keeps interpret mode quick (the GPU configs are checked by
 #: the cross-lowering tests below).
-SMALL = MosaicConfig(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2,
-                     epi_tile_n=64, wg_dimension=Dim.M)
+SMALL = Fp8Config(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2,
+                  epi_tile_n=64, wg_dimension=Dim.M)
+#: Block-wise K blocks in overlapped pairs (3 blocks: a pair, then one).
+SMALL_GROUPED = Fp8Config(tile_m=64, tile_n=64, tile_k=128,
+                          max_concurrent_steps=3, epi_tile_n=64,
+                          wg_dimension=Dim.M, promote_group=2)
 
 #: Every mode of each operand, and each kind of pair (both in the epilogue,
 #: both per K block, one of each), without the whole cross product.
@@ -261,7 +266,8 @@ def test_mosaic_fp8_interpret(case):
                                   b_dtype=b_dtype)
   out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb,
                            transpose_b=transpose_b, kernel="mosaic/fp8",
-                           config=SMALL, preferred_element_type=out_dtype)
+                           config=SMALL_GROUPED if "block" in (a_mode, b_mode)
+                           else SMALL, preferred_element_type=out_dtype)
   assert out.dtype == out_dtype and out.shape == (m, n)
   budget = 1e-5 if out_dtype == jnp.float32 else tolerance(
       "float8_e4m3fn", "default", jnp.dtype(out_dtype).name)
@@ -291,7 +297,7 @@ def test_mosaic_fp8_config_errors():
                         b_scale_mode="block")
   wide = MosaicConfig(tile_m=64, tile_n=256, tile_k=128,
                       max_concurrent_steps=2, wg_dimension=Dim.M)
-  assert "two f32 accumulators" in mosaic_fp8.check_fp8_config(wide, problem)
+  assert "accumulator registers" in mosaic_fp8.check_fp8_config(wide, problem)
   shallow = MosaicConfig(tile_m=64, tile_n=128, tile_k=64, wg_dimension=Dim.M)
   assert "tile_k=64" in mosaic_fp8.check_fp8_config(shallow, problem)
 

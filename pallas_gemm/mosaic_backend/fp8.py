@@ -52,7 +52,6 @@ transfers cover transposed views.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -67,9 +66,10 @@ from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
                                                      prepare_operands,
                                                      scaling_kind)
-from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
-                                                MosaicConfig)
-from pallas_gemm.mosaic_backend.heuristics import cta_waves
+from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
+from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
+    FP8_TILE_K, Fp8Config, check_fp8_config, column_factor_is_uniform,
+    fp8_candidates, fp8_heuristic, promote_group_of, smem_bytes)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       INTERPRET_CTAS,
@@ -82,9 +82,6 @@ from pallas_gemm.problem import (FP8_DTYPES, GemmProblem,
                                  apply_epilogue, cdiv)
 
 NAME = "mosaic/fp8"
-#: One stage's K extent: 128 fp8 bytes, the full swizzle span, and one
-#: block-wise scale's K extent.
-FP8_TILE_K = 128
 
 
 def layout_note(problem: GemmProblem) -> str:
@@ -94,38 +91,6 @@ def layout_note(problem: GemmProblem) -> str:
                                      ("B", not problem.transpose_b)) if moved]
   return (f"{problem.layout}: XLA first transposes {' and '.join(copies)} "
           "into a K-major copy (fp8 wgmma reads K-major tiles only)")
-
-
-def scale_smem_bytes(config: MosaicConfig, kind: str) -> int:
-  if kind == "per_k":
-    return config.max_concurrent_steps * (config.cta_tile_m
-                                          + config.cta_tile_n) * 4
-  if kind == "epilogue":
-    return NUM_CONSUMERS * (config.tile_m + config.tile_n) * 4
-  return 0
-
-
-def smem_bytes(config: MosaicConfig, problem: GemmProblem) -> int:
-  return config.smem_bytes(problem) + scale_smem_bytes(
-      config, scaling_kind(problem))
-
-
-def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
-  """Why `config` cannot run `problem` on this kernel, or None."""
-  if config.tile_k != FP8_TILE_K:
-    return (f"MosaicConfig.tile_k={config.tile_k} must be {FP8_TILE_K} for "
-            "fp8 (one 128-byte swizzle span, one scale block)")
-  if smem_bytes(config, problem) > HOPPER_SMEM_BYTES:
-    return (f"needs {smem_bytes(config, problem)} bytes of shared memory, "
-            f"more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
-  if scaling_kind(problem) == "per_k" and config.tile_m * config.tile_n > (
-      64 * 128):
-    # The running sum and the fresh partial product are both live in each
-    # consumer's registers: 64x128 f32 each is 64 registers a thread.
-    return (f"block-wise scales need tile_m*tile_n <= {64 * 128} per "
-            f"consumer (two f32 accumulators in registers), got "
-            f"{config.tile_m}x{config.tile_n}")
-  return None
 
 
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
@@ -149,6 +114,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   out_slots = config.out_slots
   num_tiles = problem.batch * m_tiles * n_tiles
   per_k = kind == "per_k"
+  group = promote_group_of(config)
+  uniform_columns = per_k and column_factor_is_uniform(problem, config)
   loads_per_stage = 4 if per_k else 2
 
   def coords(linear):
@@ -257,43 +224,88 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         return pl.run_scoped(mma_scope,
                              plgpu.ACC((tile_m, tile_n), jnp.float32))
 
-      def promoted_acc(first_step):
-        """Sum over K blocks of (block product) * (its scales), in f32."""
-        def block_product(slot):
-          def scope(acc_ref):
-            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+      def promotion_factor(slot):
+        """a_scale[row, kb] * b_scale[kb, col] for this consumer's tile."""
+        a_rows = a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)]
+        if not uniform_columns:
+          return outer(a_rows, b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)])
+        # B's scale is one number over these columns: read tile_m of its
+        # (equal) column entries in the row layout and multiply per row.
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        rows = plgpu.load(a_rows, layout=row_layout) * plgpu.load(
+            b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_m)], layout=row_layout)
+        return lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
+
+      def promote(total, acc_ref, kk, first_step):
+        """total + (finished block kk's product) * its scales; frees the
+        block's stage."""
+        slot = slot_of(first_step + kk)
+        scaled = acc_ref[...] * promotion_factor(slot)
+        plgpu.barrier_arrive(stage_consumed.at[slot])
+        return scaled if total is None else total + scaled
+
+      def promote_group(total, kk0, size, first_step):
+        """Blocks kk0 .. kk0+size-1: each block's wgmma is issued into a
+        fresh accumulator before the previous block is promoted, so the
+        tensor cores run while the previous partial product is scaled."""
+        def issue(i, previous, total):
+          if i == size:
             plgpu.wgmma_wait(0)
-            return acc_ref[...]
+            return promote(total, previous, kk0 + i - 1, first_step)
+
+          def scope(acc_ref):
+            slot = slot_of(first_step + kk0 + i)
+            plgpu.barrier_wait(stage_loaded.at[slot])
+            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+            new_total = total
+            if previous is not None:
+              plgpu.wgmma_wait(1)
+              new_total = promote(total, previous, kk0 + i - 1, first_step)
+            return issue(i + 1, acc_ref, new_total)
+
           return pl.run_scoped(scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
 
-        def scaled_block(kk):
-          slot = slot_of(first_step + kk)
-          plgpu.barrier_wait(stage_loaded.at[slot])
-          partial = block_product(slot)
-          factor = outer(a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)],
-                         b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)])
-          plgpu.barrier_arrive(stage_consumed.at[slot])
-          return partial * factor
+        return issue(0, None, total)
 
-        def step(kk, total):
-          return total + scaled_block(index(kk))
+      def promoted_acc(first_step):
+        """Sum over K blocks of (block product) * (its scales), in f32."""
+        # The first group starts the sum: no zero-filled array to lay out.
+        first = min(group, k_iters)
+        total = promote_group(None, index(0), first, first_step)
+        full_groups = (k_iters - first) // group
+        tail = k_iters - first - full_groups * group
 
-        # The first block starts the sum: no zero-filled array to lay out.
-        return lax.fori_loop(index(1), index(k_iters), step,
-                             scaled_block(index(0)))
+        def group_step(g, total):
+          return promote_group(total, index(first) + index(g) * group, group,
+                               first_step)
+
+        if full_groups:
+          total = lax.fori_loop(index(0), index(full_groups), group_step,
+                                total)
+        if tail:
+          total = promote_group(total, index(k_iters - tail), tail,
+                                first_step)
+        return total
+
+      def fetch_epilogue_scales(batch_idx, row0, col0):
+        """Start the copies of this tile's row and column scales; they land
+        while the main loop runs (the previous tile's epilogue has already
+        read the buffers into registers)."""
+        plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, pl.ds(row0, tile_m)],
+                                a_sc_smem.at[wg], sc_loaded.at[wg])
+        plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, pl.ds(col0, tile_n)],
+                                b_sc_smem.at[wg], sc_loaded.at[wg])
 
       def compute_tile(batch_idx, m_idx, n_idx, first_step):
         row0 = m_idx * cta_m + wg_m_offset
         col0 = n_idx * cta_n + wg_n_offset
+        if kind == "epilogue":
+          fetch_epilogue_scales(batch_idx, row0, col0)
         if per_k:
           acc = promoted_acc(first_step)
         else:
           acc = pipelined_acc(first_step)
         if kind == "epilogue":
-          plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, pl.ds(row0, tile_m)],
-                                  a_sc_smem.at[wg], sc_loaded.at[wg])
-          plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, pl.ds(col0, tile_n)],
-                                  b_sc_smem.at[wg], sc_loaded.at[wg])
           plgpu.barrier_wait(sc_loaded.at[wg])
           acc = acc * outer(a_sc_smem.at[wg], b_sc_smem.at[wg])
         if has_bias:
@@ -432,58 +444,6 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
   return None
 
 
-#: (tile_m, tile_n) per consumer, split over M, and how much slower each
-#: runs per unit of work than the first (a narrower CTA tile reads more
-#: shared memory per flop). Block-wise scaling keeps two f32 accumulators
-#: per consumer, so it takes the 64x128 tile only.
-FP8_TILES = ((64, 256, 1.0), (128, 128, 1.02), (64, 128, 1.08))
-FP8_BLOCK_TILES = ((64, 128, 1.0),)
-
-
-def fp8_heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
-  """The CTA tile whose waves cost least, then the deepest ring that fits."""
-  num_sms = device.planning_sms
-  choices = FP8_BLOCK_TILES if scaling_kind(problem) == "per_k" else FP8_TILES
-
-  def cost(tile_m, tile_n, slowdown):
-    cta_m = 2 * tile_m
-    return (cta_waves(problem, cta_m, tile_n, num_sms) * cta_m * tile_n
-            * slowdown)
-
-  tile_m, tile_n, _ = min(choices, key=lambda choice: cost(*choice))
-  epi_tile_n = tma.SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
-  base = MosaicConfig(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
-                      epi_tile_n=epi_tile_n, wg_dimension=Dim.M)
-  for stages in (6, 5, 4, 3, 2):
-    config = dataclasses.replace(base, max_concurrent_steps=stages)
-    if check_fp8_config(config, problem) is None:
-      return config
-  return dataclasses.replace(base, max_concurrent_steps=2)
-
-
-def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
-  """The autotuner's search space: the heuristic's config first, then the
-  CTA tiles and ring depths that fit (block-wise: the 64x128 consumer tile
-  split over M or N)."""
-  tiles = ([(64, 128, Dim.M), (64, 128, Dim.N)]
-           if scaling_kind(problem) == "per_k" else
-           [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
-            (64, 128, Dim.M)])
-  epi_tile_n = tma.SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
-  first = fp8_heuristic(problem, device)
-  out = [first]
-  for tile_m, tile_n, wg_dim in tiles:
-    for stages in (5, 4, 3):
-      for band in (8, 16):
-        config = MosaicConfig(tile_m=tile_m, tile_n=tile_n,
-                              tile_k=FP8_TILE_K, max_concurrent_steps=stages,
-                              epi_tile_n=min(epi_tile_n, tile_n),
-                              grid_band=band, wg_dimension=wg_dim)
-        if config != first and check_fp8_config(config, problem) is None:
-          out.append(config)
-  return out
-
-
 autotune.register_search_space(NAME, fp8_candidates)
 
 
@@ -499,7 +459,7 @@ registry.register(registry.KernelEntry(
     supports=supports,
     heuristic=fp8_heuristic,
     check_config=check_config,
-    config_cls=MosaicConfig,
+    config_cls=Fp8Config,
     runs_on_cpu=True,
     takes_scales=True,
     note=layout_note,

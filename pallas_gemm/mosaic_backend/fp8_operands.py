@@ -56,7 +56,11 @@ def kernel_scales(problem: GemmProblem, a_scale, b_scale, m_rows: int,
         _scale_vector(a_scale, problem.a_scale_mode, batch, m)[:, None],
         (batch, k_blocks, m))
   if problem.b_scale_mode == "block":
-    b_k = jnp.repeat(b_scale, SCALE_BLOCK, axis=2)[:, :, :n]
+    # Whole 128-column blocks, padding included, so that every column of a
+    # block carries the same scale (the kernel may read any of them).
+    b_k = jnp.repeat(b_scale, SCALE_BLOCK, axis=2)
+    b_k = jnp.pad(b_k, [(0, 0), (0, 0), (0, max(n_cols - b_k.shape[2], 0))],
+                  mode="edge")[:, :, :n_cols]
   else:
     b_k = jnp.broadcast_to(
         _scale_vector(b_scale, problem.b_scale_mode, batch, n)[:, None],

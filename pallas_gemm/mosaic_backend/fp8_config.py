@@ -1,0 +1,187 @@
+"""`mosaic/fp8`'s launch config, what it costs in shared memory and
+registers, and the heuristic and autotune search space that pick it.
+
+`Fp8Config` is a `MosaicConfig` plus one fp8-only field, so everything that
+handles Mosaic configs (validation, the autotune cache, explain) handles it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax.numpy as jnp
+
+from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
+                                                MosaicConfig, _int_field)
+from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
+from pallas_gemm.mosaic_backend.heuristics import cta_waves
+from pallas_gemm.problem import SCALE_BLOCK, GemmProblem
+
+#: One stage's K extent: 128 fp8 bytes, the full swizzle span, and one
+#: block-wise scale's K extent.
+FP8_TILE_K = 128
+#: f32 registers one consumer thread may spend on accumulators (of the 232
+#: it gets, the rest hold addresses, scales and loop state).
+ACC_REGISTER_BUDGET = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Config(MosaicConfig):
+  """A `MosaicConfig` (see there) for `mosaic/fp8`, plus:
+
+  promote_group: block-wise scaling only. K blocks are multiplied in groups
+    of this many (>= 1): inside a group each block's wgmma is issued before
+    the previous block's partial product is scaled and added to the running
+    sum, so the tensor cores keep working during the promotion; between
+    groups the pipeline drains once. 1 waits for every block's wgmma before
+    promoting it. Each extra block in flight costs one more f32
+    accumulator tile in registers.
+  """
+
+  promote_group: int = 1
+
+  def __post_init__(self):
+    super().__post_init__()
+    _int_field(self, "promote_group")
+    if self.promote_group < 1:
+      raise ValueError(f"Fp8Config.promote_group={self.promote_group} must "
+                       "be >= 1")
+
+
+def promote_group_of(config: MosaicConfig) -> int:
+  """A plain `MosaicConfig` promotes every block on its own."""
+  return getattr(config, "promote_group", 1)
+
+
+def scale_smem_bytes(config: MosaicConfig, kind: str) -> int:
+  if kind == "per_k":
+    return config.max_concurrent_steps * (config.cta_tile_m
+                                          + config.cta_tile_n) * 4
+  if kind == "epilogue":
+    return 2 * (config.tile_m + config.tile_n) * 4  # one pair per consumer
+  return 0
+
+
+def smem_bytes(config: MosaicConfig, problem: GemmProblem) -> int:
+  return config.smem_bytes(problem) + scale_smem_bytes(
+      config, scaling_kind(problem))
+
+
+def column_factor_is_uniform(problem: GemmProblem,
+                             config: MosaicConfig) -> bool:
+  """Block-wise scaling: whether B's scale is one number across each
+  consumer's columns for a K block (B per tensor, or B block-wise with a
+  consumer tile inside one 128-column block), so the promotion multiplies
+  by a per-row factor instead of a full row x column product. The kernel
+  reads that number as a row-shaped slice of the column scales, hence
+  tile_m <= tile_n."""
+  if problem.b_scale_mode not in ("none", "tensor", "block"):
+    return False
+  if config.tile_m > config.tile_n:
+    return False
+  return problem.b_scale_mode != "block" or SCALE_BLOCK % config.tile_n == 0
+
+
+def accumulator_registers(config: MosaicConfig, kind: str) -> int:
+  """f32 accumulator registers per consumer thread (128 threads)."""
+  tile = config.tile_m * config.tile_n // 128
+  if kind != "per_k":
+    return tile
+  # The running sum, plus the partial products in flight: the one being
+  # promoted and the next one's wgmma (when groups overlap them).
+  return tile * (3 if promote_group_of(config) > 1 else 2)
+
+
+def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
+  """Why `config` cannot run `problem` on this kernel, or None."""
+  if config.tile_k != FP8_TILE_K:
+    return (f"MosaicConfig.tile_k={config.tile_k} must be {FP8_TILE_K} for "
+            "fp8 (one 128-byte swizzle span, one scale block)")
+  if smem_bytes(config, problem) > HOPPER_SMEM_BYTES:
+    return (f"needs {smem_bytes(config, problem)} bytes of shared memory, "
+            f"more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
+  kind = scaling_kind(problem)
+  registers = accumulator_registers(config, kind)
+  if registers > ACC_REGISTER_BUDGET:
+    what = ("block-wise scales keep the running sum and "
+            f"{'two' if promote_group_of(config) > 1 else 'one'} partial "
+            "product(s) in registers" if kind == "per_k" else
+            "the accumulator lives in registers")
+    return (f"tile {config.tile_m}x{config.tile_n} needs {registers} f32 "
+            f"accumulator registers per thread, more than "
+            f"{ACC_REGISTER_BUDGET} ({what})")
+  return None
+
+
+#: (tile_m, tile_n, split) per consumer, and how much slower each runs per
+#: unit of work than the first (a narrower consumer tile reads more shared
+#: memory per flop).
+FP8_TILES = ((64, 256, Dim.M, 1.0), (128, 128, Dim.N, 1.02),
+             (64, 128, Dim.M, 1.08))
+#: Block-wise: the running sum and partial products share the registers.
+FP8_BLOCK_TILES = ((64, 128, Dim.M, 1.0),)
+#: Block-wise K blocks issued per promotion group by default.
+DEFAULT_PROMOTE_GROUP = 1
+
+
+def _epi_tile_n(problem: GemmProblem) -> int:
+  return tma.SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
+
+
+def deepest_fitting(base: Fp8Config, problem: GemmProblem) -> Fp8Config:
+  """The deepest ring (then the widest epilogue sub-tile) that fits: the
+  ring depth hides load latency, the epilogue tile only batches stores."""
+  widest = min(_epi_tile_n(problem), base.tile_n)
+  for stages, epi_n in itertools.product((6, 5, 4, 3, 2),
+                                         (widest, widest // 2)):
+    config = dataclasses.replace(base, max_concurrent_steps=stages,
+                                 epi_tile_n=epi_n)
+    if check_fp8_config(config, problem) is None:
+      return config
+  return dataclasses.replace(base, max_concurrent_steps=2)
+
+
+def fp8_heuristic(problem: GemmProblem, device: DeviceInfo) -> Fp8Config:
+  """The CTA tile whose waves cost least, then the deepest ring that fits."""
+  num_sms = device.planning_sms
+  per_k = scaling_kind(problem) == "per_k"
+  choices = FP8_BLOCK_TILES if per_k else FP8_TILES
+
+  def cost(choice):
+    tile_m, tile_n, split, slowdown = choice
+    cta_m = tile_m * (2 if split == Dim.M else 1)
+    cta_n = tile_n * (2 if split == Dim.N else 1)
+    return cta_waves(problem, cta_m, cta_n, num_sms) * cta_m * cta_n * slowdown
+
+  tile_m, tile_n, split, _ = min(choices, key=cost)
+  base = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
+                   wg_dimension=split,
+                   promote_group=DEFAULT_PROMOTE_GROUP if per_k else 1)
+  return deepest_fitting(base, problem)
+
+
+def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
+  """The autotuner's search space: the heuristic's config first, then the
+  consumer tiles, ring depths, bands and (block-wise) promotion groups
+  that fit."""
+  per_k = scaling_kind(problem) == "per_k"
+  tiles = ([(64, 128, Dim.M), (64, 128, Dim.N)] if per_k else
+           [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
+            (64, 128, Dim.M)])
+  groups = (1, 2, 4) if per_k else (1,)
+  widest = _epi_tile_n(problem)
+  first = fp8_heuristic(problem, device)
+  out = [first]
+  for (tile_m, tile_n, wg_dim), stages, band, group, epi_n in (
+      itertools.product(tiles, (5, 4, 3), (8, 16), groups,
+                        (widest, widest // 2))):
+    config = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
+                       max_concurrent_steps=stages,
+                       epi_tile_n=min(epi_n, tile_n), grid_band=band,
+                       wg_dimension=wg_dim, promote_group=group)
+    if config not in out and check_fp8_config(config, problem) is None:
+      out.append(config)
+  return out

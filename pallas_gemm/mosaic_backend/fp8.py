@@ -102,8 +102,16 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   c_gmem = refs.pop(0) if has_c else None
   bias_gmem = refs.pop(0) if has_bias else None
   a_sc_gmem = b_sc_gmem = None
-  if kind != "none":
+  a_vector = b_vector = False  # epilogue scales staged through smem
+  if kind == "per_k":
     a_sc_gmem, b_sc_gmem = refs.pop(0), refs.pop(0)
+  elif kind == "epilogue":
+    if problem.a_scale_mode != "none":
+      a_sc_gmem = refs.pop(0)
+    if problem.b_scale_mode != "none":
+      b_sc_gmem = refs.pop(0)
+    a_vector = problem.a_scale_mode == "row"
+    b_vector = problem.b_scale_mode == "col"
   (out_gmem,) = refs
 
   out_dtype = out_gmem.dtype
@@ -291,23 +299,56 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         """Start the copies of this tile's row and column scales; they land
         while the main loop runs (the previous tile's epilogue has already
         read the buffers into registers)."""
-        plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, pl.ds(row0, tile_m)],
-                                a_sc_smem.at[wg], sc_loaded.at[wg])
-        plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, pl.ds(col0, tile_n)],
-                                b_sc_smem.at[wg], sc_loaded.at[wg])
+        if a_vector:
+          plgpu.copy_gmem_to_smem(
+              a_sc_gmem.at[batch_idx, pl.ds(row0, tile_m)],
+              a_sc_smem.at[wg], sc_loaded.at[wg])
+        if b_vector:
+          plgpu.copy_gmem_to_smem(
+              b_sc_gmem.at[batch_idx, pl.ds(col0, tile_n)],
+              b_sc_smem.at[wg], sc_loaded.at[wg])
+
+      def tensor_scalar(batch_idx):
+        """The product of the per-tensor scales, or None: one float read
+        from global memory (cached) per tile, so it needs no shared memory
+        and no copy; read before the main loop, its latency is hidden."""
+        scalar = None
+        for mode, gmem in ((problem.a_scale_mode, a_sc_gmem),
+                           (problem.b_scale_mode, b_sc_gmem)):
+          if mode == "tensor":
+            value = gmem[batch_idx]
+            scalar = value if scalar is None else scalar * value
+        return scalar
+
+      def dequantize(acc, scalar):
+        """acc times the row scales, column scales and per-tensor scalar."""
+        if a_vector or b_vector:
+          plgpu.barrier_wait(sc_loaded.at[wg])
+        if a_vector and b_vector:
+          factor = outer(a_sc_smem.at[wg], b_sc_smem.at[wg])
+          return acc * (factor if scalar is None else factor * scalar)
+        if a_vector or b_vector:
+          vec = plgpu.load(a_sc_smem.at[wg] if a_vector else b_sc_smem.at[wg],
+                           layout=plgpu.Layout.WGMMA.reduce(
+                               1 if a_vector else 0))
+          if scalar is not None:
+            vec = vec * scalar
+          return acc * lax.broadcast_in_dim(vec, (tile_m, tile_n),
+                                            (0,) if a_vector else (1,))
+        return acc * scalar
 
       def compute_tile(batch_idx, m_idx, n_idx, first_step):
         row0 = m_idx * cta_m + wg_m_offset
         col0 = n_idx * cta_n + wg_n_offset
-        if kind == "epilogue":
+        if a_vector or b_vector:
           fetch_epilogue_scales(batch_idx, row0, col0)
+        scalar = tensor_scalar(batch_idx) if kind == "epilogue" else None
         if per_k:
           acc = promoted_acc(first_step)
         else:
           acc = pipelined_acc(first_step)
         if kind == "epilogue":
-          plgpu.barrier_wait(sc_loaded.at[wg])
-          acc = acc * outer(a_sc_smem.at[wg], b_sc_smem.at[wg])
+          acc = dequantize(acc, scalar)
         if has_bias:
           plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
                                   bias_smem.at[wg], bias_loaded.at[wg])
@@ -351,11 +392,14 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     scale_smem = dict(
         a_sc_smem=plgpu.SMEM((stages, cta_m), jnp.float32),
         b_sc_smem=plgpu.SMEM((stages, cta_n), jnp.float32), sc_loaded=None)
-  elif kind == "epilogue":
+  elif a_vector or b_vector:
     scale_smem = dict(
-        a_sc_smem=plgpu.SMEM((NUM_CONSUMERS, tile_m), jnp.float32),
-        b_sc_smem=plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32),
-        sc_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_CONSUMERS))
+        a_sc_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_m), jnp.float32)
+                   if a_vector else None),
+        b_sc_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
+                   if b_vector else None),
+        sc_loaded=plgpu.Barrier(num_arrivals=int(a_vector) + int(b_vector),
+                                num_barriers=NUM_CONSUMERS))
   else:
     scale_smem = dict(a_sc_smem=None, b_sc_smem=None, sc_loaded=None)
   pl.run_scoped(

@@ -56,18 +56,19 @@ def promote_group_of(config: MosaicConfig) -> int:
   return getattr(config, "promote_group", 1)
 
 
-def scale_smem_bytes(config: MosaicConfig, kind: str) -> int:
-  if kind == "per_k":
+def scale_smem_bytes(config: MosaicConfig, problem: GemmProblem) -> int:
+  """Block-wise scales ride the ring; row and column scales get one buffer
+  per consumer; per-tensor scales are read from global memory (none)."""
+  if scaling_kind(problem) == "per_k":
     return config.max_concurrent_steps * (config.cta_tile_m
                                           + config.cta_tile_n) * 4
-  if kind == "epilogue":
-    return 2 * (config.tile_m + config.tile_n) * 4  # one pair per consumer
-  return 0
+  rows = config.tile_m if problem.a_scale_mode == "row" else 0
+  cols = config.tile_n if problem.b_scale_mode == "col" else 0
+  return 2 * (rows + cols) * 4
 
 
 def smem_bytes(config: MosaicConfig, problem: GemmProblem) -> int:
-  return config.smem_bytes(problem) + scale_smem_bytes(
-      config, scaling_kind(problem))
+  return config.smem_bytes(problem) + scale_smem_bytes(config, problem)
 
 
 def column_factor_is_uniform(problem: GemmProblem,

@@ -39,15 +39,22 @@ def _scale_vector(scale, mode: str, batch: int, size: int):
 
 def kernel_scales(problem: GemmProblem, a_scale, b_scale, m_rows: int,
                   n_cols: int):
-  """The two scale arrays the kernel reads, padded to whole CTA tiles:
-  epilogue: (batch, m_rows) and (batch, n_cols);
+  """The scale arrays the kernel reads, padded to whole CTA tiles:
+  epilogue: per operand that has a scale, (batch,) for a per-tensor scale
+            (read as is: no XLA op runs) or (batch, m_rows) / (batch,
+            n_cols) for row / column scales;
   per K:    (batch, k_blocks, m_rows) and (batch, k_blocks, n_cols)."""
   kind = scaling_kind(problem)
   batch, m, n = problem.batch, problem.m, problem.n
   if kind == "epilogue":
-    rows = _scale_vector(a_scale, problem.a_scale_mode, batch, m)
-    cols = _scale_vector(b_scale, problem.b_scale_mode, batch, n)
-    return _pad_last(rows, m_rows), _pad_last(cols, n_cols)
+    out = []
+    for scale, mode, size in ((a_scale, problem.a_scale_mode, m_rows),
+                              (b_scale, problem.b_scale_mode, n_cols)):
+      if mode == "tensor":  # a reshape of a scalar: no XLA kernel runs
+        out.append(jnp.broadcast_to(jnp.reshape(scale, (-1,)), (batch,)))
+      elif mode != "none":
+        out.append(_pad_last(scale, size))
+    return tuple(out)
   k_blocks = cdiv(problem.k, SCALE_BLOCK)
   if problem.a_scale_mode == "block":
     a_k = jnp.swapaxes(a_scale, 1, 2)

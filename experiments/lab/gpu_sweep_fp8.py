@@ -52,16 +52,18 @@ DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x14336x4096")
 
 
 def _config(tile_m, tile_n, split, stages, epi_n, band=8, band_dim=Dim.M,
-            group=1):
+            group=1, cluster=None):
   return Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                    wg_dimension=split, max_concurrent_steps=stages,
                    epi_tile_n=epi_n, grid_band=band, band_dim=band_dim,
-                   promote_group=group)
+                   promote_group=group, cluster_dim=cluster)
 
 
 #: (name, config) per scaling; None is the heuristic's pick for the problem.
 TENSOR_CANDIDATES = (
     ("heuristic", None),
+    ("64x256M s4 e64 cM", _config(64, 256, Dim.M, 4, 64, cluster=Dim.M)),
+    ("64x256M s4 e64 cN", _config(64, 256, Dim.M, 4, 64, cluster=Dim.N)),
     ("64x256M s3 e64", _config(64, 256, Dim.M, 3, 64)),
     ("64x256M s4 e32", _config(64, 256, Dim.M, 4, 32)),
     ("128x128N s4 e64", _config(128, 128, Dim.N, 4, 64)),
@@ -72,8 +74,9 @@ TENSOR_CANDIDATES = (
 )
 BLOCK_CANDIDATES = (
     ("heuristic", None),
-    ("64x128M s6 g1", _config(64, 128, Dim.M, 6, 32, group=1)),
     ("64x128M s6 g2", _config(64, 128, Dim.M, 6, 32, group=2)),
+    ("64x128M s6 g2 cM", _config(64, 128, Dim.M, 6, 32, group=2,
+                                 cluster=Dim.M)),
     ("64x128M s6 g4", _config(64, 128, Dim.M, 6, 32, group=4)),
     ("64x128M s5 e64 g2", _config(64, 128, Dim.M, 5, 64, group=2)),
     ("64x128N s5 g2", _config(64, 128, Dim.N, 5, 32, group=2)),
@@ -90,9 +93,11 @@ CANDIDATES = {"none": NONE_CANDIDATES, "tensor": TENSOR_CANDIDATES,
 def _describe(config) -> str:
   split = "M" if config.wg_dimension == Dim.M else "N"
   band = "M" if config.band_dim == Dim.M else "N"
+  cluster = ("" if config.cluster_dim is None else
+             " c" + ("M" if config.cluster_dim == Dim.M else "N"))
   return (f"{config.tile_m}x{config.tile_n}{split} s{config.max_concurrent_steps}"
           f" e{config.epi_tile_n} b{config.grid_band}{band}"
-          f" g{config.promote_group}")
+          f" g{config.promote_group}{cluster}")
 
 
 def _problem(m, n, k, scaling):

@@ -68,8 +68,9 @@ from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
                                                      scaling_kind)
 from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
 from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
-    FP8_TILE_K, Fp8Config, check_fp8_config, column_factor_is_uniform,
-    fp8_candidates, fp8_heuristic, promote_group_of, smem_bytes)
+    FP8_TILE_K, Fp8Config, check_fp8_config, cluster_dim_of, cluster_units,
+    column_factor_is_uniform, fp8_candidates, fp8_heuristic, promote_group_of,
+    smem_bytes)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       INTERPRET_CTAS,
@@ -120,15 +121,28 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages = config.max_concurrent_steps
   out_slots = config.out_slots
-  num_tiles = problem.batch * m_tiles * n_tiles
+  cluster_dim = cluster_dim_of(config)
+  m_units, n_units = cluster_units(config, m_tiles, n_tiles)
+  num_tiles = problem.batch * m_units * n_units
+  # The operand both CTAs of a cluster read, multicast by the TMA.
+  shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[cluster_dim]
   per_k = kind == "per_k"
   group = promote_group_of(config)
   uniform_columns = per_k and column_factor_is_uniform(problem, config)
   loads_per_stage = 4 if per_k else 2
 
   def coords(linear):
-    return tile_coordinates(linear, m_tiles=m_tiles, n_tiles=n_tiles,
-                            band_dim=config.band_dim, band=config.grid_band)
+    batch_idx, m_idx, n_idx = tile_coordinates(
+        linear, m_tiles=m_units, n_tiles=n_units, band_dim=config.band_dim,
+        band=config.grid_band)
+    # A 2-CTA cluster owns two neighbouring CTA tiles along cluster_dim; with
+    # an odd count the second may lie past the edge: its loads read zeros
+    # and its stores are dropped by the TMA.
+    if cluster_dim == Dim.M:
+      m_idx = m_idx * 2 + lax.axis_index("cluster")
+    elif cluster_dim == Dim.N:
+      n_idx = n_idx * 2 + lax.axis_index("cluster")
+    return batch_idx, m_idx, n_idx
 
   def slot_of(step):
     return lax.rem(step, index(stages))
@@ -160,10 +174,14 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
           k_slice = pl.ds(kk * tile_k, tile_k)
           barrier = stage_loaded.at[slot]
-          plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, m_slice, k_slice],
-                                  a_smem.at[slot], barrier)
-          plgpu.copy_gmem_to_smem(b_gmem.at[batch_idx, n_slice, k_slice],
-                                  b_smem.at[slot], barrier)
+          plgpu.copy_gmem_to_smem(
+              a_gmem.at[batch_idx, m_slice, k_slice], a_smem.at[slot],
+              barrier,
+              collective_axes="cluster" if shared_operand == "a" else None)
+          plgpu.copy_gmem_to_smem(
+              b_gmem.at[batch_idx, n_slice, k_slice], b_smem.at[slot],
+              barrier,
+              collective_axes="cluster" if shared_operand == "b" else None)
           if per_k:
             plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, kk, m_slice],
                                     a_sc_smem.at[slot], barrier)
@@ -410,8 +428,13 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                         transforms=tiled_transforms(tile_k, b_dtype)),
       stage_loaded=plgpu.Barrier(num_arrivals=loads_per_stage,
                                  num_barriers=stages),
-      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                   num_barriers=stages),
+      # A multicast writes into both CTAs' stage, so with a cluster a stage
+      # is free only once the consumers of both CTAs have released it.
+      stage_consumed=(
+          plgpu.ClusterBarrier(collective_axes=("cluster",),
+                               num_arrivals=NUM_CONSUMERS, num_barriers=stages)
+          if cluster_dim is not None else
+          plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)),
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
                           transforms=tiled_transforms(epi_n, out_dtype)),
       c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
@@ -435,19 +458,28 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
   error = check_fp8_config(config, problem)
   if error is not None:
     raise ValueError(f"config={config}: {error}")
-  num_sms = (INTERPRET_CTAS if params is not None
+  cluster_size = 1 if cluster_dim_of(config) is None else 2
+  num_sms = (INTERPRET_CTAS * cluster_size if params is not None
              else max(device_info().num_sms, 1))
   a, b, c, bias, (m_out, n_out) = prepare_operands(a, b, c, bias, problem,
                                                    config)
   m_tiles = cdiv(problem.m, config.cta_tile_m)
   n_tiles = cdiv(problem.n, config.cta_tile_n)
   k_iters = cdiv(problem.k, config.tile_k)
+  m_units, n_units = cluster_units(config, m_tiles, n_tiles)
   scales = []
   if scaling_kind(problem) != "none":
-    scales = list(kernel_scales(problem, a_scale, b_scale,
-                                m_tiles * config.cta_tile_m,
-                                n_tiles * config.cta_tile_n))
-  num_ctas = min(num_sms, problem.batch * m_tiles * n_tiles)
+    # Padded to whole cluster tiles: a cluster's second tile may lie past
+    # the edge, and its scale copies must stay inside the arrays.
+    cluster_dim = cluster_dim_of(config)
+    scales = list(kernel_scales(
+        problem, a_scale, b_scale,
+        m_units * config.cta_tile_m * (2 if cluster_dim == Dim.M else 1),
+        n_units * config.cta_tile_n * (2 if cluster_dim == Dim.N else 1)))
+  num_clusters = min(num_sms // cluster_size,
+                     problem.batch * m_units * n_units)
+  cluster_kwargs = ({} if cluster_size == 1 else
+                    dict(cluster=(cluster_size,), cluster_names=("cluster",)))
   semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
@@ -456,8 +488,9 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
       functools.partial(_kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
       out_type=out_type,
-      grid=(num_ctas,),
+      grid=(num_clusters,),
       grid_names=("sm",),
+      **cluster_kwargs,
       num_threads=NUM_CONSUMERS + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),

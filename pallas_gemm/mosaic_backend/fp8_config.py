@@ -39,9 +39,15 @@ class Fp8Config(MosaicConfig):
     groups the pipeline drains once. 1 waits for every block's wgmma before
     promoting it. Each extra block in flight costs one more f32
     accumulator tile in registers.
+  cluster_dim: None, or Dim.M / Dim.N: pairs of CTAs form 2-CTA clusters
+    that own neighbouring CTA tiles along that dimension, and the operand
+    tile they share (B for Dim.M, A for Dim.N) is loaded once and multicast
+    to both by the TMA, halving its L2 traffic; a ring stage is then free
+    only when both CTAs' consumers have released it.
   """
 
   promote_group: int = 1
+  cluster_dim: Dim | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -49,11 +55,29 @@ class Fp8Config(MosaicConfig):
     if self.promote_group < 1:
       raise ValueError(f"Fp8Config.promote_group={self.promote_group} must "
                        "be >= 1")
+    if self.cluster_dim is not None:
+      if isinstance(self.cluster_dim, bool) or self.cluster_dim not in (0, 1):
+        raise TypeError(f"Fp8Config.cluster_dim={self.cluster_dim!r} must be "
+                        "None, Dim.M or Dim.N")
+      object.__setattr__(self, "cluster_dim", Dim(self.cluster_dim))
 
 
 def promote_group_of(config: MosaicConfig) -> int:
   """A plain `MosaicConfig` promotes every block on its own."""
   return getattr(config, "promote_group", 1)
+
+
+def cluster_dim_of(config: MosaicConfig) -> Dim | None:
+  return getattr(config, "cluster_dim", None)
+
+
+def cluster_units(config: MosaicConfig, m_tiles: int, n_tiles: int):
+  """(m, n) counts of what the persistent grid hands out: CTA tiles, or
+  pairs of them along cluster_dim."""
+  cluster_dim = cluster_dim_of(config)
+  m_units = -(-m_tiles // 2) if cluster_dim == Dim.M else m_tiles
+  n_units = -(-n_tiles // 2) if cluster_dim == Dim.N else n_tiles
+  return m_units, n_units
 
 
 def scale_smem_bytes(config: MosaicConfig, problem: GemmProblem) -> int:

@@ -9,10 +9,12 @@ Scales (`pallas_gemm.fp8` has the conventions) are applied in one of two
 places:
 
   epilogue   per-tensor, per-row and per-column scales (and mixes of them)
-             multiply the finished f32 accumulator by a row vector and a
-             column vector, then the usual epilogue (alpha, beta*C, bias,
-             activation) runs. A per-tensor scale arrives as a constant
-             vector, so there is one code path.
+             multiply the finished f32 accumulator. A per-tensor scale is
+             one float each thread reads from global memory before the main
+             loop: no XLA op prepares it and it takes no shared memory, so
+             the ring is as deep as without scales. Row and column scales
+             are copied into a small per-consumer buffer at the start of the
+             tile, landing while the main loop runs.
   per K      when either operand is block-wise, every 128-deep K step is a
              separate wgmma into a fresh f32 accumulator, and its partial
              product is promoted into the running f32 sum times
@@ -20,6 +22,15 @@ places:
              TMA ring as the operand tiles). fp8 products then never sum
              past one block before being scaled. The other operand's
              per-tensor/row/column scale is expanded to the same per-K form.
+             When B's factor is one number across a consumer's columns (B
+             block-wise with the consumer tile inside one 128-column block,
+             or per tensor) the promotion is one multiply-add per element by
+             a per-row factor. With `Fp8Config.promote_group` > 1 the next
+             block's wgmma is issued before the previous block is promoted,
+             so the tensor cores keep running during the promotion.
+
+With `Fp8Config.cluster_dim`, two CTAs form a cluster owning neighbouring
+tiles, and the operand tile they share is multicast by the TMA.
 
 Layouts. fp8 wgmma reads both operands K-major only: A as (m, k), B as
 (n, k). So the NT layout (`transpose_b=True`) is native. NN, TN and TT run

@@ -169,23 +169,32 @@ def deepest_fitting(base: Fp8Config, problem: GemmProblem) -> Fp8Config:
   return dataclasses.replace(base, max_concurrent_steps=2)
 
 
+def _cost(problem: GemmProblem, config: Fp8Config, slowdown: float,
+          num_sms: int) -> float:
+  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
+  return cta_waves(problem, cta_m, cta_n, num_sms) * cta_m * cta_n * slowdown
+
+
+def heuristic_choices(problem: GemmProblem):
+  """[(config, slowdown)]: every config the heuristic may pick for a problem
+  with these dtypes and scale modes (shape only weighs between them)."""
+  per_k = scaling_kind(problem) == "per_k"
+  out = []
+  for tile_m, tile_n, split, slowdown in (FP8_BLOCK_TILES if per_k
+                                          else FP8_TILES):
+    base = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
+                     wg_dimension=split,
+                     promote_group=DEFAULT_PROMOTE_GROUP if per_k else 1)
+    out.append((deepest_fitting(base, problem), slowdown))
+  return out
+
+
 def fp8_heuristic(problem: GemmProblem, device: DeviceInfo) -> Fp8Config:
   """The CTA tile whose waves cost least, then the deepest ring that fits."""
   num_sms = device.planning_sms
-  per_k = scaling_kind(problem) == "per_k"
-  choices = FP8_BLOCK_TILES if per_k else FP8_TILES
-
-  def cost(choice):
-    tile_m, tile_n, split, slowdown = choice
-    cta_m = tile_m * (2 if split == Dim.M else 1)
-    cta_n = tile_n * (2 if split == Dim.N else 1)
-    return cta_waves(problem, cta_m, cta_n, num_sms) * cta_m * cta_n * slowdown
-
-  tile_m, tile_n, split, _ = min(choices, key=cost)
-  base = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
-                   wg_dimension=split,
-                   promote_group=DEFAULT_PROMOTE_GROUP if per_k else 1)
-  return deepest_fitting(base, problem)
+  config, _ = min(heuristic_choices(problem),
+                  key=lambda choice: _cost(problem, *choice, num_sms))
+  return config
 
 
 def fp8_candidates(problem: GemmProblem, device: DeviceInfo):

@@ -12,7 +12,9 @@ consumer tile and how it is split, ring depth against epilogue sub-tile
 width (both share shared memory), the L2 band, and for block-wise scales
 the promotion group (wgmma of the next K block in flight while the previous
 block is scaled). `none` rows run the heuristic's config without scales,
-the cost of scaling being their difference to the `tensor` rows.
+the cost of scaling being their difference to the `tensor` rows. `pp`
+is the pingpong schedule (consumers own alternate tiles), `cM`/`cN` 2-CTA
+clusters multicasting the shared operand tile.
 
 Each candidate is checked on a subsample against float64 and timed through
 `pallas_gemm.timing` (CUPTI, operands rotated past L2). A candidate that
@@ -52,35 +54,38 @@ DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x14336x4096")
 
 
 def _config(tile_m, tile_n, split, stages, epi_n, band=8, band_dim=Dim.M,
-            group=1, cluster=None):
+            group=1, cluster=None, pingpong=False):
   return Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                    wg_dimension=split, max_concurrent_steps=stages,
                    epi_tile_n=epi_n, grid_band=band, band_dim=band_dim,
-                   promote_group=group, cluster_dim=cluster)
+                   promote_group=group, cluster_dim=cluster,
+                   pingpong=pingpong)
 
 
 #: (name, config) per scaling; None is the heuristic's pick for the problem.
 TENSOR_CANDIDATES = (
     ("heuristic", None),
+    ("64x256 pp s4 e64", _config(64, 256, Dim.M, 4, 64, pingpong=True)),
     ("64x256M s4 e64 cM", _config(64, 256, Dim.M, 4, 64, cluster=Dim.M)),
     ("64x256M s4 e64 cN", _config(64, 256, Dim.M, 4, 64, cluster=Dim.N)),
+    ("64x256 pp s5 e32", _config(64, 256, Dim.M, 5, 32, pingpong=True)),
+    ("128x128 pp s6 e64", _config(128, 128, Dim.M, 6, 64, pingpong=True)),
+    ("64x256 pp s4 cM", _config(64, 256, Dim.M, 4, 64, pingpong=True,
+                                cluster=Dim.M)),
     ("64x256M s3 e64", _config(64, 256, Dim.M, 3, 64)),
-    ("64x256M s4 e32", _config(64, 256, Dim.M, 4, 32)),
     ("128x128N s4 e64", _config(128, 128, Dim.N, 4, 64)),
-    ("128x128M s4 e64", _config(128, 128, Dim.M, 4, 64)),
     ("64x256M s4 e64 b16", _config(64, 256, Dim.M, 4, 64, band=16)),
-    ("64x256M s4 e64 bN8", _config(64, 256, Dim.M, 4, 64, band_dim=Dim.N)),
-    ("64x128M s6 e64", _config(64, 128, Dim.M, 6, 64)),
 )
 BLOCK_CANDIDATES = (
     ("heuristic", None),
     ("64x128M s6 g2", _config(64, 128, Dim.M, 6, 32, group=2)),
+    ("64x128 pp s6 g1", _config(64, 128, Dim.M, 6, 64, pingpong=True)),
+    ("64x128 pp s6 g2", _config(64, 128, Dim.M, 6, 64, group=2,
+                                pingpong=True)),
     ("64x128M s6 g2 cM", _config(64, 128, Dim.M, 6, 32, group=2,
                                  cluster=Dim.M)),
     ("64x128M s6 g4", _config(64, 128, Dim.M, 6, 32, group=4)),
-    ("64x128M s5 e64 g2", _config(64, 128, Dim.M, 5, 64, group=2)),
     ("64x128N s5 g2", _config(64, 128, Dim.N, 5, 32, group=2)),
-    ("64x128N s5 g4", _config(64, 128, Dim.N, 5, 32, group=4)),
 )
 NONE_CANDIDATES = (("heuristic", None),)
 #: Candidates per scaling on shapes outside --full_shapes (compiles dominate
@@ -95,6 +100,8 @@ def _describe(config) -> str:
   band = "M" if config.band_dim == Dim.M else "N"
   cluster = ("" if config.cluster_dim is None else
              " c" + ("M" if config.cluster_dim == Dim.M else "N"))
+  if config.pingpong:
+    split = "pp"
   return (f"{config.tile_m}x{config.tile_n}{split} s{config.max_concurrent_steps}"
           f" e{config.epi_tile_n} b{config.grid_band}{band}"
           f" g{config.promote_group}{cluster}")

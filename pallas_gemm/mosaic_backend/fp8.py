@@ -80,6 +80,7 @@ from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
 from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
 from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
     FP8_TILE_K, Fp8Config, check_fp8_config, cluster_dim_of, cluster_units,
+    pingpong_of,
     column_factor_is_uniform, fp8_candidates, fp8_heuristic, promote_group_of,
     smem_bytes)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
@@ -133,6 +134,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   stages = config.max_concurrent_steps
   out_slots = config.out_slots
   cluster_dim = cluster_dim_of(config)
+  pingpong = pingpong_of(config)
   m_units, n_units = cluster_units(config, m_tiles, n_tiles)
   num_tiles = problem.batch * m_units * n_units
   # The operand both CTAs of a cluster read, multicast by the TMA.
@@ -218,7 +220,9 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      if config.wg_dimension == Dim.M:
+      if pingpong:
+        wg_m_offset = wg_n_offset = 0
+      elif config.wg_dimension == Dim.M:
         wg_m_offset, wg_n_offset = wg * tile_m, 0
       else:
         wg_m_offset, wg_n_offset = 0, wg * tile_n
@@ -408,10 +412,35 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
             plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
                                     out_gmem.at[batch_idx, rows, cols])
 
+      def follow_tile(first_step):
+        """The other consumer's tile (pingpong): observe each stage's load
+        and release it at once, so that every consumer sees every phase of
+        every stage barrier and the producer refills a stage only after
+        both have passed it."""
+        def pass_stage(kk, carry):
+          slot = slot_of(first_step + index(kk))
+          plgpu.barrier_wait(stage_loaded.at[slot])
+          plgpu.barrier_arrive(stage_consumed.at[slot])
+          return carry
+
+        lax.fori_loop(index(0), index(k_iters), pass_stage, None)
+
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):
         batch_idx, m_idx, n_idx = coords(info.index[0])
-        compute_tile(batch_idx, m_idx, n_idx, info.local_index * k_iters)
+        first_step = info.local_index * k_iters
+        if not pingpong:
+          compute_tile(batch_idx, m_idx, n_idx, first_step)
+          return
+        owner = lax.rem(info.local_index, NUM_CONSUMERS)
+
+        @pl.when(owner == wg)
+        def _own():
+          compute_tile(batch_idx, m_idx, n_idx, first_step)
+
+        @pl.when(owner != wg)
+        def _follow():
+          follow_tile(first_step)
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

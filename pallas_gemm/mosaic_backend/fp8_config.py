@@ -44,10 +44,23 @@ class Fp8Config(MosaicConfig):
     tile they share (B for Dim.M, A for Dim.N) is loaded once and multicast
     to both by the TMA, halving its L2 traffic; a ring stage is then free
     only when both CTAs' consumers have released it.
+  pingpong: each consumer owns alternate whole CTA tiles (the CTA tile is
+    then tile_m x tile_n, wg_dimension unused) and passes over the other's
+    stages; the ring serialises the two main loops, so one consumer's
+    epilogue runs while the other's wgmma keeps the tensor cores busy.
   """
 
   promote_group: int = 1
   cluster_dim: Dim | None = None
+  pingpong: bool = False
+
+  @property
+  def cta_tile_m(self) -> int:
+    return self.tile_m if self.pingpong else super().cta_tile_m
+
+  @property
+  def cta_tile_n(self) -> int:
+    return self.tile_n if self.pingpong else super().cta_tile_n
 
   def __post_init__(self):
     super().__post_init__()
@@ -60,11 +73,17 @@ class Fp8Config(MosaicConfig):
         raise TypeError(f"Fp8Config.cluster_dim={self.cluster_dim!r} must be "
                         "None, Dim.M or Dim.N")
       object.__setattr__(self, "cluster_dim", Dim(self.cluster_dim))
+    if not isinstance(self.pingpong, bool):
+      raise TypeError(f"Fp8Config.pingpong={self.pingpong!r} must be a bool")
 
 
 def promote_group_of(config: MosaicConfig) -> int:
   """A plain `MosaicConfig` promotes every block on its own."""
   return getattr(config, "promote_group", 1)
+
+
+def pingpong_of(config: MosaicConfig) -> bool:
+  return getattr(config, "pingpong", False)
 
 
 def cluster_dim_of(config: MosaicConfig) -> Dim | None:

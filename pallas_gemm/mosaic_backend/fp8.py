@@ -36,29 +36,8 @@ Layouts. fp8 wgmma reads both operands K-major only: A as (m, k), B as
 (n, k). So the NT layout (`transpose_b=True`) is native. NN, TN and TT run
 as: XLA transposes the MN-major operand(s) into a K-major copy (one extra
 pass over B, or A), then this NT kernel; `layout_note()` says so and the
-registry description repeats it. What was tried in Mosaic (jax 0.11.2,
-cross-lowered for sm_90a) to keep the transpose in the kernel:
-
-  * wgmma on an MN-major fp8 B tile (the 16-bit kernels' way):
-    "ValueError: Only f16 WGMMA supports transposes".
-  * out^T = B^T A^T with B^T as wgmma's register operand (fp8 A-from-
-    registers is accepted as a (64, 128) fragment): loading the transposed
-    view of a swizzled (k, n) fp8 tile into the WGMMA_8BIT (or WGMMA)
-    layout fails with "UnsupportedTransferError: Tiled strides must be a
-    multiple of the vector length, except for the load vectorized
-    dimension"; and the output tile would then need a transpose too.
-  * a register transpose: FragmentedArray only transposes 16- and 32-bit
-    arrays (WGMMA_LAYOUT <-> WGMMA_TRANSPOSED_LAYOUT).
-  * a transposing pass through shared memory: a WG_STRIDED load of a
-    swizzled tile raises "NotImplementedError: WGStridedFragLayout"; through
-    unswizzled buffers, reading the transposed copy back into WGMMA_8BIT
-    fails with "TransferPlanDerivationError: Failed to synthesize a transfer
-    pattern that avoids bank conflicts", and with `optimized=False` with a
-    verifier error ("'vector.load' op most minor memref dim must have unit
-    stride").
-
-The next step is the raw-CUDA FFI path or a Mosaic version whose 8-bit
-transfers cover transposed views.
+registry description repeats it. `fp8_operands` lists what was tried in
+Mosaic to keep the transpose in the kernel, and why each failed.
 """
 
 from __future__ import annotations
@@ -80,7 +59,7 @@ from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
 from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
 from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
     FP8_TILE_K, Fp8Config, check_fp8_config, cluster_dim_of, cluster_units,
-    pingpong_of,
+    layout_note, pingpong_of, supports,
     column_factor_is_uniform, fp8_candidates, fp8_heuristic, promote_group_of,
     smem_bytes)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
@@ -91,19 +70,10 @@ from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       call_kernel, index,
                                                       interpret_params,
                                                       tile_coordinates)
-from pallas_gemm.problem import (FP8_DTYPES, GemmProblem,
+from pallas_gemm.problem import (GemmProblem,
                                  apply_epilogue, cdiv)
 
 NAME = "mosaic/fp8"
-
-
-def layout_note(problem: GemmProblem) -> str:
-  if (problem.transpose_a, problem.transpose_b) == (False, True):
-    return "NT: native (both operands K-major)"
-  copies = [name for name, moved in (("A", problem.transpose_a),
-                                     ("B", not problem.transpose_b)) if moved]
-  return (f"{problem.layout}: XLA first transposes {' and '.join(copies)} "
-          "into a K-major copy (fp8 wgmma reads K-major tiles only)")
 
 
 def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
@@ -542,23 +512,6 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
 
 
 # ------------------------------------------------- registry and heuristics ---
-
-
-def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: fp8 wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
-  for name, dtype in (("a", problem.in_dtype),
-                      ("b", problem.b_dtype or problem.in_dtype)):
-    if dtype not in FP8_DTYPES:
-      return f"{name} has dtype {dtype}; this kernel takes {FP8_DTYPES} only"
-  if problem.out_dtype not in ("float32", "bfloat16", "float16"):
-    return f"output dtype {problem.out_dtype} is not supported"
-  if problem.epilogue.has_c and problem.c_dtype not in (
-      "float32", "bfloat16", "float16"):
-    return f"c dtype {problem.c_dtype} is not supported"
-  return None
 
 
 autotune.register_search_space(NAME, fp8_candidates)

@@ -1,5 +1,6 @@
 """`mosaic/fp8`'s launch config, what it costs in shared memory and
-registers, and the heuristic and autotune search space that pick it.
+registers, the heuristic and autotune search space that pick it, and which
+problems the kernel takes.
 
 `Fp8Config` is a `MosaicConfig` plus one fp8-only field, so everything that
 handles Mosaic configs (validation, the autotune cache, explain) handles it.
@@ -18,7 +19,7 @@ from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
                                                 MosaicConfig, _int_field)
 from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
 from pallas_gemm.mosaic_backend.heuristics import cta_waves
-from pallas_gemm.problem import SCALE_BLOCK, GemmProblem
+from pallas_gemm.problem import FP8_DTYPES, SCALE_BLOCK, GemmProblem
 
 #: One stage's K extent: 128 fp8 bytes, the full swizzle span, and one
 #: block-wise scale's K extent.
@@ -238,3 +239,29 @@ def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
     if config not in out and check_fp8_config(config, problem) is None:
       out.append(config)
   return out
+
+
+def layout_note(problem: GemmProblem) -> str:
+  if (problem.transpose_a, problem.transpose_b) == (False, True):
+    return "NT: native (both operands K-major)"
+  copies = [name for name, moved in (("A", problem.transpose_a),
+                                     ("B", not problem.transpose_b)) if moved]
+  return (f"{problem.layout}: XLA first transposes {' and '.join(copies)} "
+          "into a K-major copy (fp8 wgmma reads K-major tiles only)")
+
+
+def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: fp8 wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  for name, dtype in (("a", problem.in_dtype),
+                      ("b", problem.b_dtype or problem.in_dtype)):
+    if dtype not in FP8_DTYPES:
+      return f"{name} has dtype {dtype}; this kernel takes {FP8_DTYPES} only"
+  if problem.out_dtype not in ("float32", "bfloat16", "float16"):
+    return f"output dtype {problem.out_dtype} is not supported"
+  if problem.epilogue.has_c and problem.c_dtype not in (
+      "float32", "bfloat16", "float16"):
+    return f"c dtype {problem.c_dtype} is not supported"
+  return None

@@ -1,10 +1,37 @@
 """The operands `mosaic/fp8` reads: K-major fp8 tiles and its scale arrays.
 
 Everything here runs in XLA before the kernel: the layout change for
-operands that are not K-major (see `mosaic_backend/fp8.py` for why), the
+operands that are not K-major (see below for why), the
 TMA padding, and the scales reshaped into what the kernel streams (row and
 column vectors for the epilogue, or per-K-block vectors riding the TMA
 ring).
+
+fp8 wgmma reads both operands K-major only, so an MN-major operand (B in
+NN, A in TN) is transposed here by XLA: one copy of that operand (fused
+with the TMA padding when there is any), before the kernel. What was tried
+in Mosaic (jax 0.11.2, cross-lowered for sm_90a) to keep the transpose in
+the kernel:
+
+  * wgmma on an MN-major fp8 B tile (the 16-bit kernels' way):
+    "ValueError: Only f16 WGMMA supports transposes".
+  * out^T = B^T A^T with B^T as wgmma's register operand (fp8 A-from-
+    registers is accepted as a (64, 128) fragment): loading the transposed
+    view of a swizzled (k, n) fp8 tile into the WGMMA_8BIT (or WGMMA)
+    layout fails with "UnsupportedTransferError: Tiled strides must be a
+    multiple of the vector length, except for the load vectorized
+    dimension"; and the output tile would then need a transpose too.
+  * a register transpose: FragmentedArray only transposes 16- and 32-bit
+    arrays (WGMMA_LAYOUT <-> WGMMA_TRANSPOSED_LAYOUT).
+  * a transposing pass through shared memory: a WG_STRIDED load of a
+    swizzled tile raises "NotImplementedError: WGStridedFragLayout"; through
+    unswizzled buffers, reading the transposed copy back into WGMMA_8BIT
+    fails with "TransferPlanDerivationError: Failed to synthesize a transfer
+    pattern that avoids bank conflicts", and with `optimized=False` with a
+    verifier error ("'vector.load' op most minor memref dim must have unit
+    stride").
+
+The next step is the raw-CUDA FFI path or a Mosaic version whose 8-bit
+transfers cover transposed views.
 """
 
 from __future__ import annotations

@@ -168,8 +168,11 @@ FP8_TILES = ((64, 256, Dim.M, 1.0), (128, 128, Dim.N, 1.02),
              (64, 128, Dim.M, 1.08))
 #: Block-wise: the running sum and partial products share the registers.
 FP8_BLOCK_TILES = ((64, 128, Dim.M, 1.0),)
-#: Block-wise K blocks issued per promotion group by default.
-DEFAULT_PROMOTE_GROUP = 1
+#: The consumer schedule the heuristic uses, per scaling kind: pingpong or
+#: cooperative consumers, 2-CTA clusters, and (block-wise) how many K blocks
+#: one promotion group overlaps.
+TENSOR_SCHEDULE = dict(pingpong=False, cluster_dim=None)
+BLOCK_SCHEDULE = dict(pingpong=False, cluster_dim=None, promote_group=1)
 
 
 def _epi_tile_n(problem: GemmProblem) -> int:
@@ -204,7 +207,7 @@ def heuristic_choices(problem: GemmProblem):
                                           else FP8_TILES):
     base = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                      wg_dimension=split,
-                     promote_group=DEFAULT_PROMOTE_GROUP if per_k else 1)
+                     **(BLOCK_SCHEDULE if per_k else TENSOR_SCHEDULE))
     out.append((deepest_fitting(base, problem), slowdown))
   return out
 
@@ -218,24 +221,29 @@ def fp8_heuristic(problem: GemmProblem, device: DeviceInfo) -> Fp8Config:
 
 
 def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
-  """The autotuner's search space: the heuristic's config first, then the
-  consumer tiles, ring depths, bands and (block-wise) promotion groups
-  that fit."""
+  """The autotuner's search space: the heuristic's config first (and its
+  wider L2 band), then the consumer tiles, schedules (cooperative,
+  pingpong, 2-CTA clusters), ring depths, epilogue widths and (block-wise)
+  promotion groups that fit."""
   per_k = scaling_kind(problem) == "per_k"
   tiles = ([(64, 128, Dim.M), (64, 128, Dim.N)] if per_k else
            [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
             (64, 128, Dim.M)])
+  schedules = ((False, None), (True, None), (False, Dim.M), (True, Dim.M))
   groups = (1, 2, 4) if per_k else (1,)
   widest = _epi_tile_n(problem)
   first = fp8_heuristic(problem, device)
-  out = [first]
-  for (tile_m, tile_n, wg_dim), stages, band, group, epi_n in (
-      itertools.product(tiles, (5, 4, 3), (8, 16), groups,
+  out = [first, dataclasses.replace(first, grid_band=16)]
+  for (tile_m, tile_n, wg_dim), (pingpong, cluster), stages, group, epi_n in (
+      itertools.product(tiles, schedules, (6, 5, 4, 3), groups,
                         (widest, widest // 2))):
+    if pingpong and wg_dim == Dim.N:
+      continue  # pingpong consumers do not split the tile: M's duplicate
     config = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                        max_concurrent_steps=stages,
-                       epi_tile_n=min(epi_n, tile_n), grid_band=band,
-                       wg_dimension=wg_dim, promote_group=group)
+                       epi_tile_n=min(epi_n, tile_n), wg_dimension=wg_dim,
+                       promote_group=group, pingpong=pingpong,
+                       cluster_dim=cluster)
     if config not in out and check_fp8_config(config, problem) is None:
       out.append(config)
   return out

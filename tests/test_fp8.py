@@ -394,7 +394,7 @@ def test_cross_lowering_cluster_and_groups():
                                        cluster_dim=Dim.N)),
       (("block", "block"), Fp8Config(tile_m=64, tile_n=128, tile_k=128,
                                      max_concurrent_steps=5, epi_tile_n=32,
-                                     wg_dimension=Dim.M, promote_group=4,
+                                     wg_dimension=Dim.M, promote_group=2,
                                      cluster_dim=Dim.M))):
     problem = GemmProblem(1, 4096, 4096, 4096 + 3 * 128, "float8_e4m3fn",
                           "bfloat16", transpose_b=True, a_scale_mode=modes[0],

@@ -67,25 +67,20 @@ def _config(tile_m, tile_n, split, stages, epi_n, band=8, band_dim=Dim.M,
 TENSOR_CANDIDATES = (
     ("heuristic", None),
     ("64x256 pp s4 e64", _config(64, 256, Dim.M, 4, 64, pingpong=True)),
-    ("64x256M s4 e64 cM", _config(64, 256, Dim.M, 4, 64, cluster=Dim.M)),
-    ("64x256M s4 e64 cN", _config(64, 256, Dim.M, 4, 64, cluster=Dim.N)),
     ("64x256 pp s5 e32", _config(64, 256, Dim.M, 5, 32, pingpong=True)),
     ("128x128 pp s6 e64", _config(128, 128, Dim.M, 6, 64, pingpong=True)),
     ("64x256 pp s4 cM", _config(64, 256, Dim.M, 4, 64, pingpong=True,
                                 cluster=Dim.M)),
-    ("64x256M s3 e64", _config(64, 256, Dim.M, 3, 64)),
-    ("128x128N s4 e64", _config(128, 128, Dim.N, 4, 64)),
-    ("64x256M s4 e64 b16", _config(64, 256, Dim.M, 4, 64, band=16)),
+    ("64x256M s4 e64 cM", _config(64, 256, Dim.M, 4, 64, cluster=Dim.M)),
 )
 BLOCK_CANDIDATES = (
     ("heuristic", None),
-    ("64x128M s6 g2", _config(64, 128, Dim.M, 6, 32, group=2)),
-    ("64x128 pp s6 g1", _config(64, 128, Dim.M, 6, 64, pingpong=True)),
+    ("64x128M s6 g1", _config(64, 128, Dim.M, 6, 32, group=1)),
     ("64x128 pp s6 g2", _config(64, 128, Dim.M, 6, 64, group=2,
                                 pingpong=True)),
+    ("64x128 pp s6 g1", _config(64, 128, Dim.M, 6, 64, pingpong=True)),
     ("64x128M s6 g2 cM", _config(64, 128, Dim.M, 6, 32, group=2,
                                  cluster=Dim.M)),
-    ("64x128M s6 g4", _config(64, 128, Dim.M, 6, 32, group=4)),
     ("64x128N s5 g2", _config(64, 128, Dim.N, 5, 32, group=2)),
 )
 NONE_CANDIDATES = (("heuristic", None),)

@@ -256,27 +256,26 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         return scaled if total is None else total + scaled
 
       def promote_group(total, kk0, size, first_step):
-        """Blocks kk0 .. kk0+size-1: each block's wgmma is issued into a
-        fresh accumulator before the previous block is promoted, so the
-        tensor cores run while the previous partial product is scaled."""
-        def issue(i, previous, total):
-          if i == size:
-            plgpu.wgmma_wait(0)
-            return promote(total, previous, kk0 + i - 1, first_step)
-
-          def scope(acc_ref):
+        """Blocks kk0 .. kk0+size-1: each block's wgmma is issued before the
+        previous block is promoted, so the tensor cores run while the
+        previous partial product is scaled. All the group's accumulators
+        are zeroed before its first wgmma: zeroing a register while a wgmma
+        is in flight would make ptxas serialise every wgmma."""
+        def group(*acc_refs):
+          new_total = total
+          for i, acc_ref in enumerate(acc_refs):
             slot = slot_of(first_step + kk0 + i)
             plgpu.barrier_wait(stage_loaded.at[slot])
             plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
-            new_total = total
-            if previous is not None:
+            if i > 0:
               plgpu.wgmma_wait(1)
-              new_total = promote(total, previous, kk0 + i - 1, first_step)
-            return issue(i + 1, acc_ref, new_total)
+              new_total = promote(new_total, acc_refs[i - 1], kk0 + i - 1,
+                                  first_step)
+          plgpu.wgmma_wait(0)
+          return promote(new_total, acc_refs[-1], kk0 + size - 1, first_step)
 
-          return pl.run_scoped(scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
-
-        return issue(0, None, total)
+        return pl.run_scoped(
+            group, *[plgpu.ACC((tile_m, tile_n), jnp.float32)] * size)
 
       def promoted_acc(first_step):
         """Sum over K blocks of (block product) * (its scales), in f32."""

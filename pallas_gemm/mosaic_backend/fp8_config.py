@@ -135,9 +135,9 @@ def accumulator_registers(config: MosaicConfig, kind: str) -> int:
   tile = config.tile_m * config.tile_n // 128
   if kind != "per_k":
     return tile
-  # The running sum, plus the partial products in flight: the one being
-  # promoted and the next one's wgmma (when groups overlap them).
-  return tile * (3 if promote_group_of(config) > 1 else 2)
+  # The running sum, plus one partial product per block of a promotion
+  # group (all zeroed before the group's first wgmma).
+  return tile * (1 + promote_group_of(config))
 
 
 def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
@@ -152,8 +152,8 @@ def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
   registers = accumulator_registers(config, kind)
   if registers > ACC_REGISTER_BUDGET:
     what = ("block-wise scales keep the running sum and "
-            f"{'two' if promote_group_of(config) > 1 else 'one'} partial "
-            "product(s) in registers" if kind == "per_k" else
+            f"{promote_group_of(config)} partial product(s) in registers"
+            if kind == "per_k" else
             "the accumulator lives in registers")
     return (f"tile {config.tile_m}x{config.tile_n} needs {registers} f32 "
             f"accumulator registers per thread, more than "
@@ -172,7 +172,7 @@ FP8_BLOCK_TILES = ((64, 128, Dim.M, 1.0),)
 #: cooperative consumers, 2-CTA clusters, and (block-wise) how many K blocks
 #: one promotion group overlaps.
 TENSOR_SCHEDULE = dict(pingpong=False, cluster_dim=None)
-BLOCK_SCHEDULE = dict(pingpong=False, cluster_dim=None, promote_group=1)
+BLOCK_SCHEDULE = dict(pingpong=False, cluster_dim=None, promote_group=2)
 
 
 def _epi_tile_n(problem: GemmProblem) -> int:
@@ -230,7 +230,7 @@ def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
            [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
             (64, 128, Dim.M)])
   schedules = ((False, None), (True, None), (False, Dim.M), (True, Dim.M))
-  groups = (1, 2, 4) if per_k else (1,)
+  groups = (1, 2) if per_k else (1,)
   widest = _epi_tile_n(problem)
   first = fp8_heuristic(problem, device)
   out = [first, dataclasses.replace(first, grid_band=16)]

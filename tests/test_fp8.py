@@ -26,13 +26,13 @@ HOPPER = pallas_gemm.DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 227 * 1024)
 #: the cross-lowering tests below).
 SMALL = Fp8Config(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2,
                   epi_tile_n=64, wg_dimension=Dim.M)
-#: Block-wise K blocks in overlapped pairs (3 blocks: a pair, then one), on
-#: 2-CTA clusters along M (a single M tile leaves the second CTA's tile
-#: wholly past the edge).
+#: Block-wise K blocks in overlapped pairs (3 blocks: a pair, then one),
+#: consumers taking turns, on 2-CTA clusters along M (a single M tile leaves
+#: the second CTA's tile wholly past the edge).
 SMALL_GROUPED = Fp8Config(tile_m=64, tile_n=64, tile_k=128,
                           max_concurrent_steps=3, epi_tile_n=64,
                           wg_dimension=Dim.M, promote_group=2,
-                          cluster_dim=Dim.M)
+                          cluster_dim=Dim.M, alternate_consumers=True)
 
 #: Every mode of each operand, and each kind of pair (both in the epilogue,
 #: both per K block, one of each), without the whole cross product.
@@ -395,7 +395,8 @@ def test_cross_lowering_cluster_and_groups():
       (("block", "block"), Fp8Config(tile_m=64, tile_n=128, tile_k=128,
                                      max_concurrent_steps=5, epi_tile_n=32,
                                      wg_dimension=Dim.M, promote_group=2,
-                                     cluster_dim=Dim.M))):
+                                     cluster_dim=Dim.M,
+                                     alternate_consumers=True))):
     problem = GemmProblem(1, 4096, 4096, 4096 + 3 * 128, "float8_e4m3fn",
                           "bfloat16", transpose_b=True, a_scale_mode=modes[0],
                           b_scale_mode=modes[1])
@@ -419,6 +420,13 @@ def test_fp8_config_validation():
   with pytest.raises(TypeError, match="cluster_dim"):
     Fp8Config(tile_k=128, cluster_dim=2)
   assert Fp8Config(tile_k=128, cluster_dim=1).cluster_dim == Dim.N
+  with pytest.raises(ValueError, match="cooperative"):
+    Fp8Config(tile_k=128, pingpong=True, alternate_consumers=True)
+  tensor = GemmProblem(1, 256, 256, 256, "float8_e4m3fn", "bfloat16",
+                       transpose_b=True, a_scale_mode="tensor",
+                       b_scale_mode="tensor")
+  grouped = Fp8Config(tile_m=64, tile_n=128, tile_k=128, promote_group=2)
+  assert "block-wise" in mosaic_fp8.check_fp8_config(grouped, tensor)
 
 
 def test_search_space_configs_fit():

@@ -14,7 +14,8 @@ the promotion group (wgmma of the next K block in flight while the previous
 block is scaled). `none` rows run the heuristic's config without scales,
 the cost of scaling being their difference to the `tensor` rows. `pp`
 is the pingpong schedule (consumers own alternate tiles), `cM`/`cN` 2-CTA
-clusters multicasting the shared operand tile.
+clusters multicasting the shared operand tile, `alt` block-wise consumers
+taking turns to issue each K block's wgmma.
 
 Each candidate is checked on a subsample against float64 and timed through
 `pallas_gemm.timing` (CUPTI, operands rotated past L2). A candidate that
@@ -55,12 +56,12 @@ DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x14336x4096")
 
 
 def _config(tile_m, tile_n, split, stages, epi_n, band=8, band_dim=Dim.M,
-            group=1, cluster=None, pingpong=False):
+            group=1, cluster=None, pingpong=False, alternate=False):
   return Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                    wg_dimension=split, max_concurrent_steps=stages,
                    epi_tile_n=epi_n, grid_band=band, band_dim=band_dim,
                    promote_group=group, cluster_dim=cluster,
-                   pingpong=pingpong)
+                   pingpong=pingpong, alternate_consumers=alternate)
 
 
 #: (name, config) per scaling; None is the heuristic's pick for the problem.
@@ -75,6 +76,9 @@ TENSOR_CANDIDATES = (
 )
 BLOCK_CANDIDATES = (
     ("heuristic", None),
+    ("64x128M s6 g2 alt", _config(64, 128, Dim.M, 6, 32, group=2,
+                                  alternate=True)),
+    ("64x128M s6 g1 alt", _config(64, 128, Dim.M, 6, 32, alternate=True)),
     ("64x128M s6 g1", _config(64, 128, Dim.M, 6, 32, group=1)),
     ("64x128 pp s6 g2", _config(64, 128, Dim.M, 6, 64, group=2,
                                 pingpong=True)),
@@ -98,6 +102,8 @@ def _describe(config) -> str:
              " c" + ("M" if config.cluster_dim == Dim.M else "N"))
   if config.pingpong:
     split = "pp"
+  if config.alternate_consumers:
+    cluster += " alt"
   return (f"{config.tile_m}x{config.tile_n}{split} s{config.max_concurrent_steps}"
           f" e{config.epi_tile_n} b{config.grid_band}{band}"
           f" g{config.promote_group}{cluster}")

@@ -58,10 +58,9 @@ from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
                                                      scaling_kind)
 from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
 from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
-    FP8_TILE_K, Fp8Config, check_fp8_config, cluster_dim_of, cluster_units,
-    layout_note, pingpong_of, supports,
-    column_factor_is_uniform, fp8_candidates, fp8_heuristic, promote_group_of,
-    smem_bytes)
+    FP8_TILE_K, Fp8Config, alternate_of, check_fp8_config, cluster_dim_of,
+    cluster_units, column_factor_is_uniform, fp8_candidates, fp8_heuristic,
+    layout_note, pingpong_of, promote_group_of, smem_bytes, supports)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       INTERPRET_CTAS,
@@ -110,6 +109,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   # The operand both CTAs of a cluster read, multicast by the TMA.
   shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[cluster_dim]
   per_k = kind == "per_k"
+  alternate = per_k and alternate_of(config)
   group = promote_group_of(config)
   uniform_columns = per_k and column_factor_is_uniform(problem, config)
   loads_per_stage = 4 if per_k else 2
@@ -132,7 +132,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
   def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
              c_loaded, bias_smem, bias_loaded, a_sc_smem, b_sc_smem,
-             sc_loaded):
+             sc_loaded, turn):
     wg = lax.axis_index("wg")
 
     @pl.when(wg == NUM_CONSUMERS)
@@ -266,7 +266,11 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
           for i, acc_ref in enumerate(acc_refs):
             slot = slot_of(first_step + kk0 + i)
             plgpu.barrier_wait(stage_loaded.at[slot])
+            if alternate:
+              plgpu.barrier_wait(turn.at[wg])
             plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+            if alternate:
+              plgpu.barrier_arrive(turn.at[1 - wg])
             if i > 0:
               plgpu.wgmma_wait(1)
               new_total = promote(new_total, acc_refs[i - 1], kk0 + i - 1,
@@ -394,6 +398,12 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
         lax.fori_loop(index(0), index(k_iters), pass_stage, None)
 
+      if alternate:
+        # Consumer 0 issues first: its first wait is on this arrival.
+        @pl.when(wg == 1)
+        def _start_turns():
+          plgpu.barrier_arrive(turn.at[0])
+
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):
         batch_idx, m_idx, n_idx = coords(info.index[0])
@@ -410,6 +420,13 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         @pl.when(owner != wg)
         def _follow():
           follow_tile(first_step)
+
+      if alternate:
+        # Consumer 1's last turn passes to consumer 0, which is done: observe
+        # it so that no barrier phase is left unobserved.
+        @pl.when(wg == 0)
+        def _end_turns():
+          plgpu.barrier_wait(turn.at[0])
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -455,6 +472,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       bias_loaded=(plgpu.Barrier(num_barriers=NUM_CONSUMERS)
                    if has_bias else None),
       **scale_smem,
+      turn=(plgpu.Barrier(num_arrivals=1, num_barriers=NUM_CONSUMERS)
+            if alternate else None),
       collective_axes="wg",
   )
 

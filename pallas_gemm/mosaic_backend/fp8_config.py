@@ -49,11 +49,17 @@ class Fp8Config(MosaicConfig):
     then tile_m x tile_n, wg_dimension unused) and passes over the other's
     stages; the ring serialises the two main loops, so one consumer's
     epilogue runs while the other's wgmma keeps the tensor cores busy.
+  alternate_consumers: block-wise scaling with cooperative consumers only.
+    The two consumers take turns issuing each K block's wgmma (consumer 0,
+    then 1, then 0 ...), so that each promotes its previous block while the
+    other's wgmma runs, instead of both promoting at once while the tensor
+    cores idle.
   """
 
   promote_group: int = 1
   cluster_dim: Dim | None = None
   pingpong: bool = False
+  alternate_consumers: bool = False
 
   @property
   def cta_tile_m(self) -> int:
@@ -74,8 +80,13 @@ class Fp8Config(MosaicConfig):
         raise TypeError(f"Fp8Config.cluster_dim={self.cluster_dim!r} must be "
                         "None, Dim.M or Dim.N")
       object.__setattr__(self, "cluster_dim", Dim(self.cluster_dim))
-    if not isinstance(self.pingpong, bool):
-      raise TypeError(f"Fp8Config.pingpong={self.pingpong!r} must be a bool")
+    for name in ("pingpong", "alternate_consumers"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"Fp8Config.{name}={getattr(self, name)!r} must be "
+                        "a bool")
+    if self.pingpong and self.alternate_consumers:
+      raise ValueError("Fp8Config.alternate_consumers=True needs cooperative "
+                       "consumers (pingpong=False)")
 
 
 def promote_group_of(config: MosaicConfig) -> int:
@@ -85,6 +96,10 @@ def promote_group_of(config: MosaicConfig) -> int:
 
 def pingpong_of(config: MosaicConfig) -> bool:
   return getattr(config, "pingpong", False)
+
+
+def alternate_of(config: MosaicConfig) -> bool:
+  return getattr(config, "alternate_consumers", False)
 
 
 def cluster_dim_of(config: MosaicConfig) -> Dim | None:
@@ -149,6 +164,10 @@ def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
     return (f"needs {smem_bytes(config, problem)} bytes of shared memory, "
             f"more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
   kind = scaling_kind(problem)
+  if kind != "per_k" and (promote_group_of(config) > 1
+                          or alternate_of(config)):
+    return ("promote_group and alternate_consumers apply to block-wise "
+            "scaling only; this problem has none")
   registers = accumulator_registers(config, kind)
   if registers > ACC_REGISTER_BUDGET:
     what = ("block-wise scales keep the running sum and "
@@ -224,26 +243,27 @@ def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
   """The autotuner's search space: the heuristic's config first (and its
   wider L2 band), then the consumer tiles, schedules (cooperative,
   pingpong, 2-CTA clusters), ring depths, epilogue widths and (block-wise)
-  promotion groups that fit."""
+  promotion groups and turn-taking consumers that fit."""
   per_k = scaling_kind(problem) == "per_k"
   tiles = ([(64, 128, Dim.M), (64, 128, Dim.N)] if per_k else
            [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
             (64, 128, Dim.M)])
   schedules = ((False, None), (True, None), (False, Dim.M), (True, Dim.M))
   groups = (1, 2) if per_k else (1,)
+  alternates = (False, True) if per_k else (False,)
   widest = _epi_tile_n(problem)
   first = fp8_heuristic(problem, device)
   out = [first, dataclasses.replace(first, grid_band=16)]
-  for (tile_m, tile_n, wg_dim), (pingpong, cluster), stages, group, epi_n in (
-      itertools.product(tiles, schedules, (6, 5, 4, 3), groups,
-                        (widest, widest // 2))):
-    if pingpong and wg_dim == Dim.N:
-      continue  # pingpong consumers do not split the tile: M's duplicate
+  for ((tile_m, tile_n, wg_dim), (pingpong, cluster), stages, group, epi_n,
+       alternate) in itertools.product(tiles, schedules, (6, 5, 4, 3), groups,
+                                       (widest, widest // 2), alternates):
+    if pingpong and (wg_dim == Dim.N or alternate):
+      continue  # pingpong consumers neither split a tile nor take turns
     config = Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                        max_concurrent_steps=stages,
                        epi_tile_n=min(epi_n, tile_n), wg_dimension=wg_dim,
                        promote_group=group, pingpong=pingpong,
-                       cluster_dim=cluster)
+                       cluster_dim=cluster, alternate_consumers=alternate)
     if config not in out and check_fp8_config(config, problem) is None:
       out.append(config)
   return out

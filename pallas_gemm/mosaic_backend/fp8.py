@@ -27,10 +27,14 @@ places:
              or per tensor) the promotion is one multiply-add per element by
              a per-row factor. With `Fp8Config.promote_group` > 1 the next
              block's wgmma is issued before the previous block is promoted,
-             so the tensor cores keep running during the promotion.
+             so the tensor cores keep running during the promotion; with
+             `alternate_consumers` the two consumers take turns issuing, so
+             one promotes while the other's wgmma runs.
 
 With `Fp8Config.cluster_dim`, two CTAs form a cluster owning neighbouring
-tiles, and the operand tile they share is multicast by the TMA.
+tiles, and the operand tile they share is multicast by the TMA. With
+`Fp8Config.pingpong` each consumer owns alternate whole tiles, so one's
+epilogue overlaps the other's main loop.
 
 Layouts. fp8 wgmma reads both operands K-major only: A as (m, k), B as
 (n, k). So the NT layout (`transpose_b=True`) is native. NN, TN and TT run

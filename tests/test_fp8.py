@@ -15,6 +15,7 @@ from pallas_gemm.fp8 import (dequantize_fp8, fp8_max, quantize_fp8,
                              reference_operand)
 from pallas_gemm.mosaic_backend import Dim, MosaicConfig
 from pallas_gemm.mosaic_backend import fp8 as mosaic_fp8
+from pallas_gemm.mosaic_backend.fp8_config import Fp8Config, heuristic_choices
 from pallas_gemm.numerics import (fresh_key, random_normal, reference_matmul,
                                   relative_error, tolerance)
 from pallas_gemm.problem import Epilogue, GemmProblem, cdiv
@@ -23,8 +24,15 @@ E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 HOPPER = pallas_gemm.DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 227 * 1024)
 #: A small CTA tile keeps interpret mode quick (the GPU configs are checked by
 #: the cross-lowering tests below).
-SMALL = MosaicConfig(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2,
-                     epi_tile_n=64, wg_dimension=Dim.M)
+SMALL = Fp8Config(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2,
+                  epi_tile_n=64, wg_dimension=Dim.M)
+#: Block-wise K blocks in overlapped pairs (3 blocks: a pair, then one),
+#: consumers taking turns, on 2-CTA clusters along M (a single M tile leaves
+#: the second CTA's tile wholly past the edge).
+SMALL_GROUPED = Fp8Config(tile_m=64, tile_n=64, tile_k=128,
+                          max_concurrent_steps=3, epi_tile_n=64,
+                          wg_dimension=Dim.M, promote_group=2,
+                          cluster_dim=Dim.M, alternate_consumers=True)
 
 #: Every mode of each operand, and each kind of pair (both in the epilogue,
 #: both per K block, one of each), without the whole cross product.
@@ -261,7 +269,8 @@ def test_mosaic_fp8_interpret(case):
                                   b_dtype=b_dtype)
   out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb,
                            transpose_b=transpose_b, kernel="mosaic/fp8",
-                           config=SMALL, preferred_element_type=out_dtype)
+                           config=SMALL_GROUPED if "block" in (a_mode, b_mode)
+                           else SMALL, preferred_element_type=out_dtype)
   assert out.dtype == out_dtype and out.shape == (m, n)
   budget = 1e-5 if out_dtype == jnp.float32 else tolerance(
       "float8_e4m3fn", "default", jnp.dtype(out_dtype).name)
@@ -291,7 +300,7 @@ def test_mosaic_fp8_config_errors():
                         b_scale_mode="block")
   wide = MosaicConfig(tile_m=64, tile_n=256, tile_k=128,
                       max_concurrent_steps=2, wg_dimension=Dim.M)
-  assert "two f32 accumulators" in mosaic_fp8.check_fp8_config(wide, problem)
+  assert "accumulator registers" in mosaic_fp8.check_fp8_config(wide, problem)
   shallow = MosaicConfig(tile_m=64, tile_n=128, tile_k=64, wg_dimension=Dim.M)
   assert "tile_k=64" in mosaic_fp8.check_fp8_config(shallow, problem)
 
@@ -345,6 +354,79 @@ def test_cross_lowering_8192(modes, transpose_b):
 def test_cross_lowering_mixed_llm_projection():
   _lower(8192, 14336, 4096, "block", "block", True, dtypes=(E4M3, E5M2))
   _lower(8192, 14336, 4096, "tensor", "tensor", True, dtypes=(E5M2, E4M3))
+
+
+@pytest.mark.parametrize("modes", [("tensor", "tensor"), ("block", "block"),
+                                   ("row", "col"), ("none", "none")],
+                         ids="-".join)
+def test_every_heuristic_choice_cross_lowers(modes):
+  """Whatever tile the heuristic weighs a shape towards, it lowers."""
+  m, n, k = 4096, 4096, 4096
+  problem = GemmProblem(1, m, n, k, "float8_e4m3fn", "bfloat16",
+                        transpose_b=True, a_scale_mode=modes[0],
+                        b_scale_mode=modes[1])
+  kb = cdiv(k, 128)
+  shapes = {"none": (1,), "tensor": (1,), "row": (1, m), "col": (1, n),
+            "block": None}
+  a_shape = shapes[modes[0]] or (1, m, kb)
+  b_shape = shapes[modes[1]] or (1, kb, cdiv(n, 128))
+  spec = jax.ShapeDtypeStruct
+  for config, _ in heuristic_choices(problem):
+    assert mosaic_fp8.check_fp8_config(config, problem) is None
+
+    def run(a, b, a_scale, b_scale, config=config):
+      return mosaic_fp8.fp8_matmul(
+          a, b, None, None, problem=problem, config=config, interpret=False,
+          a_scale=None if modes[0] == "none" else a_scale,
+          b_scale=None if modes[1] == "none" else b_scale)
+
+    jax.jit(run).trace(
+        spec((1, m, k), E4M3), spec((1, n, k), E4M3),
+        spec(a_shape, jnp.float32), spec(b_shape, jnp.float32),
+    ).lower(lowering_platforms=("cuda",))
+
+
+def test_cross_lowering_cluster_and_groups():
+  """The sweep's 2-CTA clusters and promotion groups lower too."""
+  for modes, config in (
+      (("tensor", "tensor"), Fp8Config(tile_m=64, tile_n=256, tile_k=128,
+                                       wg_dimension=Dim.M,
+                                       cluster_dim=Dim.N)),
+      (("block", "block"), Fp8Config(tile_m=64, tile_n=128, tile_k=128,
+                                     max_concurrent_steps=5, epi_tile_n=32,
+                                     wg_dimension=Dim.M, promote_group=2,
+                                     cluster_dim=Dim.M,
+                                     alternate_consumers=True))):
+    problem = GemmProblem(1, 4096, 4096, 4096 + 3 * 128, "float8_e4m3fn",
+                          "bfloat16", transpose_b=True, a_scale_mode=modes[0],
+                          b_scale_mode=modes[1])
+    assert mosaic_fp8.check_fp8_config(config, problem) is None
+    k = problem.k
+    kb = cdiv(k, 128)
+    scale_shapes = (((1,), (1,)) if modes[0] == "tensor" else
+                    ((1, 4096, kb), (1, kb, 32)))
+    spec = jax.ShapeDtypeStruct
+    jax.jit(lambda a, b, x, y, config=config, problem=problem:
+            mosaic_fp8.fp8_matmul(a, b, None, None, problem=problem,
+                                  config=config, a_scale=x, b_scale=y)).trace(
+        spec((1, 4096, k), E4M3), spec((1, 4096, k), E4M3),
+        spec(scale_shapes[0], jnp.float32), spec(scale_shapes[1], jnp.float32),
+    ).lower(lowering_platforms=("cuda",))
+
+
+def test_fp8_config_validation():
+  with pytest.raises(ValueError, match="promote_group"):
+    Fp8Config(tile_k=128, promote_group=0)
+  with pytest.raises(TypeError, match="cluster_dim"):
+    Fp8Config(tile_k=128, cluster_dim=2)
+  assert Fp8Config(tile_k=128, cluster_dim=1).cluster_dim == Dim.N
+  with pytest.raises(ValueError, match="cooperative"):
+    Fp8Config(tile_k=128, pingpong=True, alternate_consumers=True)
+  tensor = GemmProblem(1, 256, 256, 256, "float8_e4m3fn", "bfloat16",
+                       transpose_b=True, a_scale_mode="tensor",
+                       b_scale_mode="tensor")
+  grouped = Fp8Config(tile_m=64, tile_n=128, tile_k=128, promote_group=2)
+  assert "block-wise" in mosaic_fp8.check_fp8_config(grouped, tensor)
 
 
 def test_search_space_configs_fit():

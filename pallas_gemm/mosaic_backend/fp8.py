@@ -9,10 +9,12 @@ Scales (`pallas_gemm.fp8` has the conventions) are applied in one of two
 places:
 
   epilogue   per-tensor, per-row and per-column scales (and mixes of them)
-             multiply the finished f32 accumulator by a row vector and a
-             column vector, then the usual epilogue (alpha, beta*C, bias,
-             activation) runs. A per-tensor scale arrives as a constant
-             vector, so there is one code path.
+             multiply the finished f32 accumulator. A per-tensor scale is
+             one float each thread reads from global memory before the main
+             loop: no XLA op prepares it and it takes no shared memory, so
+             the ring is as deep as without scales. Row and column scales
+             are copied into a small per-consumer buffer at the start of the
+             tile, landing while the main loop runs.
   per K      when either operand is block-wise, every 128-deep K step is a
              separate wgmma into a fresh f32 accumulator, and its partial
              product is promoted into the running f32 sum times
@@ -20,355 +22,54 @@ places:
              TMA ring as the operand tiles). fp8 products then never sum
              past one block before being scaled. The other operand's
              per-tensor/row/column scale is expanded to the same per-K form.
+             When B's factor is one number across a consumer's columns (B
+             block-wise with the consumer tile inside one 128-column block,
+             or per tensor) the promotion is one multiply-add per element by
+             a per-row factor. With `Fp8Config.promote_group` > 1 the next
+             block's wgmma is issued before the previous block is promoted,
+             so the tensor cores keep running during the promotion; with
+             `alternate_consumers` the two consumers take turns issuing, so
+             one promotes while the other's wgmma runs.
+
+With `Fp8Config.cluster_dim`, two CTAs form a cluster owning neighbouring
+tiles, and the operand tile they share is multicast by the TMA. With
+`Fp8Config.pingpong` each consumer owns alternate whole tiles, so one's
+epilogue overlaps the other's main loop.
 
 Layouts. fp8 wgmma reads both operands K-major only: A as (m, k), B as
 (n, k). So the NT layout (`transpose_b=True`) is native. NN, TN and TT run
 as: XLA transposes the MN-major operand(s) into a K-major copy (one extra
 pass over B, or A), then this NT kernel; `layout_note()` says so and the
-registry description repeats it. What was tried in Mosaic (jax 0.11.2,
-cross-lowered for sm_90a) to keep the transpose in the kernel:
-
-  * wgmma on an MN-major fp8 B tile (the 16-bit kernels' way):
-    "ValueError: Only f16 WGMMA supports transposes".
-  * out^T = B^T A^T with B^T as wgmma's register operand (fp8 A-from-
-    registers is accepted as a (64, 128) fragment): loading the transposed
-    view of a swizzled (k, n) fp8 tile into the WGMMA_8BIT (or WGMMA)
-    layout fails with "UnsupportedTransferError: Tiled strides must be a
-    multiple of the vector length, except for the load vectorized
-    dimension"; and the output tile would then need a transpose too.
-  * a register transpose: FragmentedArray only transposes 16- and 32-bit
-    arrays (WGMMA_LAYOUT <-> WGMMA_TRANSPOSED_LAYOUT).
-  * a transposing pass through shared memory: a WG_STRIDED load of a
-    swizzled tile raises "NotImplementedError: WGStridedFragLayout"; through
-    unswizzled buffers, reading the transposed copy back into WGMMA_8BIT
-    fails with "TransferPlanDerivationError: Failed to synthesize a transfer
-    pattern that avoids bank conflicts", and with `optimized=False` with a
-    verifier error ("'vector.load' op most minor memref dim must have unit
-    stride").
-
-The next step is the raw-CUDA FFI path or a Mosaic version whose 8-bit
-transfers cover transposed views.
+registry description repeats it. `fp8_operands` lists what was tried in
+Mosaic to keep the transpose in the kernel, and why each failed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
+from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
+    FP8_TILE_K, Fp8Config, check_fp8_config, cluster_dim_of, cluster_units,
+    fp8_candidates, fp8_heuristic, layout_note, smem_bytes, supports)
+from pallas_gemm.mosaic_backend.fp8_kernel import kernel_body
 from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
                                                      prepare_operands,
                                                      scaling_kind)
-from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
-                                                MosaicConfig)
-from pallas_gemm.mosaic_backend.heuristics import cta_waves
-from pallas_gemm.mosaic_backend.tma import tiled_transforms
-from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
-                                                      INTERPRET_CTAS,
+from pallas_gemm.mosaic_backend.ws_persistent import (INTERPRET_CTAS,
                                                       NUM_CONSUMERS,
-                                                      PRODUCER_REGISTERS,
-                                                      call_kernel, index,
-                                                      interpret_params,
-                                                      tile_coordinates)
-from pallas_gemm.problem import (FP8_DTYPES, GemmProblem,
-                                 apply_epilogue, cdiv)
+                                                      call_kernel,
+                                                      interpret_params)
+from pallas_gemm.problem import GemmProblem, cdiv
 
 NAME = "mosaic/fp8"
-#: One stage's K extent: 128 fp8 bytes, the full swizzle span, and one
-#: block-wise scale's K extent.
-FP8_TILE_K = 128
-
-
-def layout_note(problem: GemmProblem) -> str:
-  if (problem.transpose_a, problem.transpose_b) == (False, True):
-    return "NT: native (both operands K-major)"
-  copies = [name for name, moved in (("A", problem.transpose_a),
-                                     ("B", not problem.transpose_b)) if moved]
-  return (f"{problem.layout}: XLA first transposes {' and '.join(copies)} "
-          "into a K-major copy (fp8 wgmma reads K-major tiles only)")
-
-
-def scale_smem_bytes(config: MosaicConfig, kind: str) -> int:
-  if kind == "per_k":
-    return config.max_concurrent_steps * (config.cta_tile_m
-                                          + config.cta_tile_n) * 4
-  if kind == "epilogue":
-    return NUM_CONSUMERS * (config.tile_m + config.tile_n) * 4
-  return 0
-
-
-def smem_bytes(config: MosaicConfig, problem: GemmProblem) -> int:
-  return config.smem_bytes(problem) + scale_smem_bytes(
-      config, scaling_kind(problem))
-
-
-def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
-  """Why `config` cannot run `problem` on this kernel, or None."""
-  if config.tile_k != FP8_TILE_K:
-    return (f"MosaicConfig.tile_k={config.tile_k} must be {FP8_TILE_K} for "
-            "fp8 (one 128-byte swizzle span, one scale block)")
-  if smem_bytes(config, problem) > HOPPER_SMEM_BYTES:
-    return (f"needs {smem_bytes(config, problem)} bytes of shared memory, "
-            f"more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
-  if scaling_kind(problem) == "per_k" and config.tile_m * config.tile_n > (
-      64 * 128):
-    # The running sum and the fresh partial product are both live in each
-    # consumer's registers: 64x128 f32 each is 64 registers a thread.
-    return (f"block-wise scales need tile_m*tile_n <= {64 * 128} per "
-            f"consumer (two f32 accumulators in registers), got "
-            f"{config.tile_m}x{config.tile_n}")
-  return None
-
-
-def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
-                 k_iters: int, m_tiles: int, n_tiles: int):
-  kind = scaling_kind(problem)
-  has_c, has_bias = problem.epilogue.has_c, problem.epilogue.has_bias
-  refs = list(refs)
-  a_gmem, b_gmem = refs.pop(0), refs.pop(0)
-  c_gmem = refs.pop(0) if has_c else None
-  bias_gmem = refs.pop(0) if has_bias else None
-  a_sc_gmem = b_sc_gmem = None
-  if kind != "none":
-    a_sc_gmem, b_sc_gmem = refs.pop(0), refs.pop(0)
-  (out_gmem,) = refs
-
-  out_dtype = out_gmem.dtype
-  tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
-  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
-  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
-  stages = config.max_concurrent_steps
-  out_slots = config.out_slots
-  num_tiles = problem.batch * m_tiles * n_tiles
-  per_k = kind == "per_k"
-  loads_per_stage = 4 if per_k else 2
-
-  def coords(linear):
-    return tile_coordinates(linear, m_tiles=m_tiles, n_tiles=n_tiles,
-                            band_dim=config.band_dim, band=config.grid_band)
-
-  def slot_of(step):
-    return lax.rem(step, index(stages))
-
-  def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
-             c_loaded, bias_smem, bias_loaded, a_sc_smem, b_sc_smem,
-             sc_loaded):
-    wg = lax.axis_index("wg")
-
-    @pl.when(wg == NUM_CONSUMERS)
-    def _producer():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-
-      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-      def _tile(info):
-        batch_idx, m_idx, n_idx = coords(info.index[0])
-        m_slice = pl.ds(m_idx * cta_m, cta_m)
-        n_slice = pl.ds(n_idx * cta_n, cta_n)
-        first_step = info.local_index * k_iters
-
-        def load_stage(kk, carry):
-          kk = index(kk)
-          step = first_step + kk
-          slot = slot_of(step)
-
-          @pl.when(step >= stages)
-          def _wait_free():
-            plgpu.barrier_wait(stage_consumed.at[slot])
-
-          k_slice = pl.ds(kk * tile_k, tile_k)
-          barrier = stage_loaded.at[slot]
-          plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, m_slice, k_slice],
-                                  a_smem.at[slot], barrier)
-          plgpu.copy_gmem_to_smem(b_gmem.at[batch_idx, n_slice, k_slice],
-                                  b_smem.at[slot], barrier)
-          if per_k:
-            plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, kk, m_slice],
-                                    a_sc_smem.at[slot], barrier)
-            plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, kk, n_slice],
-                                    b_sc_smem.at[slot], barrier)
-          return carry
-
-        lax.fori_loop(index(0), index(k_iters), load_stage, None)
-
-      cta = lax.axis_index("sm")
-      num_ctas = index(lax.axis_size("sm"))
-      local_tiles = lax.div(index(num_tiles), num_ctas) + (
-          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
-      total_steps = local_tiles * k_iters
-
-      def drain(step, carry):
-        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
-        return carry
-
-      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
-                    None)
-
-    @pl.when(wg < NUM_CONSUMERS)
-    def _consumer():
-      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      if config.wg_dimension == Dim.M:
-        wg_m_offset, wg_n_offset = wg * tile_m, 0
-      else:
-        wg_m_offset, wg_n_offset = 0, wg * tile_n
-
-      def a_view(slot):
-        return a_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
-
-      def b_view(slot):
-        return b_smem.at[slot, pl.ds(wg_n_offset, tile_n), :].T
-
-      def outer(rows_ref, cols_ref):
-        """rows[:, None] * cols[None, :] in the accumulator's layout."""
-        rows = plgpu.load(rows_ref, layout=plgpu.Layout.WGMMA.reduce(1))
-        cols = plgpu.load(cols_ref, layout=plgpu.Layout.WGMMA.reduce(0))
-        return (lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
-                * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,)))
-
-      def pipelined_acc(first_step):
-        """The whole-K f32 accumulator, wgmma groups overlapping."""
-        def mma_scope(acc_ref):
-          def mma_stage(kk, carry):
-            kk = index(kk)
-            step = first_step + kk
-            slot = slot_of(step)
-            plgpu.barrier_wait(stage_loaded.at[slot])
-            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
-            plgpu.wgmma_wait(1)
-
-            @pl.when(kk > 0)
-            def _release_previous():
-              plgpu.barrier_arrive(stage_consumed.at[slot_of(step - 1)])
-            return carry
-
-          lax.fori_loop(index(0), index(k_iters), mma_stage, None)
-          plgpu.wgmma_wait(0)
-          plgpu.barrier_arrive(
-              stage_consumed.at[slot_of(first_step + k_iters - 1)])
-          return acc_ref[...]
-
-        return pl.run_scoped(mma_scope,
-                             plgpu.ACC((tile_m, tile_n), jnp.float32))
-
-      def promoted_acc(first_step):
-        """Sum over K blocks of (block product) * (its scales), in f32."""
-        def block_product(slot):
-          def scope(acc_ref):
-            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
-            plgpu.wgmma_wait(0)
-            return acc_ref[...]
-          return pl.run_scoped(scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
-
-        def scaled_block(kk):
-          slot = slot_of(first_step + kk)
-          plgpu.barrier_wait(stage_loaded.at[slot])
-          partial = block_product(slot)
-          factor = outer(a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)],
-                         b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)])
-          plgpu.barrier_arrive(stage_consumed.at[slot])
-          return partial * factor
-
-        def step(kk, total):
-          return total + scaled_block(index(kk))
-
-        # The first block starts the sum: no zero-filled array to lay out.
-        return lax.fori_loop(index(1), index(k_iters), step,
-                             scaled_block(index(0)))
-
-      def compute_tile(batch_idx, m_idx, n_idx, first_step):
-        row0 = m_idx * cta_m + wg_m_offset
-        col0 = n_idx * cta_n + wg_n_offset
-        if per_k:
-          acc = promoted_acc(first_step)
-        else:
-          acc = pipelined_acc(first_step)
-        if kind == "epilogue":
-          plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, pl.ds(row0, tile_m)],
-                                  a_sc_smem.at[wg], sc_loaded.at[wg])
-          plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, pl.ds(col0, tile_n)],
-                                  b_sc_smem.at[wg], sc_loaded.at[wg])
-          plgpu.barrier_wait(sc_loaded.at[wg])
-          acc = acc * outer(a_sc_smem.at[wg], b_sc_smem.at[wg])
-        if has_bias:
-          plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
-                                  bias_smem.at[wg], bias_loaded.at[wg])
-          plgpu.barrier_wait(bias_loaded.at[wg])
-        epi_index = 0
-        for ei in range(tile_m // epi_m):
-          for ej in range(tile_n // epi_n):
-            slot = epi_index % out_slots
-            epi_index += 1
-            rows = pl.ds(row0 + ei * epi_m, epi_m)
-            cols = pl.ds(col0 + ej * epi_n, epi_n)
-            part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
-            c_part = bias_part = None
-            if has_c:
-              plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
-                                      c_smem.at[wg], c_loaded.at[wg])
-              plgpu.barrier_wait(c_loaded.at[wg])
-              c_part = c_smem[wg]
-            if has_bias:
-              bias_vec = plgpu.load(
-                  bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
-                  layout=plgpu.Layout.WGMMA.reduce(0))
-              bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
-            value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
-            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-            out_smem[wg, slot] = value.astype(out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
-                                    out_gmem.at[batch_idx, rows, cols])
-
-      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-      def _tile(info):
-        batch_idx, m_idx, n_idx = coords(info.index[0])
-        compute_tile(batch_idx, m_idx, n_idx, info.local_index * k_iters)
-
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-  a_dtype, b_dtype = a_gmem.dtype, b_gmem.dtype
-  c_dtype = c_gmem.dtype if has_c else None
-  if per_k:
-    scale_smem = dict(
-        a_sc_smem=plgpu.SMEM((stages, cta_m), jnp.float32),
-        b_sc_smem=plgpu.SMEM((stages, cta_n), jnp.float32), sc_loaded=None)
-  elif kind == "epilogue":
-    scale_smem = dict(
-        a_sc_smem=plgpu.SMEM((NUM_CONSUMERS, tile_m), jnp.float32),
-        b_sc_smem=plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32),
-        sc_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_CONSUMERS))
-  else:
-    scale_smem = dict(a_sc_smem=None, b_sc_smem=None, sc_loaded=None)
-  pl.run_scoped(
-      scoped,
-      a_smem=plgpu.SMEM((stages, cta_m, tile_k), a_dtype,
-                        transforms=tiled_transforms(tile_k, a_dtype)),
-      b_smem=plgpu.SMEM((stages, cta_n, tile_k), b_dtype,
-                        transforms=tiled_transforms(tile_k, b_dtype)),
-      stage_loaded=plgpu.Barrier(num_arrivals=loads_per_stage,
-                                 num_barriers=stages),
-      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                   num_barriers=stages),
-      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
-                          transforms=tiled_transforms(epi_n, out_dtype)),
-      c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
-                         transforms=tiled_transforms(epi_n, c_dtype))
-              if has_c else None),
-      c_loaded=plgpu.Barrier(num_barriers=NUM_CONSUMERS) if has_c else None,
-      bias_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
-                 if has_bias else None),
-      bias_loaded=(plgpu.Barrier(num_barriers=NUM_CONSUMERS)
-                   if has_bias else None),
-      **scale_smem,
-      collective_axes="wg",
-  )
 
 
 def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
@@ -379,29 +80,39 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
   error = check_fp8_config(config, problem)
   if error is not None:
     raise ValueError(f"config={config}: {error}")
-  num_sms = (INTERPRET_CTAS if params is not None
+  cluster_size = 1 if cluster_dim_of(config) is None else 2
+  num_sms = (INTERPRET_CTAS * cluster_size if params is not None
              else max(device_info().num_sms, 1))
   a, b, c, bias, (m_out, n_out) = prepare_operands(a, b, c, bias, problem,
                                                    config)
   m_tiles = cdiv(problem.m, config.cta_tile_m)
   n_tiles = cdiv(problem.n, config.cta_tile_n)
   k_iters = cdiv(problem.k, config.tile_k)
+  m_units, n_units = cluster_units(config, m_tiles, n_tiles)
   scales = []
   if scaling_kind(problem) != "none":
-    scales = list(kernel_scales(problem, a_scale, b_scale,
-                                m_tiles * config.cta_tile_m,
-                                n_tiles * config.cta_tile_n))
-  num_ctas = min(num_sms, problem.batch * m_tiles * n_tiles)
+    # Padded to whole cluster tiles: a cluster's second tile may lie past
+    # the edge, and its scale copies must stay inside the arrays.
+    cluster_dim = cluster_dim_of(config)
+    scales = list(kernel_scales(
+        problem, a_scale, b_scale,
+        m_units * config.cta_tile_m * (2 if cluster_dim == Dim.M else 1),
+        n_units * config.cta_tile_n * (2 if cluster_dim == Dim.N else 1)))
+  num_clusters = min(num_sms // cluster_size,
+                     problem.batch * m_units * n_units)
+  cluster_kwargs = ({} if cluster_size == 1 else
+                    dict(cluster=(cluster_size,), cluster_names=("cluster",)))
   semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
                                   jnp.dtype(problem.out_dtype))
   kernel = plgpu.kernel(
-      functools.partial(_kernel_body, problem=problem, config=config,
+      functools.partial(kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
       out_type=out_type,
-      grid=(num_ctas,),
+      grid=(num_clusters,),
       grid_names=("sm",),
+      **cluster_kwargs,
       num_threads=NUM_CONSUMERS + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),
@@ -413,75 +124,6 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
 
 
 # ------------------------------------------------- registry and heuristics ---
-
-
-def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: fp8 wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
-  for name, dtype in (("a", problem.in_dtype),
-                      ("b", problem.b_dtype or problem.in_dtype)):
-    if dtype not in FP8_DTYPES:
-      return f"{name} has dtype {dtype}; this kernel takes {FP8_DTYPES} only"
-  if problem.out_dtype not in ("float32", "bfloat16", "float16"):
-    return f"output dtype {problem.out_dtype} is not supported"
-  if problem.epilogue.has_c and problem.c_dtype not in (
-      "float32", "bfloat16", "float16"):
-    return f"c dtype {problem.c_dtype} is not supported"
-  return None
-
-
-#: (tile_m, tile_n) per consumer, split over M, and how much slower each
-#: runs per unit of work than the first (a narrower CTA tile reads more
-#: shared memory per flop). Block-wise scaling keeps two f32 accumulators
-#: per consumer, so it takes the 64x128 tile only.
-FP8_TILES = ((64, 256, 1.0), (128, 128, 1.02), (64, 128, 1.08))
-FP8_BLOCK_TILES = ((64, 128, 1.0),)
-
-
-def fp8_heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
-  """The CTA tile whose waves cost least, then the deepest ring that fits."""
-  num_sms = device.planning_sms
-  choices = FP8_BLOCK_TILES if scaling_kind(problem) == "per_k" else FP8_TILES
-
-  def cost(tile_m, tile_n, slowdown):
-    cta_m = 2 * tile_m
-    return (cta_waves(problem, cta_m, tile_n, num_sms) * cta_m * tile_n
-            * slowdown)
-
-  tile_m, tile_n, _ = min(choices, key=lambda choice: cost(*choice))
-  epi_tile_n = tma.SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
-  base = MosaicConfig(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
-                      epi_tile_n=epi_tile_n, wg_dimension=Dim.M)
-  for stages in (6, 5, 4, 3, 2):
-    config = dataclasses.replace(base, max_concurrent_steps=stages)
-    if check_fp8_config(config, problem) is None:
-      return config
-  return dataclasses.replace(base, max_concurrent_steps=2)
-
-
-def fp8_candidates(problem: GemmProblem, device: DeviceInfo):
-  """The autotuner's search space: the heuristic's config first, then the
-  CTA tiles and ring depths that fit (block-wise: the 64x128 consumer tile
-  split over M or N)."""
-  tiles = ([(64, 128, Dim.M), (64, 128, Dim.N)]
-           if scaling_kind(problem) == "per_k" else
-           [(64, 256, Dim.M), (128, 128, Dim.N), (128, 128, Dim.M),
-            (64, 128, Dim.M)])
-  epi_tile_n = tma.SWIZZLE_BYTES // jnp.dtype(problem.out_dtype).itemsize
-  first = fp8_heuristic(problem, device)
-  out = [first]
-  for tile_m, tile_n, wg_dim in tiles:
-    for stages in (5, 4, 3):
-      for band in (8, 16):
-        config = MosaicConfig(tile_m=tile_m, tile_n=tile_n,
-                              tile_k=FP8_TILE_K, max_concurrent_steps=stages,
-                              epi_tile_n=min(epi_tile_n, tile_n),
-                              grid_band=band, wg_dimension=wg_dim)
-        if config != first and check_fp8_config(config, problem) is None:
-          out.append(config)
-  return out
 
 
 autotune.register_search_space(NAME, fp8_candidates)
@@ -499,7 +141,7 @@ registry.register(registry.KernelEntry(
     supports=supports,
     heuristic=fp8_heuristic,
     check_config=check_config,
-    config_cls=MosaicConfig,
+    config_cls=Fp8Config,
     runs_on_cpu=True,
     takes_scales=True,
     note=layout_note,

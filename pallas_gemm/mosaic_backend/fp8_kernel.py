@@ -1,0 +1,430 @@
+"""The kernel body of `mosaic/fp8` (the design is in `mosaic_backend/fp8.py`):
+the producer warpgroup's TMA ring, the consumers' wgmma main loop (whole-K
+or promoted per K block), the dequantizing epilogue and the TMA store.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
+from pallas_gemm.mosaic_backend.fp8_config import (alternate_of,
+                                                   cluster_dim_of,
+                                                   cluster_units,
+                                                   column_factor_is_uniform,
+                                                   pingpong_of,
+                                                   promote_group_of)
+from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
+from pallas_gemm.mosaic_backend.tma import tiled_transforms
+from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
+                                                      NUM_CONSUMERS,
+                                                      PRODUCER_REGISTERS,
+                                                      index,
+                                                      tile_coordinates)
+from pallas_gemm.problem import GemmProblem, apply_epilogue
+
+
+def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
+                 k_iters: int, m_tiles: int, n_tiles: int):
+  kind = scaling_kind(problem)
+  has_c, has_bias = problem.epilogue.has_c, problem.epilogue.has_bias
+  refs = list(refs)
+  a_gmem, b_gmem = refs.pop(0), refs.pop(0)
+  c_gmem = refs.pop(0) if has_c else None
+  bias_gmem = refs.pop(0) if has_bias else None
+  a_sc_gmem = b_sc_gmem = None
+  a_vector = b_vector = False  # epilogue scales staged through smem
+  if kind == "per_k":
+    a_sc_gmem, b_sc_gmem = refs.pop(0), refs.pop(0)
+  elif kind == "epilogue":
+    if problem.a_scale_mode != "none":
+      a_sc_gmem = refs.pop(0)
+    if problem.b_scale_mode != "none":
+      b_sc_gmem = refs.pop(0)
+    a_vector = problem.a_scale_mode == "row"
+    b_vector = problem.b_scale_mode == "col"
+  (out_gmem,) = refs
+
+  out_dtype = out_gmem.dtype
+  tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
+  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+  stages = config.max_concurrent_steps
+  out_slots = config.out_slots
+  cluster_dim = cluster_dim_of(config)
+  pingpong = pingpong_of(config)
+  m_units, n_units = cluster_units(config, m_tiles, n_tiles)
+  num_tiles = problem.batch * m_units * n_units
+  # The operand both CTAs of a cluster read, multicast by the TMA.
+  shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[cluster_dim]
+  per_k = kind == "per_k"
+  alternate = per_k and alternate_of(config)
+  group = promote_group_of(config)
+  uniform_columns = per_k and column_factor_is_uniform(problem, config)
+  loads_per_stage = 4 if per_k else 2
+
+  def coords(linear):
+    batch_idx, m_idx, n_idx = tile_coordinates(
+        linear, m_tiles=m_units, n_tiles=n_units, band_dim=config.band_dim,
+        band=config.grid_band)
+    # A 2-CTA cluster owns two neighbouring CTA tiles along cluster_dim; with
+    # an odd count the second may lie past the edge: its loads read zeros
+    # and its stores are dropped by the TMA.
+    if cluster_dim == Dim.M:
+      m_idx = m_idx * 2 + lax.axis_index("cluster")
+    elif cluster_dim == Dim.N:
+      n_idx = n_idx * 2 + lax.axis_index("cluster")
+    return batch_idx, m_idx, n_idx
+
+  def slot_of(step):
+    return lax.rem(step, index(stages))
+
+  def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
+             c_loaded, bias_smem, bias_loaded, a_sc_smem, b_sc_smem,
+             sc_loaded, turn):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        batch_idx, m_idx, n_idx = coords(info.index[0])
+        m_slice = pl.ds(m_idx * cta_m, cta_m)
+        n_slice = pl.ds(n_idx * cta_n, cta_n)
+        first_step = info.local_index * k_iters
+
+        def load_stage(kk, carry):
+          kk = index(kk)
+          step = first_step + kk
+          slot = slot_of(step)
+
+          @pl.when(step >= stages)
+          def _wait_free():
+            plgpu.barrier_wait(stage_consumed.at[slot])
+
+          k_slice = pl.ds(kk * tile_k, tile_k)
+          barrier = stage_loaded.at[slot]
+          plgpu.copy_gmem_to_smem(
+              a_gmem.at[batch_idx, m_slice, k_slice], a_smem.at[slot],
+              barrier,
+              collective_axes="cluster" if shared_operand == "a" else None)
+          plgpu.copy_gmem_to_smem(
+              b_gmem.at[batch_idx, n_slice, k_slice], b_smem.at[slot],
+              barrier,
+              collective_axes="cluster" if shared_operand == "b" else None)
+          if per_k:
+            plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, kk, m_slice],
+                                    a_sc_smem.at[slot], barrier)
+            plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, kk, n_slice],
+                                    b_sc_smem.at[slot], barrier)
+          return carry
+
+        lax.fori_loop(index(0), index(k_iters), load_stage, None)
+
+      cta = lax.axis_index("sm")
+      num_ctas = index(lax.axis_size("sm"))
+      local_tiles = lax.div(index(num_tiles), num_ctas) + (
+          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
+      total_steps = local_tiles * k_iters
+
+      def drain(step, carry):
+        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
+        return carry
+
+      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
+                    None)
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      if pingpong:
+        wg_m_offset = wg_n_offset = 0
+      elif config.wg_dimension == Dim.M:
+        wg_m_offset, wg_n_offset = wg * tile_m, 0
+      else:
+        wg_m_offset, wg_n_offset = 0, wg * tile_n
+
+      def a_view(slot):
+        return a_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
+
+      def b_view(slot):
+        return b_smem.at[slot, pl.ds(wg_n_offset, tile_n), :].T
+
+      def outer(rows_ref, cols_ref):
+        """rows[:, None] * cols[None, :] in the accumulator's layout."""
+        rows = plgpu.load(rows_ref, layout=plgpu.Layout.WGMMA.reduce(1))
+        cols = plgpu.load(cols_ref, layout=plgpu.Layout.WGMMA.reduce(0))
+        return (lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
+                * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,)))
+
+      def pipelined_acc(first_step):
+        """The whole-K f32 accumulator, wgmma groups overlapping."""
+        def mma_scope(acc_ref):
+          def mma_stage(kk, carry):
+            kk = index(kk)
+            step = first_step + kk
+            slot = slot_of(step)
+            plgpu.barrier_wait(stage_loaded.at[slot])
+            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+            plgpu.wgmma_wait(1)
+
+            @pl.when(kk > 0)
+            def _release_previous():
+              plgpu.barrier_arrive(stage_consumed.at[slot_of(step - 1)])
+            return carry
+
+          lax.fori_loop(index(0), index(k_iters), mma_stage, None)
+          plgpu.wgmma_wait(0)
+          plgpu.barrier_arrive(
+              stage_consumed.at[slot_of(first_step + k_iters - 1)])
+          return acc_ref[...]
+
+        return pl.run_scoped(mma_scope,
+                             plgpu.ACC((tile_m, tile_n), jnp.float32))
+
+      def promotion_factor(slot):
+        """a_scale[row, kb] * b_scale[kb, col] for this consumer's tile."""
+        a_rows = a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)]
+        if not uniform_columns:
+          return outer(a_rows, b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)])
+        # B's scale is one number over these columns: read tile_m of its
+        # (equal) column entries in the row layout and multiply per row.
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        rows = plgpu.load(a_rows, layout=row_layout) * plgpu.load(
+            b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_m)], layout=row_layout)
+        return lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
+
+      def promote(total, acc_ref, kk, first_step):
+        """total + (finished block kk's product) * its scales; frees the
+        block's stage."""
+        slot = slot_of(first_step + kk)
+        scaled = acc_ref[...] * promotion_factor(slot)
+        plgpu.barrier_arrive(stage_consumed.at[slot])
+        return scaled if total is None else total + scaled
+
+      def promote_group(total, kk0, size, first_step):
+        """Blocks kk0 .. kk0+size-1: each block's wgmma is issued before the
+        previous block is promoted, so the tensor cores run while the
+        previous partial product is scaled. All the group's accumulators
+        are zeroed before its first wgmma: zeroing a register while a wgmma
+        is in flight would make ptxas serialise every wgmma."""
+        def group(*acc_refs):
+          new_total = total
+          for i, acc_ref in enumerate(acc_refs):
+            slot = slot_of(first_step + kk0 + i)
+            plgpu.barrier_wait(stage_loaded.at[slot])
+            if alternate:
+              plgpu.barrier_wait(turn.at[wg])
+            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+            if alternate:
+              plgpu.barrier_arrive(turn.at[1 - wg])
+            if i > 0:
+              plgpu.wgmma_wait(1)
+              new_total = promote(new_total, acc_refs[i - 1], kk0 + i - 1,
+                                  first_step)
+          plgpu.wgmma_wait(0)
+          return promote(new_total, acc_refs[-1], kk0 + size - 1, first_step)
+
+        return pl.run_scoped(
+            group, *[plgpu.ACC((tile_m, tile_n), jnp.float32)] * size)
+
+      def promoted_acc(first_step):
+        """Sum over K blocks of (block product) * (its scales), in f32."""
+        # The first group starts the sum: no zero-filled array to lay out.
+        first = min(group, k_iters)
+        total = promote_group(None, index(0), first, first_step)
+        full_groups = (k_iters - first) // group
+        tail = k_iters - first - full_groups * group
+
+        def group_step(g, total):
+          return promote_group(total, index(first) + index(g) * group, group,
+                               first_step)
+
+        if full_groups:
+          total = lax.fori_loop(index(0), index(full_groups), group_step,
+                                total)
+        if tail:
+          total = promote_group(total, index(k_iters - tail), tail,
+                                first_step)
+        return total
+
+      def fetch_epilogue_scales(batch_idx, row0, col0):
+        """Start the copies of this tile's row and column scales; they land
+        while the main loop runs (the previous tile's epilogue has already
+        read the buffers into registers)."""
+        if a_vector:
+          plgpu.copy_gmem_to_smem(
+              a_sc_gmem.at[batch_idx, pl.ds(row0, tile_m)],
+              a_sc_smem.at[wg], sc_loaded.at[wg])
+        if b_vector:
+          plgpu.copy_gmem_to_smem(
+              b_sc_gmem.at[batch_idx, pl.ds(col0, tile_n)],
+              b_sc_smem.at[wg], sc_loaded.at[wg])
+
+      def tensor_scalar(batch_idx):
+        """The product of the per-tensor scales, or None: one float read
+        from global memory (cached) per tile, so it needs no shared memory
+        and no copy; read before the main loop, its latency is hidden."""
+        scalar = None
+        for mode, gmem in ((problem.a_scale_mode, a_sc_gmem),
+                           (problem.b_scale_mode, b_sc_gmem)):
+          if mode == "tensor":
+            value = gmem[batch_idx]
+            scalar = value if scalar is None else scalar * value
+        return scalar
+
+      def dequantize(acc, scalar):
+        """acc times the row scales, column scales and per-tensor scalar."""
+        if a_vector or b_vector:
+          plgpu.barrier_wait(sc_loaded.at[wg])
+        if a_vector and b_vector:
+          factor = outer(a_sc_smem.at[wg], b_sc_smem.at[wg])
+          return acc * (factor if scalar is None else factor * scalar)
+        if a_vector or b_vector:
+          vec = plgpu.load(a_sc_smem.at[wg] if a_vector else b_sc_smem.at[wg],
+                           layout=plgpu.Layout.WGMMA.reduce(
+                               1 if a_vector else 0))
+          if scalar is not None:
+            vec = vec * scalar
+          return acc * lax.broadcast_in_dim(vec, (tile_m, tile_n),
+                                            (0,) if a_vector else (1,))
+        return acc * scalar
+
+      def compute_tile(batch_idx, m_idx, n_idx, first_step):
+        row0 = m_idx * cta_m + wg_m_offset
+        col0 = n_idx * cta_n + wg_n_offset
+        if a_vector or b_vector:
+          fetch_epilogue_scales(batch_idx, row0, col0)
+        scalar = tensor_scalar(batch_idx) if kind == "epilogue" else None
+        if per_k:
+          acc = promoted_acc(first_step)
+        else:
+          acc = pipelined_acc(first_step)
+        if kind == "epilogue":
+          acc = dequantize(acc, scalar)
+        if has_bias:
+          plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
+                                  bias_smem.at[wg], bias_loaded.at[wg])
+          plgpu.barrier_wait(bias_loaded.at[wg])
+        epi_index = 0
+        for ei in range(tile_m // epi_m):
+          for ej in range(tile_n // epi_n):
+            slot = epi_index % out_slots
+            epi_index += 1
+            rows = pl.ds(row0 + ei * epi_m, epi_m)
+            cols = pl.ds(col0 + ej * epi_n, epi_n)
+            part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
+            c_part = bias_part = None
+            if has_c:
+              plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
+                                      c_smem.at[wg], c_loaded.at[wg])
+              plgpu.barrier_wait(c_loaded.at[wg])
+              c_part = c_smem[wg]
+            if has_bias:
+              bias_vec = plgpu.load(
+                  bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
+                  layout=plgpu.Layout.WGMMA.reduce(0))
+              bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
+            value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
+            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+            out_smem[wg, slot] = value.astype(out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                    out_gmem.at[batch_idx, rows, cols])
+
+      def follow_tile(first_step):
+        """The other consumer's tile (pingpong): observe each stage's load
+        and release it at once, so that every consumer sees every phase of
+        every stage barrier and the producer refills a stage only after
+        both have passed it."""
+        def pass_stage(kk, carry):
+          slot = slot_of(first_step + index(kk))
+          plgpu.barrier_wait(stage_loaded.at[slot])
+          plgpu.barrier_arrive(stage_consumed.at[slot])
+          return carry
+
+        lax.fori_loop(index(0), index(k_iters), pass_stage, None)
+
+      if alternate:
+        # Consumer 0 issues first: its first wait is on this arrival.
+        @pl.when(wg == 1)
+        def _start_turns():
+          plgpu.barrier_arrive(turn.at[0])
+
+      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+      def _tile(info):
+        batch_idx, m_idx, n_idx = coords(info.index[0])
+        first_step = info.local_index * k_iters
+        if not pingpong:
+          compute_tile(batch_idx, m_idx, n_idx, first_step)
+          return
+        owner = lax.rem(info.local_index, NUM_CONSUMERS)
+
+        @pl.when(owner == wg)
+        def _own():
+          compute_tile(batch_idx, m_idx, n_idx, first_step)
+
+        @pl.when(owner != wg)
+        def _follow():
+          follow_tile(first_step)
+
+      if alternate:
+        # Consumer 1's last turn passes to consumer 0, which is done: observe
+        # it so that no barrier phase is left unobserved.
+        @pl.when(wg == 0)
+        def _end_turns():
+          plgpu.barrier_wait(turn.at[0])
+
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  a_dtype, b_dtype = a_gmem.dtype, b_gmem.dtype
+  c_dtype = c_gmem.dtype if has_c else None
+  if per_k:
+    scale_smem = dict(
+        a_sc_smem=plgpu.SMEM((stages, cta_m), jnp.float32),
+        b_sc_smem=plgpu.SMEM((stages, cta_n), jnp.float32), sc_loaded=None)
+  elif a_vector or b_vector:
+    scale_smem = dict(
+        a_sc_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_m), jnp.float32)
+                   if a_vector else None),
+        b_sc_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
+                   if b_vector else None),
+        sc_loaded=plgpu.Barrier(num_arrivals=int(a_vector) + int(b_vector),
+                                num_barriers=NUM_CONSUMERS))
+  else:
+    scale_smem = dict(a_sc_smem=None, b_sc_smem=None, sc_loaded=None)
+  pl.run_scoped(
+      scoped,
+      a_smem=plgpu.SMEM((stages, cta_m, tile_k), a_dtype,
+                        transforms=tiled_transforms(tile_k, a_dtype)),
+      b_smem=plgpu.SMEM((stages, cta_n, tile_k), b_dtype,
+                        transforms=tiled_transforms(tile_k, b_dtype)),
+      stage_loaded=plgpu.Barrier(num_arrivals=loads_per_stage,
+                                 num_barriers=stages),
+      # A multicast writes into both CTAs' stage, so with a cluster a stage
+      # is free only once the consumers of both CTAs have released it.
+      stage_consumed=(
+          plgpu.ClusterBarrier(collective_axes=("cluster",),
+                               num_arrivals=NUM_CONSUMERS, num_barriers=stages)
+          if cluster_dim is not None else
+          plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)),
+      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
+                          transforms=tiled_transforms(epi_n, out_dtype)),
+      c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
+                         transforms=tiled_transforms(epi_n, c_dtype))
+              if has_c else None),
+      c_loaded=plgpu.Barrier(num_barriers=NUM_CONSUMERS) if has_c else None,
+      bias_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
+                 if has_bias else None),
+      bias_loaded=(plgpu.Barrier(num_barriers=NUM_CONSUMERS)
+                   if has_bias else None),
+      **scale_smem,
+      turn=(plgpu.Barrier(num_arrivals=1, num_barriers=NUM_CONSUMERS)
+            if alternate else None),
+      collective_axes="wg",
+  )

@@ -46,10 +46,9 @@ from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       consumer_offsets,
-                                                      drain_ring,
+                                                      run_producer,
                                                       INTERPRET_CTAS,
                                                       NUM_CONSUMERS,
-                                                      PRODUCER_REGISTERS,
                                                       call_kernel, index,
                                                       interpret_params,
                                                       tile_coordinates)
@@ -140,41 +139,25 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
              out_smem, lag_barrier=None):
     wg = lax.axis_index("wg")
 
+    def load_step(tile, kk, slot):
+      m_idx, n_idx = tile
+      m_slice = pl.ds(m_idx * cta_m, cta_m)
+      k_slice = pl.ds(kk * tile_k, tile_k)
+      loaded = stage_loaded.at[slot]
+      plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot],
+                              loaded)
+      plgpu.copy_gmem_to_smem(
+          gate_gmem.at[k_slice, pl.ds(n_idx * cta_n, cta_n)],
+          gate_smem.at[slot], loaded)
+      plgpu.copy_gmem_to_smem(
+          up_gmem.at[k_slice, pl.ds(up_offset + n_idx * cta_n, cta_n)],
+          up_smem.at[slot], loaded)
+
     @pl.when(wg == NUM_CONSUMERS)
     def _producer():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-
-      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-      def _tile(info):
-        m_idx, n_idx = coords(info.index[0])
-        m_slice = pl.ds(m_idx * cta_m, cta_m)
-        first_step = info.local_index * k_iters
-
-        def load_stage(kk, carry):
-          kk = index(kk)
-          step = first_step + kk
-          slot = slot_of(step)
-
-          @pl.when(step >= stages)  # the first pass finds every stage free
-          def _wait_free():
-            plgpu.barrier_wait(stage_consumed.at[slot])
-
-          k_slice = pl.ds(kk * tile_k, tile_k)
-          loaded = stage_loaded.at[slot]
-          plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice],
-                                  x_smem.at[slot], loaded)
-          plgpu.copy_gmem_to_smem(
-              gate_gmem.at[k_slice, pl.ds(n_idx * cta_n, cta_n)],
-              gate_smem.at[slot], loaded)
-          plgpu.copy_gmem_to_smem(
-              up_gmem.at[k_slice, pl.ds(up_offset + n_idx * cta_n, cta_n)],
-              up_smem.at[slot], loaded)
-          return carry
-
-        lax.fori_loop(index(0), index(k_iters), load_stage, None)
-
-      drain_ring(stage_consumed, num_tiles=num_tiles, k_iters=k_iters,
-                 stages=stages)
+      run_producer(num_tiles=num_tiles, k_iters=k_iters, stages=stages,
+                   stage_consumed=stage_consumed, coords=coords,
+                   load_step=load_step)
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():

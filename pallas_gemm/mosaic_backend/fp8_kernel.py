@@ -21,7 +21,7 @@ from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
                                                       NUM_CONSUMERS,
-                                                      PRODUCER_REGISTERS,
+                                                      run_producer,
                                                       index,
                                                       tile_coordinates)
 from pallas_gemm.problem import GemmProblem, apply_epilogue
@@ -87,57 +87,29 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
              sc_loaded, turn):
     wg = lax.axis_index("wg")
 
+    def load_step(tile, kk, slot):
+      batch_idx, m_idx, n_idx = tile
+      m_slice = pl.ds(m_idx * cta_m, cta_m)
+      n_slice = pl.ds(n_idx * cta_n, cta_n)
+      k_slice = pl.ds(kk * tile_k, tile_k)
+      barrier = stage_loaded.at[slot]
+      plgpu.copy_gmem_to_smem(
+          a_gmem.at[batch_idx, m_slice, k_slice], a_smem.at[slot], barrier,
+          collective_axes="cluster" if shared_operand == "a" else None)
+      plgpu.copy_gmem_to_smem(
+          b_gmem.at[batch_idx, n_slice, k_slice], b_smem.at[slot], barrier,
+          collective_axes="cluster" if shared_operand == "b" else None)
+      if per_k:
+        plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, kk, m_slice],
+                                a_sc_smem.at[slot], barrier)
+        plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, kk, n_slice],
+                                b_sc_smem.at[slot], barrier)
+
     @pl.when(wg == NUM_CONSUMERS)
     def _producer():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-
-      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-      def _tile(info):
-        batch_idx, m_idx, n_idx = coords(info.index[0])
-        m_slice = pl.ds(m_idx * cta_m, cta_m)
-        n_slice = pl.ds(n_idx * cta_n, cta_n)
-        first_step = info.local_index * k_iters
-
-        def load_stage(kk, carry):
-          kk = index(kk)
-          step = first_step + kk
-          slot = slot_of(step)
-
-          @pl.when(step >= stages)
-          def _wait_free():
-            plgpu.barrier_wait(stage_consumed.at[slot])
-
-          k_slice = pl.ds(kk * tile_k, tile_k)
-          barrier = stage_loaded.at[slot]
-          plgpu.copy_gmem_to_smem(
-              a_gmem.at[batch_idx, m_slice, k_slice], a_smem.at[slot],
-              barrier,
-              collective_axes="cluster" if shared_operand == "a" else None)
-          plgpu.copy_gmem_to_smem(
-              b_gmem.at[batch_idx, n_slice, k_slice], b_smem.at[slot],
-              barrier,
-              collective_axes="cluster" if shared_operand == "b" else None)
-          if per_k:
-            plgpu.copy_gmem_to_smem(a_sc_gmem.at[batch_idx, kk, m_slice],
-                                    a_sc_smem.at[slot], barrier)
-            plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, kk, n_slice],
-                                    b_sc_smem.at[slot], barrier)
-          return carry
-
-        lax.fori_loop(index(0), index(k_iters), load_stage, None)
-
-      cta = lax.axis_index("sm")
-      num_ctas = index(lax.axis_size("sm"))
-      local_tiles = lax.div(index(num_tiles), num_ctas) + (
-          cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
-      total_steps = local_tiles * k_iters
-
-      def drain(step, carry):
-        plgpu.barrier_wait(stage_consumed.at[slot_of(step)])
-        return carry
-
-      lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain,
-                    None)
+      run_producer(num_tiles=num_tiles, k_iters=k_iters, stages=stages,
+                   stage_consumed=stage_consumed, coords=coords,
+                   load_step=load_step)
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():

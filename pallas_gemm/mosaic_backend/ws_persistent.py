@@ -169,6 +169,41 @@ def drain_ring(stage_consumed, *, num_tiles: int, k_iters: int, stages: int):
   lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain, None)
 
 
+def run_producer(*, num_tiles: int, k_iters: int, stages: int, stage_consumed,
+                 coords, load_step):
+  """The producer warpgroup of a persistent, warp-specialised GEMM.
+
+  It gives registers away, walks this CTA's tiles (`coords(linear)` names
+  one) and, for each of their `k_iters` steps, waits until the ring stage
+  the step uses is free (the first pass finds every stage free), then calls
+  `load_step(tile, kk, slot)` to issue that step's TMA copies into stage
+  `slot`. The ring's step counter runs on across tiles. Finally it drains the
+  ring (`drain_ring`)."""
+  plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+  @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+  def _tile(info):
+    tile = coords(info.index[0])
+    first_step = info.local_index * k_iters
+
+    def load_stage(kk, carry):
+      kk = index(kk)
+      step = first_step + kk
+      slot = lax.rem(step, index(stages))
+
+      @pl.when(step >= stages)
+      def _wait_free():
+        plgpu.barrier_wait(stage_consumed.at[slot])
+
+      load_step(tile, kk, slot)
+      return carry
+
+    lax.fori_loop(index(0), index(k_iters), load_stage, None)
+
+  drain_ring(stage_consumed, num_tiles=num_tiles, k_iters=k_iters,
+             stages=stages)
+
+
 def consumer_offsets(config, wg, tile_m: int, tile_n: int):
   """(row, column) offset of consumer warpgroup `wg`'s part of the CTA tile,
   which the two consumers split along `config.wg_dimension`."""
@@ -256,42 +291,23 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
              c_loaded, bias_smem, bias_loaded):
     wg = lax.axis_index("wg")
 
+    def load_step(tile, kk, slot):
+      batch_idx, m_idx, n_idx = tile
+      m_slice = pl.ds(m_idx * cta_m, cta_m)
+      n_slice = pl.ds(n_idx * cta_n, cta_n)
+      k_slice = pl.ds(kk * tile_k, tile_k)
+      a_src = (a_gmem.at[batch_idx, k_slice, m_slice] if transpose_a
+               else a_gmem.at[batch_idx, m_slice, k_slice])
+      b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
+               else b_gmem.at[batch_idx, k_slice, n_slice])
+      plgpu.copy_gmem_to_smem(a_src, a_smem.at[slot], stage_loaded.at[slot])
+      plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot], stage_loaded.at[slot])
+
     @pl.when(wg == NUM_CONSUMERS)
     def _producer():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-
-      @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-      def _tile(info):
-        batch_idx, m_idx, n_idx = coords(info.index[0])
-        m_slice = pl.ds(m_idx * cta_m, cta_m)
-        n_slice = pl.ds(n_idx * cta_n, cta_n)
-        first_step = info.local_index * k_iters
-
-        def load_stage(kk, carry):
-          kk = index(kk)
-          step = first_step + kk
-          slot = slot_of(step)
-
-          # The first pass over the ring finds every stage free.
-          @pl.when(step >= stages)
-          def _wait_free():
-            plgpu.barrier_wait(stage_consumed.at[slot])
-
-          k_slice = pl.ds(kk * tile_k, tile_k)
-          a_src = (a_gmem.at[batch_idx, k_slice, m_slice] if transpose_a
-                   else a_gmem.at[batch_idx, m_slice, k_slice])
-          b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
-                   else b_gmem.at[batch_idx, k_slice, n_slice])
-          plgpu.copy_gmem_to_smem(a_src, a_smem.at[slot],
-                                  stage_loaded.at[slot])
-          plgpu.copy_gmem_to_smem(b_src, b_smem.at[slot],
-                                  stage_loaded.at[slot])
-          return carry
-
-        lax.fori_loop(index(0), index(k_iters), load_stage, None)
-
-      drain_ring(stage_consumed, num_tiles=num_tiles, k_iters=k_iters,
-                 stages=stages)
+      run_producer(num_tiles=num_tiles, k_iters=k_iters, stages=stages,
+                   stage_consumed=stage_consumed, coords=coords,
+                   load_step=load_step)
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():

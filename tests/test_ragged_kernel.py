@@ -80,12 +80,18 @@ ROWS_CASES = [
     # eight groups, several tiny or empty, sum < m (slow on a CPU)
     pytest.param((140, 64, 64, [3, 0, 17, 64, 1, 0, 40, 5], 0, "bfloat16",
                   "float32", True, None), marks=pytest.mark.slow),
+    # Regression (compiled only; the interpreter clips any window): n is
+    # below the second consumer's columns, and the 1- and 2-row stores of the
+    # tiny groups are contiguous in memory, which Mosaic issues as linear
+    # bulk copies that are not clipped per column: a store of the
+    # out-of-range columns overwrote the next rows with zeros.
+    (70, 64, 40, [1, 2, 0, 3, 60], 0, "bfloat16", "float32", False, None),
 ]
 
 
 @pytest.mark.parametrize("case", ROWS_CASES,
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
-                              "eight_groups"])
+                              "eight_groups", "columns_past_n"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL

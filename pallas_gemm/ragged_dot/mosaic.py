@@ -174,6 +174,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   rhs_block = (cta_n, tile_k) if transpose_rhs else (tile_k, cta_n)
   num_items = index(num_items_gmem[0])
   num_tiles = num_items * n_tiles
+  n_out = out_gmem.shape[1]
 
   def tile_info(linear):
     _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
@@ -260,9 +261,17 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = part.astype(out_dtype)
           plgpu.commit_smem()
+          col = col0 + ej * epi_n
+          # Columns past the output's (a multiple of epi_n) are not stored
+          # at all: a store from the un-swizzled staging tile whose window is
+          # contiguous in memory (one row, or full-width rows) is issued as
+          # a linear bulk copy, clipped only at the array's end, so a window
+          # right of the last column would land on the next rows. (Zero rows
+          # still commit a bulk group: the slot waits above count them.)
           store_rows(out_smem.at[wg, slot], out_gmem, row0=row0,
-                     first_row=first_row, num_rows=num_rows, max_rows=cons_m,
-                     cols=pl.ds(col0 + ej * epi_n, epi_n))
+                     first_row=first_row,
+                     num_rows=jnp.where(col < n_out, num_rows, 0),
+                     max_rows=cons_m, cols=pl.ds(col, epi_n))
         return first_step + steps
 
       for_each_tile(num_tiles, tile, index(0))

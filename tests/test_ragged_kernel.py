@@ -9,6 +9,7 @@ suite down to Mosaic GPU's MLIR on the CPU, without running them.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -35,6 +36,10 @@ SMALL = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
 SPLIT_ROWS = RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=3,
                           epi_tile_n=64, grid_band=2, out_slots=2,
                           split_rows=True)
+
+#: 256-row tiles, each consumer owns 128 of the rows.
+TALL = RaggedConfig(tile_m=256, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
+                    grid_band=2, split_rows=True)
 
 
 def _run(problem, sizes, *, row_offset=0, config=SMALL, detect_races=False):
@@ -85,13 +90,21 @@ ROWS_CASES = [
     # tiny groups are contiguous in memory, which Mosaic issues as linear
     # bulk copies that are not clipped per column: a store of the
     # out-of-range columns overwrote the next rows with zeros.
-    (70, 64, 40, [1, 2, 0, 3, 60], 0, "bfloat16", "float32", False, None),
+    # Two staging slots alternating over one store per tile, across tiles
+    # and the second consumer's idle ones.
+    (70, 64, 40, [1, 2, 0, 3, 60], 0, "bfloat16", "float32", False, None,
+     dataclasses.replace(SMALL, out_slots=2)),
+    # 256-row tiles: a group inside one consumer's half, one across both,
+    # one across two tiles; rhs read transposed
+    (300, 64, 128, [5, 250, 0, 40], 3, "bfloat16", "bfloat16", True, None,
+     TALL),
 ]
 
 
 @pytest.mark.parametrize("case", ROWS_CASES,
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
-                              "eight_groups", "columns_past_n"])
+                              "eight_groups", "columns_past_n",
+                              "tall_tiles"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
@@ -103,18 +116,21 @@ def test_rows(case):
 
 CONTRACTING_CASES = [
     (150, 128, 64, [30, 0, 70, 20], 0, "bfloat16", "float32"),
-    # row_offset, an empty last group, odd k and n, f16
-    (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16"),
+    # row_offset, an empty last group, odd k and n, f16; two staging slots
+    # alternating over one store per tile
+    (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16",
+     dataclasses.replace(SMALL, out_slots=2)),
 ]
 
 
 @pytest.mark.parametrize("case", CONTRACTING_CASES,
                          ids=lambda c: f"m{c[0]}_g{len(c[3])}_off{c[4]}")
 def test_contracting(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype = case
+  m, k, n, sizes, offset, in_dtype, out_dtype = case[:7]
+  config = case[7] if len(case) > 7 else SMALL
   problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
                           out_dtype)
-  got, _ = _run(problem, sizes, row_offset=offset,
+  got, _ = _run(problem, sizes, row_offset=offset, config=config,
                 detect_races=case is CONTRACTING_CASES[0])
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
@@ -202,11 +218,13 @@ def test_config_validation_names_the_field(field, value, error):
     RaggedConfig(**{field: value})
 
 
-def test_config_out_slots_need_even_stores():
-  with pytest.raises(ValueError, match="out_slots"):
-    RaggedConfig(tile_n=64, epi_tile_n=64, out_slots=2)
+def test_config_split_rows_needs_whole_halves():
   with pytest.raises(ValueError, match="split_rows"):
     RaggedConfig(tile_m=64, split_rows=True)
+  with pytest.raises(ValueError, match="split_rows"):
+    RaggedConfig(tile_m=256, tile_n=128, split_rows=True)
+  with pytest.raises(ValueError, match="tile_m=256"):
+    RaggedConfig(tile_m=256, tile_n=64)
 
 
 def test_contracting_rejects_split_rows():

@@ -3,7 +3,8 @@
 One `RaggedConfig` serves both modes; the fields mean:
 
   mode "rows" (out (m, n) = lhs rows of g @ rhs[g]):
-    tile_m     token rows of one CTA tile (64 or 128: wgmma's row groups).
+    tile_m     token rows of one CTA tile (64, 128, or 256 with split_rows:
+               wgmma's row groups).
     tile_n     output columns of each of the two consumer warpgroups; the CTA
                tile is tile_m x (2 * tile_n).
     tile_k     K depth of one pipeline stage.
@@ -14,7 +15,8 @@ One `RaggedConfig` serves both modes; the fields mean:
     tile_k     token rows of one pipeline stage (the reduction chunk).
     split_rows the two consumers split the CTA tile's rows instead of its
                columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
-               wgmma per step (needs tile_m 128, tile_n <= 128). A "rows"-mode
+               wgmma per step (needs tile_m 128 or 256 and
+               tile_m * tile_n <= 128 * 128). A "rows"-mode
                option: "contracting" always splits its rows (K), and raises
                on it.
   both:
@@ -66,14 +68,20 @@ class RaggedConfig:
     if not isinstance(self.split_rows, bool):
       raise TypeError(f"RaggedConfig.split_rows={self.split_rows!r} must be "
                       "a bool")
-    if self.split_rows and (self.tile_m != 128 or self.tile_n > 128):
-      raise ValueError(f"RaggedConfig.split_rows needs tile_m=128 (two 64-row "
-                       f"halves) and tile_n <= 128 (wgmma's N <= 256), got "
+    if self.split_rows and (self.tile_m < 128
+                            or self.tile_m * self.tile_n > 128 * 128):
+      raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "
+                       f"halves of whole 64-row groups) and a consumer "
+                       f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
+                       f"128 x 128 f32 (registers; wgmma's N <= 256), got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
-    if self.tile_m not in (64, 128):
-      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64 or 128 "
-                       "(wgmma's 64-row groups; 128 keeps the accumulator in "
-                       "registers)")
+    if self.tile_m not in (64, 128, 256):
+      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64, 128 "
+                       "or 256 (wgmma's 64-row groups; a consumer keeps at "
+                       "most 128 rows in registers)")
+    if self.tile_m == 256 and not self.split_rows:
+      raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
+                       "consumer keeps 128 of the rows)")
     if self.tile_n % SWIZZLE_ELEMS_16BIT or not 64 <= self.tile_n <= 256:
       raise ValueError(f"RaggedConfig.tile_n={self.tile_n} must be 64, 128, "
                        "192 or 256 (whole 128-byte swizzle spans, wgmma's N "
@@ -91,13 +99,6 @@ class RaggedConfig:
     if self.out_slots not in (1, 2):
       raise ValueError(f"RaggedConfig.out_slots={self.out_slots} must be 1 "
                        "or 2")
-    if (self.out_slots == 2 and not self.split_rows
-        and (self.tile_n // self.epi_tile_n) % 2):
-      # Each tile's stores must start on the same slot, or a tile's first
-      # store would overwrite the slot its predecessor's last one still reads.
-      raise ValueError(f"RaggedConfig.out_slots=2 needs an even number of "
-                       f"epilogue stores per tile (tile_n={self.tile_n} / "
-                       f"epi_tile_n={self.epi_tile_n})")
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
@@ -128,10 +129,8 @@ class RaggedConfig:
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
-  stores = config.consumer_tile(problem.mode)[1] // config.epi_tile_n
-  slot_options = (2, 1) if stores % 2 == 0 else (1,)
   for stages in range(MAX_STAGES, 1, -1):
-    for slots in slot_options:
+    for slots in (2, 1):
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
       if candidate.fits(problem):
         return candidate

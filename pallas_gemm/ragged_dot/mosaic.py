@@ -131,6 +131,18 @@ def run_stages(acc_ref, first_step, steps, stages, stage_loaded,
         stage_consumed.at[lax.rem(first_step + steps - 1, index(stages))])
 
 
+def output_slot(linear, store, stores_per_tile: int, out_slots: int):
+  """The staging slot of a tile's `store`-th output store. The slots
+  alternate over the CTA's consecutive stores, across tiles too, so that a
+  store never overwrites the slot of the one just before it (which may still
+  be reading it); static unless a tile has an odd number of stores."""
+  if stores_per_tile % out_slots == 0:
+    return store % out_slots
+  cta = index(lax.axis_index("sm"))
+  tile_number = lax.div(index(linear) - cta, index(lax.axis_size("sm")))
+  return lax.rem(tile_number * stores_per_tile + store, index(out_slots))
+
+
 def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
                cols):
   """TMA-stores rows [first_row, first_row + num_rows) of `out_smem` (an
@@ -228,6 +240,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
       wg_rows = wg * cons_m if config.split_rows else 0
       wg_cols = 0 if config.split_rows else wg * tile_n
+      stores = cons_n // epi_n
 
       def mma(acc_ref, slot, kk):
         del kk
@@ -239,7 +252,31 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
       def tile(linear, first_step):
         group, block, row_lo, row_hi, n_idx, steps = tile_info(linear)
+        if config.split_rows:
+          compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+                            steps, first_step)
+        else:
+          # A last column strip that ends inside the first consumer's half
+          # leaves the second one no column to compute: it only keeps the
+          # ring's barriers in step, and the first runs alone on the
+          # tensor cores.
+          has_columns = n_idx * cta_n + wg_cols < problem.n
 
+          @pl.when(has_columns)
+          def _compute():
+            compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+                              steps, first_step)
+
+          @pl.when(jnp.logical_not(has_columns))
+          def _idle():
+            run_stages(None, first_step, steps, stages, stage_loaded,
+                       stage_consumed, lambda *_: None)
+            for _ in range(stores):  # empty groups keep the slot count
+              plgpu.commit_smem_to_gmem_group()
+        return first_step + steps
+
+      def compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+                            steps, first_step):
         def mma_scope(acc_ref):
           run_stages(acc_ref, first_step, steps, stages, stage_loaded,
                      stage_consumed, mma)
@@ -254,8 +291,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         first_row = jnp.clip(row_lo - row0, 0, cons_m)
         num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
         col0 = n_idx * cta_n + wg_cols
-        for ej in range(cons_n // epi_n):
-          slot = ej % out_slots
+        for ej in range(stores):
+          slot = output_slot(linear, ej, stores, out_slots)
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
@@ -272,7 +309,6 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                      first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
                      max_rows=cons_m, cols=pl.ds(col, epi_n))
-        return first_step + steps
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)

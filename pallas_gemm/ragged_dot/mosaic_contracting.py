@@ -36,7 +36,7 @@ from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
 from pallas_gemm.ragged_dot.mosaic import (CONSUMER_REGISTERS,
                                            PRODUCER_REGISTERS, drain_ring,
                                            for_each_tile, num_ctas_for,
-                                           run_stages)
+                                           output_slot, run_stages)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
@@ -124,7 +124,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
         acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(tile_n // epi_n):
-          slot = ej % out_slots
+          slot = output_slot(linear, ej, tile_n // epi_n, out_slots)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = acc[:, ej * epi_n:(ej + 1) * epi_n].astype(
               out_dtype)

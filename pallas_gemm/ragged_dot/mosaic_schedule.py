@@ -56,8 +56,12 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int):
   first_item = ends_incl - counts
   num_items = ends_incl[-1:]
   item = jnp.arange(max_row_items(m, groups, tile_m), dtype=jnp.int32)
-  piece = jnp.minimum(jnp.searchsorted(ends_incl, item, side="right"),
-                      groups + 1).astype(jnp.int32)
+  # The piece of each item: how many pieces end at or before it. A direct
+  # count (one fused compare-and-sum over a few hundred x a few hundred)
+  # rather than a binary search, which XLA runs as a loop of tiny kernels.
+  ended = jnp.sum((ends_incl[None, :] <= item[:, None]).astype(jnp.int32),
+                  axis=1)
+  piece = jnp.minimum(ended, groups + 1).astype(jnp.int32)
   block = lo[piece] // tile_m + item - first_item[piece]
   row_lo = jnp.maximum(lo[piece], block * tile_m)
   row_hi = jnp.minimum(hi[piece], (block + 1) * tile_m)

@@ -19,9 +19,11 @@ product and store zeros. Tiles are (item, column strip) pairs walked in a
 banded snake along the items, so all row items of one (group, column strip)
 run together and the expert's weight tile comes from HBM once.
 The two consumers split the CTA tile's columns, or with
-`RaggedConfig.split_rows` its two 64-row halves (each then stores only its
-half's share of the item's rows). The staged output tile is un-swizzled, as
-the partial stores start at any row.
+`RaggedConfig.split_rows` its two row halves (64 or 128 rows each; each then
+stores only its half's share of the item's rows). A 256-row tile holds a
+whole group of up to 256 rows, so that one CTA reads each of that expert's
+weight tiles. The staged output tile is un-swizzled, as the partial stores
+start at any row; no store reaches past the output's last column.
 
 Mode "contracting" lives in `mosaic_contracting.py`.
 """

@@ -174,6 +174,7 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256)]
   else:
     shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
+              dict(tile_m=256, tile_n=64, split_rows=True),
               dict(tile_m=128, tile_n=128),
               dict(tile_m=128, tile_n=64, split_rows=True),
               dict(tile_m=64, tile_n=128),

@@ -315,3 +315,18 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
     fn.trace(spec(problem.lhs_shape, jnp.bfloat16),
              spec(problem.rhs_shape, jnp.bfloat16), spec((groups,), jnp.int32),
              spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+
+
+def test_heuristic_weighs_column_padding_and_output_bursts():
+  # N = 11 x 128: 256-wide tiles would compute a twelfth strip of padding.
+  padded = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
+  exact = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
+  assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
+  assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
+  # A chunk of rows per expert: the weight gradient is its output write.
+  few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
+                      "bfloat16")
+  many = RaggedProblem("contracting", 16384, 2048, 1408, 64, "bfloat16",
+                       "bfloat16")
+  assert mosaic.heuristic(few, HOPPER).epi_tile_n == 128
+  assert mosaic.heuristic(many, HOPPER).epi_tile_n == 64

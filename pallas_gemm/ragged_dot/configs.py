@@ -137,20 +137,58 @@ def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   return dataclasses.replace(config, stages=2, out_slots=1)
 
 
+#: Output-element throughput of a 128 x 128 CTA tile relative to a
+#: 128 x 256 one on a compute-bound grouped GEMM: the narrower tile moves
+#: more operand bytes per flop, which the heuristic weighs against the
+#: padding and the last-wave idling it saves.
+NARROW_TILE_EFFICIENCY = 0.92
+
+
+def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
+                 efficiency: float) -> float:
+  """Relative time of the "rows" grid with (cta_m x cta_n) CTA tiles: every
+  CTA runs whole tiles (ragged edges computed in full) and the busiest one
+  sets the time; the group sizes are estimated as even."""
+  groups = max(problem.groups, 1)
+  rows_per_group = -(-problem.m // groups)
+  items = groups * -(-rows_per_group // cta_m)
+  tiles = items * -(-problem.n // cta_n)
+  return -(-tiles // sms) * cta_m * cta_n / efficiency
+
+
+def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
+  chunk = 64
+  rows_per_group = problem.m / max(problem.groups, 1)
+  base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
+                      grid_band=8)
+  if rows_per_group <= 2 * chunk:
+    # A tile's reduction is a chunk or two: its cost is writing its output
+    # tile, as large bursts as possible (one store of the consumer's whole
+    # tile, rows of 2 * 128 bytes) rather than a deep ring.
+    base = dataclasses.replace(base, epi_tile_n=base.tile_n)
+  return _most_stages(base, problem)
+
+
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   sms = device.planning_sms
   groups = max(problem.groups, 1)
   if problem.mode == "contracting":
-    base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                        grid_band=8)
-    return _most_stages(base, problem)
+    return _contracting_heuristic(problem)
   rows_per_group = problem.m / groups
   # Few tokens per expert: a 128-row tile would be mostly rows of other
   # groups, each computed and thrown away, while every expert's weights are
   # streamed once either way.
   tile_m = 64 if rows_per_group <= 96 else 128
   tile_n = 128
+  if tile_m == 128:
+    # 128 x 256 or 128 x 128 CTA tiles: the narrower one where the columns
+    # padded up to 256 and the idle part of the last wave cost more than
+    # its lower efficiency.
+    wide = _padded_cost(problem, sms, 128, 256, 1.0)
+    narrow = _padded_cost(problem, sms, 128, 128, NARROW_TILE_EFFICIENCY)
+    if narrow < wide:
+      tile_n = 64
   n_tiles = -(-problem.n // (NUM_CONSUMERS * tile_n))
   if n_tiles * max(problem.m // tile_m, 1) < sms and problem.n <= 1024:
     tile_n = 64  # too few tiles to fill the machine
@@ -159,8 +197,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # weight tile is fetched from HBM once and the other row tiles of the
   # group find it in L2.
   band = 8 if tile_m == 128 else 16
-  # A 128-row tile is split into two 64 x 256 halves, one wgmma each per
-  # step, as the dense `mosaic/ws_persistent` does at its best.
+  # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
+  # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
+  # best.
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128)
   return _most_stages(base, problem)

@@ -117,9 +117,9 @@ def test_rows(case):
 CONTRACTING_CASES = [
     (150, 128, 64, [30, 0, 70, 20], 0, "bfloat16", "float32"),
     # row_offset, an empty last group, odd k and n, f16; two staging slots
-    # alternating over one store per tile
+    # alternating over one store per tile; tiles walked group index fastest
     (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16",
-     dataclasses.replace(SMALL, out_slots=2)),
+     dataclasses.replace(SMALL, out_slots=2, interleave_groups=True)),
 ]
 
 
@@ -211,7 +211,7 @@ def test_contracting_groups_table():
     ("tile_k", 32, ValueError), ("stages", 1, ValueError),
     ("epi_tile_n", 48, ValueError), ("grid_band", 0, ValueError),
     ("out_slots", 3, ValueError), ("tile_m", 64.0, TypeError),
-    ("stages", True, TypeError),
+    ("stages", True, TypeError), ("interleave_groups", 1, TypeError),
 ])
 def test_config_validation_names_the_field(field, value, error):
   with pytest.raises(error, match=field):
@@ -225,6 +225,17 @@ def test_config_split_rows_needs_whole_halves():
     RaggedConfig(tile_m=256, tile_n=128, split_rows=True)
   with pytest.raises(ValueError, match="tile_m=256"):
     RaggedConfig(tile_m=256, tile_n=64)
+
+
+def test_rows_rejects_interleave_groups():
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="interleave_groups"):
+    mosaic.ragged_matmul(
+        jnp.zeros((64, 64), jnp.bfloat16), jnp.zeros((2, 64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, config=dataclasses.replace(SMALL,
+                                                    interleave_groups=True),
+        interpret=True)
 
 
 def test_contracting_rejects_split_rows():

@@ -51,50 +51,47 @@ ROWS_128x256_COLS = dict(tile_m=128, tile_n=128)
 # consumer, tall-narrow vs short-wide CTA tiles.
 CON_BASE = dict(tile_m=128, tile_n=128, tile_k=64)
 
-# (case, mode, label, config fields or None for the heuristic's)
+CON_WIDE = dict(tile_m=64, tile_n=256, tile_k=64)
+CON_EPI128 = {**CON_BASE, "epi_tile_n": 128, "stages": 3}
+INTERLEAVED = {**CON_EPI128, "interleave_groups": True}
+
+# (case, mode, label, config fields or None for the heuristic's).
+# An earlier round (128 x 256 split, 256 x 128 and 128 x 256 by columns;
+# one or two staging slots; bands 4 to 32) chose the heuristic's shapes;
+# this one checks them and tries the contracting kernel's tile order and
+# output bursts.
 CANDIDATES = [
-    ("g64_even", "rows", "heuristic", None),
-    ("g64_even", "rows", "128x256split", ROWS_128x256_SPLIT),
-    ("g64_even", "rows", "256x128", ROWS_256x128),
-    ("g64_even", "rows", "256x128_band4", {**ROWS_256x128, "grid_band": 4}),
-    ("g64_even", "rows", "256x128_band16", {**ROWS_256x128, "grid_band": 16}),
-    ("g64_even", "rows", "256x128_slots2",
-     {**ROWS_256x128, "stages": 3, "out_slots": 2}),
-    ("g64_even", "rows", "128x128", ROWS_128x128),
-    ("g64_even", "rows", "128x256cols", ROWS_128x256_COLS),
-    ("g128_even", "contracting", "heuristic", None),
-    ("g128_even", "contracting", "slots2_stages3",
-     {**CON_BASE, "stages": 3, "out_slots": 2}),
-    ("g128_even", "contracting", "epi128_stages3",
-     {**CON_BASE, "epi_tile_n": 128, "stages": 3, "out_slots": 1}),
-    ("g128_even", "contracting", "epi128_slots2_stages2",
-     {**CON_BASE, "epi_tile_n": 128, "stages": 2, "out_slots": 2}),
-    ("g128_even", "contracting", "128x256_slots2",
-     dict(tile_m=64, tile_n=256, tile_k=64, out_slots=2)),
-    ("g128_even", "contracting", "slots2_band32",
-     {**CON_BASE, "stages": 3, "out_slots": 2, "grid_band": 32}),
     ("g128_zipf", "contracting", "heuristic", None),
-    ("g128_zipf", "contracting", "slots2_stages3",
-     {**CON_BASE, "stages": 3, "out_slots": 2}),
-    ("g128_zipf", "contracting", "epi128_slots2_stages2",
-     {**CON_BASE, "epi_tile_n": 128, "stages": 2, "out_slots": 2}),
+    ("g128_zipf", "contracting", "interleaved", INTERLEAVED),
+    ("g128_zipf", "contracting", "interleaved_band1",
+     {**INTERLEAVED, "grid_band": 1}),
+    ("g128_zipf", "contracting", "interleaved_epi64_st4",
+     {**CON_BASE, "stages": 4, "interleave_groups": True}),
+    ("g128_zipf", "contracting", "64x256_epi256",
+     {**CON_WIDE, "epi_tile_n": 256, "stages": 3}),
+    ("g128_zipf", "contracting", "64x256_epi256_interl",
+     {**CON_WIDE, "epi_tile_n": 256, "stages": 3, "interleave_groups": True}),
+    ("g128_even", "contracting", "heuristic", None),
+    ("g128_even", "contracting", "interleaved", INTERLEAVED),
+    ("g128_even", "contracting", "64x256_epi256",
+     {**CON_WIDE, "epi_tile_n": 256, "stages": 3}),
     ("g64_even", "contracting", "heuristic", None),
-    ("g64_even", "contracting", "slots2_stages3",
-     {**CON_BASE, "stages": 3, "out_slots": 2}),
-    ("g64_even", "contracting", "128x256_slots2",
-     dict(tile_m=64, tile_n=256, tile_k=64, out_slots=2)),
+    ("g64_even", "contracting", "epi128_stages3", CON_EPI128),
+    ("g64_even", "contracting", "interleaved_epi64_st4",
+     {**CON_BASE, "stages": 4, "interleave_groups": True}),
+    ("g64_even", "rows", "heuristic", None),
+    ("g64_even", "rows", "128x128_band4", {**ROWS_128x128, "grid_band": 4}),
+    ("g64_even", "rows", "128x128_band16", {**ROWS_128x128, "grid_band": 16}),
+    ("g64_even", "rows", "128x128_st4_slots2",
+     {**ROWS_128x128, "stages": 4, "out_slots": 2}),
     ("g64_even", "dlhs", "heuristic", None),
-    ("g64_even", "dlhs", "128x256split", ROWS_128x256_SPLIT),
-    ("g64_even", "dlhs", "256x128", ROWS_256x128),
-    ("g64_even", "dlhs", "128x256cols", ROWS_128x256_COLS),
+    ("g64_even", "dlhs", "128x128", ROWS_128x128),
     ("g8_even", "rows", "heuristic", None),
-    ("g8_even", "rows", "256x128", ROWS_256x128),
     ("g8_zipf", "rows", "heuristic", None),
-    ("g8_zipf", "rows", "256x128", ROWS_256x128),
+    ("g8_zipf", "contracting", "heuristic", None),
     ("g128_zipf", "rows", "heuristic", None),
-    ("g128_zipf", "rows", "64x128", dict(tile_m=64, tile_n=64)),
-    ("g128_zipf", "rows", "64x256_band32", dict(tile_m=64, tile_n=128,
-                                                grid_band=32)),
+    ("g128_even", "rows", "heuristic", None),
+    ("g128_even", "dlhs", "heuristic", None),
 ]
 
 

@@ -19,6 +19,12 @@ One `RaggedConfig` serves both modes; the fields mean:
                tile_m * tile_n <= 128 * 128). A "rows"-mode
                option: "contracting" always splits its rows (K), and raises
                on it.
+    interleave_groups
+               walk the tiles with the group index fastest, so that the
+               CTAs in flight hold tiles of many groups at once: with
+               uneven sizes the compute of large groups' tiles overlaps
+               the output writes of small ones' (a "contracting"-mode
+               option; "rows" raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -60,14 +66,16 @@ class RaggedConfig:
   grid_band: int = 8
   out_slots: int = 1
   split_rows: bool = False
+  interleave_groups: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
-      if field.name != "split_rows":
+      if field.name in ("split_rows", "interleave_groups"):
+        if not isinstance(getattr(self, field.name), bool):
+          raise TypeError(f"RaggedConfig.{field.name}="
+                          f"{getattr(self, field.name)!r} must be a bool")
+      else:
         _int_field(self, field.name)
-    if not isinstance(self.split_rows, bool):
-      raise TypeError(f"RaggedConfig.split_rows={self.split_rows!r} must be "
-                      "a bool")
     if self.split_rows and (self.tile_m < 128
                             or self.tile_m * self.tile_n > 128 * 128):
       raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "

@@ -411,6 +411,9 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   params = interpret_params(interpret)
   group_sizes = group_sizes.astype(jnp.int32)
   row_offset = row_offset.astype(jnp.int32)
+  if problem.mode == "rows" and config.interleave_groups:
+    raise ValueError("RaggedConfig.interleave_groups is a \"contracting\"-"
+                     "mode option: \"rows\" walks its row items in order")
   if problem.mode == "contracting":
     from pallas_gemm.ragged_dot import mosaic_contracting
     return mosaic_contracting.contracting_matmul(

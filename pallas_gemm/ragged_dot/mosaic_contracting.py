@@ -3,7 +3,8 @@
   out[g] = lhs[rows of g].T @ dout[rows of g]        (groups, k, n)
 
 Output tiles are (group, K strip, N strip) triples, a static count, walked
-group by group and in a banded snake inside each group. A tile's reduction
+group by group and in a banded snake inside each group (or, with
+`RaggedConfig.interleave_groups`, the group index fastest). A tile's reduction
 runs over its group's rows in `tile_k`-row chunks aligned to `tile_k`: the
 first and last chunk of a group may hold rows of its neighbours, which the
 consumers zero in shared memory before the wgmma reads the chunk (each
@@ -50,9 +51,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
   num_tiles = index(groups * k_tiles * n_tiles)
 
   def tile_info(linear):
-    g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
-                                       n_tiles=n_tiles, band_dim=Dim.M,
-                                       band=config.grid_band)
+    if config.interleave_groups:
+      g = lax.rem(linear, index(groups))
+      _, k_idx, n_idx = tile_coordinates(
+          lax.div(linear, index(groups)), m_tiles=k_tiles, n_tiles=n_tiles,
+          band_dim=Dim.M, band=config.grid_band)
+    else:
+      g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
+                                         n_tiles=n_tiles, band_dim=Dim.M,
+                                         band=config.grid_band)
     row_lo = groups_gmem[schedule.GROUP_ROW_LO, g]
     row_hi = groups_gmem[schedule.GROUP_ROW_HI, g]
     first_chunk = groups_gmem[schedule.GROUP_FIRST_CHUNK, g]

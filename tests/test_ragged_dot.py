@@ -212,7 +212,8 @@ def test_backward_products_are_ragged_primitives():
   assert "mode=contracting" in jaxpr and "transpose_rhs=True" in jaxpr
 
 
-@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+@pytest.mark.parametrize("activation", [
+    "silu", pytest.param("sigmoid", marks=pytest.mark.slow)])
 def test_grad_with_activation(activation):
   sizes = jnp.asarray([4, 0, 9, 6], jnp.int32)  # sums to m: no rows left out
   lhs, rhs = _normal((19, 8)), _normal((4, 8, 12))
@@ -225,6 +226,7 @@ def test_grad_with_activation(activation):
     _check(a, np.asarray(b, np.float64))
 
 
+@pytest.mark.slow  # vmap and grad are each covered on their own above
 def test_vmap_of_grad():
   lhs, rhs = _normal((2, 15, 8)), _normal((2, 3, 8, 4))
   sizes = jnp.asarray([[4, 0, 9], [1, 1, 1]], jnp.int32)
@@ -478,6 +480,7 @@ def test_lowers_for_cuda_through_the_primitive(monkeypatch, layer, direction,
     implementations.clear_cache()
 
 
+@pytest.mark.slow  # the benchmark's plumbing, no kernel numerics
 def test_bench_moe_smoke(tmp_path):
   from experiments import bench_moe
   status = bench_moe.main([

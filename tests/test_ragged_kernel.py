@@ -9,6 +9,7 @@ suite down to Mosaic GPU's MLIR on the CPU, without running them.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -35,6 +36,10 @@ SMALL = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
 SPLIT_ROWS = RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=3,
                           epi_tile_n=64, grid_band=2, out_slots=2,
                           split_rows=True)
+
+#: 256-row tiles, each consumer owns 128 of the rows.
+TALL = RaggedConfig(tile_m=256, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
+                    grid_band=2, split_rows=True)
 
 
 def _run(problem, sizes, *, row_offset=0, config=SMALL, detect_races=False):
@@ -80,12 +85,26 @@ ROWS_CASES = [
     # eight groups, several tiny or empty, sum < m (slow on a CPU)
     pytest.param((140, 64, 64, [3, 0, 17, 64, 1, 0, 40, 5], 0, "bfloat16",
                   "float32", True, None), marks=pytest.mark.slow),
+    # Regression (compiled only; the interpreter clips any window): n is
+    # below the second consumer's columns, and the 1- and 2-row stores of the
+    # tiny groups are contiguous in memory, which Mosaic issues as linear
+    # bulk copies that are not clipped per column: a store of the
+    # out-of-range columns overwrote the next rows with zeros.
+    # Two staging slots alternating over one store per tile, across tiles
+    # and the second consumer's idle ones.
+    (70, 64, 40, [1, 2, 0, 3, 60], 0, "bfloat16", "float32", False, None,
+     dataclasses.replace(SMALL, out_slots=2)),
+    # 256-row tiles: a group inside one consumer's half, one across both,
+    # one across two tiles; rhs read transposed
+    (300, 64, 128, [5, 250, 0, 40], 3, "bfloat16", "bfloat16", True, None,
+     TALL),
 ]
 
 
 @pytest.mark.parametrize("case", ROWS_CASES,
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
-                              "eight_groups"])
+                              "eight_groups", "columns_past_n",
+                              "tall_tiles"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
@@ -97,18 +116,21 @@ def test_rows(case):
 
 CONTRACTING_CASES = [
     (150, 128, 64, [30, 0, 70, 20], 0, "bfloat16", "float32"),
-    # row_offset, an empty last group, odd k and n, f16
-    (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16"),
+    # row_offset, an empty last group, odd k and n, f16; two staging slots
+    # alternating over one store per tile; tiles walked group index fastest
+    (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16",
+     dataclasses.replace(SMALL, out_slots=2, interleave_groups=True)),
 ]
 
 
 @pytest.mark.parametrize("case", CONTRACTING_CASES,
                          ids=lambda c: f"m{c[0]}_g{len(c[3])}_off{c[4]}")
 def test_contracting(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype = case
+  m, k, n, sizes, offset, in_dtype, out_dtype = case[:7]
+  config = case[7] if len(case) > 7 else SMALL
   problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
                           out_dtype)
-  got, _ = _run(problem, sizes, row_offset=offset,
+  got, _ = _run(problem, sizes, row_offset=offset, config=config,
                 detect_races=case is CONTRACTING_CASES[0])
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
@@ -189,18 +211,31 @@ def test_contracting_groups_table():
     ("tile_k", 32, ValueError), ("stages", 1, ValueError),
     ("epi_tile_n", 48, ValueError), ("grid_band", 0, ValueError),
     ("out_slots", 3, ValueError), ("tile_m", 64.0, TypeError),
-    ("stages", True, TypeError),
+    ("stages", True, TypeError), ("interleave_groups", 1, TypeError),
 ])
 def test_config_validation_names_the_field(field, value, error):
   with pytest.raises(error, match=field):
     RaggedConfig(**{field: value})
 
 
-def test_config_out_slots_need_even_stores():
-  with pytest.raises(ValueError, match="out_slots"):
-    RaggedConfig(tile_n=64, epi_tile_n=64, out_slots=2)
+def test_config_split_rows_needs_whole_halves():
   with pytest.raises(ValueError, match="split_rows"):
     RaggedConfig(tile_m=64, split_rows=True)
+  with pytest.raises(ValueError, match="split_rows"):
+    RaggedConfig(tile_m=256, tile_n=128, split_rows=True)
+  with pytest.raises(ValueError, match="tile_m=256"):
+    RaggedConfig(tile_m=256, tile_n=64)
+
+
+def test_rows_rejects_interleave_groups():
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="interleave_groups"):
+    mosaic.ragged_matmul(
+        jnp.zeros((64, 64), jnp.bfloat16), jnp.zeros((2, 64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, config=dataclasses.replace(SMALL,
+                                                    interleave_groups=True),
+        interpret=True)
 
 
 def test_contracting_rejects_split_rows():
@@ -291,3 +326,18 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
     fn.trace(spec(problem.lhs_shape, jnp.bfloat16),
              spec(problem.rhs_shape, jnp.bfloat16), spec((groups,), jnp.int32),
              spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+
+
+def test_heuristic_weighs_column_padding_and_output_bursts():
+  # N = 11 x 128: 256-wide tiles would compute a twelfth strip of padding.
+  padded = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
+  exact = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
+  assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
+  assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
+  # A chunk of rows per expert: the weight gradient is its output write.
+  few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
+                      "bfloat16")
+  many = RaggedProblem("contracting", 16384, 2048, 1408, 64, "bfloat16",
+                       "bfloat16")
+  assert mosaic.heuristic(few, HOPPER).epi_tile_n == 128
+  assert mosaic.heuristic(many, HOPPER).epi_tile_n == 64

@@ -3,7 +3,8 @@
 One `RaggedConfig` serves both modes; the fields mean:
 
   mode "rows" (out (m, n) = lhs rows of g @ rhs[g]):
-    tile_m     token rows of one CTA tile (64 or 128: wgmma's row groups).
+    tile_m     token rows of one CTA tile (64, 128, or 256 with split_rows:
+               wgmma's row groups).
     tile_n     output columns of each of the two consumer warpgroups; the CTA
                tile is tile_m x (2 * tile_n).
     tile_k     K depth of one pipeline stage.
@@ -14,9 +15,16 @@ One `RaggedConfig` serves both modes; the fields mean:
     tile_k     token rows of one pipeline stage (the reduction chunk).
     split_rows the two consumers split the CTA tile's rows instead of its
                columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
-               wgmma per step (needs tile_m 128, tile_n <= 128). A "rows"-mode
+               wgmma per step (needs tile_m 128 or 256 and
+               tile_m * tile_n <= 128 * 128). A "rows"-mode
                option: "contracting" always splits its rows (K), and raises
                on it.
+    interleave_groups
+               walk the tiles with the group index fastest, so that the
+               CTAs in flight hold tiles of many groups at once: with
+               uneven sizes the compute of large groups' tiles overlaps
+               the output writes of small ones' (a "contracting"-mode
+               option; "rows" raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -58,22 +66,30 @@ class RaggedConfig:
   grid_band: int = 8
   out_slots: int = 1
   split_rows: bool = False
+  interleave_groups: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
-      if field.name != "split_rows":
+      if field.name in ("split_rows", "interleave_groups"):
+        if not isinstance(getattr(self, field.name), bool):
+          raise TypeError(f"RaggedConfig.{field.name}="
+                          f"{getattr(self, field.name)!r} must be a bool")
+      else:
         _int_field(self, field.name)
-    if not isinstance(self.split_rows, bool):
-      raise TypeError(f"RaggedConfig.split_rows={self.split_rows!r} must be "
-                      "a bool")
-    if self.split_rows and (self.tile_m != 128 or self.tile_n > 128):
-      raise ValueError(f"RaggedConfig.split_rows needs tile_m=128 (two 64-row "
-                       f"halves) and tile_n <= 128 (wgmma's N <= 256), got "
+    if self.split_rows and (self.tile_m < 128
+                            or self.tile_m * self.tile_n > 128 * 128):
+      raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "
+                       f"halves of whole 64-row groups) and a consumer "
+                       f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
+                       f"128 x 128 f32 (registers; wgmma's N <= 256), got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
-    if self.tile_m not in (64, 128):
-      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64 or 128 "
-                       "(wgmma's 64-row groups; 128 keeps the accumulator in "
-                       "registers)")
+    if self.tile_m not in (64, 128, 256):
+      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64, 128 "
+                       "or 256 (wgmma's 64-row groups; a consumer keeps at "
+                       "most 128 rows in registers)")
+    if self.tile_m == 256 and not self.split_rows:
+      raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
+                       "consumer keeps 128 of the rows)")
     if self.tile_n % SWIZZLE_ELEMS_16BIT or not 64 <= self.tile_n <= 256:
       raise ValueError(f"RaggedConfig.tile_n={self.tile_n} must be 64, 128, "
                        "192 or 256 (whole 128-byte swizzle spans, wgmma's N "
@@ -91,13 +107,6 @@ class RaggedConfig:
     if self.out_slots not in (1, 2):
       raise ValueError(f"RaggedConfig.out_slots={self.out_slots} must be 1 "
                        "or 2")
-    if (self.out_slots == 2 and not self.split_rows
-        and (self.tile_n // self.epi_tile_n) % 2):
-      # Each tile's stores must start on the same slot, or a tile's first
-      # store would overwrite the slot its predecessor's last one still reads.
-      raise ValueError(f"RaggedConfig.out_slots=2 needs an even number of "
-                       f"epilogue stores per tile (tile_n={self.tile_n} / "
-                       f"epi_tile_n={self.epi_tile_n})")
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
@@ -128,14 +137,44 @@ class RaggedConfig:
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
-  stores = config.consumer_tile(problem.mode)[1] // config.epi_tile_n
-  slot_options = (2, 1) if stores % 2 == 0 else (1,)
   for stages in range(MAX_STAGES, 1, -1):
-    for slots in slot_options:
+    for slots in (2, 1):
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
       if candidate.fits(problem):
         return candidate
   return dataclasses.replace(config, stages=2, out_slots=1)
+
+
+#: Output-element throughput of a 128 x 128 CTA tile relative to a
+#: 128 x 256 one on a compute-bound grouped GEMM: the narrower tile moves
+#: more operand bytes per flop, which the heuristic weighs against the
+#: padding and the last-wave idling it saves.
+NARROW_TILE_EFFICIENCY = 0.92
+
+
+def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
+                 efficiency: float) -> float:
+  """Relative time of the "rows" grid with (cta_m x cta_n) CTA tiles: every
+  CTA runs whole tiles (ragged edges computed in full) and the busiest one
+  sets the time; the group sizes are estimated as even."""
+  groups = max(problem.groups, 1)
+  rows_per_group = -(-problem.m // groups)
+  items = groups * -(-rows_per_group // cta_m)
+  tiles = items * -(-problem.n // cta_n)
+  return -(-tiles // sms) * cta_m * cta_n / efficiency
+
+
+def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
+  chunk = 64
+  rows_per_group = problem.m / max(problem.groups, 1)
+  base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
+                      grid_band=8)
+  if rows_per_group <= 2 * chunk:
+    # A tile's reduction is a chunk or two: its cost is writing its output
+    # tile, as large bursts as possible (one store of the consumer's whole
+    # tile, rows of 2 * 128 bytes) rather than a deep ring.
+    base = dataclasses.replace(base, epi_tile_n=base.tile_n)
+  return _most_stages(base, problem)
 
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
@@ -143,15 +182,21 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   sms = device.planning_sms
   groups = max(problem.groups, 1)
   if problem.mode == "contracting":
-    base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                        grid_band=8)
-    return _most_stages(base, problem)
+    return _contracting_heuristic(problem)
   rows_per_group = problem.m / groups
   # Few tokens per expert: a 128-row tile would be mostly rows of other
   # groups, each computed and thrown away, while every expert's weights are
   # streamed once either way.
   tile_m = 64 if rows_per_group <= 96 else 128
   tile_n = 128
+  if tile_m == 128:
+    # 128 x 256 or 128 x 128 CTA tiles: the narrower one where the columns
+    # padded up to 256 and the idle part of the last wave cost more than
+    # its lower efficiency.
+    wide = _padded_cost(problem, sms, 128, 256, 1.0)
+    narrow = _padded_cost(problem, sms, 128, 128, NARROW_TILE_EFFICIENCY)
+    if narrow < wide:
+      tile_n = 64
   n_tiles = -(-problem.n // (NUM_CONSUMERS * tile_n))
   if n_tiles * max(problem.m // tile_m, 1) < sms and problem.n <= 1024:
     tile_n = 64  # too few tiles to fill the machine
@@ -160,8 +205,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # weight tile is fetched from HBM once and the other row tiles of the
   # group find it in L2.
   band = 8 if tile_m == 128 else 16
-  # A 128-row tile is split into two 64 x 256 halves, one wgmma each per
-  # step, as the dense `mosaic/ws_persistent` does at its best.
+  # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
+  # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
+  # best.
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128)
   return _most_stages(base, problem)
@@ -175,6 +221,7 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256)]
   else:
     shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
+              dict(tile_m=256, tile_n=64, split_rows=True),
               dict(tile_m=128, tile_n=128),
               dict(tile_m=128, tile_n=64, split_rows=True),
               dict(tile_m=64, tile_n=128),

@@ -19,9 +19,11 @@ product and store zeros. Tiles are (item, column strip) pairs walked in a
 banded snake along the items, so all row items of one (group, column strip)
 run together and the expert's weight tile comes from HBM once.
 The two consumers split the CTA tile's columns, or with
-`RaggedConfig.split_rows` its two 64-row halves (each then stores only its
-half's share of the item's rows). The staged output tile is un-swizzled, as
-the partial stores start at any row.
+`RaggedConfig.split_rows` its two row halves (64 or 128 rows each; each then
+stores only its half's share of the item's rows). A 256-row tile holds a
+whole group of up to 256 rows, so that one CTA reads each of that expert's
+weight tiles. The staged output tile is un-swizzled, as the partial stores
+start at any row; no store reaches past the output's last column.
 
 Mode "contracting" lives in `mosaic_contracting.py`.
 """
@@ -131,6 +133,18 @@ def run_stages(acc_ref, first_step, steps, stages, stage_loaded,
         stage_consumed.at[lax.rem(first_step + steps - 1, index(stages))])
 
 
+def output_slot(linear, store, stores_per_tile: int, out_slots: int):
+  """The staging slot of a tile's `store`-th output store. The slots
+  alternate over the CTA's consecutive stores, across tiles too, so that a
+  store never overwrites the slot of the one just before it (which may still
+  be reading it); static unless a tile has an odd number of stores."""
+  if stores_per_tile % out_slots == 0:
+    return store % out_slots
+  cta = index(lax.axis_index("sm"))
+  tile_number = lax.div(index(linear) - cta, index(lax.axis_size("sm")))
+  return lax.rem(tile_number * stores_per_tile + store, index(out_slots))
+
+
 def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
                cols):
   """TMA-stores rows [first_row, first_row + num_rows) of `out_smem` (an
@@ -174,6 +188,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   rhs_block = (cta_n, tile_k) if transpose_rhs else (tile_k, cta_n)
   num_items = index(num_items_gmem[0])
   num_tiles = num_items * n_tiles
+  n_out = out_gmem.shape[1]
 
   def tile_info(linear):
     _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
@@ -227,6 +242,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
       wg_rows = wg * cons_m if config.split_rows else 0
       wg_cols = 0 if config.split_rows else wg * tile_n
+      stores = cons_n // epi_n
 
       def mma(acc_ref, slot, kk):
         del kk
@@ -238,7 +254,31 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
       def tile(linear, first_step):
         group, block, row_lo, row_hi, n_idx, steps = tile_info(linear)
+        if config.split_rows:
+          compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+                            steps, first_step)
+        else:
+          # A last column strip that ends inside the first consumer's half
+          # leaves the second one no column to compute: it only keeps the
+          # ring's barriers in step, and the first runs alone on the
+          # tensor cores.
+          has_columns = n_idx * cta_n + wg_cols < problem.n
 
+          @pl.when(has_columns)
+          def _compute():
+            compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+                              steps, first_step)
+
+          @pl.when(jnp.logical_not(has_columns))
+          def _idle():
+            run_stages(None, first_step, steps, stages, stage_loaded,
+                       stage_consumed, lambda *_: None)
+            for _ in range(stores):  # empty groups keep the slot count
+              plgpu.commit_smem_to_gmem_group()
+        return first_step + steps
+
+      def compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+                            steps, first_step):
         def mma_scope(acc_ref):
           run_stages(acc_ref, first_step, steps, stages, stage_loaded,
                      stage_consumed, mma)
@@ -253,17 +293,24 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         first_row = jnp.clip(row_lo - row0, 0, cons_m)
         num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
         col0 = n_idx * cta_n + wg_cols
-        for ej in range(cons_n // epi_n):
-          slot = ej % out_slots
+        for ej in range(stores):
+          slot = output_slot(linear, ej, stores, out_slots)
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = part.astype(out_dtype)
           plgpu.commit_smem()
+          col = col0 + ej * epi_n
+          # Columns past the output's (a multiple of epi_n) are not stored
+          # at all: a store from the un-swizzled staging tile whose window is
+          # contiguous in memory (one row, or full-width rows) is issued as
+          # a linear bulk copy, clipped only at the array's end, so a window
+          # right of the last column would land on the next rows. (Zero rows
+          # still commit a bulk group: the slot waits above count them.)
           store_rows(out_smem.at[wg, slot], out_gmem, row0=row0,
-                     first_row=first_row, num_rows=num_rows, max_rows=cons_m,
-                     cols=pl.ds(col0 + ej * epi_n, epi_n))
-        return first_step + steps
+                     first_row=first_row,
+                     num_rows=jnp.where(col < n_out, num_rows, 0),
+                     max_rows=cons_m, cols=pl.ds(col, epi_n))
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -364,6 +411,9 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   params = interpret_params(interpret)
   group_sizes = group_sizes.astype(jnp.int32)
   row_offset = row_offset.astype(jnp.int32)
+  if problem.mode == "rows" and config.interleave_groups:
+    raise ValueError("RaggedConfig.interleave_groups is a \"contracting\"-"
+                     "mode option: \"rows\" walks its row items in order")
   if problem.mode == "contracting":
     from pallas_gemm.ragged_dot import mosaic_contracting
     return mosaic_contracting.contracting_matmul(

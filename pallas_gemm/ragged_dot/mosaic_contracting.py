@@ -3,7 +3,8 @@
   out[g] = lhs[rows of g].T @ dout[rows of g]        (groups, k, n)
 
 Output tiles are (group, K strip, N strip) triples, a static count, walked
-group by group and in a banded snake inside each group. A tile's reduction
+group by group and in a banded snake inside each group (or, with
+`RaggedConfig.interleave_groups`, the group index fastest). A tile's reduction
 runs over its group's rows in `tile_k`-row chunks aligned to `tile_k`: the
 first and last chunk of a group may hold rows of its neighbours, which the
 consumers zero in shared memory before the wgmma reads the chunk (each
@@ -36,7 +37,7 @@ from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
 from pallas_gemm.ragged_dot.mosaic import (CONSUMER_REGISTERS,
                                            PRODUCER_REGISTERS, drain_ring,
                                            for_each_tile, num_ctas_for,
-                                           run_stages)
+                                           output_slot, run_stages)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
@@ -50,9 +51,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
   num_tiles = index(groups * k_tiles * n_tiles)
 
   def tile_info(linear):
-    g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
-                                       n_tiles=n_tiles, band_dim=Dim.M,
-                                       band=config.grid_band)
+    if config.interleave_groups:
+      g = lax.rem(linear, index(groups))
+      _, k_idx, n_idx = tile_coordinates(
+          lax.div(linear, index(groups)), m_tiles=k_tiles, n_tiles=n_tiles,
+          band_dim=Dim.M, band=config.grid_band)
+    else:
+      g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
+                                         n_tiles=n_tiles, band_dim=Dim.M,
+                                         band=config.grid_band)
     row_lo = groups_gmem[schedule.GROUP_ROW_LO, g]
     row_hi = groups_gmem[schedule.GROUP_ROW_HI, g]
     first_chunk = groups_gmem[schedule.GROUP_FIRST_CHUNK, g]
@@ -124,7 +131,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
         acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(tile_n // epi_n):
-          slot = ej % out_slots
+          slot = output_slot(linear, ej, tile_n // epi_n, out_slots)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = acc[:, ej * epi_n:(ej + 1) * epi_n].astype(
               out_dtype)

@@ -26,10 +26,21 @@ ITEM_GROUP, ITEM_BLOCK, ITEM_ROW_LO, ITEM_ROW_HI = range(4)
 GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS = range(4)
 
 
+def inclusive_sum(values):
+  """cumsum of a short int32 vector as one masked reduction: XLA fuses it
+  into a single small kernel where a scan takes several, and these lists
+  are built on every call."""
+  count = values.shape[0]
+  below = (jnp.arange(count, dtype=jnp.int32)[None, :]
+           <= jnp.arange(count, dtype=jnp.int32)[:, None])
+  return jnp.sum(jnp.where(below, values[None, :], 0), axis=1,
+                 dtype=jnp.int32)
+
+
 def group_rows(group_sizes, row_offset, m: int):
   """(start, end) row of each group, clipped to [0, m), int32 on device."""
   sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-  ends = row_offset.astype(jnp.int32)[0] + jnp.cumsum(sizes, dtype=jnp.int32)
+  ends = row_offset.astype(jnp.int32)[0] + inclusive_sum(sizes)
   starts = ends - sizes
   return jnp.clip(starts, 0, m), jnp.clip(ends, 0, m)
 
@@ -52,12 +63,16 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int):
                                  jnp.arange(groups, dtype=jnp.int32),
                                  jnp.full((1,), -1, jnp.int32)])
   counts = jnp.where(hi > lo, (hi - 1) // tile_m - lo // tile_m + 1, 0)
-  ends_incl = jnp.cumsum(counts)
+  ends_incl = inclusive_sum(counts.astype(jnp.int32))
   first_item = ends_incl - counts
   num_items = ends_incl[-1:]
   item = jnp.arange(max_row_items(m, groups, tile_m), dtype=jnp.int32)
-  piece = jnp.minimum(jnp.searchsorted(ends_incl, item, side="right"),
-                      groups + 1).astype(jnp.int32)
+  # The piece of each item: how many pieces end at or before it. A direct
+  # count (one fused compare-and-sum over a few hundred x a few hundred)
+  # rather than a binary search, which XLA runs as a loop of tiny kernels.
+  ended = jnp.sum((ends_incl[None, :] <= item[:, None]).astype(jnp.int32),
+                  axis=1)
+  piece = jnp.minimum(ended, groups + 1).astype(jnp.int32)
   block = lo[piece] // tile_m + item - first_item[piece]
   row_lo = jnp.maximum(lo[piece], block * tile_m)
   row_hi = jnp.minimum(hi[piece], (block + 1) * tile_m)

@@ -333,11 +333,14 @@ def test_heuristic_weighs_column_padding_and_output_bursts():
   padded = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
   exact = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
   assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
+  assert mosaic.heuristic(padded, HOPPER).grid_band == 4
   assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
   # A chunk of rows per expert: the weight gradient is its output write.
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
                       "bfloat16")
   many = RaggedProblem("contracting", 16384, 2048, 1408, 64, "bfloat16",
                        "bfloat16")
-  assert mosaic.heuristic(few, HOPPER).epi_tile_n == 128
+  few_config = mosaic.heuristic(few, HOPPER)
+  assert (few_config.tile_m, few_config.tile_n) == (64, 256)
+  assert few_config.epi_tile_n == few_config.tile_n  # one store per consumer
   assert mosaic.heuristic(many, HOPPER).epi_tile_n == 64

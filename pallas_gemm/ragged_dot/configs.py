@@ -171,9 +171,10 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
                       grid_band=8)
   if rows_per_group <= 2 * chunk:
     # A tile's reduction is a chunk or two: its cost is writing its output
-    # tile, as large bursts as possible (one store of the consumer's whole
-    # tile, rows of 2 * 128 bytes) rather than a deep ring.
-    base = dataclasses.replace(base, epi_tile_n=base.tile_n)
+    # tile, in bursts as large as possible: a short, wide tile stored by
+    # each consumer in one piece (rows of 512 bytes) rather than a deep
+    # ring (experiments/results/nvidia_h200/ragged_sweep).
+    base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
   return _most_stages(base, problem)
 
 
@@ -204,7 +205,10 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # row tiles of one (group, column strip) run together, so an expert's
   # weight tile is fetched from HBM once and the other row tiles of the
   # group find it in L2.
-  band = 8 if tile_m == 128 else 16
+  # A band of 4 suits the narrow 128 x 128 CTA tile: twice as many column
+  # strips share the same weight bytes (experiments/results/nvidia_h200/
+  # ragged_sweep).
+  band = 16 if tile_m == 64 else (4 if tile_n == 64 else 8)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best.

@@ -39,6 +39,14 @@ SMALL_GROUPED = Fp8Config(tile_m=64, tile_n=64, tile_k=128,
 MODE_PAIRS = [("none", "tensor"), ("tensor", "col"), ("row", "block"),
               ("block", "none"), ("block", "block"), ("row", "col")]
 
+#: Relative error budget of an fp8 product with a float32 output against
+#: float64 of the same (dequantized) values. On a host the products are
+#: summed in float32. Hopper's fp8 tensor cores (XLA's cuBLASLt call and our
+#: wgmma alike) add them in a narrower accumulator, which over a K of a few
+#: hundred lands near 1e-4 (measured on an H200): the reason block-wise
+#: scaling promotes partial sums into float32 registers every 128 of K.
+F32_OUT_BUDGET = 1e-3 if jax.default_backend() == "gpu" else 1e-5
+
 
 def _operands(m, n, k, *, a_mode, b_mode, transpose_b, a_dtype=E4M3,
               b_dtype=E4M3):
@@ -143,7 +151,7 @@ def test_xla_every_scale_mode(transpose_b):
                              transpose_b=transpose_b,
                              preferred_element_type=jnp.float32)
     assert out.shape == (m, n) and out.dtype == jnp.float32
-    assert relative_error(out, ref) < 1e-5, (a_mode, b_mode)
+    assert relative_error(out, ref) < F32_OUT_BUDGET, (a_mode, b_mode)
 
 
 @pytest.mark.parametrize("dtypes", [(E4M3, E5M2), (E5M2, E5M2), (E5M2, E4M3)],
@@ -172,7 +180,7 @@ def test_epilogue_runs_after_dequantization():
                            preferred_element_type=jnp.float32)
   expected = reference_matmul(np.asarray(ref), np.eye(n), epilogue=epilogue,
                               c=c, bias=bias)
-  assert relative_error(out, expected) < 1e-5
+  assert relative_error(out, expected) < F32_OUT_BUDGET
 
 
 def test_batched_and_vmapped_scales():
@@ -272,7 +280,7 @@ def test_mosaic_fp8_interpret(case):
                            config=SMALL_GROUPED if "block" in (a_mode, b_mode)
                            else SMALL, preferred_element_type=out_dtype)
   assert out.dtype == out_dtype and out.shape == (m, n)
-  budget = 1e-5 if out_dtype == jnp.float32 else tolerance(
+  budget = F32_OUT_BUDGET if out_dtype == jnp.float32 else tolerance(
       "float8_e4m3fn", "default", jnp.dtype(out_dtype).name)
   assert relative_error(out, ref) < budget
 
@@ -291,7 +299,7 @@ def test_mosaic_fp8_epilogue_interpret():
                            config=SMALL, preferred_element_type=jnp.float32)
   expected = reference_matmul(np.asarray(ref), np.eye(n), epilogue=epilogue,
                               c=c, bias=bias)
-  assert relative_error(out, expected) < 1e-5
+  assert relative_error(out, expected) < F32_OUT_BUDGET
 
 
 def test_mosaic_fp8_config_errors():

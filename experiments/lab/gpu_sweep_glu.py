@@ -99,9 +99,6 @@ def fwd_candidates(problem, num_sms):
   base = dataclasses.replace(glu_heuristic(problem, num_sms), fast_math=False)
   fast = dataclasses.replace(base, fast_math=True)
   first = [("exact epilogue", base), ("fast_math", fast)]
-  if fast.tile_m == 64:
-    first.append(("fast_math+x_in_registers",
-                  dataclasses.replace(fast, x_in_registers=True)))
   for lag in (1, 2):
     if lag < fast.max_concurrent_steps:
       first.append((f"fast_math+lag={lag}",

@@ -105,9 +105,13 @@ class GluConfig(TwoConsumerTile):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"GluConfig.{name}={getattr(self, name)!r} must be a "
                         "bool")
-    if self.x_in_registers and self.tile_m != 64:
-      raise ValueError(f"GluConfig.x_in_registers needs tile_m=64, got "
-                       f"tile_m={self.tile_m}")
+    if self.x_in_registers:
+      # Compiled on an H200 it gave wrong results (relative error 0.1-1.2
+      # against float64, tests/test_glu.py::test_mosaic_on_gpu_vs_float64);
+      # refused until that is found, rather than offered.
+      raise NotImplementedError(
+          "GluConfig.x_in_registers=True is disabled: it computed wrong "
+          "results on a GPU; use the default (x read from shared memory)")
 
   @property
   def epi_tile_m(self) -> int:

@@ -6,7 +6,9 @@
 # into it), otherwise a .venv with jax pinned and, when an NVIDIA driver is
 # found, the matching jax CUDA extra. PALLAS_GEMM_ENV=current|venv and
 # PALLAS_GEMM_DEVICE=cpu|cuda12|cuda13 override the detection.
-JOBS ?= 2
+# pytest workers: one per core, at most 6 (a GPU machine's suite shares one
+# device; a 2-core CI gets 2).
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 6 ] && n=6; echo $$n)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: venv test bench clean

@@ -70,8 +70,10 @@ def make_model(ops, *, dim=16, heads=2, hidden=32, seed=0):
 
 def batch(seed=1, *, size=2, length=8, dim=16):
   """A toy regression: predict the running mean of the inputs."""
-  x = jax.random.normal(jax.random.key(seed), (size, length, dim))
-  y = jnp.cumsum(x, axis=1) / jnp.arange(1, length + 1)[:, None]
+  # float32 stated: with jax_enable_x64 the defaults would be float64,
+  # which no GPU kernel computes (dot_general would leave it to lax).
+  x = jax.random.normal(jax.random.key(seed), (size, length, dim), jnp.float32)
+  y = jnp.cumsum(x, axis=1) / jnp.arange(1, length + 1, dtype=jnp.float32)[:, None]
   return x, y
 
 

@@ -163,6 +163,12 @@ flags.DEFINE_float(
 flags.DEFINE_bool(
     "allow_large_interpret", False,
     "Run suites sized for a GPU in interpret mode anyway (hours).")
+flags.DEFINE_bool(
+    "paired_timing", True,
+    "On a GPU, time every kernel interleaved with jnp.dot (rounds in ABBA "
+    "order) and take its x-jnp.dot ratio from those paired samples, so that "
+    "clock and power drift over the run cancel; a kernel that compiles to "
+    "jnp.dot's very program (kernel=None choosing xla) gets 1.0.")
 flags.DEFINE_float(
     "max_seconds_per_measurement", 5.0,
     "Fewer timed iterations (at least 3) for a kernel so slow that --iters "
@@ -268,6 +274,7 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
       fp8_scaling=FLAGS.fp8_scaling,
       time_budget_s=FLAGS.time_budget_s,
       max_seconds_per_measurement=FLAGS.max_seconds_per_measurement,
+      paired_timing=FLAGS.paired_timing,
       command_line=command_line(sys.argv),
       problems=problems,
   )

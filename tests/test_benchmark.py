@@ -22,6 +22,7 @@ from experiments.bench import runner as bench_runner
 from experiments.bench import output as bench_output
 from experiments.bench import targets as bench_targets
 from experiments.bench import timers as bench_timers
+import pallas_gemm
 from pallas_gemm import numerics, registry
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -310,6 +311,46 @@ def test_gpu_timing_path_falls_back_to_a_host_clock_without_cupti():
                                  warmup=1, cap_s=5.0)
   assert len(timing.samples_us) == 4 and timing.median_us > 0
   assert timing.method == "cupti" or timing.method.startswith("host-clock")
+
+
+def _rotating(problem, build, sets):
+  return bench_timers.RotatingCall(build(problem, None), sets, on_gpu=True)
+
+
+def test_paired_timing_interleaves_baseline_and_kernel(monkeypatch):
+  """ABBA rounds: both calls get `iters` samples, in alternating order."""
+  problem = bench_checks.make_problem((32, 24, 16),
+                                      bench_cases.DtypeCase("float32", "ieee"), "NN")
+  sets = bench_checks.make_input_sets(problem, 2, seed=0)
+  base = _rotating(problem, bench_targets._build_jnp_dot, sets)
+  other = _rotating(problem, bench_targets._build_jnp_dot, sets)
+  order = []
+
+  def fake_samples(call, iters, chunk):
+    order.append(("base" if call is base else "other", iters))
+    return [1.0 if call is base else 2.0] * iters
+  monkeypatch.setattr(bench_timers, "_cupti_samples_us", fake_samples)
+  base_t, other_t = bench_timers.time_paired_on_gpu(
+      base, other, out_bytes=32 * 24 * 4, iters=10, warmup=0, cap_s=0)
+  assert len(base_t.samples_us) == len(other_t.samples_us) == 10
+  assert base_t.median_us / other_t.median_us == 0.5
+  assert [who for who, _ in order] == ["base", "other", "other", "base"] * 2
+  assert sum(n for _, n in order) == 20
+
+
+def test_same_program_finds_jnp_dots_own_program():
+  """kernel='xla' compiles to jnp.dot's program; a Pallas kernel does not."""
+  problem = bench_checks.make_problem((64, 48, 32),
+                                      bench_cases.DtypeCase("bfloat16", "default"), "NN")
+  sets = bench_checks.make_input_sets(problem, 2, seed=0)
+  base = _rotating(problem, bench_targets._build_jnp_dot, sets)
+  xla = bench_timers.RotatingCall(
+      lambda a, b: pallas_gemm.matmul(a, b, kernel="xla"), sets, on_gpu=True)
+  triton = bench_timers.RotatingCall(
+      lambda a, b: pallas_gemm.matmul(a, b, kernel="triton/06_tuned"),
+      sets, on_gpu=True)
+  assert bench_timers.same_program(base, xla)
+  assert not bench_timers.same_program(base, triton)
 
 
 def test_sampled_reference_catches_a_wrong_edge(monkeypatch):

@@ -475,3 +475,15 @@ def test_wheels_without_headers_are_skipped_and_named(tmp_path, monkeypatch):
   with pytest.raises(build.NvccNotFoundError,
                      match="nvidia-cuda-cccl.*lacks nv/target"):
     build.find_toolkit()
+
+
+@pytest.mark.parametrize("given, bare", [("90a", "90a"), ("sm_90a", "90a"),
+                                         ("compute_80", "80"), ("89", "89")])
+def test_arch_spellings_normalise(given, bare):
+  assert build.normalize_arch(given) == bare
+
+
+@pytest.mark.parametrize("given", ["hopper", "sm90", "9", "sm_90b1", ""])
+def test_a_bad_arch_is_an_error_naming_the_option(given, capsys):
+  assert ffi_cli.main(["build", "--arch", given or " "]) == 1
+  assert "--arch=" in capsys.readouterr().err

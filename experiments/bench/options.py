@@ -43,6 +43,9 @@ class BenchmarkOptions:
   # fp8 inputs: "none", "tensor", "row" (A per row, B per column) or "block"
   # (1x128 / 128x128); see experiments/bench/fp8_targets.py.
   fp8_scaling: str = "none"
+  # On a GPU, time each kernel interleaved with jnp.dot (experiments/bench/
+  # timers.py: time_paired_on_gpu) and take its ratio from those samples.
+  paired_timing: bool = True
 
   def __post_init__(self):
     if not self.kernels:

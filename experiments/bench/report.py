@@ -193,11 +193,16 @@ def regime_stats(rows) -> dict[str, dict]:
   """Per regime (and "all"): count, geomean, median and min of
   auto/jnp.dot, and how many shapes fall below `LOSS_THRESHOLD`."""
   ratios: dict[str, list[float]] = {}
+  same: dict[str, int] = {}
   for row in rows:
     if row.kernel == AUTO_NAME and row.status == "OK" and row.vs_jnp_dot:
-      ratios.setdefault(row.regime or "-", []).append(row.vs_jnp_dot)
+      regime = row.regime or "-"
+      ratios.setdefault(regime, []).append(row.vs_jnp_dot)
+      same[regime] = same.get(regime, 0) + bool(
+          getattr(row, "same_program_as_baseline", False))
   if ratios:
     ratios["all"] = [r for values in list(ratios.values()) for r in values]
+    same["all"] = sum(same.values())
   stats = {}
   for regime, values in ratios.items():
     stats[regime] = {
@@ -206,6 +211,7 @@ def regime_stats(rows) -> dict[str, dict]:
         "median": statistics.median(values),
         "min": min(values),
         "below": sum(1 for v in values if v < LOSS_THRESHOLD),
+        "same_program": same.get(regime, 0),
     }
   return stats
 
@@ -216,9 +222,16 @@ def regime_markdown(rows, device_kind: str) -> str:
   if not stats:
     return ""
   header = ("regime", "shapes", "geomean", "median", "min",
-            f"below {LOSS_THRESHOLD}x")
+            f"below {LOSS_THRESHOLD}x", "jnp.dot's own program")
   body = [[regime, str(s["count"]), f"{s['geomean']:.3f}x",
-           f"{s['median']:.3f}x", f"{s['min']:.3f}x", str(s["below"])]
+           f"{s['median']:.3f}x", f"{s['min']:.3f}x", str(s["below"]),
+           str(s["same_program"])]
           for regime, s in stats.items()]
-  return (f"`auto` (kernel=None) / jnp.dot, {device_kind}:\n\n"
+  paired = any(getattr(row, "paired_baseline_us", None) for row in rows)
+  return (f"`auto` (kernel=None) / jnp.dot, {device_kind}. A shape where "
+          "`auto` compiled to jnp.dot's very XLA program (the dispatch chose "
+          "xla) counts as 1.0"
+          + ("; the other ratios come from timings interleaved with "
+             "jnp.dot's (--paired_timing)" if paired else "")
+          + ":\n\n"
           + format_markdown_table(header, body) + "\n")

@@ -19,7 +19,7 @@ from experiments.bench import fp8_targets
 from experiments.bench.targets import BenchTarget, make_target
 from experiments.bench.options import BenchmarkOptions
 from experiments.bench.checks import (output_shape, ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
-from experiments.bench.timers import RotatingCall, Timing, time_on_gpu, time_on_host
+from experiments.bench.timers import (RotatingCall, Timing, same_program, time_on_gpu, time_on_host, time_paired_on_gpu)
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -76,6 +76,12 @@ class Measurement:
   # first kernel of a problem also makes its inputs and float64 reference).
   # Says where a run's time budget goes.
   wall_s: float | None = None
+  # Paired timing (--paired_timing, on a GPU): jnp.dot's median from the
+  # samples interleaved with this row's, the ratio's numerator.
+  paired_baseline_us: float | None = None
+  # The row compiled to jnp.dot's very XLA program (kernel=None chose xla):
+  # its ratio is 1 by construction, and `us` differs only by timing noise.
+  same_program_as_baseline: bool = False
 
 
 def describe_config(config) -> str:
@@ -200,7 +206,7 @@ class BenchmarkRun:
       if row.status == "OK":
         if target.name == BASELINE_NAME:
           baseline_us = row.us
-        if baseline_us:
+        if baseline_us and row.vs_jnp_dot is None:
           row.vs_jnp_dot = baseline_us / row.us
       self._record(row)
 
@@ -238,6 +244,37 @@ class BenchmarkRun:
                          cap_s=opts.max_seconds_per_measurement)
     return time_on_host(call, iters=iters, warmup=opts.warmup,
                         cap_s=opts.max_seconds_per_measurement)
+
+  def _time_against_baseline(self, target_name: str, call: RotatingCall,
+                             problem, state: dict, row: Measurement) -> Timing:
+    """Times `call`; with paired timing on a GPU, interleaved with jnp.dot's
+    call of this problem, setting the row's ratio from the paired samples."""
+    opts = self.options
+    baseline = state.get("baseline_call")
+    if target_name == BASELINE_NAME:
+      timing = self._time(target_name, call, problem, opts.iters)
+      state["baseline_call"] = call
+      return timing
+    if baseline is None or not self.on_gpu or not opts.paired_timing:
+      return self._time(target_name, call, problem, opts.iters)
+    try:
+      identical = same_program(baseline, call)
+    except Exception:  # noqa: BLE001 - then it is timed as a different program
+      identical = False
+    if identical:
+      row.same_program_as_baseline = True
+      row.vs_jnp_dot = 1.0
+      return self._time(target_name, call, problem, opts.iters)
+    if self.on_timing:
+      self.on_timing(target_name, problem)
+    base_timing, timing = time_paired_on_gpu(
+        baseline, call, out_bytes=(problem.batch * problem.m * problem.n
+                                   * _itemsize(problem.out_dtype)),
+        iters=opts.iters, warmup=opts.warmup,
+        cap_s=opts.max_seconds_per_measurement)
+    row.paired_baseline_us = base_timing.median_us
+    row.vs_jnp_dot = base_timing.median_us / timing.median_us
+    return timing
 
   def _measure(self, target: BenchTarget, problem: GemmProblem,
                case: DtypeCase, row: Measurement, state: dict) -> None:
@@ -285,7 +322,7 @@ class BenchmarkRun:
       _, call, config, error = min(scored, key=lambda item: item[0])
     else:
       call, config, error = passed[0]
-    timing = self._time(target.name, call, problem, opts.iters)
+    timing = self._time_against_baseline(target.name, call, problem, state, row)
     row.status = "OK"
     row.rel_error = error
     row.config = describe_config(config)
@@ -310,8 +347,11 @@ def progress_line(row: Measurement, index: int, total: int) -> str:
   extras = [f"{row.us:10.2f} us", f"{tflops_text(row.tflops):>8} TFLOP/s"]
   if row.pct_peak is not None:
     extras.append(f"{row.pct_peak:5.1f}% peak")
-  if row.vs_jnp_dot is not None:
-    extras.append(f"{row.vs_jnp_dot:5.2f}x jnp.dot")
+  if row.same_program_as_baseline:
+    extras.append("same program as jnp.dot")
+  elif row.vs_jnp_dot is not None:
+    extras.append(f"{row.vs_jnp_dot:5.2f}x jnp.dot"
+                  + (" (paired)" if row.paired_baseline_us else ""))
   extras.append(f"err {row.rel_error:.2g}")
   if row.config != "-":
     extras.append(f"[{_short_config(row.config)}]")

@@ -5,6 +5,7 @@ interpret mode or when CUPTI is missing."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 from typing import Callable
@@ -77,6 +78,36 @@ def time_on_host(call: RotatingCall, *, iters: int, warmup: int,
   return Timing(tuple(samples), "host-clock (interpret mode, not meaningful)")
 
 
+def _cupti_samples_us(call: RotatingCall, iters: int, chunk: int) -> list[float]:
+  """`iters` CUPTI samples of one GEMM of `call`, in chunks of at most
+  `chunk` calls (CUPTI keeps every call's outputs alive until it syncs)."""
+  count = len(call.sets)
+  samples: list[float] = []
+  remaining = iters
+  while remaining > 0:
+    step = min(chunk, remaining)
+    _, per_iteration_ms = timing.cupti_samples_ms(
+        call.compiled, call.args, iterations=step, warmup=0)
+    samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
+    remaining -= step
+  return samples
+
+
+def _warm_and_count(call: RotatingCall, *, iters: int, warmup: int,
+                    cap_s: float) -> int:
+  """Warms `call` up; returns how many timed iterations fit in `cap_s`."""
+  for _ in range(max(1, warmup)):
+    jax.block_until_ready(call.compiled(*call.args))
+  start = time.perf_counter()
+  jax.block_until_ready(call.compiled(*call.args))
+  return _effective_iters(time.perf_counter() - start, iters, cap_s)
+
+
+def _chunk_size(call: RotatingCall, out_bytes: int, iters: int) -> int:
+  return max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP
+                    // max(1, len(call.sets) * out_bytes)))
+
+
 def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
                 warmup: int, cap_s: float) -> Timing:
   """CUPTI kernel time of one kernel call, median over iterations.
@@ -86,28 +117,75 @@ def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
   sets that is the time of one GEMM. Launch gaps and Python overhead do not
   count.
   """
-  count = len(call.sets)
-  for _ in range(max(1, warmup)):
-    jax.block_until_ready(call.compiled(*call.args))
-  start = time.perf_counter()
-  jax.block_until_ready(call.compiled(*call.args))
-  iters = _effective_iters(time.perf_counter() - start, iters, cap_s)
-  chunk = max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP // max(1, count * out_bytes)))
+  iters = _warm_and_count(call, iters=iters, warmup=warmup, cap_s=cap_s)
   try:
-    samples: list[float] = []
-    remaining = iters
-    while remaining > 0:
-      step = min(chunk, remaining)
-      _, per_iteration_ms = timing.cupti_samples_ms(
-          call.compiled, call.args, iterations=step, warmup=0)
-      samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
-      remaining -= step
-    return Timing(tuple(samples), "cupti")
+    return Timing(tuple(_cupti_samples_us(
+        call, iters, _chunk_size(call, out_bytes, iters))), "cupti")
   except (ImportError, RuntimeError) as e:
     reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+    count = len(call.sets)
     samples = []
     for _ in range(iters):
       start = time.perf_counter()
       jax.block_until_ready(call.compiled(*call.args))
       samples.append((time.perf_counter() - start) * 1e6 / count)
     return Timing(tuple(samples), f"host-clock (no CUPTI: {reason})")
+
+
+#: Rounds of a paired timing: each round times the baseline and the target
+#: back to back, in alternating order (ABBA), so that a drift of the clocks
+#: or of the power cap over the run falls on both alike.
+PAIRED_ROUNDS = 4
+
+
+def time_paired_on_gpu(baseline: RotatingCall, call: RotatingCall, *,
+                       out_bytes: int, iters: int, warmup: int,
+                       cap_s: float) -> tuple[Timing, Timing]:
+  """CUPTI times of `baseline` and `call`, interleaved in rounds.
+
+  Timed one after the other, two runs of one and the same cuBLAS kernel
+  differ by up to a few percent (the later one runs warmer, nearer the power
+  cap); interleaved, that drift cancels in their ratio. Returns the
+  baseline's timing and the target's, each over `iters` samples (fewer when
+  `cap_s` would be exceeded), or raises where CUPTI is missing.
+  """
+  iters = min(_warm_and_count(baseline, iters=iters, warmup=warmup, cap_s=cap_s),
+              _warm_and_count(call, iters=iters, warmup=warmup, cap_s=cap_s))
+  rounds = max(1, min(PAIRED_ROUNDS, iters))
+  per_round = [iters // rounds + (r < iters % rounds) for r in range(rounds)]
+  base_samples: list[float] = []
+  call_samples: list[float] = []
+  for r, step in enumerate(per_round):
+    order = ((baseline, base_samples), (call, call_samples))
+    for which, samples in (order if r % 2 == 0 else order[::-1]):
+      samples.extend(_cupti_samples_us(
+          which, step, _chunk_size(which, out_bytes, step)))
+  return (Timing(tuple(base_samples), "cupti, paired"),
+          Timing(tuple(call_samples), "cupti, paired"))
+
+
+def _canonical_hlo(text: str) -> str:
+  """Compiled HLO without what names where it was traced from."""
+  blocks = [block for block in text.split("\n\n")
+            if block.split("\n")[0] not in
+            ("FileNames", "FunctionNames", "FileLocations", "StackFrames")]
+  text = "\n\n".join(blocks)
+  text = re.sub(r", metadata=\{[^}]*\}", "", text)
+  text = re.sub(r", stack_frame_id=\d+", "", text)
+  return re.sub(r"^HloModule \S+", "HloModule", text, flags=re.M)
+
+
+def same_program(first: RotatingCall, second: RotatingCall) -> bool:
+  """Whether both calls compile to one and the same XLA program.
+
+  That is the case where `kernel=None` resolved to `xla`, which emits
+  exactly jnp.dot's dot: their time ratio is then 1 by construction, and a
+  measured difference is timing noise. A call that launches a custom kernel
+  (Pallas, Mosaic, FFI) is never the same program, and is not compiled
+  again to find out.
+  """
+  lowered = second.compiled.lower(*second.args)
+  if "custom_call" in lowered.as_text():
+    return False
+  return (_canonical_hlo(first.compiled.lower(*first.args).compile().as_text())
+          == _canonical_hlo(lowered.compile().as_text()))

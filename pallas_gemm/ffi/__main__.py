@@ -44,6 +44,8 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
   try:
+    if args.arch:
+      args.arch = build.normalize_arch(args.arch, "--arch")
     if args.command == "where":
       plan = build.plan_build(args.arch)
       print(plan.folder)

@@ -43,6 +43,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 import threading
@@ -76,12 +77,25 @@ def find_nvcc() -> str:
   return find_toolkit().nvcc
 
 
+_ARCH = re.compile(r"\d{2,3}[af]?")
+
+
+def normalize_arch(arch: str, name: str = "arch") -> str:
+  """`sm_90a`, `compute_90a` or `90a` -> `90a`; anything else raises,
+  naming where the value came from."""
+  bare = arch.strip().removeprefix("sm_").removeprefix("compute_")
+  if not _ARCH.fullmatch(bare):
+    raise BuildError(f"{name}={arch!r} is not a CUDA architecture such as "
+                     "90a, sm_90a, 89 or 80")
+  return bare
+
+
 def default_arch() -> str:
   """The architecture to build for: the GPU's, with `a` on Hopper (wgmma-era
   features need sm_90a); sm_90a when there is no GPU to ask."""
   override = os.environ.get("PALLAS_GEMM_CUDA_ARCH")
   if override:
-    return override.removeprefix("sm_").removeprefix("compute_")
+    return normalize_arch(override, "PALLAS_GEMM_CUDA_ARCH")
   from pallas_gemm.devices import device_info
   try:
     info = device_info()
@@ -172,7 +186,7 @@ def plan_build(arch: str | None = None, *,
   """Where the build for this toolkit, architecture and source set lives."""
   import jaxlib
   toolkit = find_toolkit()
-  arch = arch or default_arch()
+  arch = normalize_arch(arch, "arch") if arch else default_arch()
   digest = _source_digest(tuple(extra_sources))
   digest.update(toolkit.version.encode())
   digest.update(arch.encode())

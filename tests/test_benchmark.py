@@ -569,3 +569,43 @@ def test_over_sets_traces_the_call_once_for_every_set():
     np.testing.assert_array_equal(out, np.full((4, 4), float(i)))
   assert timing.time_over_sets(call, sets, iterations=2, on_gpu=False) > 0
 
+
+
+def test_runner_pairs_kernels_with_jnp_dot_and_spots_its_own_program(
+    tmp_path, monkeypatch):
+  """The GPU branch of the runner, driven on a CPU with CUPTI faked: a
+  Pallas kernel is timed interleaved with jnp.dot, and `auto` resolving to
+  xla reuses jnp.dot's samples as one and the same program."""
+  paired = []
+
+  def fake_paired(baseline, call, **kwargs):
+    paired.append(kwargs["iters"])
+    return (bench_timers.Timing((2.0, 2.0), "cupti, paired"),
+            bench_timers.Timing((1.0, 1.0), "cupti, paired"))
+
+  def fake_time(call, **kwargs):
+    return bench_timers.Timing((3.0, 3.0), "cupti")
+  monkeypatch.setattr(bench_runner, "time_paired_on_gpu", fake_paired)
+  monkeypatch.setattr(bench_runner, "time_on_gpu", fake_time)
+  monkeypatch.setattr(bench_runner, "input_set_count", lambda *a: 2)
+  options = bench_options.BenchmarkOptions(
+      kernels=bench_targets.resolve_kernels(["auto", "triton/06_tuned"]),
+      shapes=((48, 40, 32),), suite="custom",
+      dtype_cases=(bench_cases.DtypeCase("float32", "ieee"),),
+      iters=2, warmup=0, output_dir=None, plot=False, interpret=True)
+  run = bench_runner.BenchmarkRun(options, log=lambda line: None)
+  run.on_gpu = True
+  original = pallas_gemm.matmul
+
+  def matmul_choosing_xla(*args, kernel=None, **kwargs):
+    # On a GPU `auto` resolves to xla wherever cuBLAS measured faster; on a
+    # CPU the order gives it to Triton, so the test makes that choice.
+    return original(*args, kernel=kernel or "xla", **kwargs)
+  monkeypatch.setattr(pallas_gemm, "matmul", matmul_choosing_xla)
+  rows = {r.kernel: r for r in run.run()}
+  assert all(r.status == "OK" for r in rows.values()), [r.reason for r in rows.values()]
+  assert rows["triton/06_tuned"].vs_jnp_dot == 2.0
+  assert rows["triton/06_tuned"].paired_baseline_us == 2.0
+  assert rows["auto"].same_program_as_baseline
+  assert rows["auto"].vs_jnp_dot == 1.0 and rows["auto"].us == 3.0
+  assert paired == [2]

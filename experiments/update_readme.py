@@ -157,11 +157,18 @@ def update(readme: pathlib.Path, results_dir: pathlib.Path, *,
   return 0
 
 
+def _is_benchmark_dir(folder: pathlib.Path) -> bool:
+  """benchmark.py wrote it: a results.json, and no README but ours (the
+  glu and moe benchmarks write their own results.json and README)."""
+  readme = folder / "README.md"
+  return (folder.is_dir() and (folder / "results.json").is_file()
+          and (not readme.is_file() or GENERATED_NOTE in readme.read_text()))
+
+
 def _benchmark_dirs(gpu_dir: pathlib.Path) -> list[pathlib.Path]:
-  """Every folder benchmark.py wrote (it has a results.json), suites first in
-  SUITE_ORDER, then ladders and the rest by name."""
-  dirs = [d for d in gpu_dir.iterdir()
-          if d.is_dir() and (d / "results.json").is_file()]
+  """Every folder benchmark.py wrote, suites first in SUITE_ORDER, then
+  ladders and the rest by name."""
+  dirs = [d for d in gpu_dir.iterdir() if _is_benchmark_dir(d)]
   return sorted(dirs, key=lambda d: (
       SUITE_ORDER.index(d.name) if d.name in SUITE_ORDER else len(SUITE_ORDER),
       d.name))
@@ -173,10 +180,9 @@ def _metadata(suite_dir: pathlib.Path) -> tuple[dict, list[dict]]:
 
 
 def _note_dirs(gpu_dir: pathlib.Path) -> list[pathlib.Path]:
-  """Folders of hand-written results notes (a README.md, no results.json)."""
+  """Folders of results notes: a README.md that is not benchmark.py's."""
   return sorted(d for d in gpu_dir.iterdir() if d.is_dir()
-                and (d / "README.md").is_file()
-                and not (d / "results.json").is_file())
+                and (d / "README.md").is_file() and not _is_benchmark_dir(d))
 
 
 def _title(readme: pathlib.Path) -> str:

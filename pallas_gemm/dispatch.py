@@ -69,8 +69,10 @@ CLASS_RULE_MARGIN = 1.10
 #: sqrt(2) share a bucket).
 STEPS_PER_OCTAVE = 2
 #: Up to this many rows a GEMM streams its weight and little else: every
-#: M up to it shares one bucket row, so a decode measurement at M = 16
-#: speaks for M = 1 or 48 too.
+#: M from 2 up to it shares one bucket row, so a decode measurement at
+#: M = 16 speaks for M = 48 too. M = 1 has a row of its own: there XLA runs
+#: a matrix-vector product, and a kernel's lead over it at M = 8 does not
+#: carry over (experiments/results/nvidia_h100/wide/NOTES.md).
 STREAMING_ROWS = 64
 
 _stats_lock = threading.Lock()
@@ -100,6 +102,11 @@ class Resolution:
 
 def _grid(size: int) -> int:
   return round(STEPS_PER_OCTAVE * math.log2(max(size, 1)))
+
+
+def _bucket_rows(m: int) -> int:
+  """M on the grid, with every M in 2..STREAMING_ROWS on one row."""
+  return _grid(m) if m == 1 else _grid(max(m, STREAMING_ROWS))
 
 
 def epilogue_kind(problem: GemmProblem) -> str:
@@ -134,7 +141,7 @@ class DispatchKey:
   def for_problem(cls, problem: GemmProblem) -> DispatchKey:
     return cls(problem.in_dtype, problem.out_dtype, problem.layout,
                problem.precision, epilogue_kind(problem), alignment(problem),
-               _grid(problem.batch), _grid(max(problem.m, STREAMING_ROWS)),
+               _grid(problem.batch), _bucket_rows(problem.m),
                _grid(problem.n), _grid(problem.k))
 
   @property

@@ -138,6 +138,16 @@ def test_bucket_classes_do_not_mix(cache):
   assert fused.kernel_source == "fallback"
 
 
+def test_decode_rows_share_a_bucket_but_a_gemv_has_its_own(cache):
+  """M = 8 speaks for M = 48 (one streaming row); it does not speak for
+  M = 1, where XLA runs a matrix-vector product."""
+  write_table(cache, {problem(8, 8192, 8192): {"kernel": "mosaic/small_m",
+                                               "ratio_to_xla": 1.15}})
+  assert dispatch.resolve(problem(48, 8192, 8192), HOPPER).kernel == "mosaic/small_m"
+  gemv = dispatch.resolve(problem(1, 8192, 8192), HOPPER)
+  assert gemv.kernel == "xla" and gemv.kernel_source == "fallback"
+
+
 def test_table_winner_that_cannot_run_falls_back(cache):
   write_table(cache, {problem(): {"kernel": "no/such_kernel",
                                   "ratio_to_xla": 2.0}})

@@ -72,6 +72,11 @@ def test_suite_readme_comes_from_the_metadata(tmp_path):
   assert update_readme.write_suite_readmes(gpu) == [folder / "README.md"]
   # Unchanged results write nothing the second time.
   assert update_readme.write_suite_readmes(gpu) == []
+  # A README another tool wrote (bench_glu's, bench_moe's) is left alone.
+  glu = _suite(gpu, "glu", "5116e4f")
+  (glu / "README.md").write_text("# Gated linear unit\n")
+  assert update_readme.write_suite_readmes(gpu) == []
+  assert (glu / "README.md").read_text() == "# Gated linear unit\n"
 
 
 def test_results_index_lists_suites_and_notes(tmp_path):

@@ -346,13 +346,13 @@ def forms_table() -> str:
   return "\n".join(rows)
 
 
-def test_docs_table_lists_every_form():
+@pytest.mark.parametrize("page", ["README.md", "docs/dot_general.md"])
+def test_docs_table_lists_every_form(page):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, "docs", "dot_general.md"),
-            encoding="utf-8") as f:
-    page = f.read()
-  assert forms_table() in page, (
-      "docs/dot_general.md's table is out of date; print it with "
+  with open(os.path.join(root, page), encoding="utf-8") as f:
+    text = f.read()
+  assert forms_table() in text, (
+      f"{page}'s table is out of date; print it with "
       "`python tests/test_dot_general.py`")
   # Every Flax form runs on pallas_gemm with no copy.
   for name, lhs_shape, rhs_shape, dims in FORMS:

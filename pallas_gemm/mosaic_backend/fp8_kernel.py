@@ -20,7 +20,8 @@ from pallas_gemm.mosaic_backend.fp8_config import (alternate_of,
 from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
 from pallas_gemm.mosaic_backend.warp_specialised import (
     NUM_CONSUMERS, Ring, consume_ring, consumer_offsets, epilogue_smem, index,
-    ring_smem, run_producer, run_warpgroups, store_epilogue, tile_coordinates)
+    ring_smem, run_producer, run_warpgroups, step_slices, store_epilogue,
+    tile_coordinates)
 from pallas_gemm.problem import GemmProblem
 
 
@@ -77,13 +78,9 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
              c_loaded, bias_smem, bias_loaded, a_sc_smem, b_sc_smem,
              sc_loaded, turn):
     ring = Ring(stages, stage_loaded, stage_consumed)
-    slot_of = ring.slot
 
     def load_step(tile, kk, slot):
-      batch_idx, m_idx, n_idx = tile
-      m_slice = pl.ds(m_idx * cta_m, cta_m)
-      n_slice = pl.ds(n_idx * cta_n, cta_n)
-      k_slice = pl.ds(kk * tile_k, tile_k)
+      batch_idx, m_slice, n_slice, k_slice = step_slices(config, tile, kk)
       barrier = stage_loaded.at[slot]
       plgpu.copy_gmem_to_smem(
           a_gmem.at[batch_idx, m_slice, k_slice], a_smem.at[slot], barrier,
@@ -145,7 +142,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       def promote(total, acc_ref, kk, first_step):
         """total + (finished block kk's product) * its scales; frees the
         block's stage."""
-        slot = slot_of(first_step + kk)
+        slot = ring.slot(first_step + kk)
         scaled = acc_ref[...] * promotion_factor(slot)
         plgpu.barrier_arrive(stage_consumed.at[slot])
         return scaled if total is None else total + scaled
@@ -155,11 +152,13 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         previous block is promoted, so the tensor cores run while the
         previous partial product is scaled. All the group's accumulators
         are zeroed before its first wgmma: zeroing a register while a wgmma
-        is in flight would make ptxas serialise every wgmma."""
+        is in flight would make ptxas serialise every wgmma. Not
+        `consume_ring`'s loop: each block has its own accumulator (unrolled),
+        and its stage is released only once its product has been scaled."""
         def group(*acc_refs):
           new_total = total
           for i, acc_ref in enumerate(acc_refs):
-            slot = slot_of(first_step + kk0 + i)
+            slot = ring.slot(first_step + kk0 + i)
             plgpu.barrier_wait(stage_loaded.at[slot])
             if alternate:
               plgpu.barrier_wait(turn.at[wg])
@@ -262,7 +261,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         every stage barrier and the producer refills a stage only after
         both have passed it."""
         def pass_stage(kk, carry):
-          slot = slot_of(first_step + index(kk))
+          slot = ring.slot(first_step + index(kk))
           plgpu.barrier_wait(stage_loaded.at[slot])
           plgpu.barrier_arrive(stage_consumed.at[slot])
           return carry
@@ -303,13 +302,13 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
     run_warpgroups(producer, consumer)
 
-  ring = ring_smem(stages, loads=loads_per_stage,
-                   a_smem=((cta_m, tile_k), a_gmem.dtype),
-                   b_smem=((cta_n, tile_k), b_gmem.dtype))
+  ring_buffers = ring_smem(stages, loads=loads_per_stage,
+                           a_smem=((cta_m, tile_k), a_gmem.dtype),
+                           b_smem=((cta_n, tile_k), b_gmem.dtype))
   if cluster_dim is not None:
     # A multicast writes into both CTAs' stage, so with a cluster a stage is
     # free only once the consumers of both CTAs have released it.
-    ring["stage_consumed"] = plgpu.ClusterBarrier(
+    ring_buffers["stage_consumed"] = plgpu.ClusterBarrier(
         collective_axes=("cluster",), num_arrivals=NUM_CONSUMERS,
         num_barriers=stages)
   if per_k:
@@ -328,7 +327,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     scale_smem = dict(a_sc_smem=None, b_sc_smem=None, sc_loaded=None)
   pl.run_scoped(
       scoped,
-      **ring,
+      **ring_buffers,
       **epilogue_smem(config, out_gmem.dtype,
                       c_dtype=c_gmem.dtype if has_c else None,
                       has_bias=has_bias),

@@ -249,7 +249,7 @@ def consume_ring(ring: Ring, mma_step, *, first_step, steps, accumulators=(),
     lax.fori_loop(index(0), index(steps), mma_stage, None)
     plgpu.wgmma_wait(0)
 
-    @pl.when(steps > 0)  # a static count: a Python condition
+    @pl.when(steps > 0)  # for a static count, a plain Python `if`
     def _release_last():
       plgpu.barrier_arrive(ring.consumed.at[ring.slot(first_step + steps - 1)])
     return tuple(acc_ref[...] for acc_ref in acc_refs)
@@ -317,6 +317,15 @@ def warp_specialised_kernel(body, *, out_type, grid, interpret,
       interpret=interpret,
       **cluster,
   )
+
+
+def step_slices(config, tile, kk):
+  """What step kk of a dense GEMM's CTA tile (batch, m, n) loads: (batch,
+  A's rows, B's columns, the K range)."""
+  batch_idx, m_idx, n_idx = tile
+  return (batch_idx, pl.ds(m_idx * config.cta_tile_m, config.cta_tile_m),
+          pl.ds(n_idx * config.cta_tile_n, config.cta_tile_n),
+          pl.ds(kk * config.tile_k, config.tile_k))
 
 
 def consumer_offsets(config, wg, tile_m: int, tile_n: int):

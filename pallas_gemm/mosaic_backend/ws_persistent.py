@@ -54,7 +54,7 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring,
     consumer_offsets, epilogue_smem, interpret_params,
     pad_epilogue_operands, ring_smem, run_producer, run_warpgroups,
-    store_epilogue, tile_coordinates, warp_specialised_kernel)
+    step_slices, store_epilogue, tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import GemmProblem, cdiv
 
 NAME = "mosaic/ws_persistent"
@@ -89,10 +89,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     ring = Ring(stages, stage_loaded, stage_consumed)
 
     def load_step(tile, kk, slot):
-      batch_idx, m_idx, n_idx = tile
-      m_slice = pl.ds(m_idx * cta_m, cta_m)
-      n_slice = pl.ds(n_idx * cta_n, cta_n)
-      k_slice = pl.ds(kk * tile_k, tile_k)
+      batch_idx, m_slice, n_slice, k_slice = step_slices(config, tile, kk)
       a_src = (a_gmem.at[batch_idx, k_slice, m_slice] if transpose_a
                else a_gmem.at[batch_idx, m_slice, k_slice])
       b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b

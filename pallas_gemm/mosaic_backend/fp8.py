@@ -1,9 +1,10 @@
 """`mosaic/fp8`: fp8 (e4m3 / e5m2, mixed too) GEMM with fused dequantization.
 
-The CTA has `mosaic/ws_persistent`'s structure, and reuses its helpers: a
-producer warpgroup streams A and B tiles through a TMA ring that runs on
-across output tiles of a persistent grid, and two consumer warpgroups run
-fp8 wgmma with float32 accumulators and a TMA-store epilogue.
+The CTA has `mosaic/ws_persistent`'s structure and uses the same helpers
+(`warp_specialised.py`): a producer warpgroup streams A and B tiles through
+a TMA ring that runs on across output tiles of a persistent grid, and two
+consumer warpgroups run fp8 wgmma with float32 accumulators and a TMA-store
+epilogue.
 
 Scales (`pallas_gemm.fp8` has the conventions) are applied in one of two
 places:

@@ -33,6 +33,10 @@ zero-padded first; see `tma.py`.
 
 Float32 inputs run as TF32, which wgmma takes only K-major: XLA transposes
 A or B first when the caller's layout is not (m, k) x (n, k).
+
+The producer and consumer loops, the shared memory and the epilogue store
+are shared with the other warp-specialised kernels (`mosaic/fp8`, the GLU,
+ragged_dot): see `warp_specialised.py`.
 """
 
 from __future__ import annotations

@@ -421,6 +421,13 @@ def register_search_space(kernel: str, space: SearchSpace) -> None:
   _SEARCH_SPACES[kernel] = space
 
 
+def register_tunable(entry: registry.KernelEntry,
+                     space: SearchSpace) -> registry.KernelEntry:
+  """Registers a kernel together with the configs `tune()` sweeps for it."""
+  register_search_space(entry.name, space)
+  return registry.register(entry)
+
+
 def has_search_space(kernel: str) -> bool:
   return kernel in _SEARCH_SPACES
 

@@ -34,7 +34,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -43,15 +42,11 @@ from pallas_gemm.gated_linear_unit.configs import GluConfig
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES
-from pallas_gemm.mosaic_backend.tma import tiled_transforms
-from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
-                                                      consumer_offsets,
-                                                      run_producer,
-                                                      INTERPRET_CTAS,
-                                                      NUM_CONSUMERS,
-                                                      call_kernel, index,
-                                                      interpret_params,
-                                                      tile_coordinates)
+from pallas_gemm.mosaic_backend.warp_specialised import (
+    INTERPRET_CTAS, Ring, call_kernel, consume_ring, consumer_offsets,
+    hopper_device_unsupported, interpret_params, out_staging_smem,
+    padded_out_dims, ring_smem, run_producer, run_warpgroups,
+    tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.registry import INT32_LIMIT
 
@@ -85,10 +80,9 @@ def epilogue_activation(name: str, config: GluConfig):
 
 def supports(problem: GluProblem, device: DeviceInfo) -> str | None:
   """None when the kernel can run `problem` on `device`, else why not."""
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
+  reason = hopper_device_unsupported(device)
+  if reason:
+    return reason
   if problem.in_dtype not in MOSAIC_GLU_DTYPES:
     return (f"input dtype {problem.in_dtype} is not one of "
             f"{MOSAIC_GLU_DTYPES} (TF32 wgmma cannot read (k, n) weights)")
@@ -132,12 +126,9 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
         band=config.grid_band)
     return m_idx, n_idx
 
-  def slot_of(step):
-    return lax.rem(step, index(stages))
-
   def scoped(x_smem, gate_smem, up_smem, stage_loaded, stage_consumed,
              out_smem, lag_barrier=None):
-    wg = lax.axis_index("wg")
+    ring = Ring(stages, stage_loaded, stage_consumed)
 
     def load_step(tile, kk, slot):
       m_idx, n_idx = tile
@@ -153,53 +144,33 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
           up_gmem.at[k_slice, pl.ds(up_offset + n_idx * cta_n, cta_n)],
           up_smem.at[slot], loaded)
 
-    @pl.when(wg == NUM_CONSUMERS)
-    def _producer():
-      run_producer(num_tiles=num_tiles, k_iters=k_iters, stages=stages,
-                   stage_consumed=stage_consumed, coords=coords,
+    def producer():
+      run_producer(ring, num_tiles=num_tiles, steps=k_iters, coords=coords,
                    load_step=load_step)
 
-    @pl.when(wg < NUM_CONSUMERS)
-    def _consumer():
-      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    def consumer(wg):
       wg_m_offset, wg_n_offset = consumer_offsets(config, wg, tile_m, tile_n)
 
+      def mma_step(at, gate_acc, up_acc):
+        x_view = x_smem.at[at.slot, pl.ds(wg_m_offset, tile_m), :]
+        if config.x_in_registers:
+          # Read the x tile from shared memory once instead of once per
+          # wgmma: both products take it from registers.
+          x_view = x_view[...]
+        cols = pl.ds(wg_n_offset, tile_n)
+        plgpu.wgmma(gate_acc, x_view, gate_smem.at[at.slot, :, cols])
+        plgpu.wgmma(up_acc, x_view, up_smem.at[at.slot, :, cols])
+        if lag:
+          @pl.when((wg == 0) & (at.step == lag_step))
+          def _let_the_second_consumer_start():
+            plgpu.barrier_arrive(lag_barrier)
+
       def compute_tile(m_idx, n_idx, first_step):
-        def mma_scope(gate_acc, up_acc):
-          def mma_stage(kk, carry):
-            kk = index(kk)
-            step = first_step + kk
-            slot = slot_of(step)
-            plgpu.barrier_wait(stage_loaded.at[slot])
-            x_view = x_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
-            if config.x_in_registers:
-              # Read the x tile from shared memory once instead of once per
-              # wgmma: both products take it from registers.
-              x_view = x_view[...]
-            cols = pl.ds(wg_n_offset, tile_n)
-            plgpu.wgmma(gate_acc, x_view, gate_smem.at[slot, :, cols])
-            plgpu.wgmma(up_acc, x_view, up_smem.at[slot, :, cols])
-            if lag:
-              @pl.when((wg == 0) & (step == lag_step))
-              def _let_the_second_consumer_start():
-                plgpu.barrier_arrive(lag_barrier)
-            # This stage's two groups stay in flight; the previous stage's
-            # are done reading it, and it goes back to the producer.
-            plgpu.wgmma_wait(2)
-
-            @pl.when(kk > 0)
-            def _release_previous():
-              plgpu.barrier_arrive(stage_consumed.at[slot_of(step - 1)])
-            return carry
-
-          lax.fori_loop(index(0), index(k_iters), mma_stage, None)
-          plgpu.wgmma_wait(0)
-          plgpu.barrier_arrive(
-              stage_consumed.at[slot_of(first_step + k_iters - 1)])
-          return gate_acc[...], up_acc[...]
-
         acc_type = plgpu.ACC((tile_m, tile_n), jnp.float32)
-        gate, up = pl.run_scoped(mma_scope, acc_type, acc_type)
+        # A step's two wgmma groups (gate and up) stay in flight.
+        gate, up = consume_ring(ring, mma_step, first_step=first_step,
+                                steps=k_iters, in_flight=2,
+                                accumulators=[acc_type, acc_type])
 
         row0 = m_idx * cta_m + wg_m_offset
         col0 = n_idx * cta_n + wg_n_offset
@@ -236,20 +207,14 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  w_transforms = tiled_transforms(cta_n, in_dtype)
+    run_warpgroups(producer, consumer)
+
+  w_block = ((tile_k, cta_n), in_dtype)
   pl.run_scoped(
       scoped,
-      x_smem=plgpu.SMEM((stages, cta_m, tile_k), in_dtype,
-                        transforms=tiled_transforms(tile_k, in_dtype)),
-      gate_smem=plgpu.SMEM((stages, tile_k, cta_n), in_dtype,
-                           transforms=w_transforms),
-      up_smem=plgpu.SMEM((stages, tile_k, cta_n), in_dtype,
-                         transforms=w_transforms),
-      stage_loaded=plgpu.Barrier(num_arrivals=3, num_barriers=stages),
-      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                   num_barriers=stages),
-      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
-                          transforms=tiled_transforms(epi_n, out_dtype)),
+      **ring_smem(stages, x_smem=((cta_m, tile_k), in_dtype),
+                  gate_smem=w_block, up_smem=w_block),
+      out_smem=out_staging_smem(out_slots, (epi_m, epi_n), out_dtype),
       collective_axes="wg",
       **({"lag_barrier": plgpu.Barrier(num_arrivals=1)} if lag else {}),
   )
@@ -299,27 +264,20 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
   x = tma.pad_to_tiling(x, tma.tma_tiling(tile_k, problem.in_dtype),
                         (cta_m, tile_k))
   w_operands, up_offset = prepare_weights(weights, problem, config)
-  m_out, n_out = tma.padded_dims(
-      problem.m, problem.n,
-      tma.tma_tiling(config.epi_tile_n, problem.out_dtype), (cta_m, cta_n))
+  m_out, n_out = padded_out_dims(problem, config)
   m_tiles, n_tiles = cdiv(problem.m, cta_m), cdiv(problem.n, cta_n)
   k_iters = cdiv(problem.k, tile_k)
   one_out = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
   out_type = (one_out,) * 3 if residuals else one_out
-  kernel = plgpu.kernel(
+  kernel = warp_specialised_kernel(
       functools.partial(
           _kernel_body, problem=problem, config=config, k_iters=k_iters,
           m_tiles=m_tiles, n_tiles=n_tiles, up_offset=up_offset,
           separate_up=len(w_operands) == 2, residuals=residuals),
       out_type=out_type,
       grid=(min(num_sms, m_tiles * n_tiles),),
-      grid_names=("sm",),
-      num_threads=NUM_CONSUMERS + 1,
-      thread_name="wg",
       # Lane semantics, as ws_persistent: explicit WGMMA-layout epilogue.
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane,
-          approx_math=config.fast_math),
+      approx_math=config.fast_math,
       interpret=params,
   )
   operands = [x] + w_operands

@@ -1,9 +1,10 @@
 """`mosaic/fp8`: fp8 (e4m3 / e5m2, mixed too) GEMM with fused dequantization.
 
-The CTA has `mosaic/ws_persistent`'s structure, and reuses its helpers: a
-producer warpgroup streams A and B tiles through a TMA ring that runs on
-across output tiles of a persistent grid, and two consumer warpgroups run
-fp8 wgmma with float32 accumulators and a TMA-store epilogue.
+The CTA has `mosaic/ws_persistent`'s structure and uses the same helpers
+(`warp_specialised.py`): a producer warpgroup streams A and B tiles through
+a TMA ring that runs on across output tiles of a persistent grid, and two
+consumer warpgroups run fp8 wgmma with float32 accumulators and a TMA-store
+epilogue.
 
 Scales (`pallas_gemm.fp8` has the conventions) are applied in one of two
 places:
@@ -50,7 +51,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
@@ -63,10 +63,8 @@ from pallas_gemm.mosaic_backend.fp8_kernel import kernel_body
 from pallas_gemm.mosaic_backend.fp8_operands import (kernel_scales,
                                                      prepare_operands,
                                                      scaling_kind)
-from pallas_gemm.mosaic_backend.ws_persistent import (INTERPRET_CTAS,
-                                                      NUM_CONSUMERS,
-                                                      call_kernel,
-                                                      interpret_params)
+from pallas_gemm.mosaic_backend.warp_specialised import (
+    INTERPRET_CTAS, call_kernel, interpret_params, warp_specialised_kernel)
 from pallas_gemm.problem import GemmProblem, cdiv
 
 NAME = "mosaic/fp8"
@@ -102,22 +100,13 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
                      problem.batch * m_units * n_units)
   cluster_kwargs = ({} if cluster_size == 1 else
                     dict(cluster=(cluster_size,), cluster_names=("cluster",)))
-  semantics = (plgpu.LoweringSemantics.Warpgroup if config.warpgroup_semantics
-               else plgpu.LoweringSemantics.Lane)
   out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out),
                                   jnp.dtype(problem.out_dtype))
-  kernel = plgpu.kernel(
+  kernel = warp_specialised_kernel(
       functools.partial(kernel_body, problem=problem, config=config,
                         k_iters=k_iters, m_tiles=m_tiles, n_tiles=n_tiles),
-      out_type=out_type,
-      grid=(num_clusters,),
-      grid_names=("sm",),
-      **cluster_kwargs,
-      num_threads=NUM_CONSUMERS + 1,
-      thread_name="wg",
-      compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),
-      interpret=params,
-  )
+      out_type=out_type, grid=(num_clusters,), interpret=params,
+      warpgroup_semantics=config.warpgroup_semantics, **cluster_kwargs)
   operands = [a, b] + [x for x in (c, bias) if x is not None] + scales
   out = call_kernel(kernel, operands, out_type, params)
   return tma.unpad_output(out, problem.m, problem.n, on_gpu=params is None)
@@ -126,27 +115,18 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
 # ------------------------------------------------- registry and heuristics ---
 
 
-autotune.register_search_space(NAME, fp8_candidates)
-
-
 def check_config(config: MosaicConfig, problem: GemmProblem,
                  device: DeviceInfo) -> str | None:
   del device
   return check_fp8_config(config, problem)
 
 
-registry.register(registry.KernelEntry(
-    name=NAME,
-    fn=fp8_matmul,
-    supports=supports,
-    heuristic=fp8_heuristic,
-    check_config=check_config,
-    config_cls=Fp8Config,
-    runs_on_cpu=True,
-    takes_scales=True,
-    note=layout_note,
+autotune.register_tunable(registry.KernelEntry(
+    name=NAME, fn=fp8_matmul, config_cls=Fp8Config, supports=supports,
+    heuristic=fp8_heuristic, check_config=check_config, runs_on_cpu=True,
+    takes_scales=True, note=layout_note,
     description=("persistent warp-specialised fp8 wgmma GEMM with fused "
                  "dequantization (per tensor/row/column in the epilogue, "
                  "block-wise per 128-deep K step); NT native, other layouts "
                  "transposed by XLA first"),
-))
+), fp8_candidates)

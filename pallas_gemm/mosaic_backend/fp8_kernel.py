@@ -18,13 +18,11 @@ from pallas_gemm.mosaic_backend.fp8_config import (alternate_of,
                                                    pingpong_of,
                                                    promote_group_of)
 from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
-from pallas_gemm.mosaic_backend.tma import tiled_transforms
-from pallas_gemm.mosaic_backend.ws_persistent import (CONSUMER_REGISTERS,
-                                                      NUM_CONSUMERS,
-                                                      run_producer,
-                                                      index,
-                                                      tile_coordinates)
-from pallas_gemm.problem import GemmProblem, apply_epilogue
+from pallas_gemm.mosaic_backend.warp_specialised import (
+    NUM_CONSUMERS, Ring, consume_ring, consumer_offsets, epilogue_smem, index,
+    ring_smem, run_producer, run_warpgroups, step_slices, store_epilogue,
+    tile_coordinates)
+from pallas_gemm.problem import GemmProblem
 
 
 def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
@@ -48,12 +46,9 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     b_vector = problem.b_scale_mode == "col"
   (out_gmem,) = refs
 
-  out_dtype = out_gmem.dtype
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
-  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages = config.max_concurrent_steps
-  out_slots = config.out_slots
   cluster_dim = cluster_dim_of(config)
   pingpong = pingpong_of(config)
   m_units, n_units = cluster_units(config, m_tiles, n_tiles)
@@ -79,19 +74,13 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       n_idx = n_idx * 2 + lax.axis_index("cluster")
     return batch_idx, m_idx, n_idx
 
-  def slot_of(step):
-    return lax.rem(step, index(stages))
-
   def scoped(a_smem, b_smem, stage_loaded, stage_consumed, out_smem, c_smem,
              c_loaded, bias_smem, bias_loaded, a_sc_smem, b_sc_smem,
              sc_loaded, turn):
-    wg = lax.axis_index("wg")
+    ring = Ring(stages, stage_loaded, stage_consumed)
 
     def load_step(tile, kk, slot):
-      batch_idx, m_idx, n_idx = tile
-      m_slice = pl.ds(m_idx * cta_m, cta_m)
-      n_slice = pl.ds(n_idx * cta_n, cta_n)
-      k_slice = pl.ds(kk * tile_k, tile_k)
+      batch_idx, m_slice, n_slice, k_slice = step_slices(config, tile, kk)
       barrier = stage_loaded.at[slot]
       plgpu.copy_gmem_to_smem(
           a_gmem.at[batch_idx, m_slice, k_slice], a_smem.at[slot], barrier,
@@ -105,21 +94,15 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         plgpu.copy_gmem_to_smem(b_sc_gmem.at[batch_idx, kk, n_slice],
                                 b_sc_smem.at[slot], barrier)
 
-    @pl.when(wg == NUM_CONSUMERS)
-    def _producer():
-      run_producer(num_tiles=num_tiles, k_iters=k_iters, stages=stages,
-                   stage_consumed=stage_consumed, coords=coords,
+    def producer():
+      run_producer(ring, num_tiles=num_tiles, steps=k_iters, coords=coords,
                    load_step=load_step)
 
-    @pl.when(wg < NUM_CONSUMERS)
-    def _consumer():
-      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    def consumer(wg):
       if pingpong:
         wg_m_offset = wg_n_offset = 0
-      elif config.wg_dimension == Dim.M:
-        wg_m_offset, wg_n_offset = wg * tile_m, 0
       else:
-        wg_m_offset, wg_n_offset = 0, wg * tile_n
+        wg_m_offset, wg_n_offset = consumer_offsets(config, wg, tile_m, tile_n)
 
       def a_view(slot):
         return a_smem.at[slot, pl.ds(wg_m_offset, tile_m), :]
@@ -136,28 +119,13 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
       def pipelined_acc(first_step):
         """The whole-K f32 accumulator, wgmma groups overlapping."""
-        def mma_scope(acc_ref):
-          def mma_stage(kk, carry):
-            kk = index(kk)
-            step = first_step + kk
-            slot = slot_of(step)
-            plgpu.barrier_wait(stage_loaded.at[slot])
-            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
-            plgpu.wgmma_wait(1)
+        def mma_step(at, acc_ref):
+          plgpu.wgmma(acc_ref, a_view(at.slot), b_view(at.slot))
 
-            @pl.when(kk > 0)
-            def _release_previous():
-              plgpu.barrier_arrive(stage_consumed.at[slot_of(step - 1)])
-            return carry
-
-          lax.fori_loop(index(0), index(k_iters), mma_stage, None)
-          plgpu.wgmma_wait(0)
-          plgpu.barrier_arrive(
-              stage_consumed.at[slot_of(first_step + k_iters - 1)])
-          return acc_ref[...]
-
-        return pl.run_scoped(mma_scope,
-                             plgpu.ACC((tile_m, tile_n), jnp.float32))
+        (acc,) = consume_ring(
+            ring, mma_step, first_step=first_step, steps=k_iters,
+            accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
+        return acc
 
       def promotion_factor(slot):
         """a_scale[row, kb] * b_scale[kb, col] for this consumer's tile."""
@@ -174,7 +142,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       def promote(total, acc_ref, kk, first_step):
         """total + (finished block kk's product) * its scales; frees the
         block's stage."""
-        slot = slot_of(first_step + kk)
+        slot = ring.slot(first_step + kk)
         scaled = acc_ref[...] * promotion_factor(slot)
         plgpu.barrier_arrive(stage_consumed.at[slot])
         return scaled if total is None else total + scaled
@@ -184,11 +152,13 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         previous block is promoted, so the tensor cores run while the
         previous partial product is scaled. All the group's accumulators
         are zeroed before its first wgmma: zeroing a register while a wgmma
-        is in flight would make ptxas serialise every wgmma."""
+        is in flight would make ptxas serialise every wgmma. Not
+        `consume_ring`'s loop: each block has its own accumulator (unrolled),
+        and its stage is released only once its product has been scaled."""
         def group(*acc_refs):
           new_total = total
           for i, acc_ref in enumerate(acc_refs):
-            slot = slot_of(first_step + kk0 + i)
+            slot = ring.slot(first_step + kk0 + i)
             plgpu.barrier_wait(stage_loaded.at[slot])
             if alternate:
               plgpu.barrier_wait(turn.at[wg])
@@ -279,35 +249,11 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
           acc = pipelined_acc(first_step)
         if kind == "epilogue":
           acc = dequantize(acc, scalar)
-        if has_bias:
-          plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
-                                  bias_smem.at[wg], bias_loaded.at[wg])
-          plgpu.barrier_wait(bias_loaded.at[wg])
-        epi_index = 0
-        for ei in range(tile_m // epi_m):
-          for ej in range(tile_n // epi_n):
-            slot = epi_index % out_slots
-            epi_index += 1
-            rows = pl.ds(row0 + ei * epi_m, epi_m)
-            cols = pl.ds(col0 + ej * epi_n, epi_n)
-            part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
-            c_part = bias_part = None
-            if has_c:
-              plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
-                                      c_smem.at[wg], c_loaded.at[wg])
-              plgpu.barrier_wait(c_loaded.at[wg])
-              c_part = c_smem[wg]
-            if has_bias:
-              bias_vec = plgpu.load(
-                  bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
-                  layout=plgpu.Layout.WGMMA.reduce(0))
-              bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
-            value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
-            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-            out_smem[wg, slot] = value.astype(out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
-                                    out_gmem.at[batch_idx, rows, cols])
+        store_epilogue(
+            acc, problem=problem, config=config, wg=wg, batch_idx=batch_idx,
+            row0=row0, col0=col0, out_gmem=out_gmem, out_smem=out_smem,
+            c_gmem=c_gmem, c_smem=c_smem, c_loaded=c_loaded,
+            bias_gmem=bias_gmem, bias_smem=bias_smem, bias_loaded=bias_loaded)
 
       def follow_tile(first_step):
         """The other consumer's tile (pingpong): observe each stage's load
@@ -315,7 +261,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         every stage barrier and the producer refills a stage only after
         both have passed it."""
         def pass_stage(kk, carry):
-          slot = slot_of(first_step + index(kk))
+          slot = ring.slot(first_step + index(kk))
           plgpu.barrier_wait(stage_loaded.at[slot])
           plgpu.barrier_arrive(stage_consumed.at[slot])
           return carry
@@ -354,8 +300,17 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  a_dtype, b_dtype = a_gmem.dtype, b_gmem.dtype
-  c_dtype = c_gmem.dtype if has_c else None
+    run_warpgroups(producer, consumer)
+
+  ring_buffers = ring_smem(stages, loads=loads_per_stage,
+                           a_smem=((cta_m, tile_k), a_gmem.dtype),
+                           b_smem=((cta_n, tile_k), b_gmem.dtype))
+  if cluster_dim is not None:
+    # A multicast writes into both CTAs' stage, so with a cluster a stage is
+    # free only once the consumers of both CTAs have released it.
+    ring_buffers["stage_consumed"] = plgpu.ClusterBarrier(
+        collective_axes=("cluster",), num_arrivals=NUM_CONSUMERS,
+        num_barriers=stages)
   if per_k:
     scale_smem = dict(
         a_sc_smem=plgpu.SMEM((stages, cta_m), jnp.float32),
@@ -372,29 +327,10 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
     scale_smem = dict(a_sc_smem=None, b_sc_smem=None, sc_loaded=None)
   pl.run_scoped(
       scoped,
-      a_smem=plgpu.SMEM((stages, cta_m, tile_k), a_dtype,
-                        transforms=tiled_transforms(tile_k, a_dtype)),
-      b_smem=plgpu.SMEM((stages, cta_n, tile_k), b_dtype,
-                        transforms=tiled_transforms(tile_k, b_dtype)),
-      stage_loaded=plgpu.Barrier(num_arrivals=loads_per_stage,
-                                 num_barriers=stages),
-      # A multicast writes into both CTAs' stage, so with a cluster a stage
-      # is free only once the consumers of both CTAs have released it.
-      stage_consumed=(
-          plgpu.ClusterBarrier(collective_axes=("cluster",),
-                               num_arrivals=NUM_CONSUMERS, num_barriers=stages)
-          if cluster_dim is not None else
-          plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)),
-      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, epi_m, epi_n), out_dtype,
-                          transforms=tiled_transforms(epi_n, out_dtype)),
-      c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
-                         transforms=tiled_transforms(epi_n, c_dtype))
-              if has_c else None),
-      c_loaded=plgpu.Barrier(num_barriers=NUM_CONSUMERS) if has_c else None,
-      bias_smem=(plgpu.SMEM((NUM_CONSUMERS, tile_n), jnp.float32)
-                 if has_bias else None),
-      bias_loaded=(plgpu.Barrier(num_barriers=NUM_CONSUMERS)
-                   if has_bias else None),
+      **ring_buffers,
+      **epilogue_smem(config, out_gmem.dtype,
+                      c_dtype=c_gmem.dtype if has_c else None,
+                      has_bias=has_bias),
       **scale_smem,
       turn=(plgpu.Barrier(num_arrivals=1, num_barriers=NUM_CONSUMERS)
             if alternate else None),

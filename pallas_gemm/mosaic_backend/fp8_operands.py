@@ -40,6 +40,7 @@ import jax.numpy as jnp
 
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import MosaicConfig
+from pallas_gemm.mosaic_backend.warp_specialised import pad_epilogue_operands
 from pallas_gemm.problem import SCALE_BLOCK, GemmProblem, cdiv
 
 
@@ -114,12 +115,5 @@ def prepare_operands(a, b, c, bias, problem: GemmProblem,
   cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
   a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, a.dtype), (cta_m, tile_k))
   b = tma.pad_to_tiling(b, tma.tma_tiling(tile_k, b.dtype), (cta_n, tile_k))
-  out_dims = tma.padded_dims(
-      problem.m, problem.n,
-      tma.tma_tiling(config.epi_tile_n, problem.out_dtype), (cta_m, cta_n))
-  if c is not None:
-    c = tma.pad_to_tiling(c, tma.tma_tiling(config.epi_tile_n, c.dtype),
-                          (cta_m, cta_n))
-  if bias is not None:
-    bias = tma.pad_vector(bias.astype(jnp.float32), cta_n)
+  c, bias, out_dims = pad_epilogue_operands(c, bias, problem, config)
   return a, b, c, bias, out_dims

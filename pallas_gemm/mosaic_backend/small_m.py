@@ -35,8 +35,8 @@ from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 hopper_unsupported,
                                                 SmallMConfig, small_m_tile_m)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
-from pallas_gemm.mosaic_backend.ws_persistent import (call_kernel, index,
-                                                      interpret_params)
+from pallas_gemm.mosaic_backend.warp_specialised import (call_kernel, index,
+                                                         interpret_params)
 from pallas_gemm.problem import GemmProblem, apply_epilogue, cdiv
 
 NAME = "mosaic/small_m"
@@ -255,17 +255,9 @@ def search_space(problem: GemmProblem, device: DeviceInfo):
   return heuristics.small_m_candidates(problem, device.planning_sms)
 
 
-autotune.register_search_space(NAME, search_space)
-
-
-registry.register(registry.KernelEntry(
-    name=NAME,
-    fn=small_m_matmul,
-    supports=supports,
-    heuristic=heuristic,
-    check_config=check_config,
-    config_cls=SmallMConfig,
-    runs_on_cpu=True,
+autotune.register_tunable(registry.KernelEntry(
+    name=NAME, fn=small_m_matmul, config_cls=SmallMConfig, supports=supports,
+    heuristic=heuristic, check_config=check_config, runs_on_cpu=True,
     description=("decode GEMM (M <= 128): N strips x K splits over all SMs, "
                  "deep TMA->wgmma pipeline, deterministic split-K reduction"),
-))
+), search_space)

@@ -41,11 +41,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim
-from pallas_gemm.mosaic_backend.tma import tiled_transforms
-from pallas_gemm.mosaic_backend.ws_persistent import (INTERPRET_CTAS,
-                                                      call_kernel, index,
-                                                      interpret_params,
-                                                      tile_coordinates)
+from pallas_gemm.mosaic_backend.warp_specialised import (
+    INTERPRET_CTAS, Ring, call_kernel, consume_ring, for_each_tile,
+    hopper_device_unsupported, index, interpret_params, ring_smem,
+    run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
@@ -53,8 +52,6 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 NAME = "mosaic"
 
-PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232
 INPUT_DTYPES = ("bfloat16", "float16")
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -64,10 +61,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
 
 
 def supports(problem: RaggedProblem, device: DeviceInfo) -> str | None:
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
+  reason = hopper_device_unsupported(device)
+  if reason:
+    return reason
   if problem.in_dtype not in INPUT_DTYPES:
     return f"input dtype {problem.in_dtype} is not one of {INPUT_DTYPES}"
   if problem.out_dtype not in OUTPUT_DTYPES:
@@ -86,51 +82,10 @@ def num_ctas_for(params) -> int:
   return device_info().planning_sms
 
 
-def for_each_tile(num_tiles, body, carry):
-  """Runs `body(linear_tile, carry)` over this CTA's share of `num_tiles`
-  (a traced count) handed out round-robin; returns the final carry."""
-  cta = index(lax.axis_index("sm"))
-  num_ctas = index(lax.axis_size("sm"))
-  mine = lax.div(jnp.maximum(num_tiles - cta + num_ctas - 1, 0), num_ctas)
-  return lax.fori_loop(index(0), mine,
-                       lambda i, c: body(cta + i * num_ctas, c), carry)
-
-
-def drain_ring(stage_consumed, total_steps, stages):
-  """The producer's last `stages` releases were never awaited by a later
-  load; await them so that no barrier is left with an unobserved phase."""
-  def drain(step, carry):
-    plgpu.barrier_wait(stage_consumed.at[lax.rem(step, index(stages))])
-    return carry
-
-  lax.fori_loop(jnp.maximum(total_steps - stages, 0), total_steps, drain, None)
-
-
-def run_stages(acc_ref, first_step, steps, stages, stage_loaded,
-               stage_consumed, mma):
-  """The consumer's main loop: `steps` wgmma steps from ring position
-  `first_step`; each stage is released one step later (one wgmma group stays
-  in flight), the last one after the final wait."""
-  def mma_stage(kk, carry):
-    step = first_step + kk
-    slot = lax.rem(step, index(stages))
-    plgpu.barrier_wait(stage_loaded.at[slot])
-    mma(acc_ref, slot, kk)
-    plgpu.wgmma_wait(1)
-
-    @pl.when(kk > 0)
-    def _release_previous():
-      plgpu.barrier_arrive(
-          stage_consumed.at[lax.rem(step - 1, index(stages))])
-    return carry
-
-  lax.fori_loop(index(0), steps, mma_stage, None)
-  plgpu.wgmma_wait(0)
-
-  @pl.when(steps > 0)
-  def _release_last():
-    plgpu.barrier_arrive(
-        stage_consumed.at[lax.rem(first_step + steps - 1, index(stages))])
+def tile_steps(tile):
+  """The ring steps of a producer tile: the last entry of the tuple the
+  kernels' `producer_tile` returns (a count from the device's work list)."""
+  return tile[-1]
 
 
 def output_slot(linear, store, stores_per_tile: int, out_slots: int):
@@ -194,63 +149,45 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
                                       n_tiles=n_tiles, band_dim=Dim.M,
                                       band=config.grid_band)
-    group = items_gmem[schedule.ITEM_GROUP, item]
-    block = items_gmem[schedule.ITEM_BLOCK, item]
-    row_lo = items_gmem[schedule.ITEM_ROW_LO, item]
-    row_hi = items_gmem[schedule.ITEM_ROW_HI, item]
+    group, block, row_lo, row_hi = schedule.read_entry(items_gmem, item)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
     return group, block, row_lo, row_hi, n_idx, steps
 
   def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
-    wg = lax.axis_index("wg")
+    ring = Ring(stages, stage_loaded, stage_consumed)
 
-    @pl.when(wg == NUM_CONSUMERS)
-    def _producer():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+    def producer_tile(linear):
+      group, block, _, _, n_idx, steps = tile_info(linear)
+      weights = rhs_gmem.at[jnp.maximum(group, 0)]
+      return (weights, pl.ds(block * tile_m, tile_m),
+              pl.ds(n_idx * cta_n, cta_n), steps)
 
-      def tile(linear, first_step):
-        group, block, _, _, n_idx, steps = tile_info(linear)
-        weights = rhs_gmem.at[jnp.maximum(group, 0)]
-        rows = pl.ds(block * tile_m, tile_m)
-        cols = pl.ds(n_idx * cta_n, cta_n)
+    def load_step(tile, kk, slot):
+      weights, rows, cols, _ = tile
+      depth = pl.ds(kk * tile_k, tile_k)
+      plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, depth], lhs_smem.at[slot],
+                              stage_loaded.at[slot])
+      plgpu.copy_gmem_to_smem(
+          weights.at[cols, depth] if transpose_rhs
+          else weights.at[depth, cols],
+          rhs_smem.at[slot], stage_loaded.at[slot])
 
-        def load_stage(kk, carry):
-          step = first_step + kk
-          slot = lax.rem(step, index(stages))
+    def producer():
+      run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
+                   coords=producer_tile, load_step=load_step)
 
-          @pl.when(step >= stages)  # the first pass finds every stage free
-          def _wait_free():
-            plgpu.barrier_wait(stage_consumed.at[slot])
-
-          depth = pl.ds(kk * tile_k, tile_k)
-          plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, depth], lhs_smem.at[slot],
-                                  stage_loaded.at[slot])
-          plgpu.copy_gmem_to_smem(
-              weights.at[cols, depth] if transpose_rhs
-              else weights.at[depth, cols],
-              rhs_smem.at[slot], stage_loaded.at[slot])
-          return carry
-
-        lax.fori_loop(index(0), steps, load_stage, None)
-        return first_step + steps
-
-      total_steps = for_each_tile(num_tiles, tile, index(0))
-      drain_ring(stage_consumed, total_steps, stages)
-
-    @pl.when(wg < NUM_CONSUMERS)
-    def _consumer():
-      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    def consumer(wg):
       wg_rows = wg * cons_m if config.split_rows else 0
       wg_cols = 0 if config.split_rows else wg * tile_n
       stores = cons_n // epi_n
 
-      def mma(acc_ref, slot, kk):
-        del kk
+      def mma_step(at, acc_ref):
         if transpose_rhs:
-          b = rhs_smem.at[slot, pl.ds(wg_cols, cons_n), :].T
+          b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
         else:
-          b = rhs_smem.at[slot, :, pl.ds(wg_cols, cons_n)]
-        plgpu.wgmma(acc_ref, lhs_smem.at[slot, pl.ds(wg_rows, cons_m), :], b)
+          b = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)]
+        plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, cons_m), :],
+                    b)
 
       def tile(linear, first_step):
         group, block, row_lo, row_hi, n_idx, steps = tile_info(linear)
@@ -271,20 +208,17 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
           @pl.when(jnp.logical_not(has_columns))
           def _idle():
-            run_stages(None, first_step, steps, stages, stage_loaded,
-                       stage_consumed, lambda *_: None)
+            consume_ring(ring, lambda at: None, first_step=first_step,
+                         steps=steps)
             for _ in range(stores):  # empty groups keep the slot count
               plgpu.commit_smem_to_gmem_group()
         return first_step + steps
 
       def compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
                             steps, first_step):
-        def mma_scope(acc_ref):
-          run_stages(acc_ref, first_step, steps, stages, stage_loaded,
-                     stage_consumed, mma)
-          return acc_ref[...]
-
-        acc = pl.run_scoped(mma_scope, plgpu.ACC((cons_m, cons_n), jnp.float32))
+        (acc,) = consume_ring(
+            ring, mma_step, first_step=first_step, steps=steps,
+            accumulators=[plgpu.ACC((cons_m, cons_n), jnp.float32)])
         if activation is not None:
           # Rows of no group are zero, also where activation(0) is not.
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
@@ -315,15 +249,12 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
+    run_warpgroups(producer, consumer)
+
   pl.run_scoped(
       scoped,
-      lhs_smem=plgpu.SMEM((stages, *lhs_block), in_dtype,
-                          transforms=tiled_transforms(lhs_block[1], in_dtype)),
-      rhs_smem=plgpu.SMEM((stages, *rhs_block), in_dtype,
-                          transforms=tiled_transforms(rhs_block[1], in_dtype)),
-      stage_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                   num_barriers=stages),
+      **ring_smem(stages, lhs_smem=(lhs_block, in_dtype),
+                  rhs_smem=(rhs_block, in_dtype)),
       # Un-swizzled: the ladder of partial stores starts at any row.
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, cons_m, epi_n),
                           out_dtype),
@@ -363,18 +294,11 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   k_iters = cdiv(problem.k, tile_k)
   max_tiles = schedule.max_row_items(m, problem.groups, tile_m) * n_tiles
   out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
-  kernel = plgpu.kernel(
+  kernel = warp_specialised_kernel(
       functools.partial(_rows_body, problem=problem, config=config,
                         k_iters=k_iters, n_tiles=n_tiles),
-      out_type=out_type,
-      grid=(min(num_ctas_for(params), max_tiles),),
-      grid_names=("sm",),
-      num_threads=NUM_CONSUMERS + 1,
-      thread_name="wg",
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
-      interpret=params,
-  )
+      out_type=out_type, grid=(min(num_ctas_for(params), max_tiles),),
+      interpret=params)
   out = call_kernel(kernel, [items, num_items, lhs, rhs], out_type, params)
   return out[:m, :n] if out.shape != (m, n) else out
 

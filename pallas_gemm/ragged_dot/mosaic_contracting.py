@@ -28,16 +28,14 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim
-from pallas_gemm.mosaic_backend.tma import tiled_transforms
-from pallas_gemm.mosaic_backend.ws_persistent import (call_kernel, index,
-                                                      tile_coordinates)
+from pallas_gemm.mosaic_backend.warp_specialised import (
+    Ring, call_kernel, consume_ring, for_each_tile, index, out_staging_smem,
+    ring_smem, run_producer, run_warpgroups, tile_coordinates,
+    warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
-from pallas_gemm.ragged_dot.mosaic import (CONSUMER_REGISTERS,
-                                           PRODUCER_REGISTERS, drain_ring,
-                                           for_each_tile, num_ctas_for,
-                                           output_slot, run_stages)
+from pallas_gemm.ragged_dot.mosaic import num_ctas_for, output_slot, tile_steps
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
@@ -60,55 +58,38 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
       g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
                                          n_tiles=n_tiles, band_dim=Dim.M,
                                          band=config.grid_band)
-    row_lo = groups_gmem[schedule.GROUP_ROW_LO, g]
-    row_hi = groups_gmem[schedule.GROUP_ROW_HI, g]
-    first_chunk = groups_gmem[schedule.GROUP_FIRST_CHUNK, g]
-    steps = groups_gmem[schedule.GROUP_CHUNKS, g]
+    row_lo, row_hi, first_chunk, steps = schedule.read_entry(groups_gmem, g)
     return g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps
 
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem):
-    wg = lax.axis_index("wg")
+    ring = Ring(stages, stage_loaded, stage_consumed)
 
-    @pl.when(wg == NUM_CONSUMERS)
-    def _producer():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+    def producer_tile(linear):
+      _, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
+      return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
+              first_chunk, steps)
 
-      def tile(linear, first_step):
-        _, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
-        k_cols = pl.ds(k_idx * cta_m, cta_m)
-        n_cols = pl.ds(n_idx * tile_n, tile_n)
+    def load_step(tile, c, slot):
+      k_cols, n_cols, first_chunk, _ = tile
+      rows = pl.ds((first_chunk + c) * chunk, chunk)
+      plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, k_cols],
+                              lhs_smem.at[slot], stage_loaded.at[slot])
+      plgpu.copy_gmem_to_smem(dout_gmem.at[rows, n_cols],
+                              dout_smem.at[slot], stage_loaded.at[slot])
 
-        def load_stage(c, carry):
-          step = first_step + c
-          slot = lax.rem(step, index(stages))
+    def producer():
+      run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
+                   coords=producer_tile, load_step=load_step)
 
-          @pl.when(step >= stages)  # the first pass finds every stage free
-          def _wait_free():
-            plgpu.barrier_wait(stage_consumed.at[slot])
-
-          rows = pl.ds((first_chunk + c) * chunk, chunk)
-          plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, k_cols],
-                                  lhs_smem.at[slot], stage_loaded.at[slot])
-          plgpu.copy_gmem_to_smem(dout_gmem.at[rows, n_cols],
-                                  dout_smem.at[slot], stage_loaded.at[slot])
-          return carry
-
-        lax.fori_loop(index(0), steps, load_stage, None)
-        return first_step + steps
-
-      total_steps = for_each_tile(num_tiles, tile, index(0))
-      drain_ring(stage_consumed, total_steps, stages)
-
-    @pl.when(wg < NUM_CONSUMERS)
-    def _consumer():
-      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    def consumer(wg):
       wg_rows = wg * tile_m
 
       def tile(linear, first_step):
         g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps = tile_info(
             linear)
 
-        def mma(acc_ref, slot, c):
+        def mma_step(at, acc_ref):
+          slot, c = at.slot, at.kk
           lhs_part = lhs_smem.at[slot, :, pl.ds(wg_rows, tile_m)]
           chunk_row0 = (first_chunk + c) * chunk
 
@@ -123,12 +104,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
 
           plgpu.wgmma(acc_ref, lhs_part.T, dout_smem.at[slot])
 
-        def mma_scope(acc_ref):
-          run_stages(acc_ref, first_step, steps, stages, stage_loaded,
-                     stage_consumed, mma)
-          return acc_ref[...]
-
-        acc = pl.run_scoped(mma_scope, plgpu.ACC((tile_m, tile_n), jnp.float32))
+        (acc,) = consume_ring(
+            ring, mma_step, first_step=first_step, steps=steps,
+            accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(tile_n // epi_n):
           slot = output_slot(linear, ej, tile_n // epi_n, out_slots)
@@ -144,17 +122,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
+    run_warpgroups(producer, consumer)
+
   pl.run_scoped(
       scoped,
-      lhs_smem=plgpu.SMEM((stages, chunk, cta_m), in_dtype,
-                          transforms=tiled_transforms(cta_m, in_dtype)),
-      dout_smem=plgpu.SMEM((stages, chunk, tile_n), in_dtype,
-                           transforms=tiled_transforms(tile_n, in_dtype)),
-      stage_loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      stage_consumed=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                   num_barriers=stages),
-      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, tile_m, epi_n), out_dtype,
-                          transforms=tiled_transforms(epi_n, out_dtype)),
+      **ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
+                  dout_smem=((chunk, tile_n), in_dtype)),
+      out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       collective_axes="wg",
   )
 
@@ -178,17 +152,11 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
   out_type = jax.ShapeDtypeStruct((groups, k_out, n_out),
                                   jnp.dtype(problem.out_dtype))
-  kernel = plgpu.kernel(
+  kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
                         n_tiles=n_tiles, groups=groups),
       out_type=out_type,
       grid=(min(num_ctas_for(params), groups * k_tiles * n_tiles),),
-      grid_names=("sm",),
-      num_threads=NUM_CONSUMERS + 1,
-      thread_name="wg",
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
-      interpret=params,
-  )
+      interpret=params)
   out = call_kernel(kernel, [table, lhs, dout], out_type, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out

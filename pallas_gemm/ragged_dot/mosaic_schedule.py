@@ -26,6 +26,13 @@ ITEM_GROUP, ITEM_BLOCK, ITEM_ROW_LO, ITEM_ROW_HI = range(4)
 GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS = range(4)
 
 
+def read_entry(table_ref, column):
+  """Inside a kernel: entry `column` of a work-list table (a ref to the
+  (rows, entries) int32 array), as a tuple of its rows in table order
+  (ITEM_* or GROUP_*)."""
+  return tuple(table_ref[row, column] for row in range(table_ref.shape[0]))
+
+
 def inclusive_sum(values):
   """cumsum of a short int32 vector as one masked reduction: XLA fuses it
   into a single small kernel where a scan takes several, and these lists

@@ -201,13 +201,8 @@ def supports(problem, device):
                                 heuristic_config(problem, device))
 
 
-autotune.register_search_space(NAME, search_space)
-registry.register(registry.KernelEntry(
-    name=NAME,
-    fn=tuned_matmul,
-    supports=supports,
-    heuristic=heuristic_config,
-    config_cls=TritonConfig,
-    runs_on_cpu=True,
+autotune.register_tunable(registry.KernelEntry(
+    name=NAME, fn=tuned_matmul, config_cls=TritonConfig, supports=supports,
+    heuristic=heuristic_config, runs_on_cpu=True,
     description="grouped, pipelined, autotuned; split-K for skinny outputs",
-))
+), search_space)

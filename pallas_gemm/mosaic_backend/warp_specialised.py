@@ -1,0 +1,429 @@
+"""What the persistent, warp-specialised Mosaic GPU kernels share: the
+dense GEMM (`ws_persistent.py`), `mosaic/fp8`, the fused GLU and the
+grouped GEMM (`ragged_dot/mosaic*.py`).
+
+One CTA per SM; its last warpgroup (the producer) only issues TMA loads
+into a ring of shared-memory stages (`run_producer`), and the
+NUM_CONSUMERS consumer warpgroups run wgmma on each stage as soon as it
+lands (`consume_ring`), then store their part of the output tile. The
+ring's step counter runs on across a CTA's tiles, so the producer loads
+the next tile while the consumers run this one's epilogue.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.configs import Dim
+from pallas_gemm.mosaic_backend.tma import tiled_transforms
+from pallas_gemm.problem import GemmProblem, apply_epilogue
+
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+NUM_CONSUMERS = 2
+#: CTAs of the persistent grid in interpret mode: two, so that the
+#: round-robin tile hand-out and the cross-tile ring are exercised.
+INTERPRET_CTAS = 2
+
+#: The Mosaic GPU interpreter is not thread-safe (its shared-memory and
+#: barrier bookkeeping is process-global): interpret calls are serialised.
+_INTERPRET_LOCK = threading.Lock()
+
+
+def interpret_params(interpret):
+  """Maps the registry's `interpret` flag onto what `plgpu.kernel` takes.
+
+  Callers (tests) may also pass their own `plgpu.InterpretGPUParams`, e.g.
+  with `detect_races=True`.
+  """
+  if isinstance(interpret, plgpu.InterpretGPUParams):
+    return interpret
+  return plgpu.InterpretGPUParams() if interpret else None
+
+
+def call_kernel(kernel, operands, out_type, params):
+  """Runs a `plgpu.kernel`, compiled or (params set) in GPU interpret mode.
+
+  The interpreter drives the kernel through ordered io_callbacks, and that
+  effect cannot pass through the `pallas_gemm_p` lowering (`mlir.lower_fun`
+  raises a KeyError on it). Inside a pure_callback the interpretation runs
+  as its own eager computation, with no effect leaking out.
+
+  The Mosaic GPU interpreter is not thread-safe; interpret calls are
+  serialised (one module-level lock around the host callback), so threads
+  that call a Mosaic kernel on a CPU take turns.
+
+  The interpretation also runs with x64 off. The interpreter lowers parts
+  of the kernel on worker threads of its own, which do not see a caller's
+  thread-local `jax.enable_x64(True)`; loop counters traced as int64 then
+  fail MLIR verification there. No operand of these kernels is 64-bit, so
+  with x64 off every thread sees the same 32-bit types and nothing else
+  changes.
+  """
+  if params is None:
+    return kernel(*operands)
+  interpreted = jax.jit(kernel)
+
+  def on_host(*arrays):
+    with _INTERPRET_LOCK, jax.enable_x64(False):
+      return np.asarray(interpreted(*arrays))
+
+  return jax.pure_callback(on_host, out_type, *operands)
+
+
+def index(value):
+  """`value` as an int32 scalar, for kernel index arithmetic, which stays
+  32-bit whether or not x64 is enabled: `lax.div`/`lax.rem` take no mixed
+  dtypes, and under x64 a Python int (or a `fori_loop` counter started from
+  one) is int64. A Python int becomes a NumPy constant, which keeps a
+  `fori_loop` bound static (a static trip count lowers to a scan); an int32
+  value is returned unchanged, so without x64 the kernel traces exactly as
+  with plain ints."""
+  if isinstance(value, (int, np.integer)):
+    return np.int32(value)
+  return value if value.dtype == jnp.int32 else value.astype(jnp.int32)
+
+
+def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
+  """(batch, m, n) tile indices of the `linear`-th output tile (int32).
+
+  Tiles are grouped into bands of `band` tiles along `band_dim`; inside a band
+  consecutive tiles walk across it, then step along the other dimension; odd
+  bands run backwards so that the turn between bands reuses operand tiles.
+  """
+  linear = index(linear)
+  per_batch = m_tiles * n_tiles
+  batch_idx = lax.div(linear, index(per_batch))
+  within_batch = lax.rem(linear, index(per_batch))
+  across, along = ((m_tiles, n_tiles) if band_dim == Dim.M
+                   else (n_tiles, m_tiles))
+  band_size = band * along
+  band_idx = lax.div(within_batch, index(band_size))
+  within_band = lax.rem(within_batch, index(band_size))
+  band_start = band_idx * band
+  height = jnp.minimum(band, across - band_start)
+  across_idx = band_start + lax.rem(within_band, height)
+  along_idx = lax.div(within_band, height)
+  along_idx = jnp.where(lax.rem(band_idx, index(2)) == 1,
+                        along - 1 - along_idx, along_idx)
+  if band_dim == Dim.M:
+    return batch_idx, across_idx, along_idx
+  return batch_idx, along_idx, across_idx
+
+
+class Ring(NamedTuple):
+  """The TMA ring of a warp-specialised kernel: `stages` shared-memory
+  stages; `loaded[slot]` fires when a stage's TMA loads have landed and
+  `consumed[slot]` once every consumer has released it."""
+  stages: int
+  loaded: Any
+  consumed: Any
+
+  def slot(self, step):
+    """The stage of ring step `step` (the step counter runs on across
+    tiles)."""
+    return lax.rem(step, index(self.stages))
+
+
+class RingStep(NamedTuple):
+  """Where a consumer's k-step stands: `kk` counts the tile's steps from 0,
+  `step` is its position on the ring, `slot` the stage it reads."""
+  kk: Any
+  step: Any
+  slot: Any
+
+
+def for_each_tile(num_tiles, body, carry):
+  """Runs `body(linear_tile, carry)` over this CTA's share of `num_tiles`
+  (a traced count) handed out round-robin; returns the final carry."""
+  cta = index(lax.axis_index("sm"))
+  num_ctas = index(lax.axis_size("sm"))
+  mine = lax.div(jnp.maximum(num_tiles - cta + num_ctas - 1, 0), num_ctas)
+  return lax.fori_loop(index(0), mine,
+                       lambda i, c: body(cta + i * num_ctas, c), carry)
+
+
+def drain_ring(ring: Ring, total_steps):
+  """The producer's last act: await the final `stages` releases of the
+  ring, which no later load waited for, so that no barrier is left with an
+  unobserved phase. `total_steps` counts the ring steps this CTA ran."""
+  def drain(step, carry):
+    plgpu.barrier_wait(ring.consumed.at[ring.slot(step)])
+    return carry
+
+  lax.fori_loop(jnp.maximum(total_steps - ring.stages, 0), total_steps, drain,
+                None)
+
+
+def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step):
+  """The producer warpgroup of a persistent, warp-specialised kernel.
+
+  It gives registers away, walks this CTA's tiles (`coords(linear)` names
+  one: whatever `load_step` needs of it, computed once per tile) and, for
+  each of a tile's ring steps, waits until the stage the step uses is free
+  (the first pass finds every stage free), then calls
+  `load_step(tile, kk, slot)` to issue the TMA copies of the tile's step kk
+  into stage `slot`. The ring's step counter runs on across tiles. Finally
+  it drains the ring (`drain_ring`).
+
+  `steps` is the static step count of every tile, whose tiles are then
+  handed out by `plgpu.nd_loop` as the consumers' are; or a function of the
+  tile giving its traced count (a device-side work list), whose tiles are
+  walked by `for_each_tile`, the ring position carried from tile to tile.
+  """
+  plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+  def load_tile(tile, first_step, tile_steps):
+    def load_stage(kk, carry):
+      kk = index(kk)
+      step = first_step + kk
+      slot = ring.slot(step)
+
+      @pl.when(step >= ring.stages)
+      def _wait_free():
+        plgpu.barrier_wait(ring.consumed.at[slot])
+
+      load_step(tile, kk, slot)
+      return carry
+
+    lax.fori_loop(index(0), index(tile_steps), load_stage, None)
+
+  if callable(steps):
+    def next_tile(linear, first_step):
+      tile = coords(linear)
+      tile_steps = steps(tile)
+      load_tile(tile, first_step, tile_steps)
+      return first_step + tile_steps
+
+    total_steps = for_each_tile(num_tiles, next_tile, index(0))
+  else:
+    @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+    def _tile(info):
+      load_tile(coords(info.index[0]), info.local_index * steps, steps)
+
+    # This CTA ran every `num_ctas`-th of the tiles (nd_loop's round-robin).
+    cta = lax.axis_index("sm")
+    num_ctas = index(lax.axis_size("sm"))
+    local_tiles = lax.div(index(num_tiles), num_ctas) + (
+        cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
+    total_steps = local_tiles * steps
+  drain_ring(ring, total_steps)
+
+
+def consume_ring(ring: Ring, mma_step, *, first_step, steps, accumulators=(),
+                 in_flight: int = 1):
+  """A consumer warpgroup's main loop over `steps` ring steps (an int, or
+  a traced count that may be 0) from ring position `first_step`.
+
+  Each step waits for its stage's TMA loads and calls
+  `mma_step(RingStep, *acc_refs)` to issue the step's wgmma(s) into the
+  accumulators, then waits until only `in_flight` wgmma groups (this
+  step's) are pending: the previous step's are done reading their stage,
+  which goes back to the producer. After the loop every wgmma is awaited
+  and the last stage released. The accumulators are `plgpu.ACC` shapes,
+  scoped here; returns their final values (a tuple, () for none).
+  """
+  def run(*acc_refs):
+    def mma_stage(kk, carry):
+      kk = index(kk)
+      step = first_step + kk
+      slot = ring.slot(step)
+      plgpu.barrier_wait(ring.loaded.at[slot])
+      mma_step(RingStep(kk, step, slot), *acc_refs)
+      plgpu.wgmma_wait(in_flight)
+
+      @pl.when(kk > 0)
+      def _release_previous():
+        plgpu.barrier_arrive(ring.consumed.at[ring.slot(step - 1)])
+      return carry
+
+    lax.fori_loop(index(0), index(steps), mma_stage, None)
+    plgpu.wgmma_wait(0)
+
+    @pl.when(steps > 0)  # for a static count, a plain Python `if`
+    def _release_last():
+      plgpu.barrier_arrive(ring.consumed.at[ring.slot(first_step + steps - 1)])
+    return tuple(acc_ref[...] for acc_ref in acc_refs)
+
+  return pl.run_scoped(run, *accumulators) if accumulators else run()
+
+
+def run_warpgroups(producer, consumer):
+  """Runs `producer()` on the producer warpgroup (the last one) and
+  `consumer(wg)` on consumer warpgroup wg, which first takes the registers
+  the producer gives away."""
+  wg = lax.axis_index("wg")
+
+  @pl.when(wg == NUM_CONSUMERS)
+  def _producer():
+    producer()
+
+  @pl.when(wg < NUM_CONSUMERS)
+  def _consumer():
+    plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    consumer(wg)
+
+
+def ring_smem(stages: int, *, loads: int | None = None, **operands):
+  """The shared memory of a TMA ring, as `pl.run_scoped` keyword arguments:
+  a buffer of `stages` blocks for each named operand (block shape, dtype),
+  swizzled along the block's minor dimension, and the barriers
+  `stage_loaded` (one arrival per TMA copy of a stage: `loads`, by default
+  one per operand) and `stage_consumed` (one per consumer)."""
+  scratch = {
+      name: plgpu.SMEM((stages, *block), dtype,
+                       transforms=tiled_transforms(block[-1], dtype))
+      for name, (block, dtype) in operands.items()}
+  scratch["stage_loaded"] = plgpu.Barrier(
+      num_arrivals=len(operands) if loads is None else loads,
+      num_barriers=stages)
+  scratch["stage_consumed"] = plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
+                                            num_barriers=stages)
+  return scratch
+
+
+def out_staging_smem(out_slots: int, epi_tile, dtype):
+  """Each consumer's `out_slots` swizzled staging buffers of the output
+  sub-tiles its epilogue TMA-stores."""
+  return plgpu.SMEM((NUM_CONSUMERS, out_slots, *epi_tile), dtype,
+                    transforms=tiled_transforms(epi_tile[-1], dtype))
+
+
+def warp_specialised_kernel(body, *, out_type, grid, interpret,
+                            warpgroup_semantics: bool = False,
+                            approx_math: bool = False, **cluster):
+  """`plgpu.kernel` of a persistent grid of CTAs (axis "sm"), each of a
+  producer and NUM_CONSUMERS consumer warpgroups (axis "wg")."""
+  semantics = (plgpu.LoweringSemantics.Warpgroup if warpgroup_semantics
+               else plgpu.LoweringSemantics.Lane)
+  return plgpu.kernel(
+      body,
+      out_type=out_type,
+      grid=grid,
+      grid_names=("sm",),
+      num_threads=NUM_CONSUMERS + 1,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(lowering_semantics=semantics,
+                                           approx_math=approx_math),
+      interpret=interpret,
+      **cluster,
+  )
+
+
+def step_slices(config, tile, kk):
+  """What step kk of a dense GEMM's CTA tile (batch, m, n) loads: (batch,
+  A's rows, B's columns, the K range)."""
+  batch_idx, m_idx, n_idx = tile
+  return (batch_idx, pl.ds(m_idx * config.cta_tile_m, config.cta_tile_m),
+          pl.ds(n_idx * config.cta_tile_n, config.cta_tile_n),
+          pl.ds(kk * config.tile_k, config.tile_k))
+
+
+def consumer_offsets(config, wg, tile_m: int, tile_n: int):
+  """(row, column) offset of consumer warpgroup `wg`'s part of the CTA tile,
+  which the two consumers split along `config.wg_dimension`."""
+  if config.wg_dimension == Dim.M:
+    return wg * tile_m, 0
+  return 0, wg * tile_n
+
+
+def store_epilogue(acc, *, problem: GemmProblem, config, wg, batch_idx, row0,
+                   col0, out_gmem, out_smem, c_gmem=None, c_smem=None,
+                   c_loaded=None, bias_gmem=None, bias_smem=None,
+                   bias_loaded=None):
+  """Applies the fused epilogue to one consumer's f32 accumulator `acc`
+  (tile_m x tile_n, at (row0, col0) of batch `batch_idx`) and TMA-stores it
+  in epi_tile_m x epi_tile_n pieces through `out_slots` staging buffers."""
+  tile_m, tile_n = config.tile_m, config.tile_n
+  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+  out_slots = config.out_slots
+  if bias_gmem is not None:
+    plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(col0, tile_n)],
+                            bias_smem.at[wg], bias_loaded.at[wg])
+    plgpu.barrier_wait(bias_loaded.at[wg])
+  epi_index = 0
+  for ei in range(tile_m // epi_m):
+    for ej in range(tile_n // epi_n):
+      slot = epi_index % out_slots
+      epi_index += 1
+      rows = pl.ds(row0 + ei * epi_m, epi_m)
+      cols = pl.ds(col0 + ej * epi_n, epi_n)
+      part = acc[ei * epi_m:(ei + 1) * epi_m, ej * epi_n:(ej + 1) * epi_n]
+      c_part = bias_part = None
+      if c_gmem is not None:
+        plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, rows, cols],
+                                c_smem.at[wg], c_loaded.at[wg])
+        plgpu.barrier_wait(c_loaded.at[wg])
+        c_part = c_smem[wg]
+      if bias_gmem is not None:
+        bias_vec = plgpu.load(
+            bias_smem.at[wg, pl.ds(ej * epi_n, epi_n)],
+            layout=plgpu.Layout.WGMMA.reduce(0))
+        bias_part = lax.broadcast_in_dim(bias_vec, (epi_m, epi_n), (1,))
+      value = apply_epilogue(part, problem.epilogue, c_part, bias_part)
+      # The TMA store that last read this slot must be done with it.
+      plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+      out_smem[wg, slot] = value.astype(out_gmem.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                              out_gmem.at[batch_idx, rows, cols])
+
+
+def padded_out_dims(problem, config) -> tuple[int, int]:
+  """The (m, n) of the output array the kernel writes: whole TMA tiles of
+  its epi_tile_n-wide stores (see `tma.padded_dims`)."""
+  return tma.padded_dims(
+      problem.m, problem.n,
+      tma.tma_tiling(config.epi_tile_n, problem.out_dtype),
+      (config.cta_tile_m, config.cta_tile_n))
+
+
+def pad_epilogue_operands(c, bias, problem: GemmProblem, config):
+  """C and the bias (either may be None) padded as `store_epilogue` reads
+  them, and the padded output dims."""
+  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
+  out_dims = padded_out_dims(problem, config)
+  if c is not None:
+    c = tma.pad_to_tiling(c, tma.tma_tiling(config.epi_tile_n, c.dtype),
+                          (cta_m, cta_n))
+  if bias is not None:
+    bias = tma.pad_vector(bias.astype(jnp.float32), cta_n)
+  return c, bias, out_dims
+
+
+def hopper_device_unsupported(device) -> str | None:
+  """Why these kernels cannot run on `device`: they need a Hopper GPU
+  (wgmma and the TMA), or a CPU to interpret them on."""
+  if device.is_gpu and not device.is_hopper:
+    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
+  if not device.is_gpu and device.platform != "cpu":
+    return f"platform {device.platform} is not a CUDA GPU"
+  return None
+
+
+def epilogue_smem(config, out_dtype, *, c_dtype=None, has_bias=False):
+  """The shared memory `store_epilogue` uses, as `pl.run_scoped` keyword
+  arguments: the output staging buffers, and (None without them) each
+  consumer's staging of a C sub-tile and of its tile_n bias entries."""
+  epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+  has_c = c_dtype is not None
+  return dict(
+      out_smem=out_staging_smem(config.out_slots, (epi_m, epi_n), out_dtype),
+      c_smem=(plgpu.SMEM((NUM_CONSUMERS, epi_m, epi_n), c_dtype,
+                         transforms=tiled_transforms(epi_n, c_dtype))
+              if has_c else None),
+      c_loaded=plgpu.Barrier(num_barriers=NUM_CONSUMERS) if has_c else None,
+      bias_smem=(plgpu.SMEM((NUM_CONSUMERS, config.tile_n), jnp.float32)
+                 if has_bias else None),
+      bias_loaded=(plgpu.Barrier(num_barriers=NUM_CONSUMERS)
+                   if has_bias else None),
+  )

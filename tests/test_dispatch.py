@@ -272,3 +272,18 @@ def test_concurrent_writers_keep_every_entry(cache):
       "bfloat16", "bfloat16"), "triton/06_tuned", HOPPER).entry_name
               for w in range(workers) for i in range(per_worker)}
   assert expected <= set(entries)
+
+
+def test_nearest_bucket_margin_is_per_kernel(cache):
+  """A tiled kernel needs a wider lead than a streaming one to be trusted
+  half an octave away (margins chosen on held-out measurements)."""
+  assert dispatch.required_margin(0.5, WS) > dispatch.required_margin(
+      0.5, "mosaic/small_m")
+  write_table(cache, {
+      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.06},
+      problem(16, 8192, 8192): {"kernel": "mosaic/small_m",
+                                "ratio_to_xla": 1.06},
+  })
+  assert dispatch.resolve(problem(8192, 8192, 6144), HOPPER).kernel == "xla"
+  assert dispatch.resolve(problem(16, 8192, 6144),
+                          HOPPER).kernel == "mosaic/small_m"

@@ -1,0 +1,131 @@
+"""How well does the dispatch rule decide for shapes it never measured?
+
+Leave-one-out over a GPU's dispatch measurements
+(`experiments/results/<gpu>/dispatch/measurements.jsonl`): for each measured
+problem, the table is folded again from every *other* problem, the problem
+is resolved against that table (`dispatch._from_table`, the rule `kernel=None`
+runs), and the kernel it picks is scored with the problem's own
+measurements: its time over xla's. A rule that generalises has a geomean
+above 1 and no problem far below 1.
+
+The same is repeated over a grid of the rule's margins
+(`NEAREST_BUCKET_MARGIN`, `MARGIN_PER_OCTAVE`), so that their values rest
+on held-out measurements rather than on the training problems themselves.
+Needs no GPU:
+
+    PYTHONPATH=. python3 experiments/lab/dispatch_holdout.py \
+        experiments/results/nvidia_h100/dispatch experiments/results/nvidia_h200/dispatch
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import pathlib
+
+from pallas_gemm import dispatch
+from pallas_gemm.devices import DeviceInfo
+
+from experiments.build_dispatch_table import fold, to_problem
+
+#: The margin grid tried: (nearest-bucket margin, margin per octave).
+MARGIN_GRID = [(1.0, 0.0), (1.01, 0.05), (1.03, 0.14), (1.05, 0.14),
+               (1.05, 0.25), (1.10, 0.25), (1.10, 0.40), (1.15, 0.25),
+               (1.20, 0.25)]
+#: A held-out problem below this fraction of xla counts as a loss.
+LOSS = 0.97
+
+
+@contextlib.contextmanager
+def margins(base: float, per_octave: float, kernel: str | None = None):
+  """The rule with (base, per_octave) margins for `kernel`, or for every
+  kernel when None."""
+  saved = (dispatch.NEAREST_BUCKET_MARGIN, dispatch.MARGIN_PER_OCTAVE,
+           dict(dispatch.KERNEL_MARGINS))
+  if kernel is None:
+    dispatch.NEAREST_BUCKET_MARGIN, dispatch.MARGIN_PER_OCTAVE = base, per_octave
+    dispatch.KERNEL_MARGINS.clear()
+  else:
+    dispatch.KERNEL_MARGINS[kernel] = (base, per_octave)
+  try:
+    yield
+  finally:
+    (dispatch.NEAREST_BUCKET_MARGIN, dispatch.MARGIN_PER_OCTAVE,
+     margins_saved) = saved
+    dispatch.KERNEL_MARGINS.clear()
+    dispatch.KERNEL_MARGINS.update(margins_saved)
+
+
+def hold_out(rows: list[dict], device: DeviceInfo, min_gain: float):
+  """[(row, chosen kernel, its measured ratio to xla, how it was chosen)]."""
+  scored = []
+  for i, row in enumerate(rows):
+    table = fold(rows[:i] + rows[i + 1:], min_gain)
+    problem = to_problem(row["spec"])
+    choice = dispatch._from_table(problem, device, table)
+    ms = row["ms"]
+    ratio = ms["xla"] / ms[choice.kernel] if choice.kernel in ms else None
+    scored.append((row, choice.kernel, ratio, choice.kernel_source))
+  return scored
+
+
+def summary(scored) -> dict:
+  ratios = [r for _, _, r, _ in scored if r is not None]
+  oracle = [max(row["ms"]["xla"] / t for t in row["ms"].values())
+            for row, _, _, _ in scored]
+  return {
+      "problems": len(scored),
+      "geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+      "min": min(ratios),
+      "losses": sum(r < LOSS for r in ratios),
+      "not_xla": sum(k != "xla" for _, k, _, _ in scored),
+      "oracle_geomean": math.exp(sum(map(math.log, oracle)) / len(oracle)),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("dirs", nargs="+", type=pathlib.Path,
+                      help="dispatch folders holding measurements.jsonl")
+  parser.add_argument("--min_gain", type=float, default=1.01)
+  parser.add_argument("--details", action="store_true",
+                      help="one line per held-out problem (current margins)")
+  parser.add_argument("--kernel", default=None,
+                      help="vary the margins of this kernel only (the "
+                      "others keep the shipped ones)")
+  args = parser.parse_args()
+  for folder in args.dirs:
+    rows = [json.loads(line) for line in
+            (folder / "measurements.jsonl").read_text().splitlines()
+            if line.strip()]
+    kind = rows[0]["device"]
+    device = DeviceInfo("gpu", kind, (9, 0), 132, 227 * 1024)
+    which = args.kernel or "every kernel"
+    print(f"## {kind}: {len(rows)} problems, leave-one-out, margins of "
+          f"{which}\n")
+    print("| margin | per octave | geomean | min | below "
+          f"{LOSS} | not xla | oracle geomean |")
+    print("|---|---|---|---|---|---|---|")
+    shipped = dispatch.KERNEL_MARGINS.get(
+        args.kernel, (dispatch.NEAREST_BUCKET_MARGIN,
+                      dispatch.MARGIN_PER_OCTAVE))
+    for base, per_octave in MARGIN_GRID:
+      with margins(base, per_octave, args.kernel):
+        s = summary(hold_out(rows, device, args.min_gain))
+      current = (base, per_octave) == shipped
+      print(f"| {base:.2f}{' (shipped)' if current else ''} | {per_octave:.2f} "
+            f"| {s['geomean']:.3f} | {s['min']:.3f} | {s['losses']} "
+            f"| {s['not_xla']} | {s['oracle_geomean']:.3f} |")
+    if args.details:
+      print()
+      for row, kernel, ratio, source in hold_out(rows, device, args.min_gain):
+        if kernel != "xla":
+          flag = " **loss**" if ratio < LOSS else ""
+          print(f"- {row['problem']}: {kernel} ({source}) {ratio:.3f}x{flag}")
+    print()
+
+
+if __name__ == "__main__":
+  main()

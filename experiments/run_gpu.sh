@@ -10,6 +10,7 @@
 #
 #   build      the CUDA FFI kernels (nvcc)                    BUDGET_build=150
 #   tests      the whole pytest suite, compiled on the GPU    BUDGET_tests=200
+#              (TEST_WORKERS pytest workers share the GPU, default 6)
 #   properties the hypothesis suite, "gpu" profile            BUDGET_properties=150
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
 #              another training set)                          BUDGET_dispatch=300
@@ -84,7 +85,7 @@ fi
 
 if wanted tests; then
   stage "the test suite, compiled on the GPU"
-  run_budgeted "$(budget tests 200)" "$PY" -m pytest -q -n 2 -p no:cacheprovider \
+  run_budgeted "$(budget tests 200)" "$PY" -m pytest -q -n "${TEST_WORKERS:-6}" -p no:cacheprovider \
     --timeout=300 tests > "$OUT/pytest_gpu.txt" 2>&1
   tail -n 30 "$OUT/pytest_gpu.txt"
 fi

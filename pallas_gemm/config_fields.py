@@ -60,10 +60,13 @@ def _check_types(config, converters: Mapping[str, Converter] | None):
   dataclass `config` as its annotation says."""
   known = {**_BASIC_CONVERTERS, **(converters or {})}
   for field in dataclasses.fields(config):
-    if field.type not in known:
+    # A string under `from __future__ import annotations`, else the class.
+    annotation = (field.type if isinstance(field.type, str)
+                  else getattr(field.type, "__name__", repr(field.type)))
+    if annotation not in known:
       raise NotImplementedError(f"{type(config).__name__}.{field.name}: no "
-                                f"check for a field of type {field.type}")
-    value = known[field.type](config, field.name, getattr(config, field.name))
+                                f"check for a field of type {annotation}")
+    value = known[annotation](config, field.name, getattr(config, field.name))
     object.__setattr__(config, field.name, value)
 
 

@@ -15,6 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
+from lax_comparison import print_comparison, training_primitive_counts
 
 import pallas_gemm
 
@@ -90,27 +91,22 @@ def train(dense, steps=3, learning_rate=1e-2, sizes=(8, 32, 32, 1)):
   return model, losses
 
 
-def count_equations(model, dense, name):
-  """Equations named `name` in the jaxpr of the loss and its gradient."""
+def primitive_counts(model, dense):
+  """Equations of each primitive in the jaxpr of the loss and its
+  gradient."""
   x, y = batch()
   params, static = eqx.partition(model, eqx.is_array)
 
   def loss_of_params(params):
     return loss_fn(eqx.combine(params, static), dense, x, y)
 
-  jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_of_params))(params)
-  return pallas_gemm.primitive_counts(jaxpr)[name]
+  return training_primitive_counts(loss_of_params, params)
 
 
 def main():
   model, losses = train(pallas_dense)
   _, lax_losses = train(lax_dense)
-  print(f"pallas_gemm equations in the training jaxpr: "
-        f"{count_equations(model, pallas_dense, 'pallas_gemm')}")
-  print(f"dot_general equations left: "
-        f"{count_equations(model, pallas_dense, 'dot_general')}")
-  for i, (ours, theirs) in enumerate(zip(losses, lax_losses)):
-    print(f"step {i}: loss {ours:.6f} (lax: {theirs:.6f})")
+  print_comparison(primitive_counts(model, pallas_dense), losses, lax_losses)
   return losses, lax_losses
 
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from lax_comparison import print_comparison, training_primitive_counts
 
 import pallas_gemm
 
@@ -96,26 +97,22 @@ def train(ops, steps=3, learning_rate=1e-2):
   return model, [float(step(model, optimizer)) for _ in range(steps)]
 
 
-def count_equations(model, name):
-  """Equations named `name` in the jaxpr of the loss and its gradient."""
+def primitive_counts(model):
+  """Equations of each primitive in the jaxpr of the loss and its
+  gradient."""
   graphdef, state = nnx.split(model)
   x, y = batch()
 
   def loss_of_state(state):
     return loss_fn(nnx.merge(graphdef, state), x, y)
 
-  jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_of_state))(state)
-  return pallas_gemm.primitive_counts(jaxpr)[name]
+  return training_primitive_counts(loss_of_state, state)
 
 
 def main():
   model, losses = train(PALLAS)
   _, lax_losses = train(LAX)
-  print(f"pallas_gemm equations in the training jaxpr: "
-        f"{count_equations(model, 'pallas_gemm')}")
-  print(f"dot_general equations left: {count_equations(model, 'dot_general')}")
-  for i, (ours, theirs) in enumerate(zip(losses, lax_losses)):
-    print(f"step {i}: loss {ours:.6f} (lax: {theirs:.6f})")
+  print_comparison(primitive_counts(model), losses, lax_losses)
   return losses, lax_losses
 
 

@@ -12,6 +12,8 @@ import dataclasses
 import math
 import random
 
+from pallas_gemm.config_fields import check_sizes
+
 # Interpret-mode correctness: small, ragged and degenerate shapes that
 # exercise every masked edge (M=1, primes, non-multiples of any tile).
 ODD = [
@@ -44,14 +46,11 @@ LARGE = [
     (16384, 16384, 16384),
 ]
 
-# LLM-style projections with batch*sequence rows.
-LLM = [
-    (4096, 4096, 4096),
-    (4096, 14336, 4096),
-    (4096, 4096, 14336),
-    (4096, 6144, 4096),
-    (16384, 4096, 4096),
-]
+# LLM-style projections with batch*sequence rows: the (N, K) of a
+# Llama-3-8B-like layer (attention output, MLP up, MLP down, fused QKV) at
+# 4096 rows, and the first at 16384.
+LLM_PROJECTIONS = ((4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096))
+LLM = [(4096, n, k) for n, k in LLM_PROJECTIONS] + [(16384, 4096, 4096)]
 
 # Decode: a handful of rows against a large weight; bandwidth-bound.
 DECODE = [
@@ -93,10 +92,7 @@ class SuiteProblem:
   regime: str = ""
 
   def __post_init__(self):
-    for name in ("m", "n", "k", "batch"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"SuiteProblem.{name}={value!r} must be an int >= 1")
+    check_sizes(self, ("m", "n", "k", "batch"), minimum=1)
     if self.dtype not in SUITE_DTYPES:
       raise ValueError(f"SuiteProblem.dtype={self.dtype!r} must be one of "
                        f"{SUITE_DTYPES}")

@@ -167,20 +167,31 @@ def test_xla_dtypes_and_bf16_output(dtypes):
                                               "bfloat16")
 
 
-def test_epilogue_runs_after_dequantization():
-  m, n, k = 20, 24, 140
-  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="tensor", b_mode="col",
-                                  transpose_b=False)
-  c = random_normal(fresh_key(), (m, n), jnp.float32)
+def _check_epilogue_after_dequantization(m, n, k, *, a_mode, b_mode,
+                                         transpose_b, c_dtype, epilogue,
+                                         **kernel_args):
+  """The float32 product of fp8 operands with `epilogue` (its c and bias
+  drawn here) equals the epilogue applied to the dequantized product."""
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=a_mode, b_mode=b_mode,
+                                  transpose_b=transpose_b)
+  c = random_normal(fresh_key(), (m, n), c_dtype)
   bias = random_normal(fresh_key(), (n,), jnp.float32)
-  epilogue = Epilogue(alpha=0.5, beta=2.0, has_c=True, has_bias=True,
-                      activation="gelu")
-  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, alpha=0.5,
-                           beta=2.0, c=c, bias=bias, activation="gelu",
-                           preferred_element_type=jnp.float32)
+  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb,
+                           transpose_b=transpose_b, alpha=epilogue.alpha,
+                           beta=epilogue.beta, c=c, bias=bias,
+                           activation=epilogue.activation,
+                           preferred_element_type=jnp.float32, **kernel_args)
   expected = reference_matmul(np.asarray(ref), np.eye(n), epilogue=epilogue,
                               c=c, bias=bias)
   assert relative_error(out, expected) < F32_OUT_BUDGET
+
+
+def test_epilogue_runs_after_dequantization():
+  _check_epilogue_after_dequantization(
+      20, 24, 140, a_mode="tensor", b_mode="col", transpose_b=False,
+      c_dtype=jnp.float32,
+      epilogue=Epilogue(alpha=0.5, beta=2.0, has_c=True, has_bias=True,
+                        activation="gelu"))
 
 
 def test_batched_and_vmapped_scales():
@@ -286,20 +297,12 @@ def test_mosaic_fp8_interpret(case):
 
 
 def test_mosaic_fp8_epilogue_interpret():
-  m, n, k = 64, 64, 128
-  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="row", b_mode="block",
-                                  transpose_b=True)
-  c = random_normal(fresh_key(), (m, n), jnp.bfloat16)
-  bias = random_normal(fresh_key(), (n,), jnp.float32)
-  epilogue = Epilogue(alpha=1.5, beta=-1.0, has_c=True, has_bias=True,
-                      activation="silu")
-  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, transpose_b=True,
-                           alpha=1.5, beta=-1.0, c=c, bias=bias,
-                           activation="silu", kernel="mosaic/fp8",
-                           config=SMALL, preferred_element_type=jnp.float32)
-  expected = reference_matmul(np.asarray(ref), np.eye(n), epilogue=epilogue,
-                              c=c, bias=bias)
-  assert relative_error(out, expected) < F32_OUT_BUDGET
+  _check_epilogue_after_dequantization(
+      64, 64, 128, a_mode="row", b_mode="block", transpose_b=True,
+      c_dtype=jnp.bfloat16,
+      epilogue=Epilogue(alpha=1.5, beta=-1.0, has_c=True, has_bias=True,
+                        activation="silu"),
+      kernel="mosaic/fp8", config=SMALL)
 
 
 def test_mosaic_fp8_config_errors():

@@ -206,18 +206,6 @@ def test_contracting_groups_table():
                                 [1, 0, 2, 2])
 
 
-@pytest.mark.parametrize("field,value,error", [
-    ("tile_m", 96, ValueError), ("tile_n", 100, ValueError),
-    ("tile_k", 32, ValueError), ("stages", 1, ValueError),
-    ("epi_tile_n", 48, ValueError), ("grid_band", 0, ValueError),
-    ("out_slots", 3, ValueError), ("tile_m", 64.0, TypeError),
-    ("stages", True, TypeError), ("interleave_groups", 1, TypeError),
-])
-def test_config_validation_names_the_field(field, value, error):
-  with pytest.raises(error, match=field):
-    RaggedConfig(**{field: value})
-
-
 def test_config_split_rows_needs_whole_halves():
   with pytest.raises(ValueError, match="split_rows"):
     RaggedConfig(tile_m=64, split_rows=True)

@@ -148,14 +148,21 @@ def scaled_matmul_call(qa, qb, sa, sb):
   return out[0].astype(jnp.bfloat16)
 
 
+def add_run_arguments(parser, *, iters, budget_s):
+  """The options of this run and of gpu_sweep_fp8 besides their cases: the
+  timed iterations, the seconds after which no new shape starts, and the
+  operands' seed."""
+  parser.add_argument("--iters", type=int, default=iters)
+  parser.add_argument("--budget_s", type=float, default=budget_s)
+  parser.add_argument("--seed", type=int, default=0)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
   parser.add_argument("--layouts", default="NT,NN")
   parser.add_argument("--scalings", default="tensor,block")
-  parser.add_argument("--iters", type=int, default=20)
-  parser.add_argument("--budget_s", type=float, default=140.0)
-  parser.add_argument("--seed", type=int, default=0)
+  add_run_arguments(parser, iters=20, budget_s=140.0)
   args = parser.parse_args()
 
   device = device_info()

@@ -135,9 +135,7 @@ def main():
   parser.add_argument("--full_shapes", default=",".join(DEFAULT_SHAPES[:2]),
                       help="shapes that run every candidate; the others run "
                       f"the first {QUICK_CANDIDATES} of each scaling")
-  parser.add_argument("--iters", type=int, default=10)
-  parser.add_argument("--budget_s", type=float, default=190.0)
-  parser.add_argument("--seed", type=int, default=0)
+  smoke.add_run_arguments(parser, iters=10, budget_s=190.0)
   args = parser.parse_args()
 
   device = device_info()

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import registry
+from pallas_gemm.config_fields import validate
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import ACTIVATIONS, GemmProblem
 from pallas_gemm.ffi import build, kernel_list
@@ -82,12 +83,7 @@ class MmaSyncConfig:
   tma: bool = False
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      wanted = bool if field.type in ("bool", bool) else int
-      if type(value) is not wanted:  # noqa: E721 - bool is not an int here
-        raise TypeError(f"MmaSyncConfig.{field.name}={value!r} must be a "
-                        f"{wanted.__name__}")
+    validate(self)
     if self.key not in MMA_SYNC_VARIANTS:
       raise ValueError(
           f"MmaSyncConfig (block_n, block_k, num_warps, block_m, stages, "

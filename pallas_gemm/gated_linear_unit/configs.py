@@ -14,16 +14,24 @@ import math
 
 import jax.numpy as jnp
 
+from pallas_gemm.config_fields import (Requirement, at_least, checked,
+                                       multiple_dividing, one_of, validate)
 from pallas_gemm.gated_linear_unit.problem import GluProblem
 from pallas_gemm.mosaic_backend.config import (HOPPER_SMEM_BYTES,
                                                SMEM_SLACK_BYTES, Dim)
-from pallas_gemm.mosaic_backend.configs import (TwoConsumerTile, _dim_field,
-                                                _int_field)
+from pallas_gemm.mosaic_backend.configs import DIM_CONVERTERS, TwoConsumerTile
 from pallas_gemm.problem import cdiv
 
 #: tile_m * tile_n of one accumulator: two of them take 128 f32 registers
 #: per consumer thread, leaving the rest of 232 for the epilogue.
 MAX_ACC_ELEMS = 64 * 128
+
+
+#: The ring holds the stages by which the second consumer lags.
+_WITHIN_THE_RING = Requirement(
+    lambda lag, config: 0 <= lag < config.max_concurrent_steps,
+    lambda config: (">= 0 and < max_concurrent_steps="
+                    f"{config.max_concurrent_steps}"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,54 +65,27 @@ class GluConfig(TwoConsumerTile):
     group).
   """
 
-  tile_m: int = 64
-  tile_n: int = 128
-  tile_k: int = 64
-  max_concurrent_steps: int = 4
-  epi_tile_n: int = 64
+  tile_m: int = checked(64, one_of(64, 128))
+  tile_n: int = checked(128, one_of(64, 128).because(
+      "whole 128-byte swizzle spans, wgmma's N range"))
+  tile_k: int = checked(64, one_of(64).because(
+      "one 128-byte swizzle span of 16-bit inputs"))
+  max_concurrent_steps: int = checked(4, at_least(2))
+  epi_tile_n: int = checked(64, multiple_dividing(8, "tile_n"))
   band_dim: Dim = Dim.M
-  grid_band: int = 8
+  grid_band: int = checked(8, at_least(1))
   wg_dimension: Dim = Dim.M
   fast_math: bool = False
-  consumer_lag: int = 0
+  consumer_lag: int = checked(0, _WITHIN_THE_RING)
   x_in_registers: bool = False
 
   def __post_init__(self):
-    for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
-                 "epi_tile_n", "grid_band", "consumer_lag"):
-      _int_field(self, name)
-    if self.tile_m not in (64, 128):
-      raise ValueError(f"GluConfig.tile_m={self.tile_m} must be 64 or 128")
-    if self.tile_n % 64 or not 64 <= self.tile_n <= 128:
-      raise ValueError(f"GluConfig.tile_n={self.tile_n} must be 64 or 128 "
-                       "(whole 128-byte swizzle spans, wgmma's N range)")
+    validate(self, DIM_CONVERTERS)
     if self.tile_m * self.tile_n > MAX_ACC_ELEMS:
       raise ValueError(
           f"GluConfig.tile_m * tile_n = {self.tile_m * self.tile_n} must be "
           f"<= {MAX_ACC_ELEMS}: two float32 accumulators of that size take "
           "all the registers a consumer warpgroup has")
-    if self.tile_k != 64:
-      raise ValueError(f"GluConfig.tile_k={self.tile_k} must be 64 (one "
-                       "128-byte swizzle span of 16-bit inputs)")
-    if self.max_concurrent_steps < 2:
-      raise ValueError(f"GluConfig.max_concurrent_steps="
-                       f"{self.max_concurrent_steps} must be >= 2")
-    if (self.epi_tile_n < 8 or self.epi_tile_n % 8
-        or self.tile_n % self.epi_tile_n):
-      raise ValueError(f"GluConfig.epi_tile_n={self.epi_tile_n} must be a "
-                       f"multiple of 8 dividing tile_n={self.tile_n}")
-    if self.grid_band < 1:
-      raise ValueError(f"GluConfig.grid_band={self.grid_band} must be >= 1")
-    _dim_field(self, "band_dim")
-    _dim_field(self, "wg_dimension")
-    if not 0 <= self.consumer_lag < self.max_concurrent_steps:
-      raise ValueError(f"GluConfig.consumer_lag={self.consumer_lag} must be "
-                       f">= 0 and < max_concurrent_steps="
-                       f"{self.max_concurrent_steps}")
-    for name in ("fast_math", "x_in_registers"):
-      if not isinstance(getattr(self, name), bool):
-        raise TypeError(f"GluConfig.{name}={getattr(self, name)!r} must be a "
-                        "bool")
     if self.x_in_registers:
       # Compiled on an H200 it gave wrong results (relative error 0.1-1.2
       # against float64, tests/test_glu.py::test_mosaic_on_gpu_vs_float64);

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_gemm.config_fields import check_sizes
 from pallas_gemm.problem import itemsize
 
 
@@ -81,10 +82,7 @@ class GluProblem:
   precision: str = "default"
 
   def __post_init__(self):
-    for name in ("m", "n", "k"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"GluProblem.{name}={value!r} must be an int >= 0")
+    check_sizes(self, ("m", "n", "k"), minimum=0)
     if self.activation not in GLU_ACTIVATIONS:
       raise ValueError(f"GluProblem.activation={self.activation!r} is not one "
                        f"of {sorted(GLU_ACTIVATIONS)}")

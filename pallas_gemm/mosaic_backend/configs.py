@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import operator
 
 import jax.numpy as jnp
 
+from pallas_gemm.config_fields import (at_least, checked, field_error,
+                                       multiple_dividing, multiple_in_range,
+                                       one_of, validate)
 from pallas_gemm.problem import GemmProblem
 
 #: Opt-in shared memory per block on sm_90 (227 KiB).
@@ -37,14 +39,23 @@ class Dim(enum.IntEnum):
   N = 1
 
 
-def hopper_unsupported(problem, device) -> str | None:
-  """Why neither Mosaic GEMM kernel can run `problem` on `device`: the
-  checks they share (a Hopper GPU, or a CPU to interpret on; 16-bit or TF32
-  inputs; 16/32-bit outputs and C)."""
+def hopper_device_unsupported(device) -> str | None:
+  """Why no Mosaic kernel (of any op) can run on `device`: each needs a
+  Hopper GPU, or a CPU to interpret on."""
   if device.is_gpu and not device.is_hopper:
     return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
   if not device.is_gpu and device.platform != "cpu":
     return f"platform {device.platform} is not a CUDA GPU"
+  return None
+
+
+def hopper_unsupported(problem, device) -> str | None:
+  """Why neither Mosaic GEMM kernel can run `problem` on `device`: the
+  checks they share (`hopper_device_unsupported`; 16-bit or TF32 inputs;
+  16/32-bit outputs and C)."""
+  reason = hopper_device_unsupported(device)
+  if reason:
+    return reason
   if problem.in_dtype not in MOSAIC_INPUT_DTYPES:
     return f"input dtype {problem.in_dtype} is not one of {MOSAIC_INPUT_DTYPES}"
   if problem.in_dtype == "float32" and problem.precision == "ieee":
@@ -55,40 +66,26 @@ def hopper_unsupported(problem, device) -> str | None:
   return None
 
 
-def _int_field(config, name: str) -> int:
-  """The field as a plain int; a bool, float, string or other non-integer
-  raises TypeError naming the field (numpy integers are accepted)."""
-  value = getattr(config, name)
-  kind = type(config).__name__
-  if isinstance(value, bool):
-    raise TypeError(f"{kind}.{name}={value!r} must be an int, not a bool")
-  try:
-    value = operator.index(value)
-  except TypeError:
-    raise TypeError(f"{kind}.{name}={value!r} must be an int, got "
-                    f"{type(value).__name__}") from None
-  object.__setattr__(config, name, value)
-  return value
-
-
-def _dim_field(config, name: str) -> Dim:
+def _as_dim(config, name: str, value, allowed: str = "Dim.M or Dim.N") -> Dim:
   """The field as a `Dim`; configs read back from JSON carry 0 or 1."""
-  value = getattr(config, name)
   if isinstance(value, bool) or not isinstance(value, int) or value not in (
       0, 1):
-    raise TypeError(f"{type(config).__name__}.{name}={value!r} must be Dim.M "
-                    "or Dim.N")
-  value = Dim(value)
-  object.__setattr__(config, name, value)
-  return value
+    raise TypeError(field_error(config, name, value, allowed))
+  return Dim(value)
 
 
-def _tile_n_error(config, name: str, value: int) -> str | None:
-  if value % WGMMA_N_STEP or not WGMMA_N_STEP <= value <= WGMMA_MAX_N:
-    return (f"{type(config).__name__}.{name}={value} must be a multiple of "
-            f"{WGMMA_N_STEP} in [{WGMMA_N_STEP}, {WGMMA_MAX_N}] (wgmma's N "
-            "range)")
-  return None
+def _as_dim_or_none(config, name: str, value) -> Dim | None:
+  if value is None:
+    return None
+  return _as_dim(config, name, value, "None, Dim.M or Dim.N")
+
+
+#: How `config_fields.check_types` checks the Mosaic configs' `Dim` fields.
+DIM_CONVERTERS = {"Dim": _as_dim, "Dim | None": _as_dim_or_none}
+
+#: A tile_n that wgmma takes as its N.
+WGMMA_TILE_N = multiple_in_range(WGMMA_N_STEP, WGMMA_N_STEP,
+                                 WGMMA_MAX_N).because("wgmma's N range")
 
 
 class TwoConsumerTile:
@@ -136,48 +133,20 @@ class MosaicConfig(TwoConsumerTile):
   the field and the value.
   """
 
-  tile_m: int = 128
-  tile_n: int = 128
-  tile_k: int = 64
-  max_concurrent_steps: int = 4
-  epi_tile_m: int = 64
-  epi_tile_n: int = 64
+  tile_m: int = checked(128, one_of(64, 128, 192, 256).because(
+      "wgmma works on 64-row groups"))
+  tile_n: int = checked(128, WGMMA_TILE_N)
+  tile_k: int = checked(64, one_of(16, 32, 64, 128))
+  max_concurrent_steps: int = checked(4, at_least(2))
+  epi_tile_m: int = checked(64, multiple_dividing(WGMMA_ROWS, "tile_m"))
+  epi_tile_n: int = checked(64, multiple_dividing(WGMMA_N_STEP, "tile_n"))
   band_dim: Dim = Dim.M
-  grid_band: int = 8
+  grid_band: int = checked(8, at_least(1))
   wg_dimension: Dim = Dim.N
   warpgroup_semantics: bool = False
 
   def __post_init__(self):
-    for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
-                 "epi_tile_m", "epi_tile_n", "grid_band"):
-      _int_field(self, name)
-    if self.tile_m % WGMMA_ROWS or not WGMMA_ROWS <= self.tile_m <= 256:
-      raise ValueError(f"MosaicConfig.tile_m={self.tile_m} must be 64, 128, "
-                       "192 or 256 (wgmma works on 64-row groups)")
-    error = _tile_n_error(self, "tile_n", self.tile_n)
-    if error:
-      raise ValueError(error)
-    if self.tile_k not in (16, 32, 64, 128):
-      raise ValueError(f"MosaicConfig.tile_k={self.tile_k} must be 16, 32, "
-                       "64 or 128")
-    if self.max_concurrent_steps < 2:
-      raise ValueError(f"MosaicConfig.max_concurrent_steps="
-                       f"{self.max_concurrent_steps} must be >= 2")
-    if (self.epi_tile_m < WGMMA_ROWS or self.epi_tile_m % WGMMA_ROWS
-        or self.tile_m % self.epi_tile_m):
-      raise ValueError(f"MosaicConfig.epi_tile_m={self.epi_tile_m} must be a "
-                       f"multiple of 64 dividing tile_m={self.tile_m}")
-    if (self.epi_tile_n < WGMMA_N_STEP or self.epi_tile_n % WGMMA_N_STEP
-        or self.tile_n % self.epi_tile_n):
-      raise ValueError(f"MosaicConfig.epi_tile_n={self.epi_tile_n} must be a "
-                       f"multiple of 8 dividing tile_n={self.tile_n}")
-    if self.grid_band < 1:
-      raise ValueError(f"MosaicConfig.grid_band={self.grid_band} must be >= 1")
-    _dim_field(self, "band_dim")
-    _dim_field(self, "wg_dimension")
-    if not isinstance(self.warpgroup_semantics, bool):
-      raise TypeError(f"MosaicConfig.warpgroup_semantics="
-                      f"{self.warpgroup_semantics!r} must be a bool")
+    validate(self, DIM_CONVERTERS)
 
   @property
   def epilogue_tiles_per_wg(self) -> int:
@@ -223,25 +192,13 @@ class SmallMConfig:
   Fields are validated as `MosaicConfig`'s are.
   """
 
-  tile_n: int = 128
-  tile_k: int = 128
-  max_concurrent_steps: int = 6
-  k_splits: int = 1
+  tile_n: int = checked(128, WGMMA_TILE_N)
+  tile_k: int = checked(128, one_of(32, 64, 128, 256))
+  max_concurrent_steps: int = checked(6, at_least(2))
+  k_splits: int = checked(1, at_least(1))
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      _int_field(self, field.name)
-    error = _tile_n_error(self, "tile_n", self.tile_n)
-    if error:
-      raise ValueError(error)
-    if self.tile_k not in (32, 64, 128, 256):
-      raise ValueError(f"SmallMConfig.tile_k={self.tile_k} must be 32, 64, "
-                       "128 or 256")
-    if self.max_concurrent_steps < 2:
-      raise ValueError(f"SmallMConfig.max_concurrent_steps="
-                       f"{self.max_concurrent_steps} must be >= 2")
-    if self.k_splits < 1:
-      raise ValueError(f"SmallMConfig.k_splits={self.k_splits} must be >= 1")
+    validate(self)
 
   def smem_bytes(self, problem: GemmProblem | str,
                  tile_m: int | None = None) -> int:

@@ -13,10 +13,11 @@ import itertools
 
 import jax.numpy as jnp
 
+from pallas_gemm.config_fields import at_least, checked
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
-                                                MosaicConfig, _int_field)
+                                                MosaicConfig)
 from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
 from pallas_gemm.mosaic_backend.heuristics import cta_waves
 from pallas_gemm.problem import FP8_DTYPES, SCALE_BLOCK, GemmProblem
@@ -56,7 +57,7 @@ class Fp8Config(MosaicConfig):
     cores idle.
   """
 
-  promote_group: int = 1
+  promote_group: int = checked(1, at_least(1))
   cluster_dim: Dim | None = None
   pingpong: bool = False
   alternate_consumers: bool = False
@@ -70,20 +71,7 @@ class Fp8Config(MosaicConfig):
     return self.tile_n if self.pingpong else super().cta_tile_n
 
   def __post_init__(self):
-    super().__post_init__()
-    _int_field(self, "promote_group")
-    if self.promote_group < 1:
-      raise ValueError(f"Fp8Config.promote_group={self.promote_group} must "
-                       "be >= 1")
-    if self.cluster_dim is not None:
-      if isinstance(self.cluster_dim, bool) or self.cluster_dim not in (0, 1):
-        raise TypeError(f"Fp8Config.cluster_dim={self.cluster_dim!r} must be "
-                        "None, Dim.M or Dim.N")
-      object.__setattr__(self, "cluster_dim", Dim(self.cluster_dim))
-    for name in ("pingpong", "alternate_consumers"):
-      if not isinstance(getattr(self, name), bool):
-        raise TypeError(f"Fp8Config.{name}={getattr(self, name)!r} must be "
-                        "a bool")
+    super().__post_init__()  # validates every field, these ones too
     if self.pingpong and self.alternate_consumers:
       raise ValueError("Fp8Config.alternate_consumers=True needs cooperative "
                        "consumers (pingpong=False)")

@@ -93,27 +93,29 @@ def group_sizes(distribution: str, rows: int, groups: int, *,
   return sizes.astype(np.int32)
 
 
+def _up_and_down(model: str, groups: int, rows: int, hidden: int,
+                 ffn: int) -> tuple[MoeLayer, MoeLayer]:
+  """A model's two forward expert projections: "up" is hidden -> expert ffn
+  (gate and up each), "down" is expert ffn -> hidden."""
+  return (MoeLayer(f"{model}_up", groups, rows, hidden, ffn),
+          MoeLayer(f"{model}_down", groups, rows, ffn, hidden))
+
+
 #: The issue's table (rows = the tokens the experts see), then real models.
-#: Forward projections: "up" is hidden -> expert ffn (gate and up each),
-#: "down" is expert ffn -> hidden.
 MOE_LAYERS = (
     MoeLayer("g8_t16384_k4096_n14336", 8, 16384, 4096, 14336),
     MoeLayer("g64_t16384_k2048_n1408", 64, 16384, 2048, 1408),
     MoeLayer("g128_t8192_k7168_n2048", 128, 8192, 7168, 2048),
     # Mixtral 8x7B: 8 experts, top-2, hidden 4096, ffn 14336; 8192 tokens.
-    MoeLayer("mixtral8x7b_up", 8, 16384, 4096, 14336),
-    MoeLayer("mixtral8x7b_down", 8, 16384, 14336, 4096),
+    *_up_and_down("mixtral8x7b", 8, 16384, hidden=4096, ffn=14336),
     # DeepSeek-V3: 256 routed experts, top-8, hidden 7168, expert ffn 2048;
     # a 4096-token training step and a 256-token decode batch.
-    MoeLayer("deepseek_v3_up", 256, 32768, 7168, 2048),
-    MoeLayer("deepseek_v3_down", 256, 32768, 2048, 7168),
+    *_up_and_down("deepseek_v3", 256, 32768, hidden=7168, ffn=2048),
     MoeLayer("deepseek_v3_up_decode", 256, 2048, 7168, 2048),
     # Qwen1.5-MoE-A2.7B: 60 experts, top-4, hidden 2048, ffn 1408; 4096 tokens.
-    MoeLayer("qwen1.5_moe_up", 60, 16384, 2048, 1408),
-    MoeLayer("qwen1.5_moe_down", 60, 16384, 1408, 2048),
+    *_up_and_down("qwen1.5_moe", 60, 16384, hidden=2048, ffn=1408),
     # Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, ffn 768; 4096 tokens.
-    MoeLayer("qwen3_30b_a3b_up", 128, 32768, 2048, 768),
-    MoeLayer("qwen3_30b_a3b_down", 128, 32768, 768, 2048),
+    *_up_and_down("qwen3_30b_a3b", 128, 32768, hidden=2048, ffn=768),
 )
 
 #: CPU-sized layers (interpret mode): odd sizes, one group, many groups.

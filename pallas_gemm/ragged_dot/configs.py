@@ -43,9 +43,11 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from pallas_gemm.config_fields import (at_least, checked, in_range,
+                                       multiple_dividing, one_of, validate)
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
-                                                SMEM_SLACK_BYTES, _int_field)
+                                                SMEM_SLACK_BYTES)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 #: Consumer warpgroups of one CTA (plus one TMA producer warpgroup).
@@ -58,24 +60,22 @@ MAX_STAGES = 6
 
 @dataclasses.dataclass(frozen=True)
 class RaggedConfig:
-  tile_m: int = 128
-  tile_n: int = 128
-  tile_k: int = 64
-  stages: int = 4
-  epi_tile_n: int = 64
-  grid_band: int = 8
-  out_slots: int = 1
+  tile_m: int = checked(128, one_of(64, 128, 256).because(
+      "wgmma's 64-row groups; a consumer keeps at most 128 rows in "
+      "registers"))
+  tile_n: int = checked(128, one_of(64, 128, 192, 256).because(
+      "whole 128-byte swizzle spans, wgmma's N range"))
+  tile_k: int = checked(64, one_of(64, 128))
+  stages: int = checked(4, in_range(2, 8))
+  epi_tile_n: int = checked(64, multiple_dividing(SWIZZLE_ELEMS_16BIT,
+                                                  "tile_n"))
+  grid_band: int = checked(8, at_least(1))
+  out_slots: int = checked(1, one_of(1, 2))
   split_rows: bool = False
   interleave_groups: bool = False
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      if field.name in ("split_rows", "interleave_groups"):
-        if not isinstance(getattr(self, field.name), bool):
-          raise TypeError(f"RaggedConfig.{field.name}="
-                          f"{getattr(self, field.name)!r} must be a bool")
-      else:
-        _int_field(self, field.name)
+    validate(self)
     if self.split_rows and (self.tile_m < 128
                             or self.tile_m * self.tile_n > 128 * 128):
       raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "
@@ -83,30 +83,9 @@ class RaggedConfig:
                        f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
                        f"128 x 128 f32 (registers; wgmma's N <= 256), got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
-    if self.tile_m not in (64, 128, 256):
-      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} must be 64, 128 "
-                       "or 256 (wgmma's 64-row groups; a consumer keeps at "
-                       "most 128 rows in registers)")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
-    if self.tile_n % SWIZZLE_ELEMS_16BIT or not 64 <= self.tile_n <= 256:
-      raise ValueError(f"RaggedConfig.tile_n={self.tile_n} must be 64, 128, "
-                       "192 or 256 (whole 128-byte swizzle spans, wgmma's N "
-                       "range)")
-    if self.tile_k not in (64, 128):
-      raise ValueError(f"RaggedConfig.tile_k={self.tile_k} must be 64 or 128")
-    if not 2 <= self.stages <= 8:
-      raise ValueError(f"RaggedConfig.stages={self.stages} must be in [2, 8]")
-    if (self.epi_tile_n < 64 or self.epi_tile_n % 64
-        or self.tile_n % self.epi_tile_n):
-      raise ValueError(f"RaggedConfig.epi_tile_n={self.epi_tile_n} must be a "
-                       f"multiple of 64 dividing tile_n={self.tile_n}")
-    if self.grid_band < 1:
-      raise ValueError(f"RaggedConfig.grid_band={self.grid_band} must be >= 1")
-    if self.out_slots not in (1, 2):
-      raise ValueError(f"RaggedConfig.out_slots={self.out_slots} must be 1 "
-                       "or 2")
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""

@@ -30,6 +30,7 @@ import dataclasses
 
 import numpy as np
 
+from pallas_gemm.config_fields import check_sizes
 from pallas_gemm.problem import ACTIVATIONS, itemsize
 
 MODES = ("rows", "contracting")
@@ -51,10 +52,7 @@ class RaggedProblem:
   def __post_init__(self):
     if self.mode not in MODES:
       raise ValueError(f"mode={self.mode!r} is not one of {MODES}")
-    for name in ("m", "k", "n", "groups"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name}={value!r} must be an int >= 0")
+    check_sizes(self, ("m", "k", "n", "groups"), minimum=0)
     if self.activation is not None and self.activation not in ACTIVATIONS:
       raise ValueError(f"activation={self.activation!r} is not one of "
                        f"{sorted(ACTIVATIONS)} or None")

@@ -30,7 +30,6 @@ operand to the block with garbage, and the masks hide that garbage).
 from __future__ import annotations
 
 import dataclasses
-import operator
 import warnings
 
 import jax
@@ -40,6 +39,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_gemm import registry
+from pallas_gemm.config_fields import (at_least, checked, in_range, one_of,
+                                       power_of_two_at_least, validate)
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.problem import SUPPORTED_INPUT_DTYPES, GemmProblem, cdiv
 
@@ -54,17 +55,7 @@ _WARP_COUNTS = (1, 2, 4, 8, 16)
 _MAX_PROGRAMS_PER_SM = 8
 
 
-def _integer_field(name: str, value) -> int:
-  """`value` as an int; bools, floats, strings and other non-integers raise
-  (an `operator.index`-able value such as numpy's int64 is accepted)."""
-  if isinstance(value, bool):
-    raise TypeError(f"TritonConfig.{name}={value!r} must be an int, not a "
-                    "bool")
-  try:
-    return operator.index(value)
-  except TypeError:
-    raise TypeError(f"TritonConfig.{name}={value!r} must be an int, got "
-                    f"{type(value).__name__}") from None
+_TRITON_BLOCK = power_of_two_at_least(_MIN_BLOCK).because("Triton's dot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,39 +84,19 @@ class TritonConfig:
   [0, 8] (ValueError). Every error names the field and the value.
   """
 
-  block_m: int = 64
-  block_n: int = 64
-  block_k: int = 32
-  num_warps: int = 4
-  num_stages: int = 1
-  group_m: int = 1
-  split_k: int = 1
+  block_m: int = checked(64, _TRITON_BLOCK)
+  block_n: int = checked(64, _TRITON_BLOCK)
+  block_k: int = checked(32, _TRITON_BLOCK)
+  num_warps: int = checked(4, one_of(*_WARP_COUNTS))
+  num_stages: int = checked(1, at_least(1))
+  group_m: int = checked(1, at_least(1))
+  split_k: int = checked(1, at_least(1))
   k_major: bool = False
-  programs_per_sm: int = 0
+  programs_per_sm: int = checked(0, in_range(0, _MAX_PROGRAMS_PER_SM).because(
+      "0: one program per output tile"))
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      if field.name != "k_major":
-        object.__setattr__(self, field.name, _integer_field(
-            field.name, getattr(self, field.name)))
-    for name in ("block_m", "block_n", "block_k"):
-      value = getattr(self, name)
-      if value < _MIN_BLOCK or value & (value - 1):
-        raise ValueError(f"TritonConfig.{name}={value} must be a power of "
-                         f"two >= {_MIN_BLOCK} (Triton's dot)")
-    if self.num_warps not in _WARP_COUNTS:
-      raise ValueError(f"TritonConfig.num_warps={self.num_warps} must be "
-                       f"one of {_WARP_COUNTS}")
-    for name in ("num_stages", "group_m", "split_k"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"TritonConfig.{name}={getattr(self, name)} must "
-                         "be >= 1")
-    if not isinstance(self.k_major, bool):
-      raise TypeError(f"TritonConfig.k_major={self.k_major!r} must be a bool")
-    if not 0 <= self.programs_per_sm <= _MAX_PROGRAMS_PER_SM:
-      raise ValueError(
-          f"TritonConfig.programs_per_sm={self.programs_per_sm} must be in "
-          f"[0, {_MAX_PROGRAMS_PER_SM}] (0: one program per output tile)")
+    validate(self)
 
   def smem_bytes(self, in_dtype: str) -> int:
     """Shared memory the software pipeline holds: one A and one B tile per

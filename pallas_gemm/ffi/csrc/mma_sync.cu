@@ -73,6 +73,26 @@ struct Tiling {
   static_assert(kBChunksPerRow % 8 == 0, "B swizzle needs 128-byte rows");
 };
 
+// One operand's tile of a pipeline stage: the rows starting at row0 and
+// kChunksPerRow * 8 columns starting at col0 of the row-major rows x cols
+// matrix `src`, copied by 16-byte cp.async chunks split evenly over the
+// block's threads into the swizzled tile at shared address `dst`. Chunks
+// outside the matrix are zero-filled.
+template <int kChunksPerRow, int kChunksPerThread, int kThreads, typename T>
+__device__ __forceinline__ void LoadTileAsync(uint32_t dst, const T* src,
+                                              int rows, int cols, int row0,
+                                              int col0, int tid) {
+#pragma unroll
+  for (int j = 0; j < kChunksPerThread; ++j) {
+    const int i = tid + j * kThreads;
+    const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
+    const int row = row0 + r, col = col0 + chunk * 8;
+    const bool valid = row < rows && col < cols;
+    const T* from = valid ? src + 1LL * row * cols + col : src;
+    CpAsync16(dst + SwizzledChunk<kChunksPerRow>(r, chunk) * 16, from, valid);
+  }
+}
+
 template <typename T, typename TOut, int kBlockN, int kBlockK, int kWarpsN>
 __global__ void __launch_bounds__(Tiling<kBlockN, kBlockK, kWarpsN>::kThreads,
                                   Tiling<kBlockN, kBlockK, kWarpsN>::kMinBlocksPerSm)
@@ -93,12 +113,7 @@ MmaSyncGemm(GemmParams p) {
   const int row0 = (first_block_m + in_group % group_rows) * kBlockM;
   const int col0 = (in_group / group_rows) * kBlockN;
 
-  const int batch = blockIdx.y;
-  const T* a = BatchSlice<T>(p.a, batch, 1LL * p.m * p.k);
-  const T* b = BatchSlice<T>(p.b, batch, 1LL * p.k * p.n);
-  const TOut* c =
-      p.c ? BatchSlice<TOut>(p.c, batch, 1LL * p.m * p.n) : nullptr;
-  TOut* out = BatchSliceMut<TOut>(p.out, batch, 1LL * p.m * p.n);
+  const auto operands = SliceBatch<T, TOut>(p, blockIdx.y);
 
   const uint32_t smem_base =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -108,28 +123,10 @@ MmaSyncGemm(GemmParams p) {
   };
 
   auto load_stage = [&](int stage, int k0) {
-#pragma unroll
-    for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / Tile::kAChunksPerRow, chunk = i % Tile::kAChunksPerRow;
-      const int row = row0 + r, col = k0 + chunk * 8;
-      const bool valid = row < p.m && col < p.k;
-      const T* src = valid ? a + 1LL * row * p.k + col : a;
-      CpAsync16(a_stage(stage) +
-                    SwizzledChunk<Tile::kAChunksPerRow>(r, chunk) * 16,
-                src, valid);
-    }
-#pragma unroll
-    for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / Tile::kBChunksPerRow, chunk = i % Tile::kBChunksPerRow;
-      const int row = k0 + r, col = col0 + chunk * 8;
-      const bool valid = row < p.k && col < p.n;
-      const T* src = valid ? b + 1LL * row * p.n + col : b;
-      CpAsync16(b_stage(stage) +
-                    SwizzledChunk<Tile::kBChunksPerRow>(r, chunk) * 16,
-                src, valid);
-    }
+    LoadTileAsync<Tile::kAChunksPerRow, Tile::kAChunksPerThread, kThreads>(
+        a_stage(stage), operands.a, p.m, p.k, row0, k0, tid);
+    LoadTileAsync<Tile::kBChunksPerRow, Tile::kBChunksPerThread, kThreads>(
+        b_stage(stage), operands.b, p.k, p.n, k0, col0, tid);
   };
 
   float acc[Tile::kMmaTilesM][Tile::kMmaTilesN][4] = {};
@@ -214,14 +211,7 @@ MmaSyncGemm(GemmParams p) {
     if (out_row >= p.m || out_col >= p.n) continue;  // n % 8 == 0
     float v[8];
     Load8(&staged[r * Tile::kOutStride + col], v);
-    const long long index = 1LL * out_row * p.n + out_col;
-    if (c != nullptr) {
-      float c_values[8];
-      Load8(c + index, c_values);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] += p.beta * c_values[j];
-    }
-    Store8(out + index, v);
+    StoreWithBetaC8(v, operands, 1LL * out_row * p.n + out_col, p.beta);
   }
 }
 

@@ -1,8 +1,10 @@
 // Building blocks shared by the mma.sync kernels (mma_sync.cu and
 // mma_sync_pipelined.cu): cp.async (from cp_async.cuh), ldmatrix, the
-// m16n8k16 MMA for bf16 and f16, the 16-byte shared-memory swizzle, and
-// 8-wide epilogue loads/stores.
+// m16n8k16 MMA for bf16 and f16, the 16-byte shared-memory swizzle, each
+// batch's slices of the operands, and 8-wide epilogue loads/stores.
 #pragma once
+
+#include <type_traits>
 
 #include "cp_async.cuh"
 #include "gemm_params.cuh"
@@ -43,34 +45,32 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
       : "r"(addr));
 }
 
+// d += a * b, one m16n8k16 MMA with f32 accumulators. The asm template must
+// be a string literal, so the input type's PTX name ("bf16" or "f16") is
+// pasted in by this macro.
+#define PALLAS_GEMM_MMA_M16N8K16(ptx_type, d, a, b)                         \
+  asm volatile(                                                             \
+      "mma.sync.aligned.m16n8k16.row.col.f32." ptx_type "." ptx_type        \
+      ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                     \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
 template <typename T>
-struct Mma;
-
-template <>
-struct Mma<__nv_bfloat16> {
+struct Mma {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "mma.sync takes bf16 or f16 inputs");
   static __device__ __forceinline__ void Run(float (&d)[4],
                                              const uint32_t (&a)[4],
                                              const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      PALLAS_GEMM_MMA_M16N8K16("bf16", d, a, b);
+    } else {
+      PALLAS_GEMM_MMA_M16N8K16("f16", d, a, b);
+    }
   }
 };
 
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ void Run(float (&d)[4],
-                                             const uint32_t (&a)[4],
-                                             const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-};
+#undef PALLAS_GEMM_MMA_M16N8K16
 
 // Eight consecutive outputs: load (for C) and store in the output type.
 __device__ __forceinline__ void Load8(const float* src, float (&v)[8]) {
@@ -79,41 +79,84 @@ __device__ __forceinline__ void Load8(const float* src, float (&v)[8]) {
   v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
   v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
 }
-__device__ __forceinline__ void Load8(const __nv_bfloat16* src, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    v[2 * i] = f.x; v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void Load8(const __half* src, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(pairs[i]);
-    v[2 * i] = f.x; v[2 * i + 1] = f.y;
-  }
-}
 __device__ __forceinline__ void Store8(float* dst, const float (&v)[8]) {
   reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
-__device__ __forceinline__ void Store8(__nv_bfloat16* dst, const float (&v)[8]) {
-  uint4 raw;
-  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+
+// 16-bit outputs move as packed pairs (__nv_bfloat162 / __half2), 8 values
+// in one 16-byte access; these overloads convert a pair to and from floats,
+// so one Load8 and one Store8 serve both types.
+template <typename T>
+using PairOf =
+    std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+__device__ __forceinline__ float2 ToFloat2(__nv_bfloat162 pair) {
+  return __bfloat1622float2(pair);
+}
+__device__ __forceinline__ float2 ToFloat2(__half2 pair) {
+  return __half22float2(pair);
+}
+__device__ __forceinline__ void FromFloats(float x, float y,
+                                           __nv_bfloat162& pair) {
+  pair = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void FromFloats(float x, float y, __half2& pair) {
+  pair = __floats2half2_rn(x, y);
+}
+
+template <typename T>
+__device__ __forceinline__ void Load8(const T* src, float (&v)[8]) {
+  static_assert(sizeof(T) == 2, "16-bit types; floats have their overload");
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const PairOf<T>* pairs = reinterpret_cast<const PairOf<T>*>(&raw);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = ToFloat2(pairs[i]);
+    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+  }
+}
+template <typename T>
+__device__ __forceinline__ void Store8(T* dst, const float (&v)[8]) {
+  static_assert(sizeof(T) == 2, "16-bit types; floats have their overload");
+  uint4 raw;
+  PairOf<T>* pairs = reinterpret_cast<PairOf<T>*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) FromFloats(v[2 * i], v[2 * i + 1], pairs[i]);
   *reinterpret_cast<uint4*>(dst) = raw;
 }
-__device__ __forceinline__ void Store8(__half* dst, const float (&v)[8]) {
-  uint4 raw;
-  __half2* pairs = reinterpret_cast<__half2*>(&raw);
+
+// One batch's slices of the operands (GemmParams' layout contract); c is
+// null when there is no beta * c term.
+template <typename T, typename TOut>
+struct BatchOperands {
+  const T* a;
+  const T* b;
+  const TOut* c;
+  TOut* out;
+};
+
+template <typename T, typename TOut>
+__device__ __forceinline__ BatchOperands<T, TOut> SliceBatch(
+    const GemmParams& p, int batch) {
+  return {BatchSlice<T>(p.a, batch, 1LL * p.m * p.k),
+          BatchSlice<T>(p.b, batch, 1LL * p.k * p.n),
+          p.c ? BatchSlice<TOut>(p.c, batch, 1LL * p.m * p.n) : nullptr,
+          BatchSliceMut<TOut>(p.out, batch, 1LL * p.m * p.n)};
+}
+
+// The epilogue's last step for 8 consecutive outputs: out = v + beta * c at
+// `index` (v already holds alpha * acc).
+template <typename T, typename TOut>
+__device__ __forceinline__ void StoreWithBetaC8(
+    float (&v)[8], const BatchOperands<T, TOut>& operands, long long index,
+    float beta) {
+  if (operands.c != nullptr) {
+    float c_values[8];
+    Load8(operands.c + index, c_values);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-  *reinterpret_cast<uint4*>(dst) = raw;
+    for (int e = 0; e < 8; ++e) v[e] += beta * c_values[e];
+  }
+  Store8(operands.out + index, v);
 }
 
 }  // namespace mma_sync

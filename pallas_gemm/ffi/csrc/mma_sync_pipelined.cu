@@ -69,9 +69,9 @@ using mma_sync::CpAsyncCommit;
 using mma_sync::CpAsyncWait;
 using mma_sync::LdMatrixX4;
 using mma_sync::LdMatrixX4Trans;
-using mma_sync::Load8;
 using mma_sync::Mma;
-using mma_sync::Store8;
+using mma_sync::SliceBatch;
+using mma_sync::StoreWithBetaC8;
 using mma_sync::SwizzledChunk;
 
 constexpr int kWarpM = 64, kWarpN = 64;
@@ -248,11 +248,7 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
   const int blocks_n = CeilDiv(p.n, Tile::kBlockN);
 
   const int batch = blockIdx.y;
-  const T* a = BatchSlice<T>(p.a, batch, 1LL * p.m * p.k);
-  const T* b = BatchSlice<T>(p.b, batch, 1LL * p.k * p.n);
-  const TOut* c =
-      p.c ? BatchSlice<TOut>(p.c, batch, 1LL * p.m * p.n) : nullptr;
-  TOut* out = BatchSliceMut<TOut>(p.out, batch, 1LL * p.m * p.n);
+  const auto operands = SliceBatch<T, TOut>(p, batch);
 
   uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   if constexpr (Tile::kTma) smem_base = (smem_base + 1023) & ~1023u;
@@ -349,8 +345,8 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
       for (int ni = 0; ni < kMmaTilesN; ++ni)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-    const T* a_first = a + 1LL * (row0 + a_row) * p.k + a_col;
-    const T* b_first = b + 1LL * b_row * p.n + col0 + b_col;
+    const T* a_first = operands.a + 1LL * (row0 + a_row) * p.k + a_col;
+    const T* b_first = operands.b + 1LL * b_row * p.n + col0 + b_col;
     uint32_t a_rows_in_range = 0;  // bit j: chunk row j is inside M
 #pragma unroll
     for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
@@ -379,7 +375,7 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
 #pragma unroll
       for (int j = 0; j < Tile::kAChunksPerThread; ++j) {
         const bool valid = a_col_in_range && ((a_rows_in_range >> j) & 1);
-        const T* src = valid ? a_first + j * a_row_step + k0 : a;
+        const T* src = valid ? a_first + j * a_row_step + k0 : operands.a;
         CpAsync16(stage_base + a_smem_offset +
                       j * Tile::kARowStep * Tile::kAChunksPerRow * 16,
                   src, valid);
@@ -389,7 +385,7 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
       for (int j = 0; j < Tile::kBChunksPerThread; ++j) {
         const bool valid =
             b_col_in_range && k0 + b_row + j * Tile::kBRowStep < p.k;
-        const T* src = valid ? b_tile + j * b_row_step : b;
+        const T* src = valid ? b_tile + j * b_row_step : operands.b;
         CpAsync16(stage_base + b_smem_offset +
                       j * Tile::kBRowStep * Tile::kBChunksPerRow * 16,
                   src, valid);
@@ -519,22 +515,12 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
       fn(r, col, 1LL * out_row * p.n + out_col);
     }
   };
-  // out = v + beta * c at `index` (v already holds alpha * acc).
-  auto write_out = [&](float (&v)[8], long long index) {
-    if (c != nullptr) {
-      float c_values[8];
-      Load8(c + index, c_values);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] += p.beta * c_values[e];
-    }
-    Store8(out + index, v);
-  };
   auto store = [&](int row0, int col0) {
     stage_acc();
     for_each_out_chunk(row0, col0, [&](int r, int col, long long index) {
       float v[8];
       read_staged(r, col, v);
-      write_out(v, index);
+      StoreWithBetaC8(v, operands, index, p.beta);
     });
   };
 
@@ -598,7 +584,8 @@ MmaSyncPipelinedGemm(GemmParams p, TailPlan plan,
         out_chunk(first + j, r, col);
         const int out_row = row0 + r, out_col = col0 + col;
         if (out_row >= p.m || out_col >= p.n) continue;
-        write_out(v[j], 1LL * out_row * p.n + out_col);
+        StoreWithBetaC8(v[j], operands, 1LL * out_row * p.n + out_col,
+                        p.beta);
       }
     }
   };

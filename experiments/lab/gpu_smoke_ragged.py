@@ -224,11 +224,11 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--cases", default=",".join(CASES))
   parser.add_argument("--modes", default="rows,contracting")
-  parser.add_argument("--iters", type=int, default=5)
-  parser.add_argument("--budget-s", type=float, default=140.0)
   parser.add_argument("--config", default="",
                       help="RaggedConfig fields to override, e.g. "
                       "'tile_m=64,stages=5' or 'split_rows=0'")
+  parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--budget-s", type=float, default=140.0)
   parser.add_argument("--sweep", action="store_true",
                       help="instead of the checks, time the few candidate "
                       "configs of each case (configs.candidates)")

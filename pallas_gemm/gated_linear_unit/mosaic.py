@@ -42,9 +42,10 @@ from pallas_gemm.gated_linear_unit.configs import GluConfig
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES
+from pallas_gemm.mosaic_backend.configs import hopper_device_unsupported
 from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, consumer_offsets,
-    hopper_device_unsupported, interpret_params, out_staging_smem,
+    interpret_params, out_staging_smem,
     padded_out_dims, ring_smem, run_producer, run_warpgroups,
     tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv

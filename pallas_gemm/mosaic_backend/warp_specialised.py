@@ -400,16 +400,6 @@ def pad_epilogue_operands(c, bias, problem: GemmProblem, config):
   return c, bias, out_dims
 
 
-def hopper_device_unsupported(device) -> str | None:
-  """Why these kernels cannot run on `device`: they need a Hopper GPU
-  (wgmma and the TMA), or a CPU to interpret them on."""
-  if device.is_gpu and not device.is_hopper:
-    return "needs an sm_90 (Hopper) GPU: wgmma and the TMA"
-  if not device.is_gpu and device.platform != "cpu":
-    return f"platform {device.platform} is not a CUDA GPU"
-  return None
-
-
 def epilogue_smem(config, out_dtype, *, c_dtype=None, has_bias=False):
   """The shared memory `store_epilogue` uses, as `pl.run_scoped` keyword
   arguments: the output staging buffers, and (None without them) each

@@ -40,10 +40,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.configs import Dim
+from pallas_gemm.mosaic_backend.configs import Dim, hopper_device_unsupported
 from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, for_each_tile,
-    hopper_device_unsupported, index, interpret_params, ring_smem,
+    index, interpret_params, ring_smem,
     run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule

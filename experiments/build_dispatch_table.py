@@ -36,7 +36,6 @@ _REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO_ROOT))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from pallas_gemm import autotune, dispatch, registry, timing  # noqa: E402

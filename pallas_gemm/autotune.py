@@ -42,15 +42,11 @@ import math
 import os
 import pathlib
 import stat
-import statistics
 import tempfile
 import threading
-import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
-import jax
-import jax.numpy as jnp
 
 from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo, device_info

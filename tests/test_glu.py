@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.gated_linear_unit import (GLU_ACTIVATIONS, GluConfig,

@@ -19,7 +19,6 @@ Every config's output is first checked on a float64 subsample (`err`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time

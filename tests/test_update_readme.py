@@ -98,3 +98,23 @@ def test_results_index_lists_suites_and_notes(tmp_path):
   index.write_text("no markers\n")
   assert update_readme.update_index(index, root, out=_Sink()) == 2
   assert index.read_text() == "no markers\n"
+
+
+def test_another_gpus_folder_leaves_the_top_readme_alone(tmp_path, monkeypatch):
+  """The top README shows README_GPU's tables; running the tool for another
+  GPU's folder refreshes that folder's READMEs and the index only."""
+  monkeypatch.setattr(update_readme, "REPO_ROOT", tmp_path)
+  readme = tmp_path / "README.md"
+  readme.write_text("<!-- BEGIN:results -->\nold\n<!-- END:results -->\n")
+  root = tmp_path / "experiments" / "results"
+  (root / "README.md").parent.mkdir(parents=True)
+  (root / "README.md").write_text("<!-- BEGIN:index -->\n<!-- END:index -->\n")
+  other = root / "nvidia_h100"
+  _suite(other, "large", "aaa")
+  assert update_readme.main([str(other)]) == 0
+  assert readme.read_text() == "<!-- BEGIN:results -->\nold\n<!-- END:results -->\n"
+  assert (other / "large" / "README.md").is_file()
+  shown = root / update_readme.README_GPU
+  _suite(shown, "large", "bbb")
+  assert update_readme.main([str(shown)]) == 0
+  assert "table of large" in readme.read_text()

@@ -47,7 +47,6 @@ import threading
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
-
 from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.problem import GemmProblem

@@ -18,9 +18,9 @@ The kernel, when the caller names none (`kernel=None`):
    - the exact bucket: its winner runs;
    - no exact bucket: the nearest one within `NEAREST_BUCKET_DISTANCE`
      octaves, and its winner runs only if it beat `xla` there by
-     `required_margin(distance, kernel)` (3-10 % half an octave away, more further
-     off) and lost to `xla` in no bucket within `VETO_DISTANCE`, else `xla`
-     runs;
+     `required_margin(distance, kernel)` (3-10 % half an octave away, more
+     further off) and lost to `xla` in no bucket within `VETO_DISTANCE`,
+     else `xla` runs;
    - no bucket near enough: a kernel that won every measured bucket of the
      problem's class by a wide margin (`class_winner`: e.g. rows that are
      not 16-byte aligned), else `xla`, the kernel no measurement

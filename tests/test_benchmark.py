@@ -609,3 +609,26 @@ def test_runner_pairs_kernels_with_jnp_dot_and_spots_its_own_program(
   assert rows["auto"].same_program_as_baseline
   assert rows["auto"].vs_jnp_dot == 1.0 and rows["auto"].us == 3.0
   assert paired == [2]
+
+
+def test_paired_timing_without_cupti_falls_back_to_unpaired(monkeypatch):
+  """Where CUPTI is missing the paired path raises; the row is then timed
+  as time_on_gpu times it (its host-clock fallback), not failed."""
+  def no_cupti(*args, **kwargs):
+    raise RuntimeError("CUPTI is not available")
+
+  monkeypatch.setattr(bench_runner, "time_paired_on_gpu", no_cupti)
+  monkeypatch.setattr(bench_runner, "time_on_gpu",
+                      lambda call, **kw: bench_timers.Timing((3.0, 3.0), "host-clock"))
+  monkeypatch.setattr(bench_runner, "input_set_count", lambda *a: 2)
+  options = bench_options.BenchmarkOptions(
+      kernels=bench_targets.resolve_kernels(["triton/06_tuned"]),
+      shapes=((48, 40, 32),), suite="custom",
+      dtype_cases=(bench_cases.DtypeCase("float32", "ieee"),),
+      iters=2, warmup=0, output_dir=None, plot=False, interpret=True)
+  run = bench_runner.BenchmarkRun(options, log=lambda line: None)
+  run.on_gpu = True
+  rows = {r.kernel: r for r in run.run()}
+  kernel = rows["triton/06_tuned"]
+  assert kernel.status == "OK", kernel.reason
+  assert kernel.paired_baseline_us is None and kernel.vs_jnp_dot == 1.0

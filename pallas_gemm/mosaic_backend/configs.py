@@ -88,17 +88,22 @@ WGMMA_TILE_N = multiple_in_range(WGMMA_N_STEP, WGMMA_N_STEP,
                                  WGMMA_MAX_N).because("wgmma's N range")
 
 
+#: Consumer warpgroups of every warp-specialised Mosaic kernel (beside
+#: its one producer warpgroup).
+NUM_CONSUMERS = 2
+
+
 class TwoConsumerTile:
-  """The CTA tile of a config whose two consumer warpgroups each compute a
-  tile_m x tile_n part, side by side along `wg_dimension`."""
+  """The CTA tile of a config whose NUM_CONSUMERS consumer warpgroups each
+  compute a tile_m x tile_n part, side by side along `wg_dimension`."""
 
   @property
   def cta_tile_m(self) -> int:
-    return self.tile_m * (2 if self.wg_dimension == Dim.M else 1)
+    return self.tile_m * (NUM_CONSUMERS if self.wg_dimension == Dim.M else 1)
 
   @property
   def cta_tile_n(self) -> int:
-    return self.tile_n * (2 if self.wg_dimension == Dim.N else 1)
+    return self.tile_n * (NUM_CONSUMERS if self.wg_dimension == Dim.N else 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,13 +23,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.configs import Dim
+from pallas_gemm.mosaic_backend.configs import NUM_CONSUMERS, Dim
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.problem import GemmProblem, apply_epilogue
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
-NUM_CONSUMERS = 2
 #: CTAs of the persistent grid in interpret mode: two, so that the
 #: round-robin tile hand-out and the cross-tile ring are exercised.
 INTERPRET_CTAS = 2

@@ -47,11 +47,10 @@ from pallas_gemm.config_fields import (at_least, checked, in_range,
                                        multiple_dividing, one_of, validate)
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
+                                                NUM_CONSUMERS,
                                                 SMEM_SLACK_BYTES)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
-#: Consumer warpgroups of one CTA (plus one TMA producer warpgroup).
-NUM_CONSUMERS = 2
 #: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64

@@ -73,7 +73,8 @@ def _run(problem, sizes, *, row_offset=0, config=SMALL, detect_races=False):
 
 # (m, k, n, sizes, row_offset, in_dtype, out_dtype, transpose_rhs, activation)
 ROWS_CASES = [
-    # odd sizes straddling 64-row tiles, an empty group, bf16 -> f32
+    # odd sizes, each group cut into 64-row items from its first row, an
+    # empty group, bf16 -> f32
     (100, 64, 128, [30, 0, 50, 20], 0, "bfloat16", "float32", False, None),
     # rhs read as (G, n, k); rows before row_offset and after the last group
     # (sizes sum < m) are zero, also under sigmoid (sigmoid(0) != 0); f16
@@ -98,20 +99,29 @@ ROWS_CASES = [
     # one across two tiles; rhs read transposed
     (300, 64, 128, [5, 250, 0, 40], 3, "bfloat16", "bfloat16", True, None,
      TALL),
+    # 128-row tiles cut from each group's first row: a 3-row group and the
+    # short last item of a group leave the second consumer idle; the last
+    # items' tiles are held back to the last 128 rows of lhs, so their rows
+    # sit at an offset, the rows after the groups in the second half only.
+    # One staging slot: race-checked, and the interpreter counts each copy
+    # of a store ladder as its own bulk group (its commit_group is a no-op),
+    # so two slots would be flagged for a wait that the GPU honours.
+    (300, 64, 64, [70, 3, 150, 60], 9, "bfloat16", "float32", False, None,
+     dataclasses.replace(SPLIT_ROWS, out_slots=1)),
 ]
 
 
 @pytest.mark.parametrize("case", ROWS_CASES,
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
                               "eight_groups", "columns_past_n",
-                              "tall_tiles"])
+                              "tall_tiles", "short_items_split_rows"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
   _run(problem, sizes, row_offset=offset, config=config,
-       detect_races=case is ROWS_CASES[0])
+       detect_races=case is ROWS_CASES[0] or case is ROWS_CASES[-1])
 
 
 CONTRACTING_CASES = [
@@ -174,7 +184,7 @@ def test_rows_zero_k_applies_activation_to_group_rows():
     ([0, 0, 0], 0, 70, 64),
     ([200, 5], 3, 128, 64),        # clipped at m
     ([1] * 256, 10, 300, 128),     # G = 256
-    ([64] * 4, 0, 256, 64),        # tile-aligned: no straddling items
+    ([64] * 4, 0, 256, 64),        # tile-aligned groups: one item each
 ])
 def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
   items = jax.jit(mosaic_schedule.row_items, static_argnames=("m", "tile_m"))
@@ -187,11 +197,15 @@ def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
   for g, (s, e) in enumerate(zip(starts, ends)):
     owner[s:e] = g
   covered = np.zeros(m, int)
-  for group, block, lo, hi in table[:, :count].T:
-    assert block * tile_m <= lo < hi <= (block + 1) * tile_m
+  for group, lo, hi in table[:, :count].T:
+    assert lo < hi <= lo + tile_m
     assert np.all(owner[lo:hi] == group)
     covered[lo:hi] += 1
   np.testing.assert_array_equal(covered, 1)
+  # Each piece (a group, or the rows of no group before or after them) is
+  # cut from its own first row: cdiv(rows, tile_m) items, no more.
+  pieces = np.diff(np.flatnonzero(np.diff(owner, prepend=-2, append=-3)))
+  assert count == sum(-(-int(p) // tile_m) for p in pieces)
 
 
 def test_contracting_groups_table():

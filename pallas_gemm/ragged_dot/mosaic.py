@@ -9,12 +9,15 @@ loop, since tiles take different numbers of steps), so the next tile's
 loads overlap this tile's epilogue.
 
 Mode "rows" (this file). The work is a list of row items computed on the
-device from `group_sizes` (see `mosaic_schedule.py`): one item per (group,
-tile_m-row block) pair that share rows. A block that straddles a group
-boundary is computed once per group it touches, and each item stores only
-its own rows: the TMA store of a partial block goes out as a ladder of
-power-of-two row counts (the binary digits of the row count), since a TMA
-descriptor's box is static. Items of rows that belong to no group skip the
+device from `group_sizes` (see `mosaic_schedule.py`): each group's rows cut
+into pieces of at most tile_m rows from the group's first row. An item's
+tile starts at its first row (or earlier, at the last tile_m rows of lhs,
+so that no load reaches past it) and may reach into the next group's rows;
+each item stores only its own rows: the TMA store of a partial tile goes out
+as a ladder of power-of-two row counts (the binary digits of the row count),
+since a TMA descriptor's box is static. With `split_rows`, a consumer whose
+half of the tile holds none of the item's rows (the short last item of a
+group) issues no wgmma, so the tensor cores run only the half with rows. Items of rows that belong to no group skip the
 product and store zeros. Tiles are (item, column strip) pairs walked in a
 banded snake along the items, so all row items of one (group, column strip)
 run together and the expert's weight tile comes from HBM once.
@@ -145,21 +148,26 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   num_tiles = num_items * n_tiles
   n_out = out_gmem.shape[1]
 
+  # The tile's first row: its item's first row, held back to the last
+  # tile_m rows of lhs (padded to at least tile_m rows) near the end.
+  last_tile_row = lhs_gmem.shape[0] - tile_m
+
   def tile_info(linear):
     _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
                                       n_tiles=n_tiles, band_dim=Dim.M,
                                       band=config.grid_band)
-    group, block, row_lo, row_hi = schedule.read_entry(items_gmem, item)
+    group, row_lo, row_hi = schedule.read_entry(items_gmem, item)
+    tile_row = jnp.minimum(row_lo, last_tile_row)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
-    return group, block, row_lo, row_hi, n_idx, steps
+    return group, tile_row, row_lo, row_hi, n_idx, steps
 
   def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
     ring = Ring(stages, stage_loaded, stage_consumed)
 
     def producer_tile(linear):
-      group, block, _, _, n_idx, steps = tile_info(linear)
+      group, tile_row, _, _, n_idx, steps = tile_info(linear)
       weights = rhs_gmem.at[jnp.maximum(group, 0)]
-      return (weights, pl.ds(block * tile_m, tile_m),
+      return (weights, pl.ds(tile_row, tile_m),
               pl.ds(n_idx * cta_n, cta_n), steps)
 
     def load_step(tile, kk, slot):
@@ -190,31 +198,32 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                     b)
 
       def tile(linear, first_step):
-        group, block, row_lo, row_hi, n_idx, steps = tile_info(linear)
+        group, tile_row, row_lo, row_hi, n_idx, steps = tile_info(linear)
         if config.split_rows:
-          compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
-                            steps, first_step)
+          # A short item (the last rows of a group) may leave the second
+          # half of the tile without a row of its own.
+          has_work = row_hi > jnp.maximum(row_lo, tile_row + wg_rows)
         else:
           # A last column strip that ends inside the first consumer's half
-          # leaves the second one no column to compute: it only keeps the
-          # ring's barriers in step, and the first runs alone on the
-          # tensor cores.
-          has_columns = n_idx * cta_n + wg_cols < problem.n
+          # leaves the second one no column to compute.
+          has_work = n_idx * cta_n + wg_cols < problem.n
 
-          @pl.when(has_columns)
-          def _compute():
-            compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
-                              steps, first_step)
+        @pl.when(has_work)
+        def _compute():
+          compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
+                            steps, first_step)
 
-          @pl.when(jnp.logical_not(has_columns))
-          def _idle():
-            consume_ring(ring, lambda at: None, first_step=first_step,
-                         steps=steps)
-            for _ in range(stores):  # empty groups keep the slot count
-              plgpu.commit_smem_to_gmem_group()
+        # The idle consumer only keeps the ring's barriers in step, and the
+        # other one runs alone on the tensor cores.
+        @pl.when(jnp.logical_not(has_work))
+        def _idle():
+          consume_ring(ring, lambda at: None, first_step=first_step,
+                       steps=steps)
+          for _ in range(stores):  # empty groups keep the slot count
+            plgpu.commit_smem_to_gmem_group()
         return first_step + steps
 
-      def compute_and_store(linear, group, block, row_lo, row_hi, n_idx,
+      def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
                             steps, first_step):
         (acc,) = consume_ring(
             ring, mma_step, first_step=first_step, steps=steps,
@@ -223,7 +232,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # Rows of no group are zero, also where activation(0) is not.
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
         # This consumer's share of the item's rows [row_lo, row_hi).
-        row0 = block * tile_m + wg_rows
+        row0 = tile_row + wg_rows
         first_row = jnp.clip(row_lo - row0, 0, cons_m)
         num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
         col0 = n_idx * cta_n + wg_cols

@@ -187,9 +187,11 @@ def test_rows_zero_k_applies_activation_to_group_rows():
     ([64] * 4, 0, 256, 64),        # tile-aligned groups: one item each
 ])
 def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
-  items = jax.jit(mosaic_schedule.row_items, static_argnames=("m", "tile_m"))
+  items = jax.jit(mosaic_schedule.row_items,
+                  static_argnames=("m", "tile_m", "row_align"))
   table, count = items(jnp.asarray(sizes, jnp.int32),
-                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m)
+                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
+                       row_align=8)
   table, count = np.asarray(table), int(np.asarray(count)[0])
   assert count <= table.shape[1]
   starts, ends = group_bounds(sizes, m, offset)
@@ -198,14 +200,16 @@ def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
     owner[s:e] = g
   covered = np.zeros(m, int)
   for group, lo, hi in table[:, :count].T:
-    assert lo < hi <= lo + tile_m
+    tile_row = lo // 8 * 8  # where the kernel's tile starts
+    assert tile_row <= lo < hi <= tile_row + tile_m
     assert np.all(owner[lo:hi] == group)
     covered[lo:hi] += 1
   np.testing.assert_array_equal(covered, 1)
   # Each piece (a group, or the rows of no group before or after them) is
-  # cut from its own first row: cdiv(rows, tile_m) items, no more.
-  pieces = np.diff(np.flatnonzero(np.diff(owner, prepend=-2, append=-3)))
-  assert count == sum(-(-int(p) // tile_m) for p in pieces)
+  # cut into tiles from its first row rounded down to 8 rows.
+  bounds = np.flatnonzero(np.diff(owner, prepend=-2, append=-3))
+  assert count == sum(-(-(int(hi) - int(lo) // 8 * 8) // tile_m)
+                      for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
 def test_contracting_groups_table():

@@ -10,9 +10,10 @@ loads overlap this tile's epilogue.
 
 Mode "rows" (this file). The work is a list of row items computed on the
 device from `group_sizes` (see `mosaic_schedule.py`): each group's rows cut
-into pieces of at most tile_m rows from the group's first row. An item's
-tile starts at its first row (or earlier, at the last tile_m rows of lhs,
-so that no load reaches past it) and may reach into the next group's rows;
+into tiles of tile_m rows from the group's first row (rounded down to the 8
+rows of a swizzled row tile). An item's tile starts there (or earlier, at
+the last tile_m rows of lhs, so that no load reaches past it) and may reach
+into the neighbouring groups' rows;
 each item stores only its own rows: the TMA store of a partial tile goes out
 as a ladder of power-of-two row counts (the binary digits of the row count),
 since a TMA descriptor's box is static. With `split_rows`, a consumer whose
@@ -128,6 +129,12 @@ def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
 # -- mode "rows" ---------------------------------------------------------------
 
 
+def lhs_row_align(config: RaggedConfig, problem: RaggedProblem) -> int:
+  """Rows of one tile of lhs's swizzled shared-memory layout: a TMA load's
+  first row must be a multiple of it (Mosaic divides the start by it)."""
+  return tma.tma_tiling(config.tile_k, problem.in_dtype)[0]
+
+
 def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
                n_tiles: int):
@@ -148,16 +155,20 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   num_tiles = num_items * n_tiles
   n_out = out_gmem.shape[1]
 
-  # The tile's first row: its item's first row, held back to the last
-  # tile_m rows of lhs (padded to at least tile_m rows) near the end.
+  # The tile's first row: its item's first row rounded down to a whole row
+  # tile of lhs's swizzled layout (as the work list cut it), held back to
+  # the last tile_m rows of lhs (padded to at least tile_m rows, and to
+  # whole row tiles) near the end.
+  row_align = lhs_row_align(config, problem)
   last_tile_row = lhs_gmem.shape[0] - tile_m
+  assert last_tile_row % row_align == 0, (lhs_gmem.shape, tile_m)
 
   def tile_info(linear):
     _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
                                       n_tiles=n_tiles, band_dim=Dim.M,
                                       band=config.grid_band)
     group, row_lo, row_hi = schedule.read_entry(items_gmem, item)
-    tile_row = jnp.minimum(row_lo, last_tile_row)
+    tile_row = jnp.minimum(row_lo // row_align * row_align, last_tile_row)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
     return group, tile_row, row_lo, row_hi, n_idx, steps
 
@@ -291,8 +302,9 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   tile_m, tile_k = config.tile_m, config.tile_k
   cta_n = NUM_CONSUMERS * config.tile_n
   in_dtype = problem.in_dtype
+  row_align = lhs_row_align(config, problem)
   items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
-                                        tile_m=tile_m)
+                                        tile_m=tile_m, row_align=row_align)
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
                           (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)
@@ -301,7 +313,8 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   n_tiles = cdiv(n, cta_n)
   k_iters = cdiv(problem.k, tile_k)
-  max_tiles = schedule.max_row_items(m, problem.groups, tile_m) * n_tiles
+  max_tiles = (schedule.max_row_items(m, problem.groups, tile_m, row_align)
+               * n_tiles)
   out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_rows_body, problem=problem, config=config,

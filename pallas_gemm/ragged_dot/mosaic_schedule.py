@@ -6,15 +6,17 @@ upper-bound shapes, and the kernels read how many entries are valid).
 
 "rows" mode. The m rows are cut into consecutive pieces: the rows before the
 first group, one piece per group, and the rows after the last group. Each
-piece is cut into items of at most tile_m rows counted from the piece's own
-first row, so that a group of s rows costs cdiv(s, tile_m) tiles wherever it
-starts (cut at absolute tile_m-row blocks instead, a group that starts
+piece is cut into tiles of tile_m rows counted from its first row, rounded
+down to a multiple of `row_align` (a TMA load of lhs starts on a whole row
+tile of its swizzled layout: Mosaic divides the start by the tile's 8 rows).
+A group of s rows so costs cdiv(s + up to 7, tile_m) tiles wherever it
+starts; cut at absolute tile_m-row blocks instead, a group that starts
 mid-block costs one tile more, which for 64 Zipf-sized groups was a fifth of
-all tiles). An item's tile may reach into the next group's rows; it is
-computed with its own group's weights and stores only its own rows. Items of
-the no-group pieces are zeros (no product is computed). Items are listed in
-row order, so the items of one group are consecutive. There are at most
-cdiv(m, tile_m) + groups + 1 of them.
+all tiles. An item is one piece's rows in one of its tiles; the tile may
+reach into the neighbouring groups' rows, is computed with the item's own
+group's weights, and stores only the item's rows. Items of the no-group
+pieces are zeros (no product is computed). Items are listed in row order, so
+the items of one group are consecutive.
 """
 
 from __future__ import annotations
@@ -55,17 +57,24 @@ def group_rows(group_sizes, row_offset, m: int):
   return jnp.clip(starts, 0, m), jnp.clip(ends, 0, m)
 
 
-def max_row_items(m: int, groups: int, tile_m: int) -> int:
-  """A bound on the item count: sum(cdiv(piece, tile_m)) over the
-  groups + 2 pieces (at most groups + 2 of them non-empty, with rows that
-  sum to m) is at most cdiv(m, tile_m) + groups + 1."""
-  return cdiv(m, tile_m) + groups + 1
+def max_row_items(m: int, groups: int, tile_m: int, row_align: int) -> int:
+  """A bound on the item count. Each of the at most groups + 2 non-empty
+  pieces, of l rows that together sum to m, has cdiv(l + d, tile_m) items
+  with d < row_align (its start rounded down), which is at most
+  (l + row_align - 1) / tile_m + 1."""
+  pieces = groups + 2
+  return cdiv(m + pieces * (row_align - 1), tile_m) + pieces
 
 
-def row_items(group_sizes, row_offset, *, m: int, tile_m: int):
+def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
+              row_align: int):
   """The "rows"-mode item table (3, max_row_items) int32 (see the module
   docstring; rows ITEM_*; group -1 marks rows that belong to no group) and
-  the number of valid items, shape (1,)."""
+  the number of valid items, shape (1,). Each item's tile starts at its
+  first row rounded down to a multiple of `row_align`."""
+  if tile_m % row_align:
+    raise ValueError(f"tile_m={tile_m} must be a multiple of "
+                     f"row_align={row_align}")
   groups = group_sizes.shape[0]
   starts, ends = group_rows(group_sizes, row_offset, m)
   zero = jnp.zeros((1,), jnp.int32)
@@ -75,19 +84,22 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int):
   piece_group = jnp.concatenate([jnp.full((1,), -1, jnp.int32),
                                  jnp.arange(groups, dtype=jnp.int32),
                                  jnp.full((1,), -1, jnp.int32)])
-  counts = jnp.where(hi > lo, (hi - lo + tile_m - 1) // tile_m, 0)
+  first_tile_row = lo // row_align * row_align
+  counts = jnp.where(hi > lo, (hi - first_tile_row + tile_m - 1) // tile_m, 0)
   ends_incl = inclusive_sum(counts.astype(jnp.int32))
   first_item = ends_incl - counts
   num_items = ends_incl[-1:]
-  item = jnp.arange(max_row_items(m, groups, tile_m), dtype=jnp.int32)
+  item = jnp.arange(max_row_items(m, groups, tile_m, row_align),
+                    dtype=jnp.int32)
   # The piece of each item: how many pieces end at or before it. A direct
   # count (one fused compare-and-sum over a few hundred x a few hundred)
   # rather than a binary search, which XLA runs as a loop of tiny kernels.
   ended = jnp.sum((ends_incl[None, :] <= item[:, None]).astype(jnp.int32),
                   axis=1)
   piece = jnp.minimum(ended, groups + 1).astype(jnp.int32)
-  row_lo = lo[piece] + (item - first_item[piece]) * tile_m
-  row_hi = jnp.minimum(hi[piece], row_lo + tile_m)
+  tile_row = first_tile_row[piece] + (item - first_item[piece]) * tile_m
+  row_lo = jnp.maximum(lo[piece], tile_row)
+  row_hi = jnp.minimum(hi[piece], tile_row + tile_m)
   table = jnp.stack([piece_group[piece], row_lo, row_hi])
   return table.astype(jnp.int32), num_items.astype(jnp.int32)
 

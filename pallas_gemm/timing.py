@@ -28,6 +28,10 @@ from pallas_gemm.problem import GemmProblem
 L2_BYTES = 60 * 2**20
 #: At most this many operand sets are rotated through.
 MAX_OPERAND_SETS = 16
+#: The CUPTI profiler keeps every timed call's outputs alive until it
+#: returns; their bytes may take at most this share of the device's memory,
+#: and a longer run is timed in several rounds.
+OUTPUTS_IN_FLIGHT_SHARE = 0.25
 
 
 def operand_set_count(problem: GemmProblem, on_gpu: bool) -> int:
@@ -70,15 +74,41 @@ def cupti_samples_ms(fn, args, *, iterations: int, per_kernel: bool = False,
   if iterations < 1:
     raise ValueError(f"iterations={iterations} must be >= 1")
   from jax.experimental.mosaic.gpu import profiler
+  out = None
   for _ in range(warmup):  # compilation and first touch stay out
-    jax.block_until_ready(fn(*args))
-  out, samples = profiler.measure(fn, aggregate=not per_kernel,
-                                  iterations=iterations)(*args)
-  if samples is None:
-    raise RuntimeError("CUPTI recorded no kernels")
-  if iterations == 1:  # measure() drops the per-iteration level for one
-    samples = [samples]
-  return out, list(samples)
+    out = jax.block_until_ready(fn(*args))
+  samples = []
+  while len(samples) < iterations:
+    # Rounds of as many calls as their outputs fit in memory; without a
+    # warm-up, a first round of one call shows the outputs' size.
+    count = (1 if out is None else
+             min(calls_in_memory(out, iterations), iterations - len(samples)))
+    out = None  # the last round's outputs are freed before the next
+    out, got = profiler.measure(fn, aggregate=not per_kernel,
+                                iterations=count)(*args)
+    if got is None:
+      raise RuntimeError("CUPTI recorded no kernels")
+    if count == 1:  # measure() drops the per-iteration level for one
+      got = [got]
+    samples.extend(got)
+  return out, samples
+
+
+def calls_in_memory(out, iterations: int) -> int:
+  """How many timed calls whose outputs look like `out` may be kept alive
+  at once (`OUTPUTS_IN_FLIGHT_SHARE` of the device's memory), at most
+  `iterations`; all of them where the output or the memory size is
+  unknown. A grouped GEMM's weight gradient (G x K x N) is gigabytes: 20 of
+  them did not fit in an H100's 80 GB."""
+  out_bytes = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(out))
+  try:
+    limit = jax.devices()[0].memory_stats().get("bytes_limit", 0)
+  except Exception:  # noqa: BLE001 - memory_stats is optional per backend
+    limit = 0
+  if not out_bytes or not limit:
+    return iterations
+  return max(1, min(iterations,
+                    int(limit * OUTPUTS_IN_FLIGHT_SHARE) // out_bytes))
 
 
 def median_time_ms(fn, args, *, iterations: int, on_gpu: bool) -> float:

@@ -307,7 +307,7 @@ def test_gpu_timing_path_falls_back_to_a_host_clock_without_cupti():
   assert out.shape == (64, 48)
   assert numerics.relative_error(reference.select(out),
                                            reference.reference) < 1e-5
-  timing = bench_timers.time_on_gpu(call, out_bytes=64 * 48 * 4, iters=4,
+  timing = bench_timers.time_on_gpu(call, iters=4,
                                  warmup=1, cap_s=5.0)
   assert len(timing.samples_us) == 4 and timing.median_us > 0
   assert timing.method == "cupti" or timing.method.startswith("host-clock")
@@ -326,12 +326,12 @@ def test_paired_timing_interleaves_baseline_and_kernel(monkeypatch):
   other = _rotating(problem, bench_targets._build_jnp_dot, sets)
   order = []
 
-  def fake_samples(call, iters, chunk):
+  def fake_samples(call, iters):
     order.append(("base" if call is base else "other", iters))
     return [1.0 if call is base else 2.0] * iters
   monkeypatch.setattr(bench_timers, "_cupti_samples_us", fake_samples)
   base_t, other_t = bench_timers.time_paired_on_gpu(
-      base, other, out_bytes=32 * 24 * 4, iters=10, warmup=0, cap_s=0)
+      base, other, iters=10, warmup=0, cap_s=0)
   assert len(base_t.samples_us) == len(other_t.samples_us) == 10
   assert base_t.median_us / other_t.median_us == 0.5
   assert [who for who, _ in order] == ["base", "other", "other", "base"] * 2
@@ -568,6 +568,39 @@ def test_over_sets_traces_the_call_once_for_every_set():
   for i, out in enumerate(outs):
     np.testing.assert_array_equal(out, np.full((4, 4), float(i)))
   assert timing.time_over_sets(call, sets, iterations=2, on_gpu=False) > 0
+
+
+def test_cupti_rounds_keep_the_outputs_in_flight_within_memory(monkeypatch):
+  """CUPTI keeps every timed call's outputs alive: the harness times in
+  rounds of as many calls as fit in its share of the device's memory (a
+  first round of one call shows the outputs' size), and still returns
+  every sample asked for."""
+  import jax
+  from jax.experimental.mosaic.gpu import profiler
+  from pallas_gemm import timing
+  rounds = []
+
+  def fake_measure(fn, aggregate, iterations):
+    def run(*args):
+      rounds.append(iterations)
+      samples = [0.5] * iterations
+      return fn(*args), (samples[0] if iterations == 1 else samples)
+    return run
+
+  class Device:
+    def memory_stats(self):  # room for 3 outputs of 1 MiB in flight
+      return {"bytes_limit": int(3 * 2**20 / timing.OUTPUTS_IN_FLIGHT_SHARE)}
+
+  monkeypatch.setattr(profiler, "measure", fake_measure)
+  monkeypatch.setattr(jax, "devices", lambda *a: [Device()])
+  fn = lambda x: x + 1
+  x = jnp.zeros((2**18,), jnp.float32)  # 1 MiB
+  _, samples = timing.cupti_samples_ms(fn, (x,), iterations=8, warmup=0)
+  assert rounds == [1, 3, 3, 1] and samples == [0.5] * 8
+  rounds.clear()
+  _, samples = timing.cupti_samples_ms(fn, (x,), iterations=8, warmup=1)
+  assert rounds == [3, 3, 2] and len(samples) == 8
+  assert timing.calls_in_memory(None, 8) == 8  # size unknown: one round
 
 
 

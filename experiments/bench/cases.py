@@ -26,8 +26,6 @@ HOPPER_NAME = "jax_hopper"
 # operands still cached: the same rule as the autotuner's.
 MAX_INPUT_SETS = timing.MAX_OPERAND_SETS
 INPUT_SET_MEMORY_CAP = 8 * 2**30
-# CUPTI's measure keeps every iteration's outputs alive until it syncs.
-OUTPUTS_IN_FLIGHT_CAP = 4 * 2**30
 # Above this M*N*K the float64 host reference of the full product takes
 # seconds; the check then covers a strided sample of rows and columns that
 # hits every 128-row and 128-column tile plus both edges.

@@ -18,7 +18,7 @@ from experiments.bench.cases import parse_dtypes, BASELINE_NAME, DtypeCase
 from experiments.bench import fp8_targets
 from experiments.bench.targets import BenchTarget, make_target
 from experiments.bench.options import BenchmarkOptions
-from experiments.bench.checks import (output_shape, ReferenceCheck, _itemsize, build_reference, input_set_count, make_input_sets, make_problem)
+from experiments.bench.checks import (output_shape, ReferenceCheck, build_reference, input_set_count, make_input_sets, make_problem)
 from experiments.bench.timers import (RotatingCall, Timing, same_program, time_on_gpu, time_on_host, time_paired_on_gpu)
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -237,10 +237,7 @@ class BenchmarkRun:
     if self.on_timing:
       self.on_timing(target_name, problem)
     if self.on_gpu:
-      out_bytes = (problem.batch * problem.m * problem.n
-                   * _itemsize(problem.out_dtype))
-      return time_on_gpu(call, out_bytes=out_bytes, iters=iters,
-                         warmup=opts.warmup,
+      return time_on_gpu(call, iters=iters, warmup=opts.warmup,
                          cap_s=opts.max_seconds_per_measurement)
     return time_on_host(call, iters=iters, warmup=opts.warmup,
                         cap_s=opts.max_seconds_per_measurement)
@@ -272,9 +269,7 @@ class BenchmarkRun:
       self.on_timing(target_name, problem)
     try:
       base_timing, timing = time_paired_on_gpu(
-          baseline, call, out_bytes=(problem.batch * problem.m * problem.n
-                                     * _itemsize(problem.out_dtype)),
-          iters=opts.iters, warmup=opts.warmup,
+          baseline, call, iters=opts.iters, warmup=opts.warmup,
           cap_s=opts.max_seconds_per_measurement)
     except (ImportError, RuntimeError):
       # No CUPTI: time_on_gpu's host-clock fallback, unpaired.

@@ -1,6 +1,6 @@
 """How one measurement is timed: the rotated call (`timing.over_sets`),
-CUPTI on a GPU in chunks that bound the outputs in flight, the host clock in
-interpret mode or when CUPTI is missing."""
+CUPTI on a GPU (`pallas_gemm.timing`, which bounds the outputs in flight),
+the host clock in interpret mode or when CUPTI is missing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import jax
 
 from pallas_gemm import timing
 
-from experiments.bench.cases import OUTPUTS_IN_FLIGHT_CAP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,19 +77,12 @@ def time_on_host(call: RotatingCall, *, iters: int, warmup: int,
   return Timing(tuple(samples), "host-clock (interpret mode, not meaningful)")
 
 
-def _cupti_samples_us(call: RotatingCall, iters: int, chunk: int) -> list[float]:
-  """`iters` CUPTI samples of one GEMM of `call`, in chunks of at most
-  `chunk` calls (CUPTI keeps every call's outputs alive until it syncs)."""
-  count = len(call.sets)
-  samples: list[float] = []
-  remaining = iters
-  while remaining > 0:
-    step = min(chunk, remaining)
-    _, per_iteration_ms = timing.cupti_samples_ms(
-        call.compiled, call.args, iterations=step, warmup=0)
-    samples.extend(ms * 1e3 / count for ms in per_iteration_ms)
-    remaining -= step
-  return samples
+def _cupti_samples_us(call: RotatingCall, iters: int) -> list[float]:
+  """`iters` CUPTI samples of one GEMM of `call` (the harness times them in
+  rounds whose outputs fit in memory)."""
+  _, per_iteration_ms = timing.cupti_samples_ms(
+      call.compiled, call.args, iterations=iters, warmup=0)
+  return [ms * 1e3 / len(call.sets) for ms in per_iteration_ms]
 
 
 def _warm_and_count(call: RotatingCall, *, iters: int, warmup: int,
@@ -103,12 +95,7 @@ def _warm_and_count(call: RotatingCall, *, iters: int, warmup: int,
   return _effective_iters(time.perf_counter() - start, iters, cap_s)
 
 
-def _chunk_size(call: RotatingCall, out_bytes: int, iters: int) -> int:
-  return max(1, min(iters, OUTPUTS_IN_FLIGHT_CAP
-                    // max(1, len(call.sets) * out_bytes)))
-
-
-def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
+def time_on_gpu(call: RotatingCall, *, iters: int,
                 warmup: int, cap_s: float) -> Timing:
   """CUPTI kernel time of one kernel call, median over iterations.
 
@@ -119,8 +106,7 @@ def time_on_gpu(call: RotatingCall, *, out_bytes: int, iters: int,
   """
   iters = _warm_and_count(call, iters=iters, warmup=warmup, cap_s=cap_s)
   try:
-    return Timing(tuple(_cupti_samples_us(
-        call, iters, _chunk_size(call, out_bytes, iters))), "cupti")
+    return Timing(tuple(_cupti_samples_us(call, iters)), "cupti")
   except (ImportError, RuntimeError) as e:
     reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
     count = len(call.sets)
@@ -139,7 +125,7 @@ PAIRED_ROUNDS = 4
 
 
 def time_paired_on_gpu(baseline: RotatingCall, call: RotatingCall, *,
-                       out_bytes: int, iters: int, warmup: int,
+                       iters: int, warmup: int,
                        cap_s: float) -> tuple[Timing, Timing]:
   """CUPTI times of `baseline` and `call`, interleaved in rounds.
 
@@ -158,8 +144,7 @@ def time_paired_on_gpu(baseline: RotatingCall, call: RotatingCall, *,
   for r, step in enumerate(per_round):
     order = ((baseline, base_samples), (call, call_samples))
     for which, samples in (order if r % 2 == 0 else order[::-1]):
-      samples.extend(_cupti_samples_us(
-          which, step, _chunk_size(which, out_bytes, step)))
+      samples.extend(_cupti_samples_us(which, step))
   return (Timing(tuple(base_samples), "cupti, paired"),
           Timing(tuple(call_samples), "cupti, paired"))
 

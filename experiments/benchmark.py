@@ -61,7 +61,7 @@ from experiments.bench.targets import resolve_kernels  # noqa: E402
 from experiments.bench.options import BenchmarkOptions, _gpu_available, command_line  # noqa: E402
 from experiments.bench.runner import BenchmarkRun  # noqa: E402
 from experiments.bench.report import final_table, ladder_markdown, regime_markdown  # noqa: E402
-from experiments.bench.output import (collect_metadata, default_output_dir, write_outputs, write_records)  # noqa: E402
+from experiments.bench.output import (ResumeError, collect_metadata, default_output_dir, earlier_dates, load_earlier_rows, write_outputs, write_records)  # noqa: E402
 
 # ------------------------------------------------------------------ flags ---
 
@@ -169,6 +169,13 @@ flags.DEFINE_bool(
     "order) and take its x-jnp.dot ratio from those paired samples, so that "
     "clock and power drift over the run cancel; a kernel that compiles to "
     "jnp.dot's very program (kernel=None choosing xla) gets 1.0.")
+flags.DEFINE_bool(
+    "resume", False,
+    "Carry over the problems already measured in --output_dir's results.json "
+    "(written by the same git revision on the same GPU, else an error) and "
+    "measure only the rest: a suite longer than one device call's budget "
+    "completes over several calls. A problem is carried over whole, every "
+    "kernel's row measured; one cut short by the budget is measured again.")
 flags.DEFINE_float(
     "max_seconds_per_measurement", 5.0,
     "Fewer timed iterations (at least 3) for a kernel so slow that --iters "
@@ -275,6 +282,7 @@ def options_from_flags(argv: Sequence[str]) -> BenchmarkOptions:
       time_budget_s=FLAGS.time_budget_s,
       max_seconds_per_measurement=FLAGS.max_seconds_per_measurement,
       paired_timing=FLAGS.paired_timing,
+      resume=FLAGS.resume,
       command_line=command_line(sys.argv),
       problems=problems,
   )
@@ -296,6 +304,12 @@ def run_benchmark(options: BenchmarkOptions, *, log=print,
                 else default_output_dir(options, run.device, run.on_gpu))
   metadata = collect_metadata(run)
   metadata["complete"] = False
+  if options.resume:
+    earlier = load_earlier_rows(output_dir, metadata)
+    run.carry_over(earlier)
+    metadata["resumed"] = {"rows": len(earlier),
+                           "earlier_dates_utc": earlier_dates(output_dir)}
+    log(f"--resume: {len(earlier)} rows measured earlier in {output_dir}")
   run.on_row = lambda: write_records(output_dir, metadata, run.rows)
   log(f"pallas_gemm benchmark on {run.device.device_kind}"
       f"{'' if run.on_gpu else ' (CPU, Pallas interpret mode)'}; "
@@ -340,7 +354,11 @@ def main(argv):
     print(f"error: {e}\n(see --helpfull)", file=sys.stderr)
     return 2
   signal.signal(signal.SIGTERM, _exit_on_sigterm)
-  run = run_benchmark(options)
+  try:
+    run = run_benchmark(options)
+  except ResumeError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   failed = [r for r in run.rows if r.status == "FAILED"]
   if failed:
     print(f"\n{len(failed)} measurement(s) FAILED the correctness check or "

@@ -28,6 +28,11 @@
 #              Triton rung and both Mosaic kernels compiled, vs float64),
 #              raw output under $OUT/lab                      BUDGET_lab=240
 #
+# RESUME=1: the benchmark stages continue the results.json already in their
+# folder (the same sha and GPU: a call that the budget cut short), so that a
+# suite longer than one call, e.g. the 104 problems of `wide`, completes
+# over several calls.
+#
 # Results go to experiments/results/<gpu>/<suite>/ and, because the device
 # machine returns only a few files, are packed into $OUT/results.tar.gz
 # (unpack at the repository root). $OUT also gets log.txt (everything),
@@ -112,7 +117,8 @@ bench() {  # [SUITE=suite] bench NAME DEFAULT_BUDGET [flags...]; results in NAME
   stage "benchmark: $name (${seconds}s)"
   run_budgeted "$((seconds + 60))" "$PY" experiments/benchmark.py \
     --suite="$suite" --iters="$ITERS" --warmup=2 --time_budget_s="$seconds" \
-    --max_seconds_per_measurement=2 --output_dir="$RESULTS/$name" "$@"
+    --max_seconds_per_measurement=2 --output_dir="$RESULTS/$name" \
+    ${RESUME:+--resume} "$@"
 }
 
 EARLY_RUNGS='triton/0[1-5]*,ffi/sgemm*,ffi/mma_sync*'

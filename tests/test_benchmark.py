@@ -169,6 +169,41 @@ def test_an_interrupted_run_still_writes_what_it_measured(tmp_path):
   assert (tmp_path / "summary.md").is_file()
 
 
+def test_resume_measures_only_what_an_earlier_run_left(tmp_path):
+  """--resume: a run stopped after its first problem, then resumed, times
+  only the second and writes both; results from another revision are
+  refused, naming the flag."""
+  options = bench_options.BenchmarkOptions(
+      kernels=("xla",), shapes=((8, 8, 8), (16, 8, 8)), suite="custom",
+      dtype_cases=(bench_cases.DtypeCase("float32", "ieee"),), iters=1,
+      warmup=0, output_dir=str(tmp_path), plot=False, interpret=True,
+      resume=True)
+  timed = []
+
+  def stop_on_second(kernel, problem):
+    timed.append(problem.m)
+    if len(timed) == 2:
+      raise SystemExit(143)
+
+  with pytest.raises(SystemExit):
+    benchmark.run_benchmark(options, log=lambda line: None,
+                            on_timing=stop_on_second)
+  timed.clear()
+  run = benchmark.run_benchmark(options, log=lambda line: None,
+                                on_timing=lambda k, p: timed.append(p.m))
+  assert timed == [16]
+  assert [(r.shape, r.status) for r in run.rows] == [("8x8x8", "OK"),
+                                                     ("16x8x8", "OK")]
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert data["metadata"]["complete"] is True
+  assert data["metadata"]["resumed"]["rows"] == 1
+  assert len(data["results"]) == 2
+  data["metadata"]["git"] = "0000000"
+  (tmp_path / "results.json").write_text(json.dumps(data))
+  with pytest.raises(ValueError, match="--resume"):
+    benchmark.run_benchmark(options, log=lambda line: None)
+
+
 def test_unsupported_problem_is_skipped_with_the_kernels_reason(tmp_path):
   options = bench_options.BenchmarkOptions(
       kernels=("xla", "jax_hopper"), shapes=((16, 16, 16),), suite="custom",

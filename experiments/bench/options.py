@@ -46,6 +46,9 @@ class BenchmarkOptions:
   # On a GPU, time each kernel interleaved with jnp.dot (experiments/bench/
   # timers.py: time_paired_on_gpu) and take its ratio from those samples.
   paired_timing: bool = True
+  # Carry over the problems measured in output_dir's results.json (same
+  # git revision and GPU) and measure the rest (benchmark.py --resume).
+  resume: bool = False
 
   def __post_init__(self):
     if not self.kernels:

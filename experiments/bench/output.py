@@ -148,6 +148,42 @@ def measure_copy_bandwidth_tbs() -> float | None:
   return best
 
 
+class ResumeError(ValueError):
+  """--resume found results that this run cannot continue."""
+
+
+def load_earlier_rows(output_dir: pathlib.Path,
+                      metadata: dict) -> list[Measurement]:
+  """The rows of output_dir's results.json, for --resume: none where there
+  is no such file; a ResumeError naming --resume where it was written by
+  another git revision or on another device, whose rows would not compare
+  with this run's."""
+  path = output_dir / "results.json"
+  if not path.exists():
+    return []
+  data = json.loads(path.read_text())
+  earlier = data.get("metadata", {})
+  for key in ("git", "device", "suite", "jax_version"):
+    if earlier.get(key) != metadata.get(key):
+      raise ResumeError(
+          f"--resume: {path} has {key}={earlier.get(key)!r}, this run "
+          f"{metadata.get(key)!r}; its rows would not compare with this "
+          "run's (use another --output_dir, or drop --resume)")
+  names = {f.name for f in dataclasses.fields(Measurement)}
+  return [Measurement(**{k: v for k, v in record.items() if k in names})
+          for record in data.get("results", [])]
+
+
+def earlier_dates(output_dir: pathlib.Path) -> list[str]:
+  """The dates of the runs whose rows output_dir's results.json holds."""
+  path = output_dir / "results.json"
+  if not path.exists():
+    return []
+  meta = json.loads(path.read_text()).get("metadata", {})
+  resumed = meta.get("resumed") or {}
+  return list(resumed.get("earlier_dates_utc", [])) + [meta.get("date_utc")]
+
+
 def write_records(output_dir: pathlib.Path, metadata: dict,
                   rows: Sequence[Measurement]) -> list[pathlib.Path]:
   """results.csv and results.json. Also called after every row, so that a

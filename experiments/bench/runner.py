@@ -131,6 +131,15 @@ class BenchmarkRun:
     self.on_timing: Callable[[str, GemmProblem], None] | None = None
     # Called after every recorded row (run_benchmark saves partial results).
     self.on_row: Callable[[], Any] | None = None
+    # Rows measured by an earlier run (--resume), by `_row_key`.
+    self._earlier: dict[tuple, Measurement] = {}
+
+  def carry_over(self, rows) -> None:
+    """Rows of an earlier run of the same revision on the same GPU
+    (--resume): a problem all of whose kernels have a measured row there is
+    recorded from them instead of measured again."""
+    self._earlier = {_row_key(row): row for row in rows
+                     if row.status != "SKIPPED"}
 
   # -- bookkeeping --
 
@@ -166,8 +175,25 @@ class BenchmarkRun:
   def run(self) -> list[Measurement]:
     with jax.default_device(self.device_obj):
       for shape, case, layout, batch, regime in self.cells():
-        self._run_problem(shape, case, layout, batch, regime)
+        if not self._carried(shape, case, layout, batch, regime):
+          self._run_problem(shape, case, layout, batch, regime)
     return self.rows
+
+  def _carried(self, shape, case, layout, batch, regime) -> bool:
+    """Records the problem's rows from the earlier run where every kernel
+    has one; says whether it did."""
+    if not self._earlier:
+      return False
+    problem = fp8_targets.with_scaling(make_problem(shape, case, layout, batch),
+                                       self.options.fp8_scaling)
+    self._regime = regime
+    keys = [_row_key(self._blank_row(t.name, problem, case))
+            for t in self.targets]
+    if not all(key in self._earlier for key in keys):
+      return False
+    for key in keys:
+      self._record(self._earlier[key])
+    return True
 
   def _blank_row(self, target_name, problem: GemmProblem,
                  case: DtypeCase) -> Measurement:
@@ -338,6 +364,12 @@ class BenchmarkRun:
     if failures:
       row.reason = (f"{len(failures)} of {len(configs)} configs did not "
                     f"compile, raised or were wrong; first: {failures[0][:160]}")
+
+
+def _row_key(row: Measurement) -> tuple:
+  """What identifies a row across runs: kernel and problem."""
+  return (row.kernel, row.shape, row.dtype_label, row.out_dtype, row.layout,
+          row.batch, row.regime)
 
 
 def progress_line(row: Measurement, index: int, total: int) -> str:

@@ -18,11 +18,15 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import strategies as st  # noqa: E402
+
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.ragged_dot import mosaic, mosaic_schedule
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
+from pallas_gemm.mosaic_backend import tma
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -210,6 +214,52 @@ def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
   bounds = np.flatnonzero(np.diff(owner, prepend=-2, append=-3))
   assert count == sum(-(-(int(hi) - int(lo) // 8 * 8) // tile_m)
                       for lo, hi in zip(bounds[:-1], bounds[1:]))
+
+
+@st.composite
+def _group_layouts(draw):
+  """Group sizes (empty, tiny, around tile multiples, one large), a row
+  offset and an m that may cut the last groups off."""
+  tile_m = draw(st.sampled_from([64, 128, 256]))
+  sizes = draw(st.lists(st.sampled_from(
+      [0, 1, 3, 7, 8, 9, 63, 64, 65, 127, 128, 129, 200, 257, 700]),
+      min_size=1, max_size=12))
+  offset = draw(st.sampled_from([0, 1, 5, 8, 100]))
+  m = draw(st.sampled_from([1, 7, 64, 100, 300, offset + sum(sizes),
+                            offset + sum(sizes) + 9]))
+  return sizes, offset, max(m, 1), tile_m
+
+
+@hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
+@hypothesis.given(_group_layouts())
+def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
+  """What the compiled kernel relies on and the interpreter does not check:
+  every item's tile starts on a multiple of 8 rows (Mosaic divides a TMA
+  load's start by the swizzled tile's 8 rows), lies inside lhs as padded,
+  holds the item's rows; the items cover every row once, with its own
+  group, and fit the static table."""
+  sizes, offset, m, tile_m = layout
+  items = jax.jit(mosaic_schedule.row_items,
+                  static_argnames=("m", "tile_m", "row_align"))
+  table, count = items(jnp.asarray(sizes, jnp.int32),
+                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
+                       row_align=8)
+  table, count = np.asarray(table), int(np.asarray(count)[0])
+  assert count <= table.shape[1]
+  lhs_rows = tma.padded_dims(m, 64, (8, 64), (tile_m, 64))[0]
+  starts, ends = group_bounds(sizes, m, offset)
+  owner = np.full(m, -1)
+  for g, (s, e) in enumerate(zip(starts, ends)):
+    owner[s:e] = g
+  covered = np.zeros(m, int)
+  for group, lo, hi in table[:, :count].T:
+    tile_row = int(mosaic_schedule.tile_first_row(
+        np.int32(lo), row_align=8, lhs_rows=lhs_rows, tile_m=tile_m))
+    assert tile_row % 8 == 0 and 0 <= tile_row <= lo < hi
+    assert hi <= tile_row + tile_m <= lhs_rows
+    assert np.all(owner[lo:hi] == group)
+    covered[lo:hi] += 1
+  np.testing.assert_array_equal(covered, 1)
 
 
 def test_contracting_groups_table():

@@ -155,20 +155,19 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   num_tiles = num_items * n_tiles
   n_out = out_gmem.shape[1]
 
-  # The tile's first row: its item's first row rounded down to a whole row
-  # tile of lhs's swizzled layout (as the work list cut it), held back to
-  # the last tile_m rows of lhs (padded to at least tile_m rows, and to
-  # whole row tiles) near the end.
+  # Each tile starts on a whole row tile of lhs's swizzled layout, within
+  # lhs (`schedule.tile_first_row`).
   row_align = lhs_row_align(config, problem)
-  last_tile_row = lhs_gmem.shape[0] - tile_m
-  assert last_tile_row % row_align == 0, (lhs_gmem.shape, tile_m)
+  lhs_rows = lhs_gmem.shape[0]
+  assert lhs_rows % row_align == 0 and lhs_rows >= tile_m, lhs_gmem.shape
 
   def tile_info(linear):
     _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
                                       n_tiles=n_tiles, band_dim=Dim.M,
                                       band=config.grid_band)
     group, row_lo, row_hi = schedule.read_entry(items_gmem, item)
-    tile_row = jnp.minimum(row_lo // row_align * row_align, last_tile_row)
+    tile_row = schedule.tile_first_row(row_lo, row_align=row_align,
+                                       lhs_rows=lhs_rows, tile_m=tile_m)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
     return group, tile_row, row_lo, row_hi, n_idx, steps
 

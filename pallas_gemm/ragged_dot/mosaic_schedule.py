@@ -104,6 +104,15 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   return table.astype(jnp.int32), num_items.astype(jnp.int32)
 
 
+def tile_first_row(row_lo, *, row_align: int, lhs_rows: int, tile_m: int):
+  """The first row of a "rows"-mode item's tile (traced or NumPy): its
+  first row rounded down to `row_align` rows, as `row_items` cut it, held
+  back to the last tile_m of lhs's `lhs_rows` rows (padded to whole
+  row_align tiles and at least tile_m rows), so that no load reaches past
+  lhs; the item's rows then still lie in the tile."""
+  return jnp.minimum(row_lo // row_align * row_align, lhs_rows - tile_m)
+
+
 def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int):
   """The "contracting"-mode group table (4, groups) int32: each group's
   rows [lo, hi), its first `chunk`-row block and how many blocks it

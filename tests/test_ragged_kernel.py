@@ -183,6 +183,37 @@ def test_rows_zero_k_applies_activation_to_group_rows():
   np.testing.assert_array_equal(np.asarray(out), want)
 
 
+def _checked_row_items(sizes, offset, m, tile_m):
+  """The "rows" work list, checked for what the compiled kernel relies on
+  and the interpreter does not check: every item's tile starts on a
+  multiple of 8 rows (Mosaic divides a TMA load's start by the swizzled
+  tile's 8 rows), lies inside lhs as padded and holds the item's rows; the
+  items cover every row once, with its own group, and fit the static
+  table. Returns (item count, owner group of each row)."""
+  items = jax.jit(mosaic_schedule.row_items,
+                  static_argnames=("m", "tile_m", "row_align"))
+  table, count = items(jnp.asarray(sizes, jnp.int32),
+                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
+                       row_align=8)
+  table, count = np.asarray(table), int(np.asarray(count)[0])
+  assert count <= table.shape[1]
+  lhs_rows = tma.padded_dims(m, 64, (8, 64), (tile_m, 64))[0]
+  starts, ends = group_bounds(sizes, m, offset)
+  owner = np.full(m, -1)
+  for g, (s, e) in enumerate(zip(starts, ends)):
+    owner[s:e] = g
+  covered = np.zeros(m, int)
+  for group, lo, hi in table[:, :count].T:
+    tile_row = int(mosaic_schedule.tile_first_row(
+        np.int32(lo), row_align=8, lhs_rows=lhs_rows, tile_m=tile_m))
+    assert tile_row % 8 == 0 and 0 <= tile_row <= lo < hi
+    assert hi <= tile_row + tile_m <= lhs_rows
+    assert np.all(owner[lo:hi] == group)
+    covered[lo:hi] += 1
+  np.testing.assert_array_equal(covered, 1)
+  return count, owner
+
+
 @pytest.mark.parametrize("sizes,offset,m,tile_m", [
     ([30, 0, 50, 20], 0, 100, 64),
     ([0, 0, 0], 0, 70, 64),
@@ -191,24 +222,7 @@ def test_rows_zero_k_applies_activation_to_group_rows():
     ([64] * 4, 0, 256, 64),        # tile-aligned groups: one item each
 ])
 def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
-  items = jax.jit(mosaic_schedule.row_items,
-                  static_argnames=("m", "tile_m", "row_align"))
-  table, count = items(jnp.asarray(sizes, jnp.int32),
-                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
-                       row_align=8)
-  table, count = np.asarray(table), int(np.asarray(count)[0])
-  assert count <= table.shape[1]
-  starts, ends = group_bounds(sizes, m, offset)
-  owner = np.full(m, -1)
-  for g, (s, e) in enumerate(zip(starts, ends)):
-    owner[s:e] = g
-  covered = np.zeros(m, int)
-  for group, lo, hi in table[:, :count].T:
-    tile_row = lo // 8 * 8  # where the kernel's tile starts
-    assert tile_row <= lo < hi <= tile_row + tile_m
-    assert np.all(owner[lo:hi] == group)
-    covered[lo:hi] += 1
-  np.testing.assert_array_equal(covered, 1)
+  count, owner = _checked_row_items(sizes, offset, m, tile_m)
   # Each piece (a group, or the rows of no group before or after them) is
   # cut into tiles from its first row rounded down to 8 rows.
   bounds = np.flatnonzero(np.diff(owner, prepend=-2, append=-3))
@@ -233,33 +247,7 @@ def _group_layouts(draw):
 @hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
 @hypothesis.given(_group_layouts())
 def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
-  """What the compiled kernel relies on and the interpreter does not check:
-  every item's tile starts on a multiple of 8 rows (Mosaic divides a TMA
-  load's start by the swizzled tile's 8 rows), lies inside lhs as padded,
-  holds the item's rows; the items cover every row once, with its own
-  group, and fit the static table."""
-  sizes, offset, m, tile_m = layout
-  items = jax.jit(mosaic_schedule.row_items,
-                  static_argnames=("m", "tile_m", "row_align"))
-  table, count = items(jnp.asarray(sizes, jnp.int32),
-                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
-                       row_align=8)
-  table, count = np.asarray(table), int(np.asarray(count)[0])
-  assert count <= table.shape[1]
-  lhs_rows = tma.padded_dims(m, 64, (8, 64), (tile_m, 64))[0]
-  starts, ends = group_bounds(sizes, m, offset)
-  owner = np.full(m, -1)
-  for g, (s, e) in enumerate(zip(starts, ends)):
-    owner[s:e] = g
-  covered = np.zeros(m, int)
-  for group, lo, hi in table[:, :count].T:
-    tile_row = int(mosaic_schedule.tile_first_row(
-        np.int32(lo), row_align=8, lhs_rows=lhs_rows, tile_m=tile_m))
-    assert tile_row % 8 == 0 and 0 <= tile_row <= lo < hi
-    assert hi <= tile_row + tile_m <= lhs_rows
-    assert np.all(owner[lo:hi] == group)
-    covered[lo:hi] += 1
-  np.testing.assert_array_equal(covered, 1)
+  _checked_row_items(*layout)
 
 
 def test_contracting_groups_table():

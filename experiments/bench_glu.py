@@ -229,13 +229,58 @@ def measure(case, target, mode, *, fused, activation, iters, on_gpu, seed,
   return row
 
 
+def pair_with_xla(row, xla_row, case, *, fused, activation, iters, seed):
+  """Times the row's target interleaved with XLA's faster form (ABBA rounds,
+  `experiments/bench/timers.py`), so that the clock and power drift of a
+  long run falls on both: sets row["paired_vs_xla"] and says so in its
+  note. fwd+bwd runs a handful of kernels whose separate timings spread by
+  a few percent from run to run; paired, their ratio does not."""
+  from experiments.bench.timers import RotatingCall, time_paired_on_gpu  # noqa: PLC0415
+  _, m, n, k = case
+  faster_fused = xla_row["note"].startswith("faster XLA form: fused")
+  count = _set_count(m, n, k, True)
+
+  def rotating(target, layout_fused):
+    fn = _timed_fn(_forward_fn(target, activation, layout_fused), row["mode"])
+    return RotatingCall(fn, _operand_sets(m, n, k, layout_fused, count, seed),
+                        on_gpu=True)
+
+  base, timed = time_paired_on_gpu(
+      rotating("xla", faster_fused), rotating(row["target"], fused),
+      iters=iters, warmup=1, cap_s=10.0)
+  row["paired_vs_xla"] = base.median_us / timed.median_us
+  row["note"] = (row["note"] + f" paired with xla's "
+                 f"{'fused' if faster_fused else 'pair'} form: "
+                 f"{row['paired_vs_xla']:.3f}x over {len(timed.samples_us)} "
+                 "interleaved samples").strip()
+
+
+def _pair_earlier_rows(rows, xla_row, case, **kwargs):
+  """Pairs the mosaic row of xla_row's shape, layout and mode (measured
+  before it: mosaic comes first in TARGETS) with xla; a failure to pair
+  leaves the unpaired ratio and says why."""
+  for row in rows:
+    if (row["target"] == "mosaic" and row["time_us"] and xla_row["time_us"]
+        and all(row[key] == xla_row[key]
+                for key in ("model", "m", "weights", "mode"))):
+      try:
+        pair_with_xla(row, xla_row, case, fused=row["weights"] == "fused",
+                      **kwargs)
+      except Exception as e:  # noqa: BLE001 - the unpaired ratio stands
+        row["note"] = (row["note"] + f" (not paired: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0][:80]})").strip()
+
+
 def _speedups(rows):
-  """target time / the mosaic time... as xla time / target time per case."""
+  """xla time / target time per case; a row timed interleaved with xla
+  (`paired_vs_xla`, paired timing) takes its ratio from those samples."""
   xla = {(r["model"], r["m"], r["weights"], r["mode"]): r["time_us"]
          for r in rows if r["target"] == "xla" and r["time_us"]}
   for r in rows:
     base = xla.get((r["model"], r["m"], r["weights"], r["mode"]))
     r["vs_xla"] = base / r["time_us"] if base and r["time_us"] else None
+    if r.get("paired_vs_xla"):
+      r["vs_xla"] = r["paired_vs_xla"]
 
 
 def write_results(output_dir, metadata, rows, complete):
@@ -265,7 +310,10 @@ def write_results(output_dir, metadata, rows, complete):
       f"# Gated linear unit: the glu suite\n\n{provenance}{note}{status}\n\n"
       f"Timing: {metadata['timing']}. `× xla`: the xla target's time over "
       "this row's (same shape, weights and mode); the xla target is the "
-      "faster of XLA's pair and fused forms (its note gives both). Error: relative Frobenius "
+      "faster of XLA's pair and fused forms (its note gives both); with "
+      "paired timing (on a GPU by default) the mosaic row's ratio comes "
+      "from samples interleaved with that form's (its note says so). "
+      "Error: relative Frobenius "
       "error against float64 on sampled rows/columns (forward) or rows of "
       "dx (fwd+bwd).\n\n" + table + "\n")
   mosaic = [r for r in rows if r["target"] == "mosaic" and r.get("vs_xla")]
@@ -328,6 +376,11 @@ def main(argv=None):
                       help="stop starting new measurements after this long")
   parser.add_argument("--max_cases", type=int, default=0,
                       help="only the first N shapes (0: all)")
+  parser.add_argument("--paired_timing", default=True,
+                      action=argparse.BooleanOptionalAction,
+                      help="on a GPU, time the mosaic target again "
+                      "interleaved with XLA's faster form (ABBA rounds) and "
+                      "take its x xla ratio from those samples")
   args = parser.parse_args(argv)
   targets = [t for t in args.targets.split(",") if t]
   modes = [m for m in args.modes.split(",") if m]
@@ -393,6 +446,10 @@ def main(argv=None):
             row["note"] = (row["note"] + f" auto: {auto.kernel} "
                            f"({auto.reason})").strip()
           rows.append(row)
+          if target == "xla" and on_gpu and args.paired_timing:
+            _pair_earlier_rows(rows, row, case, fused=fused,
+                               activation=args.activation, iters=iters,
+                               seed=args.seed)
           time_text = ("" if row["time_us"] is None
                        else f"{row['time_us']:9.1f} us {row['tflops']:6.0f} "
                        "TFLOP/s")

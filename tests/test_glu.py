@@ -392,6 +392,28 @@ def test_bench_glu_smoke(tmp_path):
   assert "× xla" in (tmp_path / "README.md").read_text()
 
 
+def test_bench_glu_pairs_the_kernel_with_xla(monkeypatch):
+  """Paired timing: the kernel and XLA's faster form are timed in
+  interleaved rounds, and the row's ratio comes from those samples (CUPTI
+  faked: xla 3 us a call, the kernel 2 us)."""
+  from experiments import bench_glu
+  from experiments.bench import timers
+  order = []
+
+  def fake_samples(call, iters):
+    order.append(call)
+    return [3.0 if len(order) % 4 in (1, 0) else 2.0] * iters
+  monkeypatch.setattr(timers, "_cupti_samples_us", fake_samples)
+  case = ("smoke", 16, 64, 32)
+  xla_row = {"note": "faster XLA form: pair (pair 1 us, fused 2 us)"}
+  row = {"target": "auto", "mode": "fwd+bwd", "note": ""}
+  bench_glu.pair_with_xla(row, xla_row, case, fused=False,
+                          activation="silu", iters=8, seed=0)
+  assert row["paired_vs_xla"] == pytest.approx(1.5)
+  assert "paired with xla's pair form" in row["note"]
+  assert len(order) == 8  # four ABBA rounds of two calls
+
+
 @pytest.mark.parametrize("case", [c for c in MOSAIC_CASES if c[-1]],
                          ids=lambda c: c[0])
 def test_mosaic_lowers_the_tested_configs(case):

@@ -98,8 +98,8 @@ def calls_in_memory(out, iterations: int) -> int:
   """How many timed calls whose outputs look like `out` may be kept alive
   at once (`OUTPUTS_IN_FLIGHT_SHARE` of the device's memory), at most
   `iterations`; all of them where the output or the memory size is
-  unknown. A grouped GEMM's weight gradient (G x K x N) is gigabytes: 20 of
-  them did not fit in an H100's 80 GB."""
+  unknown. A grouped GEMM's weight gradient (G x K x N) is gigabytes
+  (experiments/results/nvidia_h100/moe_all_directions)."""
   out_bytes = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(out))
   try:
     limit = jax.devices()[0].memory_stats().get("bytes_limit", 0)

@@ -11,8 +11,7 @@ down to a multiple of `row_align` (a TMA load of lhs starts on a whole row
 tile of its swizzled layout: Mosaic divides the start by the tile's 8 rows).
 A group of s rows so costs cdiv(s + up to 7, tile_m) tiles wherever it
 starts; cut at absolute tile_m-row blocks instead, a group that starts
-mid-block costs one tile more, which for 64 Zipf-sized groups was a fifth of
-all tiles. An item is one piece's rows in one of its tiles; the tile may
+mid-block costs one tile more (experiments/results/nvidia_h100/moe_items). An item is one piece's rows in one of its tiles; the tile may
 reach into the neighbouring groups' rows, is computed with the item's own
 group's weights, and stores only the item's rows. Items of the no-group
 pieces are zeros (no product is computed). Items are listed in row order, so

@@ -5,6 +5,7 @@ the host clock in interpret mode or when CUPTI is missing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import statistics
 import time
@@ -52,6 +53,12 @@ class RotatingCall:
     else:
       self.compiled = jax.jit(fn)
       self.args = self.sets[0]
+
+  @functools.cached_property
+  def compiled_program(self) -> str:
+    """The call's compiled XLA program, without source locations (compiled
+    once per call, however many targets compare with it)."""
+    return _canonical_hlo(self.compiled.lower(*self.args).compile().as_text())
 
   def first_output(self):
     """The kernel's output on input set 0."""
@@ -169,8 +176,6 @@ def same_program(first: RotatingCall, second: RotatingCall) -> bool:
   (Pallas, Mosaic, FFI) is never the same program, and is not compiled
   again to find out.
   """
-  lowered = second.compiled.lower(*second.args)
-  if "custom_call" in lowered.as_text():
+  if "custom_call" in second.compiled.lower(*second.args).as_text():
     return False
-  return (_canonical_hlo(first.compiled.lower(*first.args).compile().as_text())
-          == _canonical_hlo(lowered.compile().as_text()))
+  return first.compiled_program == second.compiled_program

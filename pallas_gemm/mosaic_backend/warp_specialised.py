@@ -141,13 +141,21 @@ class RingStep(NamedTuple):
   slot: Any
 
 
+def tiles_of_this_cta(num_tiles):
+  """How many of `num_tiles` (static or traced) this CTA runs when they are
+  handed out round-robin over the grid's CTAs (as `plgpu.nd_loop` and
+  `for_each_tile` do)."""
+  cta = index(lax.axis_index("sm"))
+  num_ctas = index(lax.axis_size("sm"))
+  return lax.div(jnp.maximum(num_tiles - cta + num_ctas - 1, 0), num_ctas)
+
+
 def for_each_tile(num_tiles, body, carry):
   """Runs `body(linear_tile, carry)` over this CTA's share of `num_tiles`
   (a traced count) handed out round-robin; returns the final carry."""
   cta = index(lax.axis_index("sm"))
   num_ctas = index(lax.axis_size("sm"))
-  mine = lax.div(jnp.maximum(num_tiles - cta + num_ctas - 1, 0), num_ctas)
-  return lax.fori_loop(index(0), mine,
+  return lax.fori_loop(index(0), tiles_of_this_cta(num_tiles),
                        lambda i, c: body(cta + i * num_ctas, c), carry)
 
 
@@ -209,12 +217,7 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step):
     def _tile(info):
       load_tile(coords(info.index[0]), info.local_index * steps, steps)
 
-    # This CTA ran every `num_ctas`-th of the tiles (nd_loop's round-robin).
-    cta = lax.axis_index("sm")
-    num_ctas = index(lax.axis_size("sm"))
-    local_tiles = lax.div(index(num_tiles), num_ctas) + (
-        cta < lax.rem(index(num_tiles), num_ctas)).astype(jnp.int32)
-    total_steps = local_tiles * steps
+    total_steps = tiles_of_this_cta(index(num_tiles)) * steps
   drain_ring(ring, total_steps)
 
 

@@ -77,12 +77,12 @@ def cupti_samples_ms(fn, args, *, iterations: int, per_kernel: bool = False,
   out = None
   for _ in range(warmup):  # compilation and first touch stay out
     out = jax.block_until_ready(fn(*args))
+  # Rounds of as many calls as their outputs fit in memory; without a
+  # warm-up, a first round of one call shows the outputs' size.
+  per_round = None if out is None else calls_in_memory(out, iterations)
   samples = []
   while len(samples) < iterations:
-    # Rounds of as many calls as their outputs fit in memory; without a
-    # warm-up, a first round of one call shows the outputs' size.
-    count = (1 if out is None else
-             min(calls_in_memory(out, iterations), iterations - len(samples)))
+    count = min(per_round or 1, iterations - len(samples))
     out = None  # the last round's outputs are freed before the next
     out, got = profiler.measure(fn, aggregate=not per_kernel,
                                 iterations=count)(*args)
@@ -91,7 +91,18 @@ def cupti_samples_ms(fn, args, *, iterations: int, per_kernel: bool = False,
     if count == 1:  # measure() drops the per-iteration level for one
       got = [got]
     samples.extend(got)
+    if per_round is None:
+      per_round = calls_in_memory(out, iterations)
   return out, samples
+
+
+def device_memory_bytes() -> int:
+  """The default device's memory that JAX may allocate, in bytes; 0 where
+  the backend does not say."""
+  try:
+    return int(jax.devices()[0].memory_stats().get("bytes_limit", 0) or 0)
+  except Exception:  # noqa: BLE001 - memory_stats is optional per backend
+    return 0
 
 
 def calls_in_memory(out, iterations: int) -> int:
@@ -101,10 +112,7 @@ def calls_in_memory(out, iterations: int) -> int:
   unknown. A grouped GEMM's weight gradient (G x K x N) is gigabytes
   (experiments/results/nvidia_h100/moe_all_directions)."""
   out_bytes = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(out))
-  try:
-    limit = jax.devices()[0].memory_stats().get("bytes_limit", 0)
-  except Exception:  # noqa: BLE001 - memory_stats is optional per backend
-    limit = 0
+  limit = device_memory_bytes()
   if not out_bytes or not limit:
     return iterations
   return max(1, min(iterations,

@@ -54,12 +54,9 @@ def input_set_count(problem: GemmProblem, on_gpu: bool) -> int:
                * _itemsize(problem.in_dtype))
   wanted = timing.operand_set_count(problem, on_gpu=True)
   cap = INPUT_SET_MEMORY_CAP
-  try:
-    limit = jax.devices()[0].memory_stats().get("bytes_limit")
-    if limit:
-      cap = min(cap, limit // 5)
-  except Exception:  # noqa: BLE001 - memory_stats is optional per backend
-    pass
+  limit = timing.device_memory_bytes()
+  if limit:
+    cap = min(cap, limit // 5)
   return max(1, min(wanted, cap // max(set_bytes, 1)))
 
 

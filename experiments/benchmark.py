@@ -61,7 +61,7 @@ from experiments.bench.targets import resolve_kernels  # noqa: E402
 from experiments.bench.options import BenchmarkOptions, _gpu_available, command_line  # noqa: E402
 from experiments.bench.runner import BenchmarkRun  # noqa: E402
 from experiments.bench.report import final_table, ladder_markdown, regime_markdown  # noqa: E402
-from experiments.bench.output import (ResumeError, collect_metadata, default_output_dir, earlier_dates, load_earlier_rows, write_outputs, write_records)  # noqa: E402
+from experiments.bench.output import (ResumeError, collect_metadata, default_output_dir, load_earlier_run, write_outputs, write_records)  # noqa: E402
 
 # ------------------------------------------------------------------ flags ---
 
@@ -305,10 +305,9 @@ def run_benchmark(options: BenchmarkOptions, *, log=print,
   metadata = collect_metadata(run)
   metadata["complete"] = False
   if options.resume:
-    earlier = load_earlier_rows(output_dir, metadata)
+    earlier, dates = load_earlier_run(output_dir, metadata)
     run.carry_over(earlier)
-    metadata["resumed"] = {"rows": len(earlier),
-                           "earlier_dates_utc": earlier_dates(output_dir)}
+    metadata["resumed"] = {"rows": len(earlier), "earlier_dates_utc": dates}
     log(f"--resume: {len(earlier)} rows measured earlier in {output_dir}")
   run.on_row = lambda: write_records(output_dir, metadata, run.rows)
   log(f"pallas_gemm benchmark on {run.device.device_kind}"

@@ -152,15 +152,15 @@ class ResumeError(ValueError):
   """--resume found results that this run cannot continue."""
 
 
-def load_earlier_rows(output_dir: pathlib.Path,
-                      metadata: dict) -> list[Measurement]:
-  """The rows of output_dir's results.json, for --resume: none where there
-  is no such file; a ResumeError naming --resume where it was written by
-  another git revision or on another device, whose rows would not compare
-  with this run's."""
+def load_earlier_run(output_dir: pathlib.Path, metadata: dict
+                     ) -> tuple[list[Measurement], list[str]]:
+  """For --resume: the rows of output_dir's results.json and the dates of
+  the runs that measured them (none where there is no such file); a
+  ResumeError naming --resume where it was written by another git revision
+  or on another device, whose rows would not compare with this run's."""
   path = output_dir / "results.json"
   if not path.exists():
-    return []
+    return [], []
   data = json.loads(path.read_text())
   earlier = data.get("metadata", {})
   for key in ("git", "device", "suite", "jax_version"):
@@ -170,18 +170,11 @@ def load_earlier_rows(output_dir: pathlib.Path,
           f"{metadata.get(key)!r}; its rows would not compare with this "
           "run's (use another --output_dir, or drop --resume)")
   names = {f.name for f in dataclasses.fields(Measurement)}
-  return [Measurement(**{k: v for k, v in record.items() if k in names})
+  rows = [Measurement(**{k: v for k, v in record.items() if k in names})
           for record in data.get("results", [])]
-
-
-def earlier_dates(output_dir: pathlib.Path) -> list[str]:
-  """The dates of the runs whose rows output_dir's results.json holds."""
-  path = output_dir / "results.json"
-  if not path.exists():
-    return []
-  meta = json.loads(path.read_text()).get("metadata", {})
-  resumed = meta.get("resumed") or {}
-  return list(resumed.get("earlier_dates_utc", [])) + [meta.get("date_utc")]
+  resumed = earlier.get("resumed") or {}
+  dates = list(resumed.get("earlier_dates_utc", [])) + [earlier.get("date_utc")]
+  return rows, dates
 
 
 def write_records(output_dir: pathlib.Path, metadata: dict,

@@ -175,18 +175,14 @@ class BenchmarkRun:
   def run(self) -> list[Measurement]:
     with jax.default_device(self.device_obj):
       for shape, case, layout, batch, regime in self.cells():
-        if not self._carried(shape, case, layout, batch, regime):
-          self._run_problem(shape, case, layout, batch, regime)
+        self._run_problem(shape, case, layout, batch, regime)
     return self.rows
 
-  def _carried(self, shape, case, layout, batch, regime) -> bool:
+  def _carried(self, problem: GemmProblem, case: DtypeCase) -> bool:
     """Records the problem's rows from the earlier run where every kernel
     has one; says whether it did."""
     if not self._earlier:
       return False
-    problem = fp8_targets.with_scaling(make_problem(shape, case, layout, batch),
-                                       self.options.fp8_scaling)
-    self._regime = regime
     keys = [_row_key(self._blank_row(t.name, problem, case))
             for t in self.targets]
     if not all(key in self._earlier for key in keys):
@@ -211,6 +207,8 @@ class BenchmarkRun:
     problem = fp8_targets.with_scaling(make_problem(shape, case, layout, batch),
                                        self.options.fp8_scaling)
     self._regime = regime
+    if self._carried(problem, case):
+      return
     state: dict[str, Any] = {}
     baseline_us = None
     for target in self.targets:

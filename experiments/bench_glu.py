@@ -174,7 +174,8 @@ def measure(case, target, mode, *, fused, activation, iters, on_gpu, seed,
   row = {"model": name, "m": m, "n": n, "k": k, "target": target,
          "mode": mode, "weights": "fused" if fused else "pair",
          "activation": activation, "time_us": None, "tflops": None,
-         "error": None, "status": "ok", "note": ""}
+         "error": None, "status": "ok", "note": "",
+         "xla_form": None}  # the xla target's faster form, pair or fused
   if target == "two_dots" and mode != "fwd":
     return None
   if target == "auto" and auto_same_as_mosaic:
@@ -198,6 +199,7 @@ def measure(case, target, mode, *, fused, activation, iters, on_gpu, seed,
       layout, other_layout = ("fused", "pair") if fused else ("pair", "fused")
       times = {layout: ms, other_layout: other_ms}
       faster = min(times, key=times.get)
+      row["xla_form"] = faster
       row["note"] = (f"faster XLA form: {faster} (pair "
                      f"{times['pair'] * 1e3:.1f} us, fused "
                      f"{times['fused'] * 1e3:.1f} us)")
@@ -237,7 +239,7 @@ def pair_with_xla(row, xla_row, case, *, fused, activation, iters, seed):
   a few percent from run to run; paired, their ratio does not."""
   from experiments.bench.timers import RotatingCall, time_paired_on_gpu  # noqa: PLC0415
   _, m, n, k = case
-  faster_fused = xla_row["note"].startswith("faster XLA form: fused")
+  faster_fused = xla_row["xla_form"] == "fused"
   count = _set_count(m, n, k, True)
 
   def rotating(target, layout_fused):

@@ -405,7 +405,7 @@ def test_bench_glu_pairs_the_kernel_with_xla(monkeypatch):
     return [3.0 if len(order) % 4 in (1, 0) else 2.0] * iters
   monkeypatch.setattr(timers, "_cupti_samples_us", fake_samples)
   case = ("smoke", 16, 64, 32)
-  xla_row = {"note": "faster XLA form: pair (pair 1 us, fused 2 us)"}
+  xla_row = {"xla_form": "pair"}
   row = {"target": "auto", "mode": "fwd+bwd", "note": ""}
   bench_glu.pair_with_xla(row, xla_row, case, fused=False,
                           activation="silu", iters=8, seed=0)

@@ -55,10 +55,15 @@ class RotatingCall:
       self.args = self.sets[0]
 
   @functools.cached_property
+  def lowered(self):
+    """The call lowered (once per call, however many targets compare with
+    it)."""
+    return self.compiled.lower(*self.args)
+
+  @functools.cached_property
   def compiled_program(self) -> str:
-    """The call's compiled XLA program, without source locations (compiled
-    once per call, however many targets compare with it)."""
-    return _canonical_hlo(self.compiled.lower(*self.args).compile().as_text())
+    """The call's compiled XLA program, without source locations."""
+    return _canonical_hlo(self.lowered.compile().as_text())
 
   def first_output(self):
     """The kernel's output on input set 0."""
@@ -176,6 +181,6 @@ def same_program(first: RotatingCall, second: RotatingCall) -> bool:
   (Pallas, Mosaic, FFI) is never the same program, and is not compiled
   again to find out.
   """
-  if "custom_call" in second.compiled.lower(*second.args).as_text():
+  if "custom_call" in second.lowered.as_text():
     return False
   return first.compiled_program == second.compiled_program

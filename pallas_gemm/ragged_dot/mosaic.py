@@ -13,15 +13,16 @@ device from `group_sizes` (see `mosaic_schedule.py`): each group's rows cut
 into tiles of tile_m rows from the group's first row (rounded down to the 8
 rows of a swizzled row tile). An item's tile starts there (or earlier, at
 the last tile_m rows of lhs, so that no load reaches past it) and may reach
-into the neighbouring groups' rows;
-each item stores only its own rows: the TMA store of a partial tile goes out
-as a ladder of power-of-two row counts (the binary digits of the row count),
-since a TMA descriptor's box is static. With `split_rows`, a consumer whose
-half of the tile holds none of the item's rows (the short last item of a
-group) issues no wgmma, so the tensor cores run only the half with rows. Items of rows that belong to no group skip the
-product and store zeros. Tiles are (item, column strip) pairs walked in a
-banded snake along the items, so all row items of one (group, column strip)
-run together and the expert's weight tile comes from HBM once.
+into the neighbouring groups' rows; each item stores only its own rows: the
+TMA store of a partial tile goes out as a ladder of power-of-two row counts
+(the binary digits of the row count), since a TMA descriptor's box is
+static. With `split_rows`, a consumer whose half of the tile holds none of
+the item's rows (the short last item of a group) issues no wgmma, so the
+tensor cores run only the half with rows. Items of rows that belong to no
+group skip the product and store zeros. Tiles are (item, column strip)
+pairs walked in a banded snake along the items, so all row items of one
+(group, column strip) run together and the expert's weight tile comes from
+HBM once.
 The two consumers split the CTA tile's columns, or with
 `RaggedConfig.split_rows` its two row halves (64 or 128 rows each; each then
 stores only its half's share of the item's rows). A 256-row tile holds a

@@ -257,20 +257,25 @@ def pair_with_xla(row, xla_row, case, *, fused, activation, iters, seed):
                  "interleaved samples").strip()
 
 
-def _pair_earlier_rows(rows, xla_row, case, **kwargs):
+def _pair_earlier_rows(rows, xla_row, case, *, activation, iters, seed):
   """Pairs the mosaic row of xla_row's shape, layout and mode (measured
   before it: mosaic comes first in TARGETS) with xla; a failure to pair
-  leaves the unpaired ratio and says why."""
+  leaves the unpaired ratio, says why in the row's note and warns on
+  stderr, and the summary counts such rows."""
   for row in rows:
     if (row["target"] == "mosaic" and row["time_us"] and xla_row["time_us"]
         and all(row[key] == xla_row[key]
                 for key in ("model", "m", "weights", "mode"))):
       try:
         pair_with_xla(row, xla_row, case, fused=row["weights"] == "fused",
-                      **kwargs)
+                      activation=activation, iters=iters, seed=seed)
       except Exception as e:  # noqa: BLE001 - the unpaired ratio stands
-        row["note"] = (row["note"] + f" (not paired: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0][:80]})").strip()
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        row["not_paired"] = why
+        row["note"] = (row["note"] + f" (not paired: {why})").strip()
+        print(f"WARNING: {case[0]} {row['mode']} not paired with xla "
+              f"({why}); its ratio is the unpaired one", file=sys.stderr,
+              flush=True)
 
 
 def _speedups(rows):
@@ -333,6 +338,10 @@ def write_results(output_dir, metadata, rows, complete):
     lines.append(f"- {len(failed)} rows failed or were wrong: " + ", ".join(
         f"{r['target']} {r['m']}x{r['n']}x{r['k']} {r['weights']} "
         f"{r['mode']}: {r['status']} {r['note'][:80]}" for r in failed[:8]))
+  unpaired = [r for r in mosaic if r.get("not_paired")]
+  if unpaired:
+    lines.append(f"- {len(unpaired)} rows could not be paired with xla and "
+                 "keep their unpaired ratio: " + unpaired[0]["not_paired"])
   lines += ["", _acceptance_line(mosaic), ""]
   lines.append(format_markdown_table(
       ["model", "M", "N", "K", "weights", "mode", "µs", "× xla", "error"],
@@ -449,9 +458,8 @@ def main(argv=None):
                            f"({auto.reason})").strip()
           rows.append(row)
           if target == "xla" and on_gpu and args.paired_timing:
-            _pair_earlier_rows(rows, row, case, fused=fused,
-                               activation=args.activation, iters=iters,
-                               seed=args.seed)
+            _pair_earlier_rows(rows, row, case, activation=args.activation,
+                               iters=iters, seed=args.seed)
           time_text = ("" if row["time_us"] is None
                        else f"{row['time_us']:9.1f} us {row['tflops']:6.0f} "
                        "TFLOP/s")

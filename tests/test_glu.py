@@ -414,6 +414,38 @@ def test_bench_glu_pairs_the_kernel_with_xla(monkeypatch):
   assert len(order) == 8  # four ABBA rounds of two calls
 
 
+def test_bench_glu_pairs_earlier_rows_as_main_calls_it(monkeypatch, capsys):
+  """The pairing step main runs after each xla row pairs the mosaic row of
+  the same case (CUPTI faked); a row it cannot pair warns and is counted."""
+  from experiments import bench_glu
+  from experiments.bench import timers
+  calls = []
+
+  def fake_samples(call, iters):
+    calls.append(call)
+    return [3.0 if len(calls) % 4 in (1, 0) else 2.0] * iters
+  monkeypatch.setattr(timers, "_cupti_samples_us", fake_samples)
+  case = ("smoke", 16, 64, 32)
+  base = {"model": "smoke", "m": 16, "weights": "pair", "mode": "fwd",
+          "time_us": 3.0, "note": ""}
+  mosaic_row = dict(base, target="mosaic")
+  xla_row = dict(base, target="xla", xla_form="pair")
+  bench_glu._pair_earlier_rows([mosaic_row, xla_row], xla_row, case,
+                               activation="silu", iters=8, seed=0)
+  assert mosaic_row["paired_vs_xla"] == pytest.approx(1.5)
+  assert "not_paired" not in mosaic_row
+
+  def broken(call, iters):
+    raise RuntimeError("CUPTI recorded no kernels")
+  monkeypatch.setattr(timers, "_cupti_samples_us", broken)
+  mosaic_row = dict(base, target="mosaic")
+  bench_glu._pair_earlier_rows([mosaic_row, xla_row], xla_row, case,
+                               activation="silu", iters=8, seed=0)
+  assert "paired_vs_xla" not in mosaic_row
+  assert "CUPTI recorded no kernels" in mosaic_row["not_paired"]
+  assert "not paired with xla" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", [c for c in MOSAIC_CASES if c[-1]],
                          ids=lambda c: c[0])
 def test_mosaic_lowers_the_tested_configs(case):

@@ -2,6 +2,8 @@
 call (issue #20, tasks: forward at least two plain dots, fwd+bwd >= 1.03x).
 
     python3 experiments/lab/gpu_sweep_glu.py [--max_seconds 195]
+        [--decode_shapes MxNxK,...]    # pass 4 alone, on these shapes
+        [--residual_shapes MxNxK,...]  # pass 5 alone, on these shapes
 
 Pair weights (w_gate, w_up), bf16, silu, on a few representative shapes.
 One line per candidate: time, TFLOP/s, and the ratio against XLA's pair
@@ -9,7 +11,9 @@ form `silu(x @ wg) * (x @ wu)` and against two plain `jnp.dot`s (forward;
 for fwd+bwd and the backward parts, against XLA's fwd+bwd / the matching
 jnp.dot). In order of priority, as far as the budget goes: (1) baselines,
 the heuristic and fast_math, forward and fwd+bwd, every shape; (2) one
-knob at a time; (3) the parts of the backward; (4) a decode shape.
+knob at a time; (3) the parts of the backward; (4) a decode shape; (5)
+only when asked, what writing the gate and up residuals costs each
+candidate.
 
 Timing: `pallas_gemm.timing.time_over_sets` (CUPTI kernel time, median,
 operand sets rotated past L2), as the benchmark. On a CPU it runs one tiny
@@ -127,10 +131,24 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--max_seconds", type=float, default=195)
   parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--decode_shapes", default="",
+                      help="comma-separated MxNxK: run only pass 4 (every "
+                      "forward candidate) on these shapes")
+  parser.add_argument("--residual_shapes", default="",
+                      help="comma-separated MxNxK: run only pass 5 (the "
+                      "forward with residuals, every candidate) on these")
   args = parser.parse_args(argv)
+
+  def parse_shapes(text, name):
+    return tuple((name, *(int(v) for v in s.lower().split("x")))
+                 for s in text.split(",") if s)
+  decode_shapes = parse_shapes(args.decode_shapes, "decode")
+  residual_shapes = parse_shapes(args.residual_shapes, "residuals")
   device = device_info()
   on_gpu = device.is_gpu
   shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
+  if decode_shapes or residual_shapes:  # passes 4 and 5 alone
+    shapes = ()
   iters = args.iters if on_gpu else 1
   start = time.monotonic()
   print(f"# {device.device_kind}, jax {jax.__version__}, git "
@@ -282,7 +300,9 @@ def main(argv=None):
           gemm_flops, ("dw_dot",))
 
   # Pass 4: a decode-sized shape, every candidate.
-  for shape in ((DECODE_SHAPE,) if on_gpu else ()):
+  only_residuals = residual_shapes and not decode_shapes
+  for shape in ((decode_shapes or (DECODE_SHAPE,))
+                if on_gpu and not only_residuals else ()):
     _, m, n, k = shape
     st = setup(shape)
     st["base"]["xla"] = timed(shape, "fwd xla pair form", xla_pair,
@@ -293,6 +313,22 @@ def main(argv=None):
     for label, config in first + second:
       timed(shape, f"fwd {label} {short(config)}", mosaic_fwd(config),
             4 * m * n * k, ("xla", "dots"), err=True)
+
+  # Pass 5: what writing the gate and up residuals (the forward under
+  # autodiff) costs each candidate, against the same config without them.
+  for shape in (residual_shapes if on_gpu else ()):
+    _, m, n, k = shape
+    st = setup(shape)
+    st["base"]["dots"] = timed(shape, "fwd two jnp.dot", two_dots,
+                               4 * m * n * k)
+    first, second = fwd_candidates(st["problem"], device.planning_sms)
+    for label, config in first[1:] + second:
+      st["base"]["plain"] = timed(shape, f"fwd {label} {short(config)}",
+                                  mosaic_fwd(config), 4 * m * n * k,
+                                  ("dots",))
+      timed(shape, f"fwd+residuals {label}",
+            mosaic_residuals(config, st["problem"], on_gpu), 4 * m * n * k,
+            ("dots", "plain"))
   print(f"# done in {time.monotonic() - start:.0f} s", flush=True)
 
 

@@ -1,0 +1,70 @@
+"""Runs one case of the `moe` suite through `pallas_gemm.ragged_dot_general`
+a few times, checked, so that Nsight Compute can profile the grouped-GEMM
+kernel it launches (issue #18: which limit holds the cases below target).
+
+    PYTHONPATH=. python3 experiments/lab/ragged_profile_case.py \
+        --case "qwen1.5_moe_up even forward" [--kernel auto] [--calls 2]
+
+    ncu --clock-control none -k regex:mosaic_gpu -s 1 -c 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section LaunchStats -o case -f \
+        python3 experiments/lab/ragged_profile_case.py --case "..."
+
+The first call compiles (and launches the kernel once, which `-s 1` skips);
+the rest are what ncu sees. The case is `<layer> <distribution>
+<direction>` as `experiments/bench_moe.py` labels it. The output is compared
+with float64 on a row sample (`bench_moe.check_error`) so that a profile is
+never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+  sys.path.insert(0, str(_ROOT))
+
+import jax  # noqa: E402
+
+from experiments import bench_moe  # noqa: E402
+from pallas_gemm.ragged_dot import arg_specs  # noqa: E402
+
+
+def find_case(label: str) -> arg_specs.MoeCase:
+  layers = arg_specs.MOE_LAYERS + arg_specs.MOE_SMALL_LAYERS
+  for case in arg_specs.cases(layers):
+    if case.label == label:
+      return case
+  raise SystemExit(f"--case {label!r}: no such case; e.g. "
+                   f"{arg_specs.cases(layers)[0].label!r}")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--case", default="qwen1.5_moe_up even forward")
+  parser.add_argument("--kernel", default="auto",
+                      choices=("auto", "mosaic", "xla"))
+  parser.add_argument("--calls", type=int, default=2)
+  args = parser.parse_args(argv)
+  if args.calls < 1:
+    parser.error(f"--calls={args.calls} must be >= 1")
+  on_gpu = jax.default_backend() == "gpu"
+  label = args.case if on_gpu else "small_g8_odd even forward"
+  case = find_case(label)
+  problem = case.problem
+  fn = jax.jit(bench_moe.target_call(args.kernel, problem))
+  lhs, rhs, sizes = bench_moe.operand_sets(problem, case.group_sizes(), 1,
+                                           case.seed)[0]
+  out = None
+  for _ in range(args.calls):
+    out = jax.block_until_ready(fn(lhs, rhs, sizes))
+  error = bench_moe.check_error(problem, lhs, rhs, sizes, out)
+  print(f"{label}: {args.kernel}, {args.calls} calls, relative error "
+        f"{error:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

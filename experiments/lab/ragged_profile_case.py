@@ -20,6 +20,7 @@ never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 
@@ -29,8 +30,10 @@ if str(_ROOT) not in sys.path:
 
 import jax  # noqa: E402
 
+import pallas_gemm  # noqa: E402
 from experiments import bench_moe  # noqa: E402
-from pallas_gemm.ragged_dot import arg_specs  # noqa: E402
+from pallas_gemm.devices import device_info  # noqa: E402
+from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
 
 def find_case(label: str) -> arg_specs.MoeCase:
@@ -42,12 +45,32 @@ def find_case(label: str) -> arg_specs.MoeCase:
                    f"{arg_specs.cases(layers)[0].label!r}")
 
 
+def _config(problem, text: str) -> configs.RaggedConfig:
+  """The heuristic's config for `problem` with `text`'s fields replaced
+  (name=value pairs, ints or true/false), the ring then made as deep as
+  fits."""
+  fields = {}
+  for pair in text.split(","):
+    name, _, value = pair.partition("=")
+    lowered = value.strip().lower()
+    fields[name.strip()] = (lowered == "true" if lowered in ("true", "false")
+                            else int(value))
+  config = dataclasses.replace(
+      configs.heuristic(problem, device_info()), **fields)
+  if "stages" in fields:
+    return config
+  return configs._most_stages(config, problem)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--case", default="qwen1.5_moe_up even forward")
   parser.add_argument("--kernel", default="auto",
                       choices=("auto", "mosaic", "xla"))
   parser.add_argument("--calls", type=int, default=2)
+  parser.add_argument("--config", default="",
+                      help="RaggedConfig fields over the heuristic's, e.g. "
+                      "grid_band=16,tile_n=64 (implies --kernel mosaic)")
   args = parser.parse_args(argv)
   if args.calls < 1:
     parser.error(f"--calls={args.calls} must be >= 1")
@@ -56,13 +79,21 @@ def main(argv=None):
   case = find_case(label)
   problem = case.problem
   fn = jax.jit(bench_moe.target_call(args.kernel, problem))
+  if args.config:
+    config = _config(problem, args.config)
+    print(f"config: {config}", flush=True)
+    numbers = bench_moe._dims(problem)
+    fn = jax.jit(lambda l, r, s: pallas_gemm.ragged_dot_general(
+        l, r, s, numbers, preferred_element_type=problem.out_dtype,
+        kernel="mosaic", config=config))
   lhs, rhs, sizes = bench_moe.operand_sets(problem, case.group_sizes(), 1,
                                            case.seed)[0]
   out = None
   for _ in range(args.calls):
     out = jax.block_until_ready(fn(lhs, rhs, sizes))
   error = bench_moe.check_error(problem, lhs, rhs, sizes, out)
-  print(f"{label}: {args.kernel}, {args.calls} calls, relative error "
+  kernel = "mosaic" if args.config else args.kernel
+  print(f"{label}: {kernel}, {args.calls} calls, relative error "
         f"{error:.1e}", flush=True)
 
 

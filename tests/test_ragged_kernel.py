@@ -372,12 +372,27 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
              spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
 
 
+@pytest.mark.parametrize("groups,rows,band", [
+    (256, 32768, 1),   # one 128-row item per expert: no weight reuse
+    (60, 16384, 3),    # 273 rows: three items per expert
+    (8, 16384, 8),     # 2048 rows: the band's own limit
+])
+def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
+                                                           band):
+  problem = RaggedProblem("rows", rows, 7168, 2048, groups, "bfloat16",
+                          "bfloat16")
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.tile_m == 128
+  assert config.grid_band == band
+
+
 def test_heuristic_weighs_column_padding_and_output_bursts():
   # N = 11 x 128: 256-wide tiles would compute a twelfth strip of padding.
   padded = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
   exact = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
   assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
-  assert mosaic.heuristic(padded, HOPPER).grid_band == 4
+  # 256 rows per expert: two row items share each weight strip.
+  assert mosaic.heuristic(padded, HOPPER).grid_band == 2
   assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
   # A chunk of rows per expert: the weight gradient is its output write.
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",

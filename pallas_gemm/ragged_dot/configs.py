@@ -40,6 +40,7 @@ value out of range ValueError, each naming the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -187,6 +188,13 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # strips share the same weight bytes (experiments/results/nvidia_h200/
   # ragged_sweep).
   band = 16 if tile_m == 64 else (4 if tile_n == 64 else 8)
+  if tile_m == 128:
+    # Weight strips are shared only by the row items of one group: a band
+    # taller than a group's items buys no weight reuse, and spreads the
+    # column strips of each item (which share its lhs rows) further apart,
+    # so that lhs is fetched from HBM again (experiments/results/
+    # nvidia_h100/moe_all_directions/NOTES.md, "grid band").
+    band = max(1, min(band, math.ceil(rows_per_group / tile_m)))
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best.

@@ -193,7 +193,7 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # taller than a group's items buys no weight reuse, and spreads the
     # column strips of each item (which share its lhs rows) further apart,
     # so that lhs is fetched from HBM again (experiments/results/
-    # nvidia_h100/moe_all_directions/NOTES.md, "grid band").
+    # nvidia_h100/moe_profile/README.md).
     band = max(1, min(band, math.ceil(rows_per_group / tile_m)))
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its

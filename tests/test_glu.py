@@ -392,18 +392,25 @@ def test_bench_glu_smoke(tmp_path):
   assert "× xla" in (tmp_path / "README.md").read_text()
 
 
+def _fake_paired_cupti(monkeypatch):
+  """Fakes CUPTI under paired timing: in each ABBA round of two calls xla
+  takes 3 us a call and the kernel 2 us. Returns the list of timed calls."""
+  from experiments.bench import timers
+  calls = []
+
+  def fake_samples(call, iters):
+    calls.append(call)
+    return [3.0 if len(calls) % 4 in (1, 0) else 2.0] * iters
+  monkeypatch.setattr(timers, "_cupti_samples_us", fake_samples)
+  return calls
+
+
 def test_bench_glu_pairs_the_kernel_with_xla(monkeypatch):
   """Paired timing: the kernel and XLA's faster form are timed in
   interleaved rounds, and the row's ratio comes from those samples (CUPTI
   faked: xla 3 us a call, the kernel 2 us)."""
   from experiments import bench_glu
-  from experiments.bench import timers
-  order = []
-
-  def fake_samples(call, iters):
-    order.append(call)
-    return [3.0 if len(order) % 4 in (1, 0) else 2.0] * iters
-  monkeypatch.setattr(timers, "_cupti_samples_us", fake_samples)
+  order = _fake_paired_cupti(monkeypatch)
   case = ("smoke", 16, 64, 32)
   xla_row = {"xla_form": "pair"}
   row = {"target": "auto", "mode": "fwd+bwd", "note": ""}
@@ -419,12 +426,7 @@ def test_bench_glu_pairs_earlier_rows_as_main_calls_it(monkeypatch, capsys):
   the same case (CUPTI faked); a row it cannot pair warns and is counted."""
   from experiments import bench_glu
   from experiments.bench import timers
-  calls = []
-
-  def fake_samples(call, iters):
-    calls.append(call)
-    return [3.0 if len(calls) % 4 in (1, 0) else 2.0] * iters
-  monkeypatch.setattr(timers, "_cupti_samples_us", fake_samples)
+  _fake_paired_cupti(monkeypatch)
   case = ("smoke", 16, 64, 32)
   base = {"model": "smoke", "m": 16, "weights": "pair", "mode": "fwd",
           "time_us": 3.0, "note": ""}

@@ -45,6 +45,13 @@ def find_case(label: str) -> arg_specs.MoeCase:
                    f"{arg_specs.cases(layers)[0].label!r}")
 
 
+def _at_least_one(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+  return value
+
+
 def _config(problem, text: str) -> configs.RaggedConfig:
   """The heuristic's config for `problem` with `text`'s fields replaced
   (name=value pairs, ints or true/false), the ring then made as deep as
@@ -67,13 +74,11 @@ def main(argv=None):
   parser.add_argument("--case", default="qwen1.5_moe_up even forward")
   parser.add_argument("--kernel", default="auto",
                       choices=("auto", "mosaic", "xla"))
-  parser.add_argument("--calls", type=int, default=2)
+  parser.add_argument("--calls", type=_at_least_one, default=2)
   parser.add_argument("--config", default="",
                       help="RaggedConfig fields over the heuristic's, e.g. "
                       "grid_band=16,tile_n=64 (implies --kernel mosaic)")
   args = parser.parse_args(argv)
-  if args.calls < 1:
-    parser.error(f"--calls={args.calls} must be >= 1")
   on_gpu = jax.default_backend() == "gpu"
   label = args.case if on_gpu else "small_g8_odd even forward"
   case = find_case(label)

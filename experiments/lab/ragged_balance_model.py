@@ -1,0 +1,68 @@
+"""How unevenly do the "contracting"-mode (drhs) tiles load the SMs, and
+what would other tile orders give? A model, no GPU (issue #18).
+
+    PYTHONPATH=. python experiments/lab/ragged_balance_model.py [--sms 132]
+
+Each output tile of group g costs ceil(rows_g / 64) chunk steps plus
+`--store_cost` steps for writing it (a tile's reduction runs over all its
+group's rows); tiles are dealt to the persistent CTAs round-robin in the
+kernel's order (`warp_specialised.for_each_tile`). Printed: the busiest
+CTA's load over the mean (1.00 = balanced) for the kernel's group-major
+order and for three alternatives: groups sorted by size (largest first),
+a snake deal (every other round of CTAs dealt backwards), and both. No
+order helps a group that holds every token: only splitting its reduction
+over CTAs does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+  sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+
+from pallas_gemm.ragged_dot import arg_specs  # noqa: E402
+
+CHUNK_ROWS = 64
+CTA_TILE = (256, 128)  # the heuristic's contracting CTA tile (K x N)
+
+
+def busiest_over_mean(costs: np.ndarray, sms: int, snake: bool) -> float:
+  load = np.zeros(sms)
+  for start in range(0, len(costs), sms):
+    deal = costs[start:start + sms]
+    if snake and (start // sms) % 2:
+      load[::-1][:len(deal)] += deal
+    else:
+      load[:len(deal)] += deal
+  return float(load.max() / load.mean())
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sms", type=int, default=132)
+  parser.add_argument("--store_cost", type=float, default=2.0)
+  args = parser.parse_args(argv)
+  print("layer distribution | group-major | sorted | snake | sorted+snake")
+  for layer in arg_specs.MOE_LAYERS:
+    tiles_per_group = (-(-layer.k // CTA_TILE[0])) * (-(-layer.n // CTA_TILE[1]))
+    for distribution in ("zipf", "one_hot"):
+      sizes = arg_specs.group_sizes(distribution, layer.rows, layer.groups,
+                                    seed=0)
+      cost = np.ceil(sizes / CHUNK_ROWS) + args.store_cost
+      orders = {"group-major": np.repeat(cost, tiles_per_group),
+                "sorted": np.repeat(np.sort(cost)[::-1], tiles_per_group)}
+      cells = [busiest_over_mean(orders[order], args.sms, snake)
+               for order, snake in (("group-major", False), ("sorted", False),
+                                    ("group-major", True), ("sorted", True))]
+      print(f"{layer.name} {distribution} | "
+            + " | ".join(f"{c:.2f}" for c in cells))
+
+
+if __name__ == "__main__":
+  main()

@@ -134,6 +134,14 @@ CONTRACTING_CASES = [
     # alternating over one store per tile; tiles walked group index fastest
     (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16",
      dataclasses.replace(SMALL, out_slots=2, interleave_groups=True)),
+    # Reductions cut into 64-row pieces: a 170-row group in four (the first
+    # from its unaligned start), the others whole or empty; the pieces'
+    # sums added after the kernel, in float32 before the bf16 rounding.
+    (240, 128, 64, [30, 0, 170, 20], 7, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, piece_rows=64)),
+    # Every token in one group, cut into 128-row pieces; f32 out.
+    (300, 64, 72, [0, 300, 0], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, piece_rows=128)),
 ]
 
 
@@ -282,6 +290,59 @@ def test_rows_rejects_interleave_groups():
         interpret=True)
 
 
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=9),
+    offset=st.integers(0, 70), slack=st.integers(0, 90),
+    chunk=st.sampled_from([64, 128]), steps=st.integers(1, 4))
+def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
+                                                  chunk, steps):
+  """Every group's rows are covered exactly once by its pieces, each at
+  most piece_rows long; cuts inside a group fall on chunk boundaries; the
+  pieces beyond the first fit in the static bound and name their group and
+  its first such piece."""
+  piece_rows = chunk * steps
+  m = offset + sum(sizes) + slack
+  table, extras = (np.asarray(a) for a in mosaic_schedule.contracting_pieces(
+      jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
+      chunk=chunk, piece_rows=piece_rows))
+  groups = len(sizes)
+  extra_count = mosaic_schedule.max_extra_pieces(m, groups, chunk, piece_rows)
+  assert table.shape == (4, groups + extra_count)
+  assert extras.shape == (2, extra_count)
+  lo, hi, first_chunk, chunks = table
+  assert np.all(first_chunk == lo // chunk)
+  assert np.all(chunks == np.where(hi > lo, (hi - 1) // chunk - lo // chunk
+                                   + 1, 0))
+  assert np.all(hi - lo <= piece_rows) and np.all(hi >= lo)
+  owner = np.concatenate([np.arange(groups), extras[0]])
+  starts, ends = group_bounds(sizes, m, offset)
+  for g, (start, end) in enumerate(zip(starts, ends)):
+    mine = [(lo[p], hi[p]) for p in np.flatnonzero(owner == g) if hi[p] > lo[p]]
+    covered = sorted(mine)
+    assert sum(b - a for a, b in covered) == end - start
+    if covered:
+      assert covered[0][0] == start and covered[-1][1] == end
+      assert all(a == prev_b and a % chunk == 0 for (_, prev_b), (a, _)
+                 in zip(covered, covered[1:]))
+    firsts = [x for x in range(extra_count) if extras[0, x] == g]
+    if firsts:  # consecutive, each naming the first
+      assert firsts == list(range(firsts[0], firsts[0] + len(firsts)))
+      assert all(extras[1, x] == firsts[0] for x in firsts)
+  unused = extras[0] < 0
+  assert np.all(lo[groups:][unused] == hi[groups:][unused])
+
+
+def test_rows_rejects_piece_rows():
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="piece_rows"):
+    mosaic.ragged_matmul(
+        jnp.ones(problem.lhs_shape, jnp.bfloat16),
+        jnp.ones(problem.rhs_shape, jnp.bfloat16), jnp.asarray([32, 32]),
+        jnp.zeros((1,), jnp.int32), problem=problem,
+        config=dataclasses.replace(SMALL, piece_rows=64), interpret=True)
+
+
 def test_contracting_rejects_split_rows():
   problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match="split_rows"):
@@ -342,6 +403,23 @@ def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
            spec(problem.rhs_shape, in_dtype),
            spec((groups,), jnp.int32),
            spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+
+
+def test_reduction_pieces_lower_for_cuda():
+  """The pieces candidate of a drhs whose group's tiles leave SMs idle
+  (Qwen3-30B's up projection) lowers for the GPU, merge included."""
+  from pallas_gemm.ragged_dot import configs
+  problem = RaggedProblem("contracting", 32768, 2048, 768, 128, "bfloat16",
+                          "bfloat16")
+  pieces = [c for c in configs.candidates(problem) if c.piece_rows]
+  assert pieces and pieces[0].piece_rows % pieces[0].tile_k == 0
+  config = pieces[0]
+  spec = jax.ShapeDtypeStruct
+  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
+          spec(problem.lhs_shape, jnp.bfloat16),
+          spec(problem.rhs_shape, jnp.bfloat16), spec((128,), jnp.int32),
+          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
 
 
 def test_heuristic_prefers_64_rows_for_few_tokens_per_group():

@@ -11,7 +11,8 @@ kernel it launches (issue #18: which limit holds the cases below target).
         python3 experiments/lab/ragged_profile_case.py --case "..."
 
 The first call compiles (and launches the kernel once, which `-s 1` skips);
-the rest are what ncu sees. The case is `<layer> <distribution>
+the rest are what ncu sees. Without ncu, `--time 20` times the call
+(e.g. `--config piece_rows=4096` against the heuristic's config). The case is `<layer> <distribution>
 <direction>` as `experiments/bench_moe.py` labels it. The output is compared
 with float64 on a row sample (`bench_moe.check_error`) so that a profile is
 never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import pathlib
 import sys
 
@@ -32,6 +34,7 @@ import jax  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from experiments import bench_moe  # noqa: E402
+from pallas_gemm import timing  # noqa: E402
 from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
@@ -78,9 +81,15 @@ def main(argv=None):
   parser.add_argument("--config", default="",
                       help="RaggedConfig fields over the heuristic's, e.g. "
                       "grid_band=16,tile_n=64 (implies --kernel mosaic)")
+  parser.add_argument("--time", type=int, default=0, metavar="ITERS",
+                      help="also print the CUPTI median of ITERS calls, "
+                      "every kernel a call launches (the work list, the "
+                      "grouped GEMM, a piece merge); GPU only")
   args = parser.parse_args(argv)
   on_gpu = jax.default_backend() == "gpu"
-  label = args.case if on_gpu else "small_g8_odd even forward"
+  # On a CPU: a small layer, with the asked-for distribution and direction.
+  label = (args.case if on_gpu else
+           " ".join(["small_g8_odd"] + args.case.split()[-2:]))
   case = find_case(label)
   problem = case.problem
   fn = jax.jit(bench_moe.target_call(args.kernel, problem))
@@ -100,6 +109,12 @@ def main(argv=None):
   kernel = "mosaic" if args.config else args.kernel
   print(f"{label}: {kernel}, {args.calls} calls, relative error "
         f"{error:.1e}", flush=True)
+  if args.time and on_gpu:
+    _, samples = timing.cupti_samples_ms(fn, (lhs, rhs, sizes),
+                                         iterations=args.time)
+    print(f"{label}: {kernel} {args.config or 'heuristic config'}: "
+          f"{1e3 * statistics.median(samples):.1f} us (CUPTI median of "
+          f"{len(samples)} calls, all kernels)", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                uneven sizes the compute of large groups' tiles overlaps
                the output writes of small ones' (a "contracting"-mode
                option; "rows" raises on it).
+    piece_rows cut each group's reduction into pieces of at most this many
+               token rows (a multiple of tile_k; cuts fall on tile_k-row
+               boundaries), each piece its own set of output tiles, and add
+               the pieces' sums after the kernel: a group that holds most
+               tokens then spreads over the SMs instead of leaving them
+               idle while its few long tiles run (a "contracting"-mode
+               option; 0, the default, never cuts). The partial sums are
+               rounded to the output dtype before they are added.
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -44,8 +52,10 @@ import math
 
 import jax.numpy as jnp
 
-from pallas_gemm.config_fields import (at_least, checked, in_range,
-                                       multiple_dividing, one_of, validate)
+from pallas_gemm.config_fields import (Requirement, at_least, checked,
+                                       in_range, multiple_dividing, one_of,
+                                       validate)
+from pallas_gemm.devices import NOMINAL_INTERPRET_SMS as NOMINAL_SMS
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 NUM_CONSUMERS,
@@ -56,6 +66,12 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64
 MAX_STAGES = 6
+
+#: Pieces of whole reduction steps, so that the cuts inside a group need no
+#: masking.
+_WHOLE_STEPS = Requirement(
+    lambda rows, config: rows >= 0 and rows % config.tile_k == 0,
+    lambda config: f"0 or a positive multiple of tile_k={config.tile_k}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +89,7 @@ class RaggedConfig:
   out_slots: int = checked(1, one_of(1, 2))
   split_rows: bool = False
   interleave_groups: bool = False
+  piece_rows: int = checked(0, _WHOLE_STEPS)
 
   def __post_init__(self):
     validate(self)
@@ -203,6 +220,35 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   return _most_stages(base, problem)
 
 
+#: The most pieces `filling_piece_rows` cuts a group into: each costs an
+#: extra output tile set (zeros when unused) and its share of the merge.
+MAX_PIECES = 8
+#: ... and cuts only where that shortens the group's time to this share or
+#: less: a group's tiles that fill the SMs gain only wave rounding.
+PIECES_WORTH = 0.8
+
+
+def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
+                       sms: int) -> int:
+  """`piece_rows` for "contracting" mode under which one group holding
+  every token finishes soonest on `sms` SMs: cut into P pieces, its
+  P x (tiles per group) tiles run in ceil(P x tiles / sms) waves of tiles
+  1 / P as long; the fewest pieces (up to MAX_PIECES) of the shortest such
+  time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
+  fill the SMs already). Not
+  used by the heuristic until measured on a GPU (a candidate of
+  `candidates`)."""
+  cta_m, cta_n = config.cta_tile("contracting")
+  tiles = -(-problem.k // cta_m) * -(-problem.n // cta_n)
+  def time(p):
+    return -(-tiles * p // max(sms, 1)) / p
+  pieces = min(range(1, MAX_PIECES + 1), key=lambda p: (time(p), p))
+  if time(pieces) > PIECES_WORTH * time(1):
+    return 0
+  rows = -(-problem.m // pieces)
+  return -(-rows // config.tile_k) * config.tile_k
+
+
 def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
   """A few configs around the heuristic's, for a GPU sweep (each with the
   deepest ring that fits)."""
@@ -222,4 +268,8 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)
     if config.fits(problem) and config not in out:
       out.append(config)
+  if problem.mode == "contracting" and out:
+    rows = filling_piece_rows(problem, out[0], NOMINAL_SMS)
+    if rows:
+      out.append(dataclasses.replace(out[0], piece_rows=rows))
   return out

@@ -360,6 +360,9 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   if problem.mode == "rows" and config.interleave_groups:
     raise ValueError("RaggedConfig.interleave_groups is a \"contracting\"-"
                      "mode option: \"rows\" walks its row items in order")
+  if problem.mode == "rows" and config.piece_rows:
+    raise ValueError("RaggedConfig.piece_rows is a \"contracting\"-mode "
+                     "option: \"rows\" has no reduction over token rows")
   if problem.mode == "contracting":
     from pallas_gemm.ragged_dot import mosaic_contracting
     return mosaic_contracting.contracting_matmul(

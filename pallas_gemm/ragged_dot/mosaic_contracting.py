@@ -14,6 +14,12 @@ computed on the device (`mosaic_schedule.contracting_groups`); a group with
 no rows runs no chunk and stores zeros. The pipeline is the one of
 `mosaic.py`: producer warpgroup + two consumers over a ring whose step
 counter runs on across tiles.
+
+With `RaggedConfig.piece_rows`, each group's rows are first cut into
+pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
+groups of their own: a group holding most tokens then has as many tiles
+as it has pieces times its output tiles, enough to keep every SM busy.
+`add_pieces` adds each cut group's pieces afterwards, in float32.
 """
 
 from __future__ import annotations
@@ -142,21 +148,52 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
   cta_m = NUM_CONSUMERS * tile_m
   in_dtype = problem.in_dtype
-  table = schedule.contracting_groups(group_sizes, row_offset, m=m,
-                                      chunk=chunk)
+  if config.piece_rows:
+    table, extras = schedule.contracting_pieces(
+        group_sizes, row_offset, m=m, chunk=chunk,
+        piece_rows=config.piece_rows)
+  else:
+    table = schedule.contracting_groups(group_sizes, row_offset, m=m,
+                                        chunk=chunk)
+  # The kernel sees every piece as a group of its own.
+  pieces = table.shape[1]
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype), (chunk, cta_m))
   dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
                            (chunk, tile_n))
   k_out = max(cdiv(k, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
-  out_type = jax.ShapeDtypeStruct((groups, k_out, n_out),
+  out_type = jax.ShapeDtypeStruct((pieces, k_out, n_out),
                                   jnp.dtype(problem.out_dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
-                        n_tiles=n_tiles, groups=groups),
+                        n_tiles=n_tiles, groups=pieces),
       out_type=out_type,
-      grid=(min(num_ctas_for(params), groups * k_tiles * n_tiles),),
+      grid=(min(num_ctas_for(params), pieces * k_tiles * n_tiles),),
       interpret=params)
   out = call_kernel(kernel, [table, lhs, dout], out_type, params)
-  return out[:, :k, :n] if out.shape[1:] != (k, n) else out
+  out = out[:, :k, :n] if out.shape[1:] != (k, n) else out
+  return add_pieces(out, extras, groups) if config.piece_rows else out
+
+
+def add_pieces(out, extras, groups: int):
+  """Adds the sums of the pieces beyond each group's first
+  (`out[groups:]`, described by `extras`, see
+  `mosaic_schedule.contracting_pieces`) to that group's first piece
+  (`out[group]`), in float32; returns the (groups, k, n) result. Only the
+  groups that were cut are read and written again."""
+  first, rest = out[:groups], out[groups:]
+  count = rest.shape[0]
+  if count == 0:
+    return first
+  owner, first_extra = extras[0], extras[1]
+  used = owner >= 0
+  # One float32 sum per cut group, at the index of its first extra piece;
+  # unused pieces go to an out-of-range segment, which is dropped.
+  sums = jax.ops.segment_sum(rest.astype(jnp.float32),
+                             jnp.where(used, first_extra, count),
+                             num_segments=count)
+  leads = used & (first_extra == jnp.arange(count, dtype=jnp.int32))
+  target = jnp.where(leads, owner, groups)  # out of range: dropped
+  total = first[jnp.minimum(target, groups - 1)].astype(jnp.float32) + sums
+  return first.at[target].set(total.astype(out.dtype), mode="drop")

@@ -120,3 +120,51 @@ def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int):
   chunks = jnp.where(ends > starts, (ends - 1) // chunk - starts // chunk + 1,
                      0)
   return jnp.stack([starts, ends, starts // chunk, chunks]).astype(jnp.int32)
+
+
+def max_extra_pieces(m: int, groups: int, chunk: int, piece_rows: int) -> int:
+  """A bound on the pieces beyond each group's first (`contracting_pieces`).
+  A group of l rows starting d < chunk rows past a chunk boundary has
+  ceil((l + d) / piece_rows) pieces, so at most (l + chunk - 2) //
+  piece_rows beyond its first; the bound sums that over the groups."""
+  return (m + groups * (chunk - 1)) // piece_rows
+
+
+def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
+                       piece_rows: int):
+  """The "contracting"-mode table of `RaggedConfig.piece_rows`: every group
+  cut at the multiples of `piece_rows` rows past its first chunk boundary.
+
+  Returns (table, extras):
+    table   (4, groups + E) int32, as `contracting_groups`: entry g < groups
+            is group g's first piece (all its rows when it has one piece;
+            an empty group stays empty, and its output zero); entry
+            groups + x is the x-th piece beyond a first, group by group, or
+            no rows where fewer than E (`max_extra_pieces`) exist.
+    extras  (2, E) int32: for each such piece, its group (-1 where unused)
+            and the index x of its group's first such piece.
+  """
+  groups = group_sizes.shape[0]
+  extra_count = max_extra_pieces(m, groups, chunk, piece_rows)
+  starts, ends = group_rows(group_sizes, row_offset, m)
+  first_cut = starts // chunk * chunk + piece_rows
+  first_hi = jnp.minimum(ends, first_cut)
+  extra = jnp.where(ends > first_cut,
+                    (ends - first_cut + piece_rows - 1) // piece_rows, 0)
+  extra_ends = inclusive_sum(extra.astype(jnp.int32))
+  first_extra = extra_ends - extra
+  x = jnp.arange(extra_count, dtype=jnp.int32)
+  owner = jnp.minimum(
+      jnp.sum((extra_ends[None, :] <= x[:, None]).astype(jnp.int32), axis=1),
+      groups - 1)
+  used = x < extra_ends[-1]
+  lo = jnp.where(used, first_cut[owner]
+                 + (x - first_extra[owner]) * piece_rows, 0)
+  hi = jnp.where(used, jnp.minimum(ends[owner], lo + piece_rows), 0)
+  lo = jnp.concatenate([starts, lo])
+  hi = jnp.concatenate([first_hi, hi])
+  chunks = jnp.where(hi > lo, (hi - 1) // chunk - lo // chunk + 1, 0)
+  table = jnp.stack([lo, hi, lo // chunk, chunks]).astype(jnp.int32)
+  extras = jnp.stack([jnp.where(used, owner, -1),
+                      jnp.where(used, first_extra[owner], 0)])
+  return table, extras.astype(jnp.int32)

@@ -11,8 +11,9 @@ kernel it launches (issue #18: which limit holds the cases below target).
         python3 experiments/lab/ragged_profile_case.py --case "..."
 
 The first call compiles (and launches the kernel once, which `-s 1` skips);
-the rest are what ncu sees. Without ncu, `--time 20` times the call
-(e.g. `--config piece_rows=4096` against the heuristic's config). The case is `<layer> <distribution>
+the rest are what ncu sees. Without ncu, `--time 20` times the call;
+with `--versus piece_rows=4096` it also checks and times that config,
+interleaved with the first (the heuristic's, or `--config`'s). The case is `<layer> <distribution>
 <direction>` as `experiments/bench_moe.py` labels it. The output is compared
 with float64 on a row sample (`bench_moe.check_error`) so that a profile is
 never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
@@ -72,6 +73,32 @@ def _config(problem, text: str) -> configs.RaggedConfig:
   return configs._most_stages(config, problem)
 
 
+def _call(problem, kernel: str, config_text: str):
+  """(jitted fn(lhs, rhs, sizes), its name): `kernel` with its own config,
+  or the Mosaic kernel with `config_text`'s fields over the heuristic's."""
+  if not config_text:
+    return jax.jit(bench_moe.target_call(kernel, problem)), kernel
+  config = _config(problem, config_text)
+  print(f"config {config_text}: {config}", flush=True)
+  numbers = bench_moe._dims(problem)
+  return jax.jit(lambda l, r, s: pallas_gemm.ragged_dot_general(
+      l, r, s, numbers, preferred_element_type=problem.out_dtype,
+      kernel="mosaic", config=config)), f"mosaic {config_text}"
+
+
+def _interleaved_medians_us(calls, args, iterations: int, rounds: int = 4):
+  """CUPTI medians (µs, every kernel of a call) of `calls`, timed in
+  `rounds` alternating rounds so that clock drift falls on all of them."""
+  samples = [[] for _ in calls]
+  for r in range(rounds):
+    order = list(enumerate(calls))
+    for i, fn in (order if r % 2 == 0 else order[::-1]):
+      _, got = timing.cupti_samples_ms(fn, args, warmup=1,
+                                       iterations=max(1, iterations // rounds))
+      samples[i].extend(got)
+  return [1e3 * statistics.median(s) for s in samples]
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--case", default="qwen1.5_moe_up even forward")
@@ -81,6 +108,10 @@ def main(argv=None):
   parser.add_argument("--config", default="",
                       help="RaggedConfig fields over the heuristic's, e.g. "
                       "grid_band=16,tile_n=64 (implies --kernel mosaic)")
+  parser.add_argument("--versus", default="",
+                      help="a second set of RaggedConfig fields over the "
+                      "heuristic's, checked too and, with --time, timed "
+                      "interleaved with the first")
   parser.add_argument("--time", type=int, default=0, metavar="ITERS",
                       help="also print the CUPTI median of ITERS calls, "
                       "every kernel a call launches (the work list, the "
@@ -92,29 +123,27 @@ def main(argv=None):
            " ".join(["small_g8_odd"] + args.case.split()[-2:]))
   case = find_case(label)
   problem = case.problem
-  fn = jax.jit(bench_moe.target_call(args.kernel, problem))
-  if args.config:
-    config = _config(problem, args.config)
-    print(f"config: {config}", flush=True)
-    numbers = bench_moe._dims(problem)
-    fn = jax.jit(lambda l, r, s: pallas_gemm.ragged_dot_general(
-        l, r, s, numbers, preferred_element_type=problem.out_dtype,
-        kernel="mosaic", config=config))
-  lhs, rhs, sizes = bench_moe.operand_sets(problem, case.group_sizes(), 1,
-                                           case.seed)[0]
-  out = None
-  for _ in range(args.calls):
-    out = jax.block_until_ready(fn(lhs, rhs, sizes))
-  error = bench_moe.check_error(problem, lhs, rhs, sizes, out)
-  kernel = "mosaic" if args.config else args.kernel
-  print(f"{label}: {kernel}, {args.calls} calls, relative error "
-        f"{error:.1e}", flush=True)
+  calls = [_call(problem, args.kernel, args.config)]
+  if args.versus:
+    calls.append(_call(problem, args.kernel, args.versus))
+  operands = tuple(bench_moe.operand_sets(problem, case.group_sizes(), 1,
+                                          case.seed)[0])
+  for fn, name in calls:
+    out = None
+    for _ in range(args.calls):
+      out = jax.block_until_ready(fn(*operands))
+    error = bench_moe.check_error(problem, *operands, out)
+    print(f"{label}: {name}, {args.calls} calls, relative error "
+          f"{error:.1e}", flush=True)
   if args.time and on_gpu:
-    _, samples = timing.cupti_samples_ms(fn, (lhs, rhs, sizes),
-                                         iterations=args.time)
-    print(f"{label}: {kernel} {args.config or 'heuristic config'}: "
-          f"{1e3 * statistics.median(samples):.1f} us (CUPTI median of "
-          f"{len(samples)} calls, all kernels)", flush=True)
+    medians = _interleaved_medians_us([fn for fn, _ in calls], operands,
+                                      args.time)
+    for (_, name), us in zip(calls, medians):
+      print(f"{label}: {name}: {us:.1f} us (CUPTI median, all kernels)",
+            flush=True)
+    if len(medians) == 2:
+      print(f"{label}: {calls[1][1]} / {calls[0][1]} time = "
+            f"{medians[1] / medians[0]:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def call_kernel(kernel, operands, out_type, params):
 
   def on_host(*arrays):
     with _INTERPRET_LOCK, jax.enable_x64(False):
-      return np.asarray(interpreted(*arrays))
+      return jax.tree.map(np.asarray, interpreted(*arrays))
 
   return jax.pure_callback(on_host, out_type, *operands)
 

@@ -45,9 +45,13 @@ from pallas_gemm.ragged_dot.mosaic import num_ctas_for, output_slot, tile_steps
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
-def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
-                      config: RaggedConfig, k_tiles: int, n_tiles: int,
-                      groups: int):
+def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
+                      pieces_gmem=None, *, config: RaggedConfig,
+                      k_tiles: int, n_tiles: int, groups: int):
+  """Walks `groups` output groups; with `pieces_gmem` (RaggedConfig.
+  piece_rows) the first out_gmem.shape[0] of them are the groups' first
+  pieces, stored to out_gmem, and the rest their further pieces, stored to
+  pieces_gmem."""
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
   cta_m = NUM_CONSUMERS * tile_m
   epi_n, stages, out_slots = config.epi_tile_n, config.stages, config.out_slots
@@ -66,6 +70,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
                                          band=config.grid_band)
     row_lo, row_hi, first_chunk, steps = schedule.read_entry(groups_gmem, g)
     return g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps
+
+  def store_piece(staged, g, rows, cols):
+    first_pieces = out_gmem.shape[0]
+
+    @pl.when(g < first_pieces)
+    def _first_piece():
+      plgpu.copy_smem_to_gmem(staged, out_gmem.at[g, rows, cols])
+
+    @pl.when(g >= first_pieces)
+    def _further_piece():
+      plgpu.copy_smem_to_gmem(staged,
+                              pieces_gmem.at[g - first_pieces, rows, cols])
 
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem):
     ring = Ring(stages, stage_loaded, stage_consumed)
@@ -120,9 +136,12 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem, *,
           out_smem[wg, slot] = acc[:, ej * epi_n:(ej + 1) * epi_n].astype(
               out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(
-              out_smem.at[wg, slot],
-              out_gmem.at[g, rows, pl.ds(n_idx * tile_n + ej * epi_n, epi_n)])
+          cols = pl.ds(n_idx * tile_n + ej * epi_n, epi_n)
+          if pieces_gmem is None:
+            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                    out_gmem.at[g, rows, cols])
+          else:
+            store_piece(out_smem.at[wg, slot], g, rows, cols)
         return first_step + steps
 
       for_each_tile(num_tiles, tile, index(0))
@@ -155,7 +174,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk)
-  # The kernel sees every piece as a group of its own.
+  # The kernel sees every piece as a group of its own; the pieces beyond
+  # the groups' first go to an output of their own, so that adding them
+  # updates the groups' output in place.
   pieces = table.shape[1]
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype), (chunk, cta_m))
   dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
@@ -163,8 +184,11 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   k_out = max(cdiv(k, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
-  out_type = jax.ShapeDtypeStruct((pieces, k_out, n_out),
+  out_type = jax.ShapeDtypeStruct((groups, k_out, n_out),
                                   jnp.dtype(problem.out_dtype))
+  if pieces > groups:
+    out_type = (out_type, jax.ShapeDtypeStruct((pieces - groups, k_out, n_out),
+                                               out_type.dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
                         n_tiles=n_tiles, groups=pieces),
@@ -172,20 +196,17 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
       grid=(min(num_ctas_for(params), pieces * k_tiles * n_tiles),),
       interpret=params)
   out = call_kernel(kernel, [table, lhs, dout], out_type, params)
-  out = out[:, :k, :n] if out.shape[1:] != (k, n) else out
-  return add_pieces(out, extras, groups) if config.piece_rows else out
+  if pieces > groups:
+    out = add_pieces(*out, extras)
+  return out[:, :k, :n] if out.shape[1:] != (k, n) else out
 
 
-def add_pieces(out, extras, groups: int):
-  """Adds the sums of the pieces beyond each group's first
-  (`out[groups:]`, described by `extras`, see
-  `mosaic_schedule.contracting_pieces`) to that group's first piece
-  (`out[group]`), in float32; returns the (groups, k, n) result. Only the
-  groups that were cut are read and written again."""
-  first, rest = out[:groups], out[groups:]
-  count = rest.shape[0]
-  if count == 0:
-    return first
+def add_pieces(first, rest, extras):
+  """Adds the sums of the pieces beyond each group's first (`rest`,
+  described by `extras`, see `mosaic_schedule.contracting_pieces`) to that
+  group's first piece (`first[group]`), in float32. Only the groups that
+  were cut are read and written again."""
+  groups, count = first.shape[0], rest.shape[0]
   owner, first_extra = extras[0], extras[1]
   used = owner >= 0
   # One float32 sum per cut group, at the index of its first extra piece;
@@ -196,4 +217,4 @@ def add_pieces(out, extras, groups: int):
   leads = used & (first_extra == jnp.arange(count, dtype=jnp.int32))
   target = jnp.where(leads, owner, groups)  # out of range: dropped
   total = first[jnp.minimum(target, groups - 1)].astype(jnp.float32) + sums
-  return first.at[target].set(total.astype(out.dtype), mode="drop")
+  return first.at[target].set(total.astype(first.dtype), mode="drop")

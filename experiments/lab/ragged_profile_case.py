@@ -99,23 +99,28 @@ def _interleaved_medians_us(calls, args, iterations: int, rounds: int = 4):
   return [1e3 * statistics.median(s) for s in samples]
 
 
+#: The command line: (flag, argparse keywords).
+OPTIONS = (
+    ("--case", dict(default="qwen1.5_moe_up even forward")),
+    ("--kernel", dict(default="auto", choices=("auto", "mosaic", "xla"))),
+    ("--calls", dict(type=_at_least_one, default=2)),
+    ("--config", dict(default="", help=(
+        "RaggedConfig fields over the heuristic's, e.g. "
+        "grid_band=16,tile_n=64 (implies --kernel mosaic)"))),
+    ("--versus", dict(default="", help=(
+        "a second set of RaggedConfig fields over the heuristic's, checked "
+        "too and, with --time, timed interleaved with the first"))),
+    ("--time", dict(type=int, default=0, metavar="ITERS", help=(
+        "also print the CUPTI median of ITERS calls, every kernel a call "
+        "launches (the work list, the grouped GEMM, a piece merge); GPU "
+        "only"))),
+)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--case", default="qwen1.5_moe_up even forward")
-  parser.add_argument("--kernel", default="auto",
-                      choices=("auto", "mosaic", "xla"))
-  parser.add_argument("--calls", type=_at_least_one, default=2)
-  parser.add_argument("--config", default="",
-                      help="RaggedConfig fields over the heuristic's, e.g. "
-                      "grid_band=16,tile_n=64 (implies --kernel mosaic)")
-  parser.add_argument("--versus", default="",
-                      help="a second set of RaggedConfig fields over the "
-                      "heuristic's, checked too and, with --time, timed "
-                      "interleaved with the first")
-  parser.add_argument("--time", type=int, default=0, metavar="ITERS",
-                      help="also print the CUPTI median of ITERS calls, "
-                      "every kernel a call launches (the work list, the "
-                      "grouped GEMM, a piece merge); GPU only")
+  for flag, keywords in OPTIONS:
+    parser.add_argument(flag, **keywords)
   args = parser.parse_args(argv)
   on_gpu = jax.default_backend() == "gpu"
   # On a CPU: a small layer, with the asked-for distribution and direction.

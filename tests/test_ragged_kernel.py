@@ -142,6 +142,10 @@ CONTRACTING_CASES = [
     # Every token in one group, cut into 128-row pieces; f32 out.
     (300, 64, 72, [0, 300, 0], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, piece_rows=128)),
+    # Pieces longer than any group can be: no piece beyond a first, one
+    # kernel output.
+    (100, 64, 64, [40, 50], 3, "float16", "float32",
+     dataclasses.replace(SMALL, piece_rows=320)),
 ]
 
 

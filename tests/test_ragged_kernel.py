@@ -146,6 +146,13 @@ CONTRACTING_CASES = [
     # kernel output.
     (100, 64, 64, [40, 50], 3, "float16", "float32",
      dataclasses.replace(SMALL, piece_rows=320)),
+    # Groups walked largest first, dealt in a snake; an empty group among
+    # them still stores zeros to its own output.
+    (200, 128, 128, [20, 0, 150, 5, 25], 1, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, largest_first=True)),
+    # ... and the pieces of a cut group sorted among the groups.
+    (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, largest_first=True, piece_rows=64)),
 ]
 
 
@@ -337,6 +344,39 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
   assert np.all(lo[groups:][unused] == hi[groups:][unused])
 
 
+@pytest.mark.parametrize("num_ctas,num_tiles", [(1, 5), (4, 4), (4, 10),
+                                                (4, 12), (132, 1000)])
+def test_snake_deal_is_a_permutation_reversing_whole_odd_rounds(num_ctas,
+                                                                 num_tiles):
+  slots = np.arange(num_tiles)
+  tiles = np.asarray(mosaic_schedule.snake_deal(slots, num_ctas, num_tiles))
+  assert sorted(tiles.tolist()) == slots.tolist()
+  for start in range(0, num_tiles, num_ctas):
+    dealt = tiles[start:start + num_ctas]
+    whole = start + num_ctas <= num_tiles
+    backwards = (start // num_ctas) % 2 == 1 and whole
+    want = slots[start:start + num_ctas]
+    assert dealt.tolist() == (want[::-1] if backwards else want).tolist()
+
+
+def test_largest_first_sorts_entries_and_names_their_outputs():
+  table = jnp.asarray([[0, 5, 5, 40], [5, 5, 40, 42],
+                       [0, 0, 0, 0], [1, 0, 1, 1]], jnp.int32)
+  got = np.asarray(mosaic_schedule.largest_first(table))
+  assert got[4].tolist() == [2, 0, 3, 1]  # 35, 5, 2, 0 rows; ties in order
+  assert np.array_equal(got[:4], np.asarray(table)[:, got[4]])
+
+
+def test_rows_rejects_largest_first():
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="largest_first"):
+    mosaic.ragged_matmul(
+        jnp.ones(problem.lhs_shape, jnp.bfloat16),
+        jnp.ones(problem.rhs_shape, jnp.bfloat16), jnp.asarray([32, 32]),
+        jnp.zeros((1,), jnp.int32), problem=problem,
+        config=dataclasses.replace(SMALL, largest_first=True), interpret=True)
+
+
 def test_rows_rejects_piece_rows():
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match="piece_rows"):
@@ -411,11 +451,13 @@ def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
 
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
-  (Qwen3-30B's up projection) lowers for the GPU, merge included."""
+  (Qwen3-30B's up projection), walked largest first, lowers for the GPU,
+  merge included."""
   from pallas_gemm.ragged_dot import configs
   problem = RaggedProblem("contracting", 32768, 2048, 768, 128, "bfloat16",
                           "bfloat16")
-  pieces = [c for c in configs.candidates(problem) if c.piece_rows]
+  pieces = [c for c in configs.candidates(problem)
+            if c.piece_rows and c.largest_first]
   assert pieces and pieces[0].piece_rows % pieces[0].tile_k == 0
   config = pieces[0]
   spec = jax.ShapeDtypeStruct

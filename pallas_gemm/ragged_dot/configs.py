@@ -33,6 +33,11 @@ One `RaggedConfig` serves both modes; the fields mean:
                idle while its few long tiles run (a "contracting"-mode
                option; 0, the default, never cuts). The partial sums are
                rounded to the output dtype before they are added.
+    largest_first
+               walk the groups (or pieces) in order of their row counts,
+               largest first, and deal the tiles to the CTAs in a snake, so
+               that uneven groups load the SMs evenly (a "contracting"-mode
+               option; "rows" raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -90,6 +95,7 @@ class RaggedConfig:
   split_rows: bool = False
   interleave_groups: bool = False
   piece_rows: int = checked(0, _WHOLE_STEPS)
+  largest_first: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -269,7 +275,12 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "contracting" and out:
+    # For uneven group sizes: the heuristic's tile walked largest group
+    # first, and (where one group's tiles leave SMs idle) also cut.
+    out.append(dataclasses.replace(out[0], largest_first=True))
     rows = filling_piece_rows(problem, out[0], NOMINAL_SMS)
     if rows:
       out.append(dataclasses.replace(out[0], piece_rows=rows))
+      out.append(dataclasses.replace(out[0], piece_rows=rows,
+                                     largest_first=True))
   return out

@@ -360,6 +360,9 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   if problem.mode == "rows" and config.interleave_groups:
     raise ValueError("RaggedConfig.interleave_groups is a \"contracting\"-"
                      "mode option: \"rows\" walks its row items in order")
+  if problem.mode == "rows" and config.largest_first:
+    raise ValueError("RaggedConfig.largest_first is a \"contracting\"-mode "
+                     "option: \"rows\" tiles of one item take equal time")
   if problem.mode == "rows" and config.piece_rows:
     raise ValueError("RaggedConfig.piece_rows is a \"contracting\"-mode "
                      "option: \"rows\" has no reduction over token rows")

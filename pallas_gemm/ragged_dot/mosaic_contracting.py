@@ -20,6 +20,12 @@ pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
 groups of their own: a group holding most tokens then has as many tiles
 as it has pieces times its output tiles, enough to keep every SM busy.
 `add_pieces` adds each cut group's pieces afterwards, in float32.
+
+With `RaggedConfig.largest_first`, the table's groups (or pieces) are
+sorted by row count, largest first, with the output group as a fifth row,
+and the tiles are dealt to the CTAs in a snake (`mosaic_schedule.
+snake_deal`), so that the long tiles of large groups start first and spread
+evenly over the CTAs.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   num_tiles = index(groups * k_tiles * n_tiles)
 
   def tile_info(linear):
+    if config.largest_first:
+      linear = schedule.snake_deal(linear, index(lax.axis_size("sm")),
+                                   num_tiles)
     if config.interleave_groups:
       g = lax.rem(linear, index(groups))
       _, k_idx, n_idx = tile_coordinates(
@@ -68,7 +77,10 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
       g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
                                          n_tiles=n_tiles, band_dim=Dim.M,
                                          band=config.grid_band)
-    row_lo, row_hi, first_chunk, steps = schedule.read_entry(groups_gmem, g)
+    entry = schedule.read_entry(groups_gmem, g)
+    row_lo, row_hi, first_chunk, steps = entry[:4]
+    if config.largest_first:  # columns sorted; the output group comes last
+      g = entry[4]
     return g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps
 
   def store_piece(staged, g, rows, cols):
@@ -174,6 +186,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk)
+  if config.largest_first:
+    table = schedule.largest_first(table)
   # The kernel sees every piece as a group of its own; the pieces beyond
   # the groups' first go to an output of their own, so that adding them
   # updates the groups' output in place.

@@ -168,3 +168,24 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   extras = jnp.stack([jnp.where(used, owner, -1),
                       jnp.where(used, first_extra[owner], 0)])
   return table, extras.astype(jnp.int32)
+
+
+def largest_first(table):
+  """A "contracting"-mode table (4, entries) with its entries sorted by row
+  count, largest first (ties in entry order), and a fifth row: each sorted
+  entry's original index, the output group its tiles store to."""
+  order = jnp.argsort(table[0] - table[1], stable=True).astype(jnp.int32)
+  return jnp.concatenate([table[:, order], order[None, :]]).astype(jnp.int32)
+
+
+def snake_deal(linear, num_ctas, num_tiles):
+  """The tile that the `linear`-th slot of a round-robin deal runs
+  (`warp_specialised.for_each_tile` gives CTA c the slots c, c + num_ctas,
+  ...): every other whole round of num_ctas slots reversed, so that the CTA
+  dealt the longest tile of one round is dealt the shortest of the next
+  when tiles come longest first. A partial last round is dealt in order.
+  A permutation of [0, num_tiles); works on traced or NumPy ints."""
+  deal_round = linear // num_ctas
+  backwards = (deal_round * num_ctas + (num_ctas - 1 - linear % num_ctas))
+  whole = (deal_round + 1) * num_ctas <= num_tiles
+  return jnp.where((deal_round % 2 == 1) & whole, backwards, linear)

@@ -367,24 +367,16 @@ def test_largest_first_sorts_entries_and_names_their_outputs():
   assert np.array_equal(got[:4], np.asarray(table)[:, got[4]])
 
 
-def test_rows_rejects_largest_first():
+@pytest.mark.parametrize("option", [dict(largest_first=True),
+                                    dict(piece_rows=64)], ids=str)
+def test_rows_rejects_contracting_options(option):
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
-  with pytest.raises(ValueError, match="largest_first"):
+  with pytest.raises(ValueError, match=next(iter(option))):
     mosaic.ragged_matmul(
         jnp.ones(problem.lhs_shape, jnp.bfloat16),
         jnp.ones(problem.rhs_shape, jnp.bfloat16), jnp.asarray([32, 32]),
         jnp.zeros((1,), jnp.int32), problem=problem,
-        config=dataclasses.replace(SMALL, largest_first=True), interpret=True)
-
-
-def test_rows_rejects_piece_rows():
-  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
-  with pytest.raises(ValueError, match="piece_rows"):
-    mosaic.ragged_matmul(
-        jnp.ones(problem.lhs_shape, jnp.bfloat16),
-        jnp.ones(problem.rhs_shape, jnp.bfloat16), jnp.asarray([32, 32]),
-        jnp.zeros((1,), jnp.int32), problem=problem,
-        config=dataclasses.replace(SMALL, piece_rows=64), interpret=True)
+        config=dataclasses.replace(SMALL, **option), interpret=True)
 
 
 def test_contracting_rejects_split_rows():

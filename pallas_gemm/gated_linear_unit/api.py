@@ -295,9 +295,10 @@ def _glu_bwd(spec: _Spec, saved, d_out):
   if isinstance(weights, tuple):
     w_gate, w_up = weights
     # Two GEMMs in x's dtype and one add, as XLA's autodiff of the two-dot
-    # form: a float32 partial product passed as `c` costs an m x k float32
-    # write and read, which XLA cannot fold into the second GEMM, while the
-    # add of two same-dtype products it folds into the GEMM's beta.
+    # form. XLA runs the add as an elementwise kernel of its own (it does
+    # not fold it into the second GEMM); a float32 partial product passed as
+    # `c` would add an m x k float32 write and read on top
+    # (experiments/results/nvidia_h100/glu_breakdown).
     dx = (gemm(d_gate, w_gate, transpose_b=True, preferred_element_type=x.dtype)
           + gemm(d_up, w_up, transpose_b=True, preferred_element_type=x.dtype))
     d_weights = (gemm(x, d_gate, transpose_a=True,

@@ -26,34 +26,15 @@ if str(_ROOT) not in sys.path:
   sys.path.insert(0, str(_ROOT))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
-from pallas_gemm import numerics, timing  # noqa: E402
-from pallas_gemm.gated_linear_unit import gated_linear_unit  # noqa: E402
+from experiments.bench_glu import (_forward_fn, _operand_sets,  # noqa: E402
+                                   _timed_fn)
+from pallas_gemm import timing  # noqa: E402
+from pallas_gemm.shapes import parse_shapes  # noqa: E402
 
-
-def _forwards():
-  return {
-      "mosaic": lambda x, w: gated_linear_unit(x, w, activation="silu",
-                                               kernel="mosaic"),
-      "xla": lambda x, w: jax.nn.silu(x @ w[0]) * (x @ w[1]),
-  }
-
-
-def _fwd_bwd(forward):
-  def run(x, w, dy):
-    out, pullback = jax.vjp(forward, x, w)
-    return out, pullback(dy)
-  return jax.jit(run)
-
-
-def _operands(m, n, k, seed=0):
-  keys = jax.random.split(numerics.fresh_key(seed), 4)
-  x = numerics.random_normal(keys[0], (m, k), jnp.bfloat16)
-  w = tuple((jax.random.normal(key, (k, n), jnp.float32) / k ** 0.5
-             ).astype(jnp.bfloat16) for key in keys[1:3])
-  dy = numerics.random_normal(keys[3], (m, n), jnp.bfloat16)
-  return x, w, dy
+#: The two programs compared: the fused Mosaic forward, and XLA's pair form
+#: `silu(x @ wg) * (x @ wu)`, each with its autodiff backward.
+TARGETS = ("mosaic", "xla")
 
 
 def breakdown(fn, args, iters):
@@ -73,15 +54,15 @@ def main(argv=None):
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   on_gpu = jax.default_backend() == "gpu"
-  shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+  shapes = parse_shapes(args.shapes)
   if not on_gpu:
     print("no GPU: one tiny shape in interpret mode, times mean nothing")
     shapes = [(64, 128, 64)]
   for m, n, k in shapes:
-    operands = _operands(m, n, k)
+    operands = _operand_sets(m, n, k, False, 1, 0)[0]
     totals = {}
-    for name, forward in _forwards().items():
-      fn = _fwd_bwd(forward)
+    for name in TARGETS:
+      fn = jax.jit(_timed_fn(_forward_fn(name, "silu", False), "fwd+bwd"))
       if on_gpu:
         kernels = breakdown(fn, operands, args.iters)
       else:

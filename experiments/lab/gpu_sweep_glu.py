@@ -42,6 +42,7 @@ from pallas_gemm.gated_linear_unit import gated_linear_unit  # noqa: E402
 from pallas_gemm.gated_linear_unit.problem import GluProblem  # noqa: E402
 from pallas_gemm.gated_linear_unit.configs import glu_heuristic  # noqa: E402
 from pallas_gemm.mosaic_backend.config import Dim  # noqa: E402
+from pallas_gemm.shapes import parse_shapes  # noqa: E402
 
 from experiments.bench.output import git_revision  # noqa: E402
 from experiments.bench_glu import _operand_sets, _set_count  # noqa: E402
@@ -139,11 +140,10 @@ def main(argv=None):
                       "forward with residuals, every candidate) on these")
   args = parser.parse_args(argv)
 
-  def parse_shapes(text, name):
-    return tuple((name, *(int(v) for v in s.lower().split("x")))
-                 for s in text.split(",") if s)
-  decode_shapes = parse_shapes(args.decode_shapes, "decode")
-  residual_shapes = parse_shapes(args.residual_shapes, "residuals")
+  decode_shapes = tuple(("decode", *shape)
+                        for shape in parse_shapes(args.decode_shapes))
+  residual_shapes = tuple(("residuals", *shape)
+                          for shape in parse_shapes(args.residual_shapes))
   device = device_info()
   on_gpu = device.is_gpu
   shapes = GPU_SHAPES if on_gpu else CPU_SHAPES

@@ -11,9 +11,10 @@ down to a multiple of `row_align` (a TMA load of lhs starts on a whole row
 tile of its swizzled layout: Mosaic divides the start by the tile's 8 rows).
 A group of s rows so costs cdiv(s + up to 7, tile_m) tiles wherever it
 starts; cut at absolute tile_m-row blocks instead, a group that starts
-mid-block costs one tile more (experiments/results/nvidia_h100/moe_items). An item is one piece's rows in one of its tiles; the tile may
-reach into the neighbouring groups' rows, is computed with the item's own
-group's weights, and stores only the item's rows. Items of the no-group
+mid-block costs one tile more (experiments/results/nvidia_h100/moe_items).
+An item is one piece's rows in one of its tiles; the tile may reach into
+the neighbouring groups' rows, is computed with the item's own group's
+weights, and stores only the item's rows. Items of the no-group
 pieces are zeros (no product is computed). Items are listed in row order, so
 the items of one group are consecutive.
 """
@@ -90,17 +91,30 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   num_items = ends_incl[-1:]
   item = jnp.arange(max_row_items(m, groups, tile_m, row_align),
                     dtype=jnp.int32)
-  # The piece of each item: how many pieces end at or before it. A direct
-  # count (one fused compare-and-sum over a few hundred x a few hundred)
-  # rather than a binary search, which XLA runs as a loop of tiny kernels.
-  ended = jnp.sum((ends_incl[None, :] <= item[:, None]).astype(jnp.int32),
-                  axis=1)
-  piece = jnp.minimum(ended, groups + 1).astype(jnp.int32)
+  piece = jnp.minimum(_owners(ends_incl, item), groups + 1)
   tile_row = first_tile_row[piece] + (item - first_item[piece]) * tile_m
   row_lo = jnp.maximum(lo[piece], tile_row)
   row_hi = jnp.minimum(hi[piece], tile_row + tile_m)
   table = jnp.stack([piece_group[piece], row_lo, row_hi])
   return table.astype(jnp.int32), num_items.astype(jnp.int32)
+
+
+def _owners(ends_incl, entries):
+  """The owner of each of `entries` in a list where owner o holds the
+  consecutive entries that end before ends_incl[o]: how many owners end at
+  or before it. A direct count (one fused compare-and-sum over a few hundred
+  x a few hundred) rather than a binary search, which XLA runs as a loop of
+  tiny kernels."""
+  return jnp.sum((ends_incl[None, :] <= entries[:, None]).astype(jnp.int32),
+                 axis=1).astype(jnp.int32)
+
+
+def _chunk_table(lo, hi, chunk: int):
+  """The (4, entries) "contracting"-mode table of row ranges [lo, hi):
+  GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS (0 for an
+  empty range)."""
+  chunks = jnp.where(hi > lo, (hi - 1) // chunk - lo // chunk + 1, 0)
+  return jnp.stack([lo, hi, lo // chunk, chunks]).astype(jnp.int32)
 
 
 def tile_first_row(row_lo, *, row_align: int, lhs_rows: int, tile_m: int):
@@ -116,10 +130,7 @@ def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int):
   """The "contracting"-mode group table (4, groups) int32: each group's
   rows [lo, hi), its first `chunk`-row block and how many blocks it
   touches (0 for an empty group)."""
-  starts, ends = group_rows(group_sizes, row_offset, m)
-  chunks = jnp.where(ends > starts, (ends - 1) // chunk - starts // chunk + 1,
-                     0)
-  return jnp.stack([starts, ends, starts // chunk, chunks]).astype(jnp.int32)
+  return _chunk_table(*group_rows(group_sizes, row_offset, m), chunk)
 
 
 def max_extra_pieces(m: int, groups: int, chunk: int, piece_rows: int) -> int:
@@ -154,17 +165,13 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   extra_ends = inclusive_sum(extra.astype(jnp.int32))
   first_extra = extra_ends - extra
   x = jnp.arange(extra_count, dtype=jnp.int32)
-  owner = jnp.minimum(
-      jnp.sum((extra_ends[None, :] <= x[:, None]).astype(jnp.int32), axis=1),
-      groups - 1)
+  owner = jnp.minimum(_owners(extra_ends, x), groups - 1)
   used = x < extra_ends[-1]
   lo = jnp.where(used, first_cut[owner]
                  + (x - first_extra[owner]) * piece_rows, 0)
   hi = jnp.where(used, jnp.minimum(ends[owner], lo + piece_rows), 0)
-  lo = jnp.concatenate([starts, lo])
-  hi = jnp.concatenate([first_hi, hi])
-  chunks = jnp.where(hi > lo, (hi - 1) // chunk - lo // chunk + 1, 0)
-  table = jnp.stack([lo, hi, lo // chunk, chunks]).astype(jnp.int32)
+  table = _chunk_table(jnp.concatenate([starts, lo]),
+                       jnp.concatenate([first_hi, hi]), chunk)
   extras = jnp.stack([jnp.where(used, owner, -1),
                       jnp.where(used, first_extra[owner], 0)])
   return table, extras.astype(jnp.int32)

@@ -337,6 +337,14 @@ def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
   return jnp.where(in_group[:, None], value, 0).astype(problem.out_dtype)
 
 
+#: The config options only "contracting" mode has, and why "rows" has none.
+_CONTRACTING_OPTIONS = {
+    "interleave_groups": "walks its row items in order",
+    "largest_first": "tiles of one item take equal time",
+    "piece_rows": "has no reduction over token rows",
+}
+
+
 def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
                   problem: RaggedProblem, config: RaggedConfig,
                   interpret=False):
@@ -357,15 +365,11 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   params = interpret_params(interpret)
   group_sizes = group_sizes.astype(jnp.int32)
   row_offset = row_offset.astype(jnp.int32)
-  if problem.mode == "rows" and config.interleave_groups:
-    raise ValueError("RaggedConfig.interleave_groups is a \"contracting\"-"
-                     "mode option: \"rows\" walks its row items in order")
-  if problem.mode == "rows" and config.largest_first:
-    raise ValueError("RaggedConfig.largest_first is a \"contracting\"-mode "
-                     "option: \"rows\" tiles of one item take equal time")
-  if problem.mode == "rows" and config.piece_rows:
-    raise ValueError("RaggedConfig.piece_rows is a \"contracting\"-mode "
-                     "option: \"rows\" has no reduction over token rows")
+  if problem.mode == "rows":
+    for option, why in _CONTRACTING_OPTIONS.items():
+      if getattr(config, option):
+        raise ValueError(f"RaggedConfig.{option} is a \"contracting\"-mode "
+                         f"option: \"rows\" {why}")
   if problem.mode == "contracting":
     from pallas_gemm.ragged_dot import mosaic_contracting
     return mosaic_contracting.contracting_matmul(

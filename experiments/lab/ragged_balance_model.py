@@ -3,10 +3,11 @@ what would other tile orders give? A model, no GPU (issue #18).
 
     PYTHONPATH=. python experiments/lab/ragged_balance_model.py [--sms 132]
 
-Each output tile of group g costs ceil(rows_g / 64) chunk steps plus
+Each output tile of group g costs ceil(rows_g / chunk) steps plus
 `--store_cost` steps for writing it (a tile's reduction runs over all its
 group's rows); tiles are dealt to the persistent CTAs round-robin in the
-kernel's order (`warp_specialised.for_each_tile`). Printed: the busiest
+kernel's order (`warp_specialised.for_each_tile`), in the CTA tiles and chunks of the
+heuristic's config. Printed: the busiest
 CTA's load over the mean (1.00 = balanced) for the kernel's group-major
 order and for three alternatives: groups sorted by size (largest first),
 a snake deal (every other round of CTAs dealt backwards), and both. No
@@ -26,10 +27,8 @@ if str(_ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from pallas_gemm.ragged_dot import arg_specs  # noqa: E402
-
-CHUNK_ROWS = 64
-CTA_TILE = (256, 128)  # the heuristic's contracting CTA tile (K x N)
+from pallas_gemm.devices import DeviceInfo  # noqa: E402
+from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
 
 def busiest_over_mean(costs: np.ndarray, sms: int, snake: bool) -> float:
@@ -49,12 +48,14 @@ def main(argv=None):
   parser.add_argument("--store_cost", type=float, default=2.0)
   args = parser.parse_args(argv)
   print("layer distribution | group-major | sorted | snake | sorted+snake")
+  device = DeviceInfo("gpu", "model", (9, 0), args.sms)
   for layer in arg_specs.MOE_LAYERS:
-    tiles_per_group = (-(-layer.k // CTA_TILE[0])) * (-(-layer.n // CTA_TILE[1]))
     for distribution in ("zipf", "one_hot"):
-      sizes = arg_specs.group_sizes(distribution, layer.rows, layer.groups,
-                                    seed=0)
-      cost = np.ceil(sizes / CHUNK_ROWS) + args.store_cost
+      case = arg_specs.MoeCase(layer, distribution, "drhs")
+      config = configs.heuristic(case.problem, device)
+      cta_k, cta_n = config.cta_tile("contracting")
+      tiles_per_group = -(-layer.k // cta_k) * -(-layer.n // cta_n)
+      cost = np.ceil(case.group_sizes() / config.tile_k) + args.store_cost
       orders = {"group-major": np.repeat(cost, tiles_per_group),
                 "sorted": np.repeat(np.sort(cost)[::-1], tiles_per_group)}
       cells = [busiest_over_mean(orders[order], args.sms, snake)

@@ -241,15 +241,16 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   P x (tiles per group) tiles run in ceil(P x tiles / sms) waves of tiles
   1 / P as long; the fewest pieces (up to MAX_PIECES) of the shortest such
   time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
-  fill the SMs already). Not
-  used by the heuristic until measured on a GPU (a candidate of
-  `candidates`)."""
+  fill the SMs already). Not used by the heuristic until measured on a GPU
+  (a candidate of `candidates`)."""
   cta_m, cta_n = config.cta_tile("contracting")
   tiles = -(-problem.k // cta_m) * -(-problem.n // cta_n)
-  def time(p):
-    return -(-tiles * p // max(sms, 1)) / p
-  pieces = min(range(1, MAX_PIECES + 1), key=lambda p: (time(p), p))
-  if time(pieces) > PIECES_WORTH * time(1):
+
+  def group_time(pieces):
+    return -(-tiles * pieces // max(sms, 1)) / pieces
+
+  pieces = min(range(1, MAX_PIECES + 1), key=lambda p: (group_time(p), p))
+  if group_time(pieces) > PIECES_WORTH * group_time(1):
     return 0
   rows = -(-problem.m // pieces)
   return -(-rows // config.tile_k) * config.tile_k

@@ -25,10 +25,11 @@
 #              (a new kernel compiled, checked and timed against XLA),
 #              output in $OUT/smoke_<name>.txt            BUDGET_smoke=150 each
 #   ragged_options
-#              not in the default run: the grouped GEMM's config options
-#              not yet in its heuristic (RaggedConfig.piece_rows,
-#              largest_first), each checked and timed interleaved with the
-#              heuristic's config on skewed and even drhs cases, output in
+#              not in the default run: grouped-GEMM config options not
+#              in its heuristic (RAGGED_OPTIONS, space-separated, each a
+#              comma-separated list of RaggedConfig fields), each checked
+#              and timed interleaved with the heuristic's config on the
+#              moe cases RAGGED_CASES (';'-separated labels), output in
 #              $OUT/ragged_options.txt                BUDGET_ragged_options=200
 #   lab        not in the default run: the lab sweeps' GPU checks (every
 #              Triton rung and both Mosaic kernels compiled, vs float64),
@@ -161,11 +162,9 @@ if wanted ragged_options; then
   stage "grouped GEMM: config options against the heuristic's"
   # One process per (case, option): each compiles two configs.
   deadline=$(( SECONDS + $(budget ragged_options 200) ))
-  for case in "qwen3_30b_a3b_up one_hot drhs" "qwen3_30b_a3b_up zipf drhs" \
-      "qwen3_30b_a3b_up even drhs" "g64_t16384_k2048_n1408 one_hot drhs" \
-      "qwen1.5_moe_up zipf drhs" "deepseek_v3_up zipf drhs"; do
-    for option in piece_rows=4096 largest_first=true \
-        piece_rows=4096,largest_first=true; do
+  IFS=';' read -r -a ragged_cases <<< "${RAGGED_CASES:-qwen1.5_moe_up even drhs;qwen3_30b_a3b_up zipf drhs;g64_t16384_k2048_n1408 even drhs}"
+  for case in "${ragged_cases[@]}"; do
+    for option in ${RAGGED_OPTIONS:-ping_pong=true}; do
       [ "$SECONDS" -lt "$deadline" ] || break 2
       run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
         --case "$case" --kernel mosaic --versus "$option" --time 20 \

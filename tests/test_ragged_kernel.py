@@ -23,7 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
-from pallas_gemm.ragged_dot import mosaic, mosaic_schedule
+from pallas_gemm.ragged_dot import configs, mosaic, mosaic_schedule
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
 from pallas_gemm.mosaic_backend import tma
@@ -153,6 +153,15 @@ CONTRACTING_CASES = [
     # ... and the pieces of a cut group sorted among the groups.
     (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, largest_first=True, piece_rows=64)),
+    # The consumers take turns at whole tiles: an odd tile count per CTA,
+    # tiles of 1, 3 and 0 chunks (the empty group's still stored, as
+    # zeros), two staging slots over an odd number of stores per tile.
+    (230, 192, 192, [60, 130, 0, 33], 5, "bfloat16", "float32",
+     dataclasses.replace(SMALL, ping_pong=True, out_slots=2, stages=3)),
+    # ... with the groups cut into pieces and walked largest first.
+    (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, ping_pong=True, largest_first=True,
+                         piece_rows=64)),
 ]
 
 
@@ -164,7 +173,8 @@ def test_contracting(case):
   problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
                           out_dtype)
   got, _ = _run(problem, sizes, row_offset=offset, config=config,
-                detect_races=case is CONTRACTING_CASES[0])
+                detect_races=case is CONTRACTING_CASES[0]
+                or case is CONTRACTING_CASES[-2])
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
 
@@ -368,7 +378,8 @@ def test_largest_first_sorts_entries_and_names_their_outputs():
 
 
 @pytest.mark.parametrize("option", [dict(largest_first=True),
-                                    dict(piece_rows=64)], ids=str)
+                                    dict(piece_rows=64),
+                                    dict(ping_pong=True)], ids=str)
 def test_rows_rejects_contracting_options(option):
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match=next(iter(option))):
@@ -386,6 +397,28 @@ def test_contracting_rejects_split_rows():
         jnp.zeros((64, 64), jnp.bfloat16), jnp.zeros((64, 64), jnp.bfloat16),
         jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
         problem=problem, config=SPLIT_ROWS, interpret=True)
+
+
+@pytest.mark.parametrize("tile", [(128, 128), (64, 256)], ids=str)
+def test_ping_pong_lowers_for_cuda(tile):
+  """Consumers taking turns at whole tiles, at the two tile shapes of the
+  weight gradient (Qwen1.5-MoE's up projection), lower for the GPU."""
+  problem = RaggedProblem("contracting", 16384, 2048, 1408, 60, "bfloat16",
+                          "bfloat16")
+  config = [c for c in configs.candidates(problem)
+            if c.ping_pong and (c.tile_m, c.tile_n) == tile][0]
+  assert config.cta_tile("contracting") == tile
+  spec = jax.ShapeDtypeStruct
+  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
+          spec(problem.lhs_shape, jnp.bfloat16),
+          spec(problem.rhs_shape, jnp.bfloat16), spec((60,), jnp.int32),
+          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+
+
+def test_ping_pong_needs_one_warpgroup_tile():
+  with pytest.raises(ValueError, match="ping_pong.*tile_m=128, tile_n=256"):
+    RaggedConfig(tile_m=128, tile_n=256, ping_pong=True)
 
 
 def test_supports():

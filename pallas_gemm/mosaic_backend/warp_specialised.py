@@ -122,15 +122,29 @@ def tile_coordinates(linear, *, m_tiles, n_tiles, band_dim: Dim, band: int):
 class Ring(NamedTuple):
   """The TMA ring of a warp-specialised kernel: `stages` shared-memory
   stages; `loaded[slot]` fires when a stage's TMA loads have landed and
-  `consumed[slot]` once every consumer has released it."""
+  `consumed[slot]` once every consumer has released it.
+
+  A ring whose tiles alternate between the consumers (each consumer runs
+  whole tiles of its own: `ring_smem(owners=NUM_CONSUMERS)`) has one set of
+  `loaded` barriers per consumer, so that each consumer waits only on the
+  loads of its own tiles and its barrier phases stay in step; `owner`
+  picks the set (barrier owner * stages + slot)."""
   stages: int
   loaded: Any
   consumed: Any
+  owner: Any = 0
 
   def slot(self, step):
     """The stage of ring step `step` (the step counter runs on across
     tiles)."""
     return lax.rem(step, index(self.stages))
+
+  def loaded_barrier(self, slot):
+    """The barrier that fires when stage `slot`'s loads for this ring's
+    owner have landed."""
+    if isinstance(self.owner, int) and self.owner == 0:
+      return self.loaded.at[slot]
+    return self.loaded.at[index(self.owner) * index(self.stages) + slot]
 
 
 class RingStep(NamedTuple):
@@ -239,7 +253,7 @@ def consume_ring(ring: Ring, mma_step, *, first_step, steps, accumulators=(),
       kk = index(kk)
       step = first_step + kk
       slot = ring.slot(step)
-      plgpu.barrier_wait(ring.loaded.at[slot])
+      plgpu.barrier_wait(ring.loaded_barrier(slot))
       mma_step(RingStep(kk, step, slot), *acc_refs)
       plgpu.wgmma_wait(in_flight)
 
@@ -275,21 +289,28 @@ def run_warpgroups(producer, consumer):
     consumer(wg)
 
 
-def ring_smem(stages: int, *, loads: int | None = None, **operands):
+def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
+              **operands):
   """The shared memory of a TMA ring, as `pl.run_scoped` keyword arguments:
   a buffer of `stages` blocks for each named operand (block shape, dtype),
   swizzled along the block's minor dimension, and the barriers
   `stage_loaded` (one arrival per TMA copy of a stage: `loads`, by default
-  one per operand) and `stage_consumed` (one per consumer)."""
+  one per operand) and `stage_consumed` (one per consumer).
+
+  With `owners=NUM_CONSUMERS` the consumers take turns at whole tiles
+  (see `Ring`): `stage_loaded` holds a set of `stages` barriers per
+  consumer, and a stage is released by the one consumer that read it."""
+  if owners not in (1, NUM_CONSUMERS):
+    raise ValueError(f"owners={owners} must be 1 or {NUM_CONSUMERS}")
   scratch = {
       name: plgpu.SMEM((stages, *block), dtype,
                        transforms=tiled_transforms(block[-1], dtype))
       for name, (block, dtype) in operands.items()}
   scratch["stage_loaded"] = plgpu.Barrier(
       num_arrivals=len(operands) if loads is None else loads,
-      num_barriers=stages)
-  scratch["stage_consumed"] = plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
-                                            num_barriers=stages)
+      num_barriers=stages * owners)
+  scratch["stage_consumed"] = plgpu.Barrier(
+      num_arrivals=NUM_CONSUMERS if owners == 1 else 1, num_barriers=stages)
   return scratch
 
 

@@ -38,6 +38,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                largest first, and deal the tiles to the CTAs in a snake, so
                that uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    ping_pong  the two consumer warpgroups take turns at whole tiles of
+               tile_m x tile_n (the CTA tile is then the consumer tile)
+               instead of splitting one tile: while one stores a finished
+               tile, the other's wgmmas keep the tensor cores busy, which
+               matters where a tile's reduction is short next to its output
+               store (few token rows per expert). Needs tile_m * tile_n <=
+               128 * 128 (a whole tile's accumulator in one warpgroup's
+               registers); a "contracting"-mode option ("rows" raises).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -96,9 +104,15 @@ class RaggedConfig:
   interleave_groups: bool = False
   piece_rows: int = checked(0, _WHOLE_STEPS)
   largest_first: bool = False
+  ping_pong: bool = False
 
   def __post_init__(self):
     validate(self)
+    if self.ping_pong and self.tile_m * self.tile_n > 128 * 128:
+      raise ValueError(f"RaggedConfig.ping_pong needs a consumer tile "
+                       f"tile_m x tile_n of at most 128 x 128 f32 (one "
+                       f"warpgroup's registers hold a whole tile), got "
+                       f"tile_m={self.tile_m}, tile_n={self.tile_n}")
     if self.split_rows and (self.tile_m < 128
                             or self.tile_m * self.tile_n > 128 * 128):
       raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "
@@ -113,6 +127,8 @@ class RaggedConfig:
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
     if mode == "contracting":
+      if self.ping_pong:
+        return self.tile_m, self.tile_n
       return NUM_CONSUMERS * self.tile_m, self.tile_n
     return self.tile_m, NUM_CONSUMERS * self.tile_n
 
@@ -276,6 +292,13 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "contracting" and out:
+    # The consumers taking turns at whole tiles, at the two shapes whose
+    # accumulator one warpgroup holds.
+    for fields in (dict(tile_m=128, tile_n=128, epi_tile_n=64),
+                   dict(tile_m=64, tile_n=256, epi_tile_n=256)):
+      config = _most_stages(RaggedConfig(ping_pong=True, **fields), problem)
+      if config.fits(problem):
+        out.append(config)
     # For uneven group sizes: the heuristic's tile walked largest group
     # first, and (where one group's tiles leave SMs idle) also cut.
     out.append(dataclasses.replace(out[0], largest_first=True))

@@ -342,6 +342,9 @@ _CONTRACTING_OPTIONS = {
     "interleave_groups": "walks its row items in order",
     "largest_first": "tiles of one item take equal time",
     "piece_rows": "has no reduction over token rows",
+    "ping_pong": "splits each tile between its consumers (the turn-taking "
+                 "schedule is built for the short reductions of "
+                 "\"contracting\" mode only)",
 }
 
 

@@ -21,6 +21,13 @@ groups of their own: a group holding most tokens then has as many tiles
 as it has pieces times its output tiles, enough to keep every SM busy.
 `add_pieces` adds each cut group's pieces afterwards, in float32.
 
+With `RaggedConfig.ping_pong`, the consumers take turns at whole tiles
+(the CTA's first, third, ... tile to the first consumer) instead of each
+computing half of every tile: the ring holds one set of `loaded` barriers
+per consumer (`warp_specialised.Ring`), and each consumer walks every tile
+of its CTA to keep the ring's step count, computing only its own. A
+consumer's output store then overlaps the other's wgmmas.
+
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,
 and the tiles are dealt to the CTAs in a snake (`mosaic_schedule.
@@ -59,10 +66,19 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   pieces, stored to out_gmem, and the rest their further pieces, stored to
   pieces_gmem."""
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
-  cta_m = NUM_CONSUMERS * tile_m
+  cta_m = config.cta_tile("contracting")[0]
   epi_n, stages, out_slots = config.epi_tile_n, config.stages, config.out_slots
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   num_tiles = index(groups * k_tiles * n_tiles)
+  stores = tile_n // epi_n
+
+  def turn_of(linear):
+    """The consumer whose turn `linear` (one of this CTA's tiles) is in
+    ping-pong, and how many tiles that consumer ran before it."""
+    cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
+    local = lax.div(index(linear) - cta, num_ctas)
+    return (lax.rem(local, index(NUM_CONSUMERS)),
+            lax.div(local, index(NUM_CONSUMERS)))
 
   def tile_info(linear):
     if config.largest_first:
@@ -100,25 +116,46 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
 
     def producer_tile(linear):
       _, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
+      owner = turn_of(linear)[0] if config.ping_pong else 0
       return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
-              first_chunk, steps)
+              first_chunk, owner, steps)
 
     def load_step(tile, c, slot):
-      k_cols, n_cols, first_chunk, _ = tile
+      k_cols, n_cols, first_chunk, owner, _ = tile
       rows = pl.ds((first_chunk + c) * chunk, chunk)
+      loaded = ring._replace(owner=owner).loaded_barrier(slot)
       plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, k_cols],
-                              lhs_smem.at[slot], stage_loaded.at[slot])
+                              lhs_smem.at[slot], loaded)
       plgpu.copy_gmem_to_smem(dout_gmem.at[rows, n_cols],
-                              dout_smem.at[slot], stage_loaded.at[slot])
+                              dout_smem.at[slot], loaded)
 
     def producer():
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step)
 
     def consumer(wg):
-      wg_rows = wg * tile_m
+      wg_rows = 0 if config.ping_pong else wg * tile_m
+      my_ring = ring._replace(owner=wg) if config.ping_pong else ring
+
+      def store_slot(linear, ej):
+        if not config.ping_pong:
+          return output_slot(linear, ej, stores, out_slots)
+        if stores % out_slots == 0:
+          return ej % out_slots
+        return lax.rem(turn_of(linear)[1] * stores + ej, index(out_slots))
 
       def tile(linear, first_step):
+        if not config.ping_pong:
+          return compute_and_store(linear, first_step)
+        turn, _ = turn_of(linear)
+        steps = tile_info(linear)[-1]
+
+        @pl.when(turn == wg)
+        def _my_turn():
+          compute_and_store(linear, first_step)
+        return first_step + steps
+
+      def compute_and_store(linear, first_step):
         g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps = tile_info(
             linear)
 
@@ -139,11 +176,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
           plgpu.wgmma(acc_ref, lhs_part.T, dout_smem.at[slot])
 
         (acc,) = consume_ring(
-            ring, mma_step, first_step=first_step, steps=steps,
+            my_ring, mma_step, first_step=first_step, steps=steps,
             accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
-        for ej in range(tile_n // epi_n):
-          slot = output_slot(linear, ej, tile_n // epi_n, out_slots)
+        for ej in range(stores):
+          slot = store_slot(linear, ej)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = acc[:, ej * epi_n:(ej + 1) * epi_n].astype(
               out_dtype)
@@ -164,7 +201,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   pl.run_scoped(
       scoped,
       **ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
-                  dout_smem=((chunk, tile_n), in_dtype)),
+                  dout_smem=((chunk, tile_n), in_dtype),
+                  owners=NUM_CONSUMERS if config.ping_pong else 1),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       collective_axes="wg",
   )
@@ -176,8 +214,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
     raise ValueError("RaggedConfig.split_rows is a \"rows\"-mode option: the "
                      "contracting kernel always splits its K strip")
   m, k, n, groups = problem.m, problem.k, problem.n, problem.groups
-  tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
-  cta_m = NUM_CONSUMERS * tile_m
+  tile_n, chunk = config.tile_n, config.tile_k
+  cta_m = config.cta_tile("contracting")[0]
   in_dtype = problem.in_dtype
   if config.piece_rows:
     table, extras = schedule.contracting_pieces(
@@ -195,7 +233,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype), (chunk, cta_m))
   dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
                            (chunk, tile_n))
-  k_out = max(cdiv(k, 8) * 8, tile_m)
+  k_out = max(cdiv(k, 8) * 8, config.tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
   out_type = jax.ShapeDtypeStruct((groups, k_out, n_out),

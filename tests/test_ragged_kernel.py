@@ -552,3 +552,15 @@ def test_heuristic_weighs_column_padding_and_output_bursts():
   assert (few_config.tile_m, few_config.tile_n) == (64, 256)
   assert few_config.epi_tile_n == few_config.tile_n  # one store per consumer
   assert mosaic.heuristic(many, HOPPER).epi_tile_n == 64
+
+
+def test_heuristic_takes_turns_only_for_short_weight_gradient_reductions():
+  short = RaggedProblem("contracting", 16384, 2048, 1408, 64, "bfloat16",
+                        "bfloat16")  # 256 rows per expert
+  long = RaggedProblem("contracting", 16384, 4096, 14336, 8, "bfloat16",
+                       "bfloat16")  # 2048 rows per expert
+  config = mosaic.heuristic(short, HOPPER)
+  assert config.ping_pong and config.cta_tile("contracting") == (128, 128)
+  assert not mosaic.heuristic(long, HOPPER).ping_pong
+  rows = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
+  assert not mosaic.heuristic(rows, HOPPER).ping_pong

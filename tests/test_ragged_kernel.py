@@ -562,5 +562,9 @@ def test_heuristic_takes_turns_only_for_short_weight_gradient_reductions():
   config = mosaic.heuristic(short, HOPPER)
   assert config.ping_pong and config.cta_tile("contracting") == (128, 128)
   assert not mosaic.heuristic(long, HOPPER).ping_pong
+  # At most two chunks per expert: the 64 x 256 tiles stay split.
+  few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
+                      "bfloat16")
+  assert not mosaic.heuristic(few, HOPPER).ping_pong
   rows = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
   assert not mosaic.heuristic(rows, HOPPER).ping_pong

@@ -183,10 +183,12 @@ def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
 
 
 #: Token rows per expert up to which the weight gradient's consumers take
-#: turns at whole tiles (`RaggedConfig.ping_pong`): a reduction of at most
-#: this many rows is short next to its tile's output store, which the other
-#: consumer's wgmmas then hide; longer ones lose more to the smaller CTA
-#: tile than they gain (experiments/results/nvidia_h200/ragged_ping_pong).
+#: turns at whole 128 x 128 tiles (`RaggedConfig.ping_pong`): a reduction
+#: of at most this many rows is short next to its tile's output store,
+#: which the other consumer's wgmmas then hide; longer ones lose more to
+#: the smaller CTA tile than they gain. The 64 x 256 tiles of at most two
+#: chunks per expert gained as often as they lost, and stay split
+#: (experiments/results/nvidia_h200/ragged_ping_pong).
 PING_PONG_MAX_ROWS = 512
 
 
@@ -201,7 +203,7 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # each consumer in one piece (rows of 512 bytes) rather than a deep
     # ring (experiments/results/nvidia_h200/ragged_sweep).
     base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
-  if rows_per_group <= PING_PONG_MAX_ROWS:
+  elif rows_per_group <= PING_PONG_MAX_ROWS:
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs.

@@ -29,7 +29,9 @@
 #              in its heuristic (RAGGED_OPTIONS, space-separated, each a
 #              comma-separated list of RaggedConfig fields), each checked
 #              and timed interleaved with the heuristic's config on the
-#              moe cases RAGGED_CASES (';'-separated labels), output in
+#              moe cases RAGGED_CASES (';'-separated labels; with
+#              RAGGED_BASE, fields over the heuristic's for the config
+#              they are compared with), output in
 #              $OUT/ragged_options.txt                BUDGET_ragged_options=200
 #   lab        not in the default run: the lab sweeps' GPU checks (every
 #              Triton rung and both Mosaic kernels compiled, vs float64),
@@ -168,6 +170,7 @@ if wanted ragged_options; then
       [ "$SECONDS" -lt "$deadline" ] || break 2
       run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
         --case "$case" --kernel mosaic --versus "$option" --time 20 \
+        ${RAGGED_BASE:+--config "$RAGGED_BASE"} \
         2>&1 | grep -E "relative error|us \(CUPTI|time =|Error" \
         | tee -a "$OUT/ragged_options.txt"
     done

@@ -112,20 +112,26 @@ ROWS_CASES = [
     # so two slots would be flagged for a wait that the GPU honours.
     (300, 64, 64, [70, 3, 150, 60], 9, "bfloat16", "float32", False, None,
      dataclasses.replace(SPLIT_ROWS, out_slots=1)),
+    # The consumers take turns at whole 64 x 64 tiles: an odd tile count per
+    # CTA, short items, rows of no group (zeros under silu), rhs read
+    # transposed. One staging slot, as above.
+    (150, 128, 128, [40, 3, 0, 70], 11, "bfloat16", "bfloat16", True,
+     "silu", dataclasses.replace(SMALL, ping_pong=True, stages=3)),
 ]
 
 
 @pytest.mark.parametrize("case", ROWS_CASES,
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
                               "eight_groups", "columns_past_n",
-                              "tall_tiles", "short_items_split_rows"])
+                              "tall_tiles", "short_items_split_rows",
+                              "ping_pong"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
   _run(problem, sizes, row_offset=offset, config=config,
-       detect_races=case is ROWS_CASES[0] or case is ROWS_CASES[-1])
+       detect_races=case in (ROWS_CASES[0], ROWS_CASES[-2], ROWS_CASES[-1]))
 
 
 CONTRACTING_CASES = [
@@ -378,8 +384,7 @@ def test_largest_first_sorts_entries_and_names_their_outputs():
 
 
 @pytest.mark.parametrize("option", [dict(largest_first=True),
-                                    dict(piece_rows=64),
-                                    dict(ping_pong=True)], ids=str)
+                                    dict(piece_rows=64)], ids=str)
 def test_rows_rejects_contracting_options(option):
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match=next(iter(option))):
@@ -419,6 +424,25 @@ def test_ping_pong_lowers_for_cuda(tile):
 def test_ping_pong_needs_one_warpgroup_tile():
   with pytest.raises(ValueError, match="ping_pong.*tile_m=128, tile_n=256"):
     RaggedConfig(tile_m=128, tile_n=256, ping_pong=True)
+  with pytest.raises(ValueError, match="ping_pong and split_rows"):
+    RaggedConfig(tile_m=128, tile_n=64, ping_pong=True, split_rows=True)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["fwd", "dlhs"])
+def test_rows_ping_pong_lowers_for_cuda(transpose):
+  """Turn-taking consumers in "rows" mode at Qwen1.5-MoE's shapes (the
+  forward, and the lhs gradient reading rhs transposed) lower for the GPU."""
+  k, n = (1408, 2048) if transpose else (2048, 1408)
+  problem = RaggedProblem("rows", 16384, k, n, 60, "bfloat16", "bfloat16",
+                          transpose_rhs=transpose)
+  config = [c for c in configs.candidates(problem) if c.ping_pong][0]
+  assert config.cta_tile("rows") == (config.tile_m, config.tile_n)
+  spec = jax.ShapeDtypeStruct
+  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
+          spec(problem.lhs_shape, jnp.bfloat16),
+          spec(problem.rhs_shape, jnp.bfloat16), spec((60,), jnp.int32),
+          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
 
 
 def test_supports():

@@ -42,10 +42,11 @@ One `RaggedConfig` serves both modes; the fields mean:
                tile_m x tile_n (the CTA tile is then the consumer tile)
                instead of splitting one tile: while one stores a finished
                tile, the other's wgmmas keep the tensor cores busy, which
-               matters where a tile's reduction is short next to its output
-               store (few token rows per expert). Needs tile_m * tile_n <=
-               128 * 128 (a whole tile's accumulator in one warpgroup's
-               registers); a "contracting"-mode option ("rows" raises).
+               matters where a tile's main loop is short next to its output
+               store (few token rows per expert in "contracting" mode), and
+               each SM has two tiles' loads in flight. Needs tile_m *
+               tile_n <= 128 * 128 (a whole tile's accumulator in one
+               warpgroup's registers), and excludes split_rows.
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -120,15 +121,18 @@ class RaggedConfig:
                        f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
                        f"128 x 128 f32 (registers; wgmma's N <= 256), got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
+    if self.ping_pong and self.split_rows:
+      raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
+                       "other: with ping_pong each consumer runs whole tiles")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
+    if self.ping_pong:
+      return self.tile_m, self.tile_n
     if mode == "contracting":
-      if self.ping_pong:
-        return self.tile_m, self.tile_n
       return NUM_CONSUMERS * self.tile_m, self.tile_n
     return self.tile_m, NUM_CONSUMERS * self.tile_n
 
@@ -300,7 +304,9 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               dict(tile_m=128, tile_n=64, split_rows=True),
               dict(tile_m=64, tile_n=128),
               dict(tile_m=64, tile_n=64),
-              dict(tile_m=128, tile_n=128, split_rows=True, grid_band=16)]
+              dict(tile_m=128, tile_n=128, split_rows=True, grid_band=16),
+              dict(tile_m=128, tile_n=128, ping_pong=True),
+              dict(tile_m=64, tile_n=256, ping_pong=True)]
   out = []
   for fields in shapes:
     config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)

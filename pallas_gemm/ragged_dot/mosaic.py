@@ -93,15 +93,30 @@ def tile_steps(tile):
   return tile[-1]
 
 
-def output_slot(linear, store, stores_per_tile: int, out_slots: int):
+def ping_pong_turn(linear):
+  """With `RaggedConfig.ping_pong`: the consumer whose turn `linear` (one of
+  this CTA's tiles, dealt round-robin) is, and how many tiles that consumer
+  ran before it. The CTA's tiles alternate between the consumers."""
+  cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
+  local = lax.div(index(linear) - cta, num_ctas)
+  consumers = index(NUM_CONSUMERS)
+  return lax.rem(local, consumers), lax.div(local, consumers)
+
+
+def output_slot(linear, store, stores_per_tile: int, out_slots: int, *,
+                ping_pong: bool = False):
   """The staging slot of a tile's `store`-th output store. The slots
-  alternate over the CTA's consecutive stores, across tiles too, so that a
-  store never overwrites the slot of the one just before it (which may still
-  be reading it); static unless a tile has an odd number of stores."""
+  alternate over the consumer's consecutive stores, across tiles too, so
+  that a store never overwrites the slot of the one just before it (which
+  may still be reading it); static unless a tile has an odd number of
+  stores. With `ping_pong` a consumer runs every other tile of its CTA."""
   if stores_per_tile % out_slots == 0:
     return store % out_slots
-  cta = index(lax.axis_index("sm"))
-  tile_number = lax.div(index(linear) - cta, index(lax.axis_size("sm")))
+  if ping_pong:
+    tile_number = ping_pong_turn(linear)[1]
+  else:
+    cta = index(lax.axis_index("sm"))
+    tile_number = lax.div(index(linear) - cta, index(lax.axis_size("sm")))
   return lax.rem(tile_number * stores_per_tile + store, index(out_slots))
 
 
@@ -140,7 +155,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
                n_tiles: int):
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
-  cta_n = NUM_CONSUMERS * tile_n
+  cta_n = config.cta_tile("rows")[1]
   epi_n = config.epi_tile_n
   stages = config.stages
   transpose_rhs = problem.transpose_rhs
@@ -178,18 +193,20 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     def producer_tile(linear):
       group, tile_row, _, _, n_idx, steps = tile_info(linear)
       weights = rhs_gmem.at[jnp.maximum(group, 0)]
+      owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
       return (weights, pl.ds(tile_row, tile_m),
-              pl.ds(n_idx * cta_n, cta_n), steps)
+              pl.ds(n_idx * cta_n, cta_n), owner, steps)
 
     def load_step(tile, kk, slot):
-      weights, rows, cols, _ = tile
+      weights, rows, cols, owner, _ = tile
       depth = pl.ds(kk * tile_k, tile_k)
+      loaded = ring._replace(owner=owner).loaded_barrier(slot)
       plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, depth], lhs_smem.at[slot],
-                              stage_loaded.at[slot])
+                              loaded)
       plgpu.copy_gmem_to_smem(
           weights.at[cols, depth] if transpose_rhs
           else weights.at[depth, cols],
-          rhs_smem.at[slot], stage_loaded.at[slot])
+          rhs_smem.at[slot], loaded)
 
     def producer():
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
@@ -197,7 +214,9 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
     def consumer(wg):
       wg_rows = wg * cons_m if config.split_rows else 0
-      wg_cols = 0 if config.split_rows else wg * tile_n
+      splits_columns = not (config.split_rows or config.ping_pong)
+      wg_cols = wg * tile_n if splits_columns else 0
+      my_ring = ring._replace(owner=wg) if config.ping_pong else ring
       stores = cons_n // epi_n
 
       def mma_step(at, acc_ref):
@@ -210,6 +229,14 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
       def tile(linear, first_step):
         group, tile_row, row_lo, row_hi, n_idx, steps = tile_info(linear)
+        if config.ping_pong:
+          # Every other tile of the CTA is this consumer's, whole; the
+          # others only advance its count of ring steps.
+          @pl.when(ping_pong_turn(linear)[0] == wg)
+          def _my_turn():
+            compute_and_store(linear, group, tile_row, row_lo, row_hi,
+                              n_idx, steps, first_step)
+          return first_step + steps
         if config.split_rows:
           # A short item (the last rows of a group) may leave the second
           # half of the tile without a row of its own.
@@ -237,7 +264,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
                             steps, first_step):
         (acc,) = consume_ring(
-            ring, mma_step, first_step=first_step, steps=steps,
+            my_ring, mma_step, first_step=first_step, steps=steps,
             accumulators=[plgpu.ACC((cons_m, cons_n), jnp.float32)])
         if activation is not None:
           # Rows of no group are zero, also where activation(0) is not.
@@ -248,7 +275,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
         col0 = n_idx * cta_n + wg_cols
         for ej in range(stores):
-          slot = output_slot(linear, ej, stores, out_slots)
+          slot = output_slot(linear, ej, stores, out_slots,
+                             ping_pong=config.ping_pong)
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
@@ -274,7 +302,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   pl.run_scoped(
       scoped,
       **ring_smem(stages, lhs_smem=(lhs_block, in_dtype),
-                  rhs_smem=(rhs_block, in_dtype)),
+                  rhs_smem=(rhs_block, in_dtype),
+                  owners=NUM_CONSUMERS if config.ping_pong else 1),
       # Un-swizzled: the ladder of partial stores starts at any row.
       out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, cons_m, epi_n),
                           out_dtype),
@@ -300,7 +329,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
                  params):
   m, n = problem.m, problem.n
   tile_m, tile_k = config.tile_m, config.tile_k
-  cta_n = NUM_CONSUMERS * config.tile_n
+  cta_n = config.cta_tile("rows")[1]
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
   items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
@@ -342,9 +371,6 @@ _CONTRACTING_OPTIONS = {
     "interleave_groups": "walks its row items in order",
     "largest_first": "tiles of one item take equal time",
     "piece_rows": "has no reduction over token rows",
-    "ping_pong": "splits each tile between its consumers (the turn-taking "
-                 "schedule is built for the short reductions of "
-                 "\"contracting\" mode only)",
 }
 
 

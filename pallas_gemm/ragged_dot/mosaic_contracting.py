@@ -54,7 +54,8 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
-from pallas_gemm.ragged_dot.mosaic import num_ctas_for, output_slot, tile_steps
+from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
+                                          ping_pong_turn, tile_steps)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
@@ -71,14 +72,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   num_tiles = index(groups * k_tiles * n_tiles)
   stores = tile_n // epi_n
-
-  def turn_of(linear):
-    """The consumer whose turn `linear` (one of this CTA's tiles) is in
-    ping-pong, and how many tiles that consumer ran before it."""
-    cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
-    local = lax.div(index(linear) - cta, num_ctas)
-    return (lax.rem(local, index(NUM_CONSUMERS)),
-            lax.div(local, index(NUM_CONSUMERS)))
 
   def tile_info(linear):
     if config.largest_first:
@@ -116,7 +109,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
 
     def producer_tile(linear):
       _, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
-      owner = turn_of(linear)[0] if config.ping_pong else 0
+      owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
       return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
               first_chunk, owner, steps)
 
@@ -137,20 +130,12 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
 
-      def store_slot(linear, ej):
-        if not config.ping_pong:
-          return output_slot(linear, ej, stores, out_slots)
-        if stores % out_slots == 0:
-          return ej % out_slots
-        return lax.rem(turn_of(linear)[1] * stores + ej, index(out_slots))
-
       def tile(linear, first_step):
         if not config.ping_pong:
           return compute_and_store(linear, first_step)
-        turn, _ = turn_of(linear)
         steps = tile_info(linear)[-1]
 
-        @pl.when(turn == wg)
+        @pl.when(ping_pong_turn(linear)[0] == wg)
         def _my_turn():
           compute_and_store(linear, first_step)
         return first_step + steps
@@ -180,7 +165,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
             accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(stores):
-          slot = store_slot(linear, ej)
+          slot = output_slot(linear, ej, stores, out_slots,
+                             ping_pong=config.ping_pong)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = acc[:, ej * epi_n:(ej + 1) * epi_n].astype(
               out_dtype)

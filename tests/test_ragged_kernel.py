@@ -560,13 +560,18 @@ def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
 
 
 def test_heuristic_weighs_column_padding_and_output_bursts():
-  # N = 11 x 128: 256-wide tiles would compute a twelfth strip of padding.
-  padded = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
-  exact = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
+  # One 128-row item per expert (split tiles): N = 11 x 128, where
+  # 256-wide tiles would compute a twelfth strip of padding, and N = 8 x 256.
+  padded = RaggedProblem("rows", 16384, 2048, 1408, 128, "bfloat16",
+                         "bfloat16")
+  exact = RaggedProblem("rows", 32768, 7168, 2048, 256, "bfloat16",
+                        "bfloat16")
   assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
-  # 256 rows per expert: two row items share each weight strip.
-  assert mosaic.heuristic(padded, HOPPER).grid_band == 2
   assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
+  # 256 rows per expert: two row items share each weight strip.
+  two_items = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16",
+                            "bfloat16")
+  assert mosaic.heuristic(two_items, HOPPER).grid_band == 2
   # A chunk of rows per expert: the weight gradient is its output write.
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
                       "bfloat16")
@@ -578,7 +583,7 @@ def test_heuristic_weighs_column_padding_and_output_bursts():
   assert mosaic.heuristic(many, HOPPER).epi_tile_n == 64
 
 
-def test_heuristic_takes_turns_only_for_short_weight_gradient_reductions():
+def test_heuristic_takes_turns_where_measured_faster():
   short = RaggedProblem("contracting", 16384, 2048, 1408, 64, "bfloat16",
                         "bfloat16")  # 256 rows per expert
   long = RaggedProblem("contracting", 16384, 4096, 14336, 8, "bfloat16",
@@ -590,5 +595,12 @@ def test_heuristic_takes_turns_only_for_short_weight_gradient_reductions():
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
                       "bfloat16")
   assert not mosaic.heuristic(few, HOPPER).ping_pong
-  rows = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
-  assert not mosaic.heuristic(rows, HOPPER).ping_pong
+  # "rows" mode: turns for experts of more than one 128-row item, split
+  # tiles for one item or fewer.
+  for groups, want in ((64, True), (8, True), (128, False), (256, False)):
+    rows = RaggedProblem("rows", 16384, 2048, 1408, groups, "bfloat16",
+                         "bfloat16")
+    config = mosaic.heuristic(rows, HOPPER)
+    assert config.ping_pong == want, groups
+    if want:
+      assert config.cta_tile("rows") == (128, 128) and config.fits(rows)

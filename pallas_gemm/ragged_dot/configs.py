@@ -253,6 +253,15 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # so that lhs is fetched from HBM again (experiments/results/
     # nvidia_h100/moe_profile/README.md).
     band = max(1, min(band, math.ceil(rows_per_group / tile_m)))
+  if tile_m == 128 and rows_per_group > tile_m:
+    # Experts of more than one row item: the consumers take turns at whole
+    # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
+    # one consumer's output store overlaps the other's wgmmas. At one item
+    # per expert and fewer (memory-bound DeepSeek-V3) it measured slower
+    # (experiments/results/nvidia_h200/ragged_ping_pong).
+    base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
+                        grid_band=band, ping_pong=True)
+    return _most_stages(base, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best.

@@ -595,9 +595,9 @@ def test_heuristic_takes_turns_where_measured_faster():
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
                       "bfloat16")
   assert not mosaic.heuristic(few, HOPPER).ping_pong
-  # "rows" mode: turns for experts of more than one 128-row item, split
-  # tiles for one item or fewer.
-  for groups, want in ((64, True), (8, True), (128, False), (256, False)):
+  # "rows" mode: turns for experts of a few 128-row items, split tiles for
+  # one item or fewer, and for many (compute-bound).
+  for groups, want in ((64, True), (32, True), (8, False), (128, False)):
     rows = RaggedProblem("rows", 16384, 2048, 1408, groups, "bfloat16",
                          "bfloat16")
     config = mosaic.heuristic(rows, HOPPER)

@@ -186,12 +186,15 @@ def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
   return -(-tiles // sms) * cta_m * cta_n / efficiency
 
 
-#: Token rows per expert up to which the weight gradient's consumers take
-#: turns at whole 128 x 128 tiles (`RaggedConfig.ping_pong`): a reduction
-#: of at most this many rows is short next to its tile's output store,
-#: which the other consumer's wgmmas then hide; longer ones lose more to
-#: the smaller CTA tile than they gain. The 64 x 256 tiles of at most two
-#: chunks per expert gained as often as they lost, and stay split
+#: Token rows per expert up to which the consumers take turns at whole
+#: 128 x 128 tiles (`RaggedConfig.ping_pong`), in both modes. In the weight
+#: gradient a reduction of at most this many rows is short next to its
+#: tile's output store, which the other consumer's wgmmas then hide; in
+#: "rows" mode a group of a few row items gains two tiles' loads in flight
+#: per SM. With more rows the work is compute-bound and the 128 x 256 CTA
+#: tile's lower operand traffic per flop wins (up to 20 % on the H100). The
+#: 64 x 256 weight-gradient tiles of at most two chunks per expert gained as
+#: often as they lost, and stay split
 #: (experiments/results/nvidia_h200/ragged_ping_pong).
 PING_PONG_MAX_ROWS = 512
 
@@ -253,8 +256,8 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # so that lhs is fetched from HBM again (experiments/results/
     # nvidia_h100/moe_profile/README.md).
     band = max(1, min(band, math.ceil(rows_per_group / tile_m)))
-  if tile_m == 128 and rows_per_group > tile_m:
-    # Experts of more than one row item: the consumers take turns at whole
+  if tile_m == 128 and tile_m < rows_per_group <= PING_PONG_MAX_ROWS:
+    # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
     # one consumer's output store overlaps the other's wgmmas. At one item
     # per expert and fewer (memory-bound DeepSeek-V3) it measured slower

@@ -19,10 +19,7 @@ TMA store of a partial tile goes out as a ladder of power-of-two row counts
 static. With `split_rows`, a consumer whose half of the tile holds none of
 the item's rows (the short last item of a group) issues no wgmma, so the
 tensor cores run only the half with rows. Items of rows that belong to no
-group skip the product and store zeros. With `RaggedConfig.ping_pong`
-the consumers take turns at whole tiles instead, and a consumer whose
-128-row tile holds the item's rows in its first 64 runs that half only.
-Tiles are (item, column strip)
+group skip the product and store zeros. Tiles are (item, column strip)
 pairs walked in a banded snake along the items, so all row items of one
 (group, column strip) run together and the expert's weight tile comes from
 HBM once.
@@ -61,8 +58,6 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 NAME = "mosaic"
 
 INPUT_DTYPES = ("bfloat16", "float16")
-#: Rows of one wgmma instruction's A operand (and of its accumulator).
-WGMMA_ROWS = 64
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -224,42 +219,23 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
       stores = cons_n // epi_n
 
-      def mma_step_of(rows):
-        """The wgmma of one ring step over the first `rows` of this
-        consumer's tile rows."""
-        def mma_step(at, acc_ref):
-          if transpose_rhs:
-            b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
-          else:
-            b = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)]
-          plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, rows), :],
-                      b)
-        return mma_step
+      def mma_step(at, acc_ref):
+        if transpose_rhs:
+          b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
+        else:
+          b = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)]
+        plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, cons_m), :],
+                    b)
 
       def tile(linear, first_step):
         group, tile_row, row_lo, row_hi, n_idx, steps = tile_info(linear)
-        args = (linear, group, tile_row, row_lo, row_hi, n_idx, steps,
-                first_step)
         if config.ping_pong:
           # Every other tile of the CTA is this consumer's, whole; the
           # others only advance its count of ring steps.
-          mine = ping_pong_turn(linear)[0] == wg
-          if cons_m == 2 * WGMMA_ROWS:
-            # A short item (the last rows of a group) within the tile's
-            # first 64 rows: one m64 wgmma per step instead of two.
-            short = row_hi <= tile_row + WGMMA_ROWS
-
-            @pl.when(mine & short)
-            def _my_short_turn():
-              compute_and_store(*args, rows=WGMMA_ROWS)
-
-            @pl.when(mine & jnp.logical_not(short))
-            def _my_turn():
-              compute_and_store(*args)
-          else:
-            @pl.when(mine)
-            def _my_turn():
-              compute_and_store(*args)
+          @pl.when(ping_pong_turn(linear)[0] == wg)
+          def _my_turn():
+            compute_and_store(linear, group, tile_row, row_lo, row_hi,
+                              n_idx, steps, first_step)
           return first_step + steps
         if config.split_rows:
           # A short item (the last rows of a group) may leave the second
@@ -272,7 +248,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
         @pl.when(has_work)
         def _compute():
-          compute_and_store(*args)
+          compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
+                            steps, first_step)
 
         # The idle consumer only keeps the ring's barriers in step, and the
         # other one runs alone on the tensor cores.
@@ -285,19 +262,17 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         return first_step + steps
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
-                            steps, first_step, rows=cons_m):
-        """Computes and stores the first `rows` of this consumer's tile rows
-        (all of them, or the first 64 when the item lies there)."""
+                            steps, first_step):
         (acc,) = consume_ring(
-            my_ring, mma_step_of(rows), first_step=first_step, steps=steps,
-            accumulators=[plgpu.ACC((rows, cons_n), jnp.float32)])
+            my_ring, mma_step, first_step=first_step, steps=steps,
+            accumulators=[plgpu.ACC((cons_m, cons_n), jnp.float32)])
         if activation is not None:
           # Rows of no group are zero, also where activation(0) is not.
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
         # This consumer's share of the item's rows [row_lo, row_hi).
         row0 = tile_row + wg_rows
-        first_row = jnp.clip(row_lo - row0, 0, rows)
-        num_rows = jnp.clip(row_hi - row0, 0, rows) - first_row
+        first_row = jnp.clip(row_lo - row0, 0, cons_m)
+        num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
         col0 = n_idx * cta_n + wg_cols
         for ej in range(stores):
           slot = output_slot(linear, ej, stores, out_slots,
@@ -305,8 +280,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          staged = out_smem.at[wg, slot, pl.ds(0, rows)]
-          staged[...] = part.astype(out_dtype)
+          out_smem[wg, slot] = part.astype(out_dtype)
           plgpu.commit_smem()
           col = col0 + ej * epi_n
           # Columns past the output's (a multiple of epi_n) are not stored
@@ -315,9 +289,10 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # a linear bulk copy, clipped only at the array's end, so a window
           # right of the last column would land on the next rows. (Zero rows
           # still commit a bulk group: the slot waits above count them.)
-          store_rows(staged, out_gmem, row0=row0, first_row=first_row,
+          store_rows(out_smem.at[wg, slot], out_gmem, row0=row0,
+                     first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
-                     max_rows=rows, cols=pl.ds(col, epi_n))
+                     max_rows=cons_m, cols=pl.ds(col, epi_n))
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -404,6 +404,18 @@ def test_contracting_rejects_split_rows():
         problem=problem, config=SPLIT_ROWS, interpret=True)
 
 
+def _lower_for_cuda(problem, config):
+  """Traces the Mosaic kernel at `problem`'s shapes and lowers it for the
+  GPU (no GPU needed)."""
+  spec = jax.ShapeDtypeStruct
+  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
+          spec(problem.lhs_shape, problem.in_dtype),
+          spec(problem.rhs_shape, problem.in_dtype),
+          spec((problem.groups,), jnp.int32),
+          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+
+
 @pytest.mark.parametrize("tile", [(128, 128), (64, 256)], ids=str)
 def test_ping_pong_lowers_for_cuda(tile):
   """Consumers taking turns at whole tiles, at the two tile shapes of the
@@ -413,12 +425,7 @@ def test_ping_pong_lowers_for_cuda(tile):
   config = [c for c in configs.candidates(problem)
             if c.ping_pong and (c.tile_m, c.tile_n) == tile][0]
   assert config.cta_tile("contracting") == tile
-  spec = jax.ShapeDtypeStruct
-  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
-      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
-          spec(problem.lhs_shape, jnp.bfloat16),
-          spec(problem.rhs_shape, jnp.bfloat16), spec((60,), jnp.int32),
-          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  _lower_for_cuda(problem, config)
 
 
 def test_ping_pong_needs_one_warpgroup_tile():
@@ -437,12 +444,7 @@ def test_rows_ping_pong_lowers_for_cuda(transpose):
                           transpose_rhs=transpose)
   config = [c for c in configs.candidates(problem) if c.ping_pong][0]
   assert config.cta_tile("rows") == (config.tile_m, config.tile_n)
-  spec = jax.ShapeDtypeStruct
-  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
-      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
-          spec(problem.lhs_shape, jnp.bfloat16),
-          spec(problem.rhs_shape, jnp.bfloat16), spec((60,), jnp.int32),
-          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  _lower_for_cuda(problem, config)
 
 
 def test_supports():
@@ -489,32 +491,19 @@ def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
                           else None)
   config = mosaic.heuristic(problem, HOPPER)
   assert config.fits(problem)
-  fn = jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
-      lhs, rhs, sizes, offset, problem=problem, config=config))
-  spec = lambda s, d: jax.ShapeDtypeStruct(s, d)
-  fn.trace(spec(problem.lhs_shape, in_dtype),
-           spec(problem.rhs_shape, in_dtype),
-           spec((groups,), jnp.int32),
-           spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  _lower_for_cuda(problem, config)
 
 
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
   (Qwen3-30B's up projection), walked largest first, lowers for the GPU,
   merge included."""
-  from pallas_gemm.ragged_dot import configs
   problem = RaggedProblem("contracting", 32768, 2048, 768, 128, "bfloat16",
                           "bfloat16")
   pieces = [c for c in configs.candidates(problem)
             if c.piece_rows and c.largest_first]
   assert pieces and pieces[0].piece_rows % pieces[0].tile_k == 0
-  config = pieces[0]
-  spec = jax.ShapeDtypeStruct
-  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
-      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
-          spec(problem.lhs_shape, jnp.bfloat16),
-          spec(problem.rhs_shape, jnp.bfloat16), spec((128,), jnp.int32),
-          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  _lower_for_cuda(problem, pieces[0])
 
 
 def test_heuristic_prefers_64_rows_for_few_tokens_per_group():

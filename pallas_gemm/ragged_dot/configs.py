@@ -192,10 +192,10 @@ def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
 #: tile's output store, which the other consumer's wgmmas then hide; in
 #: "rows" mode a group of a few row items gains two tiles' loads in flight
 #: per SM. With more rows the work is compute-bound and the 128 x 256 CTA
-#: tile's lower operand traffic per flop wins (up to 20 % on the H100). The
+#: tile's lower operand traffic per flop wins (clearly on the H100). The
 #: 64 x 256 weight-gradient tiles of at most two chunks per expert gained as
-#: often as they lost, and stay split
-#: (experiments/results/nvidia_h200/ragged_ping_pong).
+#: often as they lost, and stay split (experiments/results/nvidia_h200/
+#: ragged_ping_pong, and nvidia_h100/ragged_ping_pong for the H100).
 PING_PONG_MAX_ROWS = 512
 
 

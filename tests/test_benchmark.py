@@ -700,3 +700,18 @@ def test_paired_timing_without_cupti_falls_back_to_unpaired(monkeypatch):
   kernel = rows["triton/06_tuned"]
   assert kernel.status == "OK", kernel.reason
   assert kernel.paired_baseline_us is None and kernel.vs_jnp_dot == 1.0
+
+
+def test_git_revision_prefers_the_shipped_sha_and_warns_on_a_dirty_tree(
+    monkeypatch, capsys):
+  monkeypatch.setenv("PALLAS_GEMM_GIT_SHA", "abc1234")
+  assert bench_output.git_revision() == "abc1234"
+  monkeypatch.delenv("PALLAS_GEMM_GIT_SHA")
+  answers = {"rev-parse": "0123456789ab", "status": " M pallas_gemm/api.py"}
+  monkeypatch.setattr(bench_output, "_run_quiet",
+                      lambda argv, cwd=None: answers[argv[1]])
+  monkeypatch.setattr(bench_output, "_WARNED", set())
+  assert bench_output.git_revision() == "0123456789ab-dirty"
+  assert "PALLAS_GEMM_GIT_SHA" in capsys.readouterr().err
+  answers["status"] = ""
+  assert bench_output.git_revision() == "0123456789ab"

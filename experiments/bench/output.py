@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 from typing import Sequence
 
 import jax
@@ -48,7 +49,22 @@ def git_revision() -> str:
     return "n/a"
   dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"],
                      cwd=_REPO_ROOT)
+  if dirty:
+    # On a GPU machine this is usually the shipped copy's stale .git, whose
+    # sha names an older commit than the tree that ran.
+    _warn_once(f"results are labelled git {sha}-dirty: the tree differs from "
+               "its .git's HEAD; set PALLAS_GEMM_GIT_SHA to the commit that "
+               "was shipped")
   return sha + ("-dirty" if dirty else "")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+  if message not in _WARNED:
+    _WARNED.add(message)
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def driver_version() -> str:

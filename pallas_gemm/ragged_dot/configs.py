@@ -199,6 +199,13 @@ def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
 PING_PONG_MAX_ROWS = 512
 
 
+def _takes_turns(rows_per_group: float) -> bool:
+  """Whether the heuristic has the consumers take turns at whole 128 x 128
+  tiles: experts of more than one and at most PING_PONG_MAX_ROWS / 128
+  128-row tiles, in either mode."""
+  return 128 < rows_per_group <= PING_PONG_MAX_ROWS
+
+
 def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
@@ -210,7 +217,7 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # each consumer in one piece (rows of 512 bytes) rather than a deep
     # ring (experiments/results/nvidia_h200/ragged_sweep).
     base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
-  elif rows_per_group <= PING_PONG_MAX_ROWS:
+  if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs.
@@ -256,7 +263,7 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # so that lhs is fetched from HBM again (experiments/results/
     # nvidia_h100/moe_profile/README.md).
     band = max(1, min(band, math.ceil(rows_per_group / tile_m)))
-  if tile_m == 128 and tile_m < rows_per_group <= PING_PONG_MAX_ROWS:
+  if _takes_turns(rows_per_group):
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
     # one consumer's output store overlaps the other's wgmmas. At one item
@@ -308,7 +315,11 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
   deepest ring that fits)."""
   if problem.mode == "contracting":
     shapes = [dict(tile_m=128, tile_n=128), dict(tile_m=64, tile_n=128),
-              dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256)]
+              dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256),
+              # Turns at whole tiles, at the two shapes whose accumulator
+              # one warpgroup holds.
+              dict(tile_m=128, tile_n=128, ping_pong=True),
+              dict(tile_m=64, tile_n=256, epi_tile_n=256, ping_pong=True)]
   else:
     shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
               dict(tile_m=256, tile_n=64, split_rows=True),
@@ -325,13 +336,6 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "contracting" and out:
-    # The consumers taking turns at whole tiles, at the two shapes whose
-    # accumulator one warpgroup holds.
-    for fields in (dict(tile_m=128, tile_n=128, epi_tile_n=64),
-                   dict(tile_m=64, tile_n=256, epi_tile_n=256)):
-      config = _most_stages(RaggedConfig(ping_pong=True, **fields), problem)
-      if config.fits(problem):
-        out.append(config)
     # For uneven group sizes: the heuristic's tile walked largest group
     # first, and (where one group's tiles leave SMs idle) also cut.
     out.append(dataclasses.replace(out[0], largest_first=True))

@@ -93,12 +93,18 @@ def tile_steps(tile):
   return tile[-1]
 
 
+def _tile_number(linear):
+  """How many tiles this CTA ran before `linear`, one of its tiles dealt
+  round-robin (`warp_specialised.for_each_tile`)."""
+  cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
+  return lax.div(index(linear) - cta, num_ctas)
+
+
 def ping_pong_turn(linear):
   """With `RaggedConfig.ping_pong`: the consumer whose turn `linear` (one of
   this CTA's tiles, dealt round-robin) is, and how many tiles that consumer
   ran before it. The CTA's tiles alternate between the consumers."""
-  cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
-  local = lax.div(index(linear) - cta, num_ctas)
+  local = _tile_number(linear)
   consumers = index(NUM_CONSUMERS)
   return lax.rem(local, consumers), lax.div(local, consumers)
 
@@ -112,11 +118,8 @@ def output_slot(linear, store, stores_per_tile: int, out_slots: int, *,
   stores. With `ping_pong` a consumer runs every other tile of its CTA."""
   if stores_per_tile % out_slots == 0:
     return store % out_slots
-  if ping_pong:
-    tile_number = ping_pong_turn(linear)[1]
-  else:
-    cta = index(lax.axis_index("sm"))
-    tile_number = lax.div(index(linear) - cta, index(lax.axis_size("sm")))
+  tile_number = (ping_pong_turn(linear)[1] if ping_pong
+                 else _tile_number(linear))
   return lax.rem(tile_number * stores_per_tile + store, index(out_slots))
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import pathlib
 import sys
 
@@ -35,7 +34,7 @@ import jax  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from experiments import bench_moe  # noqa: E402
-from pallas_gemm import timing  # noqa: E402
+from experiments.bench import timers  # noqa: E402
 from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
@@ -86,17 +85,18 @@ def _call(problem, kernel: str, config_text: str):
       kernel="mosaic", config=config)), f"mosaic {config_text}"
 
 
-def _interleaved_medians_us(calls, args, iterations: int, rounds: int = 4):
-  """CUPTI medians (µs, every kernel of a call) of `calls`, timed in
-  `rounds` alternating rounds so that clock drift falls on all of them."""
-  samples = [[] for _ in calls]
-  for r in range(rounds):
-    order = list(enumerate(calls))
-    for i, fn in (order if r % 2 == 0 else order[::-1]):
-      _, got = timing.cupti_samples_ms(fn, args, warmup=1,
-                                       iterations=max(1, iterations // rounds))
-      samples[i].extend(got)
-  return [1e3 * statistics.median(s) for s in samples]
+def _medians_us(calls, args, iterations: int):
+  """CUPTI medians (µs, every kernel of a call) of one or two `calls`; two
+  are timed interleaved in ABBA rounds (`experiments/bench/timers`), so
+  that clock drift falls on both."""
+  rotating = [timers.RotatingCall(fn, [args], on_gpu=True) for fn in calls]
+  if len(rotating) == 1:
+    timed = [timers.time_on_gpu(rotating[0], iters=iterations, warmup=1,
+                                cap_s=0)]
+  else:
+    timed = timers.time_paired_on_gpu(*rotating, iters=iterations, warmup=1,
+                                      cap_s=0)
+  return [t.median_us for t in timed]
 
 
 #: The command line: (flag, argparse keywords).
@@ -141,8 +141,7 @@ def main(argv=None):
     print(f"{label}: {name}, {args.calls} calls, relative error "
           f"{error:.1e}", flush=True)
   if args.time and on_gpu:
-    medians = _interleaved_medians_us([fn for fn, _ in calls], operands,
-                                      args.time)
+    medians = _medians_us([fn for fn, _ in calls], operands, args.time)
     for (_, name), us in zip(calls, medians):
       print(f"{label}: {name}: {us:.1f} us (CUPTI median, all kernels)",
             flush=True)

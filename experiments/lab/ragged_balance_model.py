@@ -10,7 +10,8 @@ kernel's order (`warp_specialised.for_each_tile`), in the CTA tiles and chunks o
 heuristic's config. Printed: the busiest
 CTA's load over the mean (1.00 = balanced) for the kernel's group-major
 order and for three alternatives: groups sorted by size (largest first),
-a snake deal (every other round of CTAs dealt backwards), and both. No
+the kernel's snake deal (`mosaic_schedule.snake_deal`: every other whole
+round of CTAs dealt backwards), and both. No
 order helps a group that holds every token: only splitting its reduction
 over CTAs does.
 """
@@ -28,17 +29,17 @@ if str(_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from pallas_gemm.devices import DeviceInfo  # noqa: E402
-from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
+from pallas_gemm.ragged_dot import arg_specs, configs, mosaic_schedule  # noqa: E402
 
 
 def busiest_over_mean(costs: np.ndarray, sms: int, snake: bool) -> float:
+  """The busiest CTA's load over the mean when slot s of the round-robin
+  deal (CTA s % sms) runs tile s, or with `snake` the kernel's
+  `mosaic_schedule.snake_deal(s)`."""
+  slots = np.arange(len(costs))
+  tiles = mosaic_schedule.snake_deal(slots, sms, len(costs)) if snake else slots
   load = np.zeros(sms)
-  for start in range(0, len(costs), sms):
-    deal = costs[start:start + sms]
-    if snake and (start // sms) % 2:
-      load[::-1][:len(deal)] += deal
-    else:
-      load[:len(deal)] += deal
+  np.add.at(load, slots % sms, costs[np.asarray(tiles)])
   return float(load.max() / load.mean())
 
 

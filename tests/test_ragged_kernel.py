@@ -520,18 +520,11 @@ def test_heuristic_prefers_64_rows_for_few_tokens_per_group():
                                             ("contracting", False)])
 def test_sweep_candidates_lower_for_cuda(mode, transpose):
   """Every config the GPU sweep (`configs.candidates`) times compiles."""
-  from pallas_gemm.ragged_dot import configs
   groups, m, k, n = GPU_SHAPES[2]
   problem = RaggedProblem(mode, m, k, n, groups, "bfloat16", "bfloat16",
                           transpose_rhs=transpose)
-  spec = jax.ShapeDtypeStruct
   for config in configs.candidates(problem):
-    fn = jax.jit(lambda lhs, rhs, sizes, offset, config=config:
-                 mosaic.ragged_matmul(lhs, rhs, sizes, offset,
-                                      problem=problem, config=config))
-    fn.trace(spec(problem.lhs_shape, jnp.bfloat16),
-             spec(problem.rhs_shape, jnp.bfloat16), spec((groups,), jnp.int32),
-             spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+    _lower_for_cuda(problem, config)
 
 
 @pytest.mark.parametrize("groups,rows,band", [

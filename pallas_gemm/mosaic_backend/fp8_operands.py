@@ -91,16 +91,18 @@ def kernel_scales(problem: GemmProblem, a_scale, b_scale, m_rows: int,
         _scale_vector(a_scale, problem.a_scale_mode, batch, m)[:, None],
         (batch, k_blocks, m))
   if problem.b_scale_mode == "block":
-    # Whole 128-column blocks, padding included, so that every column of a
-    # block carries the same scale (the kernel may read any of them).
     b_k = jnp.repeat(b_scale, SCALE_BLOCK, axis=2)
-    b_k = jnp.pad(b_k, [(0, 0), (0, 0), (0, max(n_cols - b_k.shape[2], 0))],
-                  mode="edge")[:, :, :n_cols]
   else:
     b_k = jnp.broadcast_to(
         _scale_vector(b_scale, problem.b_scale_mode, batch, n)[:, None],
         (batch, k_blocks, n))
-  return _pad_last(a_k, m_rows), _pad_last(b_k, n_cols)
+  # Padded with the last column's scale, not 1: where B's factor is one
+  # number across a consumer's columns the kernel reads it from any of
+  # them, past N included (a per-tensor scale padded with 1 gave the rows
+  # of a last, partial column tile a factor of 1).
+  b_k = jnp.pad(b_k, [(0, 0), (0, 0), (0, max(n_cols - b_k.shape[2], 0))],
+                mode="edge")[:, :, :n_cols]
+  return _pad_last(a_k, m_rows), b_k
 
 
 def prepare_operands(a, b, c, bias, problem: GemmProblem,

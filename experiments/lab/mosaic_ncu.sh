@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Nsight Compute on Mosaic kernels: one profile per case of
+# experiments/lab/mosaic_ptxas.py (speed of light, warp stalls, instruction
+# mix, and the SASS with per-instruction counts and stall samples, digested
+# by experiments/lab/ncu_sass_digest.py). Clocks are left alone
+# (--clock-control none).
+#
+#   OUT=/some/dir experiments/lab/mosaic_ncu.sh CASE [CASE ...]
+#
+# Packs the text pages, SASS CSVs and digest into $OUT/mosaic_ncu.tar.gz
+# (the device machine returns at most 8 files) and copies the digest and log.
+set -uo pipefail
+
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-./out}
+PY=${PYTHON:-python3}
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PATH="$PATH:/usr/local/cuda/bin"
+DIR=${WORK:-/tmp/pallas_gemm_mosaic_ncu}
+rm -rf "$DIR"
+mkdir -p "$DIR" "$OUT"
+exec > >(tee -a "$DIR/log.txt") 2>&1
+
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
+"$NCU" --version | tail -n 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+"$PY" -c "import jax; print('jax', jax.__version__)"
+
+for name in "$@"; do
+  echo
+  echo "=== $name (${SECONDS}s in)"
+  "$NCU" --clock-control none -k regex:mosaic_gpu -c 1 \
+    --section LaunchStats --section Occupancy --section SpeedOfLight \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section SourceCounters \
+    --import-source no -o "$DIR/$name" -f \
+    "$PY" experiments/lab/mosaic_ptxas.py --case "$name"
+  echo "exit $?"
+  "$NCU" -i "$DIR/$name.ncu-rep" --page details > "$DIR/$name.txt" 2>&1
+  "$NCU" -i "$DIR/$name.ncu-rep" --page source --csv --print-source sass \
+    > "$DIR/$name.sass.csv" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued|Shared Memory|L1/TEX Hit|L2 Hit|DRAM Throughput" \
+    "$DIR/$name.txt" | head -n 24
+  gzip -9 "$DIR/$name.sass.csv"
+  "$PY" experiments/lab/ncu_sass_digest.py "$DIR/$name.sass.csv.gz" \
+    | tee -a "$DIR/digest.txt" | head -n 45
+done
+
+tar -C "$DIR" -czf "$OUT/mosaic_ncu.tar.gz" --exclude='*.ncu-rep' .
+cp "$DIR/digest.txt" "$DIR/log.txt" "$OUT/" 2>/dev/null || true

@@ -30,7 +30,8 @@ _INVALID_FIELDS = {
         "max_concurrent_steps": (1, False), "k_splits": (0, 2.0)},
     Fp8Config: {
         "promote_group": (0, 1.0), "cluster_dim": (3, True),
-        "pingpong": (1,), "alternate_consumers": ("no",)},
+        "pingpong": (1,), "alternate_consumers": ("no",),
+        "stagger_groups": (1,)},
     GluConfig: {
         "tile_m": (96, 128.0), "tile_n": (96, True), "tile_k": (32,),
         "max_concurrent_steps": (1,), "epi_tile_n": (48,), "grid_band": (0,),

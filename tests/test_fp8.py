@@ -33,6 +33,11 @@ SMALL_GROUPED = Fp8Config(tile_m=64, tile_n=64, tile_k=128,
                           max_concurrent_steps=3, epi_tile_n=64,
                           wg_dimension=Dim.M, promote_group=2,
                           cluster_dim=Dim.M, alternate_consumers=True)
+#: Block-wise pairs with consumer 1's groups one block behind consumer 0's.
+SMALL_STAGGERED = Fp8Config(tile_m=64, tile_n=64, tile_k=128,
+                            max_concurrent_steps=3, epi_tile_n=64,
+                            wg_dimension=Dim.M, promote_group=2,
+                            stagger_groups=True)
 
 #: Every mode of each operand, and each kind of pair (both in the epilogue,
 #: both per K block, one of each), without the whole cross product.
@@ -279,8 +284,10 @@ def test_layout_note():
     (70, 136, 260, "block", "block", True, E4M3, E5M2, jnp.float32),
     (65, 64, 129, "row", "col", False, E5M2, E5M2, jnp.float16),
     (33, 64, 200, "none", "none", True, E4M3, E4M3, jnp.float32),
+    # B's per-tensor factor read across a last column tile of 8 columns.
+    (130, 136, 300, "block", "tensor", True, E4M3, E4M3, jnp.float32),
 ], ids=["NT-tensor", "NT-block-mixed", "NN-rowcol-e5m2",
-        "NT-unscaled"])
+        "NT-unscaled", "NT-block-tensor-partial-n"])
 def test_mosaic_fp8_interpret(case):
   m, n, k, a_mode, b_mode, transpose_b, a_dtype, b_dtype, out_dtype = case
   qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=a_mode, b_mode=b_mode,
@@ -294,6 +301,19 @@ def test_mosaic_fp8_interpret(case):
   budget = F32_OUT_BUDGET if out_dtype == jnp.float32 else tolerance(
       "float8_e4m3fn", "default", jnp.dtype(out_dtype).name)
   assert relative_error(out, ref) < budget
+
+
+@pytest.mark.parametrize("k", [128, 5 * 128 - 3])
+def test_mosaic_fp8_staggered_groups_interpret(k):
+  """Consumer 0 promotes K blocks as 2, 2, 1 and consumer 1 as 1, 2, 2 (one
+  block: both a single group); every block is still scaled by its own
+  factors."""
+  qa, qb, sa, sb, ref = _operands(130, 136, k, a_mode="block",
+                                  b_mode="tensor", transpose_b=True)
+  out = pallas_gemm.matmul(qa, qb, a_scale=sa, b_scale=sb, transpose_b=True,
+                           kernel="mosaic/fp8", config=SMALL_STAGGERED,
+                           preferred_element_type=jnp.float32)
+  assert relative_error(out, ref) < F32_OUT_BUDGET
 
 
 def test_mosaic_fp8_epilogue_interpret():
@@ -407,7 +427,11 @@ def test_cross_lowering_cluster_and_groups():
                                      max_concurrent_steps=5, epi_tile_n=32,
                                      wg_dimension=Dim.M, promote_group=2,
                                      cluster_dim=Dim.M,
-                                     alternate_consumers=True))):
+                                     alternate_consumers=True)),
+      (("block", "block"), Fp8Config(tile_m=64, tile_n=128, tile_k=128,
+                                     max_concurrent_steps=6, epi_tile_n=32,
+                                     wg_dimension=Dim.M, promote_group=2,
+                                     stagger_groups=True))):
     problem = GemmProblem(1, 4096, 4096, 4096 + 3 * 128, "float8_e4m3fn",
                           "bfloat16", transpose_b=True, a_scale_mode=modes[0],
                           b_scale_mode=modes[1])
@@ -433,6 +457,10 @@ def test_fp8_config_validation():
   assert Fp8Config(tile_k=128, cluster_dim=1).cluster_dim == Dim.N
   with pytest.raises(ValueError, match="cooperative"):
     Fp8Config(tile_k=128, pingpong=True, alternate_consumers=True)
+  for bad in (dict(promote_group=1), dict(promote_group=2, pingpong=True),
+              dict(promote_group=2, alternate_consumers=True)):
+    with pytest.raises(ValueError, match="stagger_groups"):
+      Fp8Config(tile_k=128, stagger_groups=True, **bad)
   tensor = GemmProblem(1, 256, 256, 256, "float8_e4m3fn", "bfloat16",
                        transpose_b=True, a_scale_mode="tensor",
                        b_scale_mode="tensor")

@@ -55,12 +55,20 @@ class Fp8Config(MosaicConfig):
     then 1, then 0 ...), so that each promotes its previous block while the
     other's wgmma runs, instead of both promoting at once while the tensor
     cores idle.
+  stagger_groups: block-wise scaling with cooperative consumers and
+    promote_group > 1 only. Consumer 1's first promotion group in each tile
+    is a single block, so its groups end one block after consumer 0's: the
+    pipeline drain at the end of a group (wait for the last wgmma, promote
+    it, zero the next group's accumulators) then falls while the other
+    consumer still has a wgmma in flight, instead of both draining at once.
+    No barrier is added (unlike alternate_consumers).
   """
 
   promote_group: int = checked(1, at_least(1))
   cluster_dim: Dim | None = None
   pingpong: bool = False
   alternate_consumers: bool = False
+  stagger_groups: bool = False
 
   @property
   def cta_tile_m(self) -> int:
@@ -75,6 +83,11 @@ class Fp8Config(MosaicConfig):
     if self.pingpong and self.alternate_consumers:
       raise ValueError("Fp8Config.alternate_consumers=True needs cooperative "
                        "consumers (pingpong=False)")
+    if self.stagger_groups and (self.pingpong or self.alternate_consumers
+                                or self.promote_group < 2):
+      raise ValueError("Fp8Config.stagger_groups=True needs cooperative "
+                       "consumers (pingpong=False), promote_group >= 2 and "
+                       "alternate_consumers=False")
 
 
 def promote_group_of(config: MosaicConfig) -> int:
@@ -88,6 +101,10 @@ def pingpong_of(config: MosaicConfig) -> bool:
 
 def alternate_of(config: MosaicConfig) -> bool:
   return getattr(config, "alternate_consumers", False)
+
+
+def stagger_of(config: MosaicConfig) -> bool:
+  return getattr(config, "stagger_groups", False)
 
 
 def cluster_dim_of(config: MosaicConfig) -> Dim | None:
@@ -153,9 +170,9 @@ def check_fp8_config(config: MosaicConfig, problem: GemmProblem):
             f"more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
   kind = scaling_kind(problem)
   if kind != "per_k" and (promote_group_of(config) > 1
-                          or alternate_of(config)):
-    return ("promote_group and alternate_consumers apply to block-wise "
-            "scaling only; this problem has none")
+                          or alternate_of(config) or stagger_of(config)):
+    return ("promote_group, alternate_consumers and stagger_groups apply to "
+            "block-wise scaling only; this problem has none")
   registers = accumulator_registers(config, kind)
   if registers > ACC_REGISTER_BUDGET:
     what = ("block-wise scales keep the running sum and "

@@ -16,7 +16,8 @@ from pallas_gemm.mosaic_backend.fp8_config import (alternate_of,
                                                    cluster_units,
                                                    column_factor_is_uniform,
                                                    pingpong_of,
-                                                   promote_group_of)
+                                                   promote_group_of,
+                                                   stagger_of)
 from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
 from pallas_gemm.mosaic_backend.warp_specialised import (
     NUM_CONSUMERS, Ring, consume_ring, consumer_offsets, epilogue_smem, index,
@@ -57,6 +58,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
   shared_operand = {None: None, Dim.M: "b", Dim.N: "a"}[cluster_dim]
   per_k = kind == "per_k"
   alternate = per_k and alternate_of(config)
+  stagger = per_k and stagger_of(config)
   group = promote_group_of(config)
   uniform_columns = per_k and column_factor_is_uniform(problem, config)
   loads_per_stage = 4 if per_k else 2
@@ -141,9 +143,12 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
       def promote(total, acc_ref, kk, first_step):
         """total + (finished block kk's product) * its scales; frees the
-        block's stage."""
+        block's stage. The caller has already waited for kk's wgmma: a
+        plain `acc_ref[...]` would wait for every wgmma in flight, the next
+        block's too, and so serialise the overlap `promote_group` is for."""
         slot = ring.slot(first_step + kk)
-        scaled = acc_ref[...] * promotion_factor(slot)
+        product = plgpu.wgmma_accumulator_load(acc_ref, wait_n=None)
+        scaled = product * promotion_factor(slot)
         plgpu.barrier_arrive(stage_consumed.at[slot])
         return scaled if total is None else total + scaled
 
@@ -175,10 +180,12 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         return pl.run_scoped(
             group, *[plgpu.ACC((tile_m, tile_n), jnp.float32)] * size)
 
-      def promoted_acc(first_step):
-        """Sum over K blocks of (block product) * (its scales), in f32."""
+      def promoted_acc(first_step, first_group):
+        """Sum over K blocks of (block product) * (its scales), in f32; the
+        first promotion group has `first_group` blocks, the others
+        `group`."""
         # The first group starts the sum: no zero-filled array to lay out.
-        first = min(group, k_iters)
+        first = min(first_group, k_iters)
         total = promote_group(None, index(0), first, first_step)
         full_groups = (k_iters - first) // group
         tail = k_iters - first - full_groups * group
@@ -237,14 +244,15 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
                                             (0,) if a_vector else (1,))
         return acc * scalar
 
-      def compute_tile(batch_idx, m_idx, n_idx, first_step):
+      def compute_tile(batch_idx, m_idx, n_idx, first_step,
+                       first_group=group):
         row0 = m_idx * cta_m + wg_m_offset
         col0 = n_idx * cta_n + wg_n_offset
         if a_vector or b_vector:
           fetch_epilogue_scales(batch_idx, row0, col0)
         scalar = tensor_scalar(batch_idx) if kind == "epilogue" else None
         if per_k:
-          acc = promoted_acc(first_step)
+          acc = promoted_acc(first_step, first_group)
         else:
           acc = pipelined_acc(first_step)
         if kind == "epilogue":
@@ -278,6 +286,14 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       def _tile(info):
         batch_idx, m_idx, n_idx = coords(info.index[0])
         first_step = info.local_index * k_iters
+        if stagger:
+          # Consumer 1 starts with a one-block group (see stagger_groups);
+          # the group sizes are static, so each consumer has its own copy.
+          for consumer_wg, first_group in ((0, group), (1, 1)):
+            @pl.when(wg == consumer_wg)
+            def _staggered():
+              compute_tile(batch_idx, m_idx, n_idx, first_step, first_group)
+          return
         if not pingpong:
           compute_tile(batch_idx, m_idx, n_idx, first_step)
           return

@@ -11,8 +11,9 @@ The candidates are the mechanisms the heuristic chooses between: the
 consumer tile and how it is split, ring depth against epilogue sub-tile
 width (both share shared memory), the L2 band, and for block-wise scales
 the promotion group (wgmma of the next K block in flight while the previous
-block is scaled). `none` rows run the heuristic's config without scales,
-the cost of scaling being their difference to the `tensor` rows. `pp`
+block is scaled) and whether the consumers' groups are staggered (`stg`).
+`none` rows run the heuristic's config without scales, the cost of scaling
+being their difference to the `tensor` rows. `pp`
 is the pingpong schedule (consumers own alternate tiles), `cM`/`cN` 2-CTA
 clusters multicasting the shared operand tile, `alt` block-wise consumers
 taking turns to issue each K block's wgmma.
@@ -56,12 +57,14 @@ DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x14336x4096")
 
 
 def _config(tile_m, tile_n, split, stages, epi_n, band=8, band_dim=Dim.M,
-            group=1, cluster=None, pingpong=False, alternate=False):
+            group=1, cluster=None, pingpong=False, alternate=False,
+            stagger=False):
   return Fp8Config(tile_m=tile_m, tile_n=tile_n, tile_k=FP8_TILE_K,
                    wg_dimension=split, max_concurrent_steps=stages,
                    epi_tile_n=epi_n, grid_band=band, band_dim=band_dim,
                    promote_group=group, cluster_dim=cluster,
-                   pingpong=pingpong, alternate_consumers=alternate)
+                   pingpong=pingpong, alternate_consumers=alternate,
+                   stagger_groups=stagger)
 
 
 #: (name, config) per scaling; None is the heuristic's pick for the problem.
@@ -76,6 +79,10 @@ TENSOR_CANDIDATES = (
 )
 BLOCK_CANDIDATES = (
     ("heuristic", None),
+    ("64x128M s6 g2 stg", _config(64, 128, Dim.M, 6, 32, group=2,
+                                  stagger=True)),
+    ("64x128M s6 g2 stg cM", _config(64, 128, Dim.M, 6, 32, group=2,
+                                     stagger=True, cluster=Dim.M)),
     ("64x128M s6 g2 alt", _config(64, 128, Dim.M, 6, 32, group=2,
                                   alternate=True)),
     ("64x128M s6 g1 alt", _config(64, 128, Dim.M, 6, 32, alternate=True)),
@@ -104,6 +111,8 @@ def _describe(config) -> str:
     split = "pp"
   if config.alternate_consumers:
     cluster += " alt"
+  if config.stagger_groups:
+    cluster += " stg"
   return (f"{config.tile_m}x{config.tile_n}{split} s{config.max_concurrent_steps}"
           f" e{config.epi_tile_n} b{config.grid_band}{band}"
           f" g{config.promote_group}{cluster}")

@@ -15,12 +15,12 @@ The kernel, when the caller names none (`kernel=None`):
    precision, epilogue kind and 16-byte alignment, plus its batch, M, N and
    K on a half-octave grid. Each bucket records the fastest kernel measured
    for it, `xla` included, and that kernel's speed relative to `xla`.
-   - the exact bucket: its winner runs;
-   - no exact bucket: the nearest one within `NEAREST_BUCKET_DISTANCE`
-     octaves, and its winner runs only if it beat `xla` there by
-     `required_margin(distance, kernel)` (3-10 % half an octave away, more
-     further off) and lost to `xla` in no bucket within `VETO_DISTANCE`,
-     else `xla` runs;
+   - the problem's own bucket, or else the nearest one within
+     `NEAREST_BUCKET_DISTANCE` octaves: its winner runs if the problem was
+     measured itself, or if the winner beat `xla` there by
+     `required_margin(distance, kernel)` (3-10 % within half an octave,
+     more further off) and lost to `xla` in no bucket within
+     `VETO_DISTANCE`; else `xla` runs;
    - no bucket near enough: a kernel that won every measured bucket of the
      problem's class by a wide margin (`class_winner`: e.g. rows that are
      not 16-byte aligned), else `xla`, the kernel no measurement
@@ -409,24 +409,29 @@ def _from_table(problem, device, records) -> Resolution:
     return Resolution("xla", None, "fallback", "none",
                       f"{where} chose {name}, which cannot run this problem "
                       f"({reason})")
+  # A shape of the bucket that was not itself measured is as unmeasured as
+  # one half an octave away (a bucket spans half an octave in each dim): a
+  # tiled kernel's lead over a few-microsecond cuBLAS call can turn into a
+  # loss within it, so it needs the same margin and no loss nearby.
+  measured = problem.describe() in record.get("problems", ())
   margin = required_margin(distance, name)
-  if distance > 0 and ratio < margin:
+  source = "dispatch table" if distance == 0 else "nearest bucket"
+  if not measured and ratio < margin:
     return Resolution(
-        "xla", None, "nearest bucket", "none",
+        "xla", None, source, "none",
         f"{name} led xla by only {ratio:.3f}x in {where}, under the "
-        f"{margin:.3f}x margin for an unmeasured shape that far away")
-  lost = _lost_nearby(name, problem, records) if distance > 0 else 0
+        f"{margin:.3f}x margin for a shape not measured itself")
+  lost = 0 if measured else _lost_nearby(name, problem, records)
   if lost:
     return Resolution(
-        "xla", None, "nearest bucket", "none",
-        f"{name} won {where} but lost to xla in {lost} other bucket(s) "
+        "xla", None, source, "none",
+        f"{name} won {where} but lost to xla in {lost} bucket(s) "
         f"within {VETO_DISTANCE} octaves: an unmeasured shape "
         "between them is not trusted to it")
   table_config = None
   if record.get("config") is not None and entry.config_cls is not None:
     table_config = autotune.config_from_json(entry.config_cls,
                                              record["config"])
-  chosen, source = _config_for(entry, problem, device, table_config)
-  return Resolution(
-      name, chosen, "dispatch table" if distance == 0 else "nearest bucket",
-      source, f"{name} measured {ratio:.3f}x xla in {where}")
+  chosen, config_source = _config_for(entry, problem, device, table_config)
+  return Resolution(name, chosen, source, config_source,
+                    f"{name} measured {ratio:.3f}x xla in {where}")

@@ -38,9 +38,12 @@ def problem(m=4096, n=4096, k=4096, dtype="bfloat16", **kwargs):
 
 
 def write_table(tmp_path, records: dict[GemmProblem, dict]):
+  """Each record measured on its key problem (as the builder lists them)."""
   path = tmp_path / "shipped" / f"{HOPPER.key}.json"
   autotune.update_section(path, "dispatch", {
-      dispatch.DispatchKey.for_problem(p).name: r for p, r in records.items()})
+      dispatch.DispatchKey.for_problem(p).name: {"problems": [p.describe()],
+                                                 **r}
+      for p, r in records.items()})
   return path
 
 
@@ -83,6 +86,25 @@ def test_xla_chosen_where_xla_measured_faster(cache):
   big = dispatch.resolve(problem(16384, 16384, 16384), HOPPER)
   assert (big.kernel, big.kernel_source) == (WS, "dispatch table")
   assert big.config is not None
+
+
+def test_an_unmeasured_shape_of_a_measured_bucket_needs_the_margin(cache):
+  write_table(cache, {
+      problem(1216, 704, 256): {"kernel": WS, "ratio_to_xla": 1.025},
+      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.20},
+  })
+  # The measured problem itself runs its bucket's winner.
+  assert dispatch.resolve(problem(1216, 704, 256), HOPPER).kernel == WS
+  # Another shape of the same bucket: a 2.5 % lead is within what a tile
+  # count changes inside a bucket, so xla.
+  same = problem(1152, 656, 272)
+  assert (dispatch.DispatchKey.for_problem(same)
+          == dispatch.DispatchKey.for_problem(problem(1216, 704, 256)))
+  chosen = dispatch.resolve(same, HOPPER)
+  assert (chosen.kernel, chosen.kernel_source) == ("xla", "dispatch table")
+  assert "not measured itself" in chosen.reason
+  # A wide lead carries to the bucket's other shapes.
+  assert dispatch.resolve(problem(8192, 8192, 7168), HOPPER).kernel == WS
 
 
 def test_nearest_bucket_with_margin(cache):

@@ -130,9 +130,12 @@ def candidates(problem: GemmProblem, device, only=None) -> list[str]:
   return names
 
 
-def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int):
-  """Median ms per call of `kernel` with the config a call would get."""
-  config = dispatch.resolve(problem, device, kernel).config
+def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int,
+                config=None):
+  """Median ms per call of `kernel` with `config`, by default the config a
+  call would get."""
+  if config is None:
+    config = dispatch.resolve(problem, device, kernel).config
   sets = []
   for seed in range(timing.operand_set_count(problem, device.is_gpu)):
     a, b, c, bias = timing.random_operands(problem, seed=seed)

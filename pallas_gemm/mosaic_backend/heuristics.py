@@ -96,20 +96,8 @@ def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
 # ------------------------------------------------------------ mosaic/small_m
 
 #: A bandwidth-bound wave with at least this share of the SMs busy streams
-#: at (nearly) full device bandwidth: each CTA keeps a whole ring (64-128 KB)
-#: in flight, so well under half the SMs already saturate HBM
-#: (experiments/results/nvidia_h200/small_m_sweep).
-SATURATING_SM_SHARE = 0.4
-
-
-def _deepest_ring(config: SmallMConfig,
-                  problem: GemmProblem) -> SmallMConfig | None:
-  """`config` with the deepest ring that fits in shared memory, or None."""
-  for stages in (6, 5, 4, 3, 2):
-    deeper = dataclasses.replace(config, max_concurrent_steps=stages)
-    if deeper.fits(problem):
-      return deeper
-  return None
+#: at (nearly) full device bandwidth: each CTA keeps 150+ KB in flight.
+SATURATING_SM_SHARE = 0.75
 
 
 def small_m_cost(problem: GemmProblem, config: SmallMConfig,
@@ -117,9 +105,7 @@ def small_m_cost(problem: GemmProblem, config: SmallMConfig,
   """Modelled time of a bandwidth-bound launch, in bytes at full bandwidth.
 
   Each wave takes as long as its busiest CTAs' bytes at the bandwidth its
-  CTA count can draw (full from SATURATING_SM_SHARE of the SMs up). A CTA
-  also pays about one ring of bytes to fill and drain its pipeline, which is
-  what makes many short K shares slower than a few long ones; split-K
+  CTA count can draw (full from SATURATING_SM_SHARE of the SMs up); split-K
   partials are written, read back and reduced (three passes).
   """
   in_size = jnp.dtype(problem.in_dtype).itemsize
@@ -127,10 +113,8 @@ def small_m_cost(problem: GemmProblem, config: SmallMConfig,
   k_blocks = cdiv(problem.k, config.tile_k)
   splits = cdiv(k_blocks, cdiv(k_blocks, config.k_splits))
   k_share = cdiv(k_blocks, splits) * config.tile_k
-  stage_bytes = config.tile_k * config.tile_n * in_size
   # A is a few rows that every CTA shares through L2: only B counts.
-  bytes_per_cta = (k_share * config.tile_n * in_size
-                   + config.max_concurrent_steps * stage_bytes)
+  bytes_per_cta = k_share * config.tile_n * in_size
   ctas = n_tiles * splits
   floor = SATURATING_SM_SHARE * num_sms
   cost = 0.0
@@ -144,22 +128,22 @@ def small_m_cost(problem: GemmProblem, config: SmallMConfig,
 
 
 def small_m_heuristic(problem: GemmProblem, num_sms: int) -> SmallMConfig:
-  """The (tile_n, k_splits) pair, each with the deepest ring that fits in
-  shared memory, with the lowest modelled time."""
+  """The (tile_n, k_splits) pair with the lowest modelled time, then the
+  deepest pipeline that fits in shared memory."""
   best = None
   for k_splits in (1, 2, 3, 4, 6, 8):
     for tile_n in (64, 128):
-      config = _deepest_ring(
-          SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits), problem)
-      if config is None:
-        continue
+      config = SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits)
       cost = small_m_cost(problem, config, num_sms)
       # Ties go to fewer splits, then narrower strips (more stages fit).
       if best is None or cost < best[0] * 0.99:
         best = (cost, config)
-  if best is None:  # nothing fits: the smallest footprint, for its error
-    return SmallMConfig(tile_n=64, tile_k=128, max_concurrent_steps=2)
-  return best[1]
+  config = best[1]
+  for stages in (6, 5, 4, 3, 2):
+    config = dataclasses.replace(config, max_concurrent_steps=stages)
+    if config.fits(problem):
+      break
+  return config
 
 
 def small_m_candidates(problem: GemmProblem,

@@ -23,6 +23,8 @@ mkdir -p "$DIR" "$OUT"
 exec > >(tee -a "$DIR/log.txt") 2>&1
 
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+# shellcheck source=experiments/lab/ncu_common.sh
+. experiments/lab/ncu_common.sh
 echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
 "$NCU" --version | tail -n 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
@@ -31,22 +33,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 for name in "$@"; do
   echo
   echo "=== $name (${SECONDS}s in)"
-  "$NCU" --clock-control none -k regex:mosaic_gpu -c 1 \
-    --section LaunchStats --section Occupancy --section SpeedOfLight \
-    --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis --section SourceCounters \
-    --import-source no -o "$DIR/$name" -f \
+  ncu_profile "$name" mosaic_gpu 0 \
+    "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued|Shared Memory|L1/TEX Hit|L2 Hit|DRAM Throughput" \
     "$PY" experiments/lab/mosaic_ptxas.py --case "$name"
-  echo "exit $?"
-  "$NCU" -i "$DIR/$name.ncu-rep" --page details > "$DIR/$name.txt" 2>&1
-  "$NCU" -i "$DIR/$name.ncu-rep" --page source --csv --print-source sass \
-    > "$DIR/$name.sass.csv" 2>&1
-  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued|Shared Memory|L1/TEX Hit|L2 Hit|DRAM Throughput" \
-    "$DIR/$name.txt" | head -n 24
-  gzip -9 "$DIR/$name.sass.csv"
-  "$PY" experiments/lab/ncu_sass_digest.py "$DIR/$name.sass.csv.gz" \
-    | tee -a "$DIR/digest.txt" | head -n 45
 done
 
 tar -C "$DIR" -czf "$OUT/mosaic_ncu.tar.gz" --exclude='*.ncu-rep' .

@@ -33,6 +33,8 @@ if [ $# -eq 0 ]; then
 fi
 
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+# shellcheck source=experiments/lab/ncu_common.sh
+. experiments/lab/ncu_common.sh
 echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
 "$NCU" --version | tail -n 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
@@ -45,22 +47,9 @@ for flags in "$@"; do
   echo
   echo "=== $name: $flags (${SECONDS}s in)"
   # shellcheck disable=SC2086  # flags is a word list on purpose
-  "$NCU" --clock-control none -k 'regex:^tuned' -s 1 -c 1 \
-    --section LaunchStats --section Occupancy --section SpeedOfLight \
-    --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis --section SourceCounters \
-    --import-source no -o "$DIR/$name" -f \
+  ncu_profile "$name" '^tuned' 1 \
+    "Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|Duration|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued" \
     "$PY" experiments/lab/triton_ncu.py $flags
-  echo "exit $?"
-  "$NCU" -i "$DIR/$name.ncu-rep" --page details > "$DIR/$name.txt" 2>&1
-  "$NCU" -i "$DIR/$name.ncu-rep" --page source --csv --print-source sass \
-    > "$DIR/$name.sass.csv" 2>&1
-  grep -E "Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|Duration|Issue Slots Busy|Executed Ipc Active|One or More Eligible|Warp Cycles Per Issued" \
-    "$DIR/$name.txt" | head -n 24
-  gzip -9 "$DIR/$name.sass.csv"
-  "$PY" experiments/lab/ncu_sass_digest.py "$DIR/$name.sass.csv.gz" \
-    | tee -a "$DIR/digest.txt" | head -n 40
 done
 
 tar -C "$DIR" -czf "$OUT/triton_ncu.tar.gz" --exclude='*.ncu-rep' .

@@ -22,13 +22,9 @@ rm -rf "$DIR"
 mkdir -p "$DIR" "$OUT"
 exec > >(tee -a "$DIR/log.txt") 2>&1
 
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # shellcheck source=experiments/lab/ncu_common.sh
 . experiments/lab/ncu_common.sh
-echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
-"$NCU" --version | tail -n 1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-"$PY" -c "import jax; print('jax', jax.__version__)"
+ncu_header
 
 for name in "$@"; do
   echo

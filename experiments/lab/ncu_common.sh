@@ -1,5 +1,7 @@
 # Sourced by triton_ncu.sh and mosaic_ncu.sh: one Nsight Compute profile per
-# case, its text pages and SASS digest. Needs NCU, PY and DIR set.
+# case, its text pages and SASS digest. Needs PY and DIR set; sets NCU.
+#
+#   ncu_header   prints the git sha, ncu, GPU, driver and jax versions
 #
 #   ncu_profile NAME KERNEL_REGEX LAUNCHES_TO_SKIP "SUMMARY_REGEX" command...
 #
@@ -8,6 +10,15 @@
 # $DIR/NAME.sass.csv.gz (SASS with counters) and appends the digest to
 # $DIR/digest.txt; prints the details lines matching SUMMARY_REGEX and the
 # digest's head.
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+
+ncu_header() {
+  echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
+  "$NCU" --version | tail -n 1
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+  "$PY" -c "import jax; print('jax', jax.__version__)"
+}
+
 ncu_profile() {
   local name=$1 kernels=$2 skip=$3 summary=$4
   shift 4

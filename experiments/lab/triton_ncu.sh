@@ -32,13 +32,9 @@ if [ $# -eq 0 ]; then
     "--case ieee:NN --block 64x128x32 --num-warps 4 --num-stages 3"
 fi
 
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # shellcheck source=experiments/lab/ncu_common.sh
 . experiments/lab/ncu_common.sh
-echo "git ${PALLAS_GEMM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo n/a)}"
-"$NCU" --version | tail -n 1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-"$PY" -c "import jax; print('jax', jax.__version__)"
+ncu_header
 
 case_number=0
 for flags in "$@"; do

@@ -715,3 +715,13 @@ def test_git_revision_prefers_the_shipped_sha_and_warns_on_a_dirty_tree(
   assert "PALLAS_GEMM_GIT_SHA" in capsys.readouterr().err
   answers["status"] = ""
   assert bench_output.git_revision() == "0123456789ab"
+  # A shipped sha that is the copy's own (stale) HEAD while the tree
+  # differs: kept, but warned about.
+  answers["status"] = " M pallas_gemm/api.py"
+  capsys.readouterr()
+  monkeypatch.setenv("PALLAS_GEMM_GIT_SHA", "0123456")
+  assert bench_output.git_revision() == "0123456"
+  assert "stale" in capsys.readouterr().err
+  monkeypatch.setenv("PALLAS_GEMM_GIT_SHA", "fedcba9")
+  assert bench_output.git_revision() == "fedcba9"
+  assert "stale" not in capsys.readouterr().err

@@ -42,13 +42,20 @@ def git_revision() -> str:
   # A copy of the tree shipped to a GPU machine gets the revision from
   # whoever shipped it: its .git, if it has one, may be a stale snapshot.
   shipped = os.environ.get("PALLAS_GEMM_GIT_SHA")
-  if shipped:
-    return shipped
   sha = _run_quiet(["git", "rev-parse", "--short=12", "HEAD"], cwd=_REPO_ROOT)
+  dirty = sha and _run_quiet(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      cwd=_REPO_ROOT)
+  if shipped:
+    if dirty and (sha.startswith(shipped) or shipped.startswith(sha)):
+      # `PALLAS_GEMM_GIT_SHA=$(git rev-parse HEAD)` run on the GPU machine
+      # reads the copy's stale .git, not the commit that was shipped.
+      _warn_once(f"PALLAS_GEMM_GIT_SHA={shipped} names this copy's .git "
+                 "HEAD, but the tree differs from it: that .git is probably "
+                 "stale; compute the sha where the tree was shipped from")
+    return shipped
   if not sha:
     return "n/a"
-  dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"],
-                     cwd=_REPO_ROOT)
   if dirty:
     # On a GPU machine this is usually the shipped copy's stale .git, whose
     # sha names an older commit than the tree that ran.

@@ -19,8 +19,9 @@ The kernel, when the caller names none (`kernel=None`):
      `NEAREST_BUCKET_DISTANCE` octaves: its winner runs if the problem was
      measured itself, or if the winner beat `xla` there by
      `required_margin(distance, kernel)` (3-10 % within half an octave,
-     more further off) and lost to `xla` in no bucket within
-     `VETO_DISTANCE`; else `xla` runs;
+     more further off), lost to `xla` in no bucket within
+     `VETO_DISTANCE` and, for a tiled kernel of `NEEDS_A_WAVE` on an
+     aligned shape, has at least a wave of CTA tiles; else `xla` runs;
    - no bucket near enough: a kernel that won every measured bucket of the
      problem's class by a wide margin (`class_winner`: e.g. rows that are
      not 16-byte aligned), else `xla`, the kernel no measurement
@@ -80,6 +81,14 @@ STEPS_PER_OCTAVE = 2
 #: a matrix-vector product, and a kernel's lead over it at M = 8 does not
 #: carry over (experiments/results/nvidia_h100/wide/NOTES.md).
 STREAMING_ROWS = 64
+
+#: Tiled kernels without a split K: with fewer CTA tiles than SMs their
+#: time is one tile's whole K loop while cuBLAS can split K over the idle
+#: SMs, so a lead measured on one such shape does not carry to another
+#: (leave-one-out: experiments/results/nvidia_h200/dispatch/README.md). On
+#: an aligned shape that was not measured itself, they run only with at
+#: least one wave of tiles.
+NEEDS_A_WAVE = ("mosaic/ws_persistent",)
 
 _stats_lock = threading.Lock()
 #: Counters a test reads: how many times a resolution was computed (not
@@ -433,5 +442,22 @@ def _from_table(problem, device, records) -> Resolution:
     table_config = autotune.config_from_json(entry.config_cls,
                                              record["config"])
   chosen, config_source = _config_for(entry, problem, device, table_config)
+  tiles = _cta_tiles(problem, chosen)
+  if (not measured and name in NEEDS_A_WAVE and alignment(problem) == "a16"
+      and tiles is not None and tiles < device.num_sms):
+    return Resolution(
+        "xla", None, source, "none",
+        f"{name} won {where}, but here it has {tiles} CTA tiles for "
+        f"{device.num_sms} SMs: with less than a wave of tiles its lead "
+        "does not carry between shapes")
   return Resolution(name, chosen, source, config_source,
                     f"{name} measured {ratio:.3f}x xla in {where}")
+
+
+def _cta_tiles(problem: GemmProblem, config) -> int | None:
+  """How many CTA tiles `config` cuts the problem into (None: not tiled)."""
+  cta_m = getattr(config, "cta_tile_m", None)
+  cta_n = getattr(config, "cta_tile_n", None)
+  if not cta_m or not cta_n:
+    return None
+  return (problem.batch * -(-problem.m // cta_m) * -(-problem.n // cta_n))

@@ -107,6 +107,25 @@ def test_an_unmeasured_shape_of_a_measured_bucket_needs_the_margin(cache):
   assert dispatch.resolve(problem(8192, 8192, 7168), HOPPER).kernel == WS
 
 
+def test_a_tiled_kernel_needs_a_wave_of_tiles_off_its_measured_shape(cache):
+  measured = problem(1536, 1024, 1536)  # a few dozen CTA tiles
+  write_table(cache, {measured: {"kernel": WS, "ratio_to_xla": 1.5}})
+  # The measured shape itself runs its winner.
+  assert dispatch.resolve(measured, HOPPER).kernel == WS
+  # Another shape of the bucket, under a wave of tiles: xla.
+  other = problem(1408, 1216, 1664)
+  assert (dispatch.DispatchKey.for_problem(other)
+          == dispatch.DispatchKey.for_problem(measured))
+  chosen = dispatch.resolve(other, HOPPER)
+  assert chosen.kernel == "xla" and "less than a wave" in chosen.reason
+  # Rows that are not 16-byte aligned are cuBLAS's slow path whatever the
+  # tile count: the winner keeps them.
+  ragged = problem(1537, 1024, 1537)
+  write_table(cache, {ragged: {"kernel": WS, "ratio_to_xla": 2.0}})
+  dispatch.clear_cache()
+  assert dispatch.resolve(problem(1401, 1216, 1663), HOPPER).kernel == WS
+
+
 def test_nearest_bucket_with_margin(cache):
   write_table(cache, {
       problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.10},

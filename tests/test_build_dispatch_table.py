@@ -70,3 +70,28 @@ def test_cpu_run_resumes_and_writes_the_table(tmp_path, monkeypatch):
   data = json.loads(table.read_text())
   assert len(data["dispatch"]) == 2
   assert data["meta"]["problems_measured"] == 2
+
+
+def test_the_shipped_rule_holds_out_on_the_committed_measurements():
+  """Leave-one-out over each GPU's committed dispatch measurements
+  (experiments/lab/dispatch_holdout.py): with the shipped rule, a problem
+  left out of the table is rarely and never badly sent to a kernel slower
+  than xla. Not a timing: the measurements are data."""
+  import json
+  import pathlib
+
+  from experiments.lab.dispatch_holdout import hold_out, summary
+  from pallas_gemm.devices import DeviceInfo
+
+  results = pathlib.Path(__file__).resolve().parents[1] / "experiments" / (
+      "results")
+  folders = sorted(results.glob("nvidia_h*/dispatch/measurements.jsonl"))
+  assert folders
+  for path in folders:
+    rows = [json.loads(line) for line in path.read_text().splitlines()
+            if line.strip()]
+    device = DeviceInfo("gpu", rows[0]["device"], (9, 0), 132, 227 * 1024)
+    held_out = summary(hold_out(rows, device, min_gain=1.01))
+    assert held_out["losses"] <= 2, (path, held_out)
+    assert held_out["min"] >= 0.9, (path, held_out)
+    assert held_out["geomean"] >= 1.0, (path, held_out)

@@ -1,6 +1,7 @@
 """The dispatch-table builder: a deterministic training set, the fold rule
-(a kernel wins a bucket only by beating xla on every problem in it), and a
-resumable run end to end on a CPU."""
+(a kernel wins a bucket only by beating xla on every problem in it), a
+resumable run end to end on a CPU, and the shipped rule's leave-one-out
+over the committed measurements."""
 
 from __future__ import annotations
 
@@ -77,7 +78,6 @@ def test_the_shipped_rule_holds_out_on_the_committed_measurements():
   (experiments/lab/dispatch_holdout.py): with the shipped rule, a problem
   left out of the table is rarely and never badly sent to a kernel slower
   than xla. Not a timing: the measurements are data."""
-  import json
   import pathlib
 
   from experiments.lab.dispatch_holdout import hold_out, summary

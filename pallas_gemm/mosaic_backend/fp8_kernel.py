@@ -149,6 +149,11 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         slot = ring.slot(first_step + kk)
         product = plgpu.wgmma_accumulator_load(acc_ref, wait_n=None)
         scaled = product * promotion_factor(slot)
+        # The scales were read through the generic proxy and the producer's
+        # next TMA write into this stage goes through the async proxy: a
+        # proxy fence orders the two across the barrier (the interpreter's
+        # race detector flags the stage's reuse without it).
+        plgpu.commit_smem()
         plgpu.barrier_arrive(stage_consumed.at[slot])
         return scaled if total is None else total + scaled
 

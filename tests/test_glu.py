@@ -112,6 +112,25 @@ def test_mosaic_residuals_are_the_products():
   _check(out, x, w, "gelu")
 
 
+@pytest.mark.skipif(ON_GPU, reason="race detection runs in interpret mode")
+def test_mosaic_has_no_races_interpret():
+  """The production tile with the second consumer one step behind, over
+  tiles that wrap the ring, separate and fused weights: the race detector
+  sees no shared-memory race."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  for fused in (False, True):
+    x, w, weights = _inputs((72, 128), 128, 256, fused=fused)
+    problem = GluProblem(72, 256, 128, "bfloat16", "bfloat16", "silu",
+                         fused_weights=fused)
+    out = mosaic.glu_forward(
+        x, weights, problem=problem,
+        config=GluConfig(max_concurrent_steps=2, consumer_lag=1),
+        interpret=plgpu.InterpretGPUParams(detect_races=True))
+    assert not interpret_pallas_call.get_races().races_found
+    _check(out, x, w, "silu")
+
+
 @pytest.mark.parametrize("activation,dtype", [
     (name, "bfloat16") for name in sorted(GLU_ACTIVATIONS)] + [
         ("silu", "float32"), ("gelu_exact", "float32")])

@@ -460,4 +460,4 @@ def _cta_tiles(problem: GemmProblem, config) -> int | None:
   cta_n = getattr(config, "cta_tile_n", None)
   if not cta_m or not cta_n:
     return None
-  return (problem.batch * -(-problem.m // cta_m) * -(-problem.n // cta_n))
+  return problem.output_tiles(cta_m, cta_n)

@@ -168,6 +168,10 @@ class GemmProblem:
           jnp.dtype(self.c_dtype)).itemsize
     return total
 
+  def output_tiles(self, tile_m: int, tile_n: int) -> int:
+    """How many tile_m x tile_n tiles the output (every batch) cuts into."""
+    return self.batch * cdiv(self.m, tile_m) * cdiv(self.n, tile_n)
+
   def describe(self) -> str:
     batch = f"{self.batch}x" if self.batch != 1 else ""
     in_dtype = self.in_dtype if self.b_dtype is None else (

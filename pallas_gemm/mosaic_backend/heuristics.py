@@ -52,8 +52,7 @@ def cta_waves(problem: GemmProblem, cta_m: int, cta_n: int,
               num_sms: int) -> int:
   """How many rounds of (cta_m x cta_n) tiles a persistent grid of
   `num_sms` CTAs runs."""
-  tiles = cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n) * problem.batch
-  return cdiv(tiles, max(num_sms, 1))
+  return cdiv(problem.output_tiles(cta_m, cta_n), max(num_sms, 1))
 
 
 def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:

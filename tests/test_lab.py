@@ -44,21 +44,18 @@ def test_triton_sweep_dry_run_times_the_search_space(tmp_path):
   assert {r["kernel"] for r in results["ladder"]} >= {"triton/06_tuned"}
 
 
-def test_small_m_model_fit_mirrors_the_shipped_cost_and_reads_the_sweeps(
+def test_small_m_model_fit_replays_the_shipped_choice_and_reads_the_sweeps(
     capsys):
   sys.path.insert(0, str(REPO_ROOT))
   from experiments.lab import small_m_model_fit as fit
   from pallas_gemm.mosaic_backend import heuristics
-  from pallas_gemm.mosaic_backend.configs import SmallMConfig
   from pallas_gemm.problem import GemmProblem
-  # With the shipped constants (and no ring fill) the fit's cost is the
-  # heuristic's, so what it scores is what the package would do.
+  # With the shipped constants (and no ring fill) the fit picks what the
+  # package would, so what it scores is what the package does.
   for m, n, k in ((1, 8704, 2944), (8, 11136, 2048), (64, 4096, 14336)):
     problem = GemmProblem(1, m, n, k, "bfloat16", "bfloat16")
-    for tile_n, k_splits in ((64, 1), (128, 2), (64, 3)):
-      config = SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits)
-      assert fit.cost(problem, config, 132, heuristics.SATURATING_SM_SHARE,
-                      0.0) == heuristics.small_m_cost(problem, config, 132)
+    assert (fit.pick(problem, heuristics.SATURATING_SM_SHARE, 0.0)
+            == heuristics.small_m_heuristic(problem, 132))
   sweeps = sorted(str(p) for p in (REPO_ROOT / "experiments" / "results")
                   .glob("nvidia_h*/small_m_sweep/sweep.txt"))
   assert sweeps

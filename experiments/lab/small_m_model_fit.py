@@ -2,10 +2,9 @@
 among the configs `small_m_sweep.py` measured? (No GPU: it reads sweeps.)
 
 For each saturating SM share and per-CTA ring fill (in rings of bytes) it
-picks a config per problem the way `small_m_heuristic` does, each strip and
-split with its deepest fitting ring, and scores the pick by its measured
-speed over the best measured config: the geomean and the worst over every
-problem of every sweep file given.
+has `small_m_heuristic` pick a config per problem with those constants, and
+scores the pick by its measured speed over the best measured config: the
+geomean and the worst over every problem of every sweep file given.
 
   PYTHONPATH=. python3 experiments/lab/small_m_model_fit.py \
       experiments/results/nvidia_h200/small_m_sweep/sweep.txt \
@@ -14,14 +13,13 @@ problem of every sweep file given.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import re
 import sys
 
-from pallas_gemm.mosaic_backend.configs import SmallMConfig
-from pallas_gemm.problem import GemmProblem, cdiv
+from pallas_gemm.mosaic_backend.heuristics import small_m_heuristic
+from pallas_gemm.problem import GemmProblem
 
 LINE = re.compile(r"(\d+x\d+x\d+)\s+tile_n=(\d+)\s+k_splits=(\d+) "
                   r"stages=(\d+) ctas=\d+\s+([\d.]+)x xla")
@@ -42,42 +40,10 @@ def read_sweeps(paths):
   return data
 
 
-def deepest(config: SmallMConfig, problem: GemmProblem) -> SmallMConfig:
-  for stages in (6, 5, 4, 3, 2):
-    deeper = dataclasses.replace(config, max_concurrent_steps=stages)
-    if deeper.fits(problem):
-      return deeper
-  return dataclasses.replace(config, max_concurrent_steps=2)
-
-
-def cost(problem, config, num_sms, share, ring_fill):
-  """`heuristics.small_m_cost` with its two constants as arguments."""
-  in_size = 2
-  n_tiles = cdiv(problem.n, config.tile_n) * problem.batch
-  k_blocks = cdiv(problem.k, config.tile_k)
-  splits = cdiv(k_blocks, cdiv(k_blocks, config.k_splits))
-  k_share = cdiv(k_blocks, splits) * config.tile_k
-  ring = config.max_concurrent_steps * config.tile_k * config.tile_n * in_size
-  bytes_per_cta = k_share * config.tile_n * in_size + ring_fill * ring
-  ctas, total = n_tiles * splits, 0.0
-  while ctas > 0:
-    in_wave = min(ctas, num_sms)
-    total += bytes_per_cta * max(in_wave, share * num_sms)
-    ctas -= in_wave
-  if splits > 1:
-    total += 3 * splits * cdiv(problem.m, 8) * 8 * problem.n * 4
-  return total
-
-
 def pick(problem, share, ring_fill, num_sms=132):
-  best = None
-  for k_splits, tile_n in itertools.product((1, 2, 3, 4, 6, 8), (64, 128)):
-    config = deepest(SmallMConfig(tile_n=tile_n, tile_k=128,
-                                  k_splits=k_splits), problem)
-    c = cost(problem, config, num_sms, share, ring_fill)
-    if best is None or c < best[0] * 0.99:
-      best = (c, config)
-  return best[1]
+  """The package's own choice with these constants."""
+  return small_m_heuristic(problem, num_sms, saturating_share=share,
+                           ring_fill=ring_fill)
 
 
 def main(paths):

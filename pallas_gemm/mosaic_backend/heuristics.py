@@ -99,23 +99,29 @@ def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
 SATURATING_SM_SHARE = 0.75
 
 
-def small_m_cost(problem: GemmProblem, config: SmallMConfig,
-                 num_sms: int) -> float:
+def small_m_cost(problem: GemmProblem, config: SmallMConfig, num_sms: int,
+                 *, saturating_share: float = SATURATING_SM_SHARE,
+                 ring_fill: float = 0.0) -> float:
   """Modelled time of a bandwidth-bound launch, in bytes at full bandwidth.
 
   Each wave takes as long as its busiest CTAs' bytes at the bandwidth its
-  CTA count can draw (full from SATURATING_SM_SHARE of the SMs up); split-K
-  partials are written, read back and reduced (three passes).
+  CTA count can draw (full from `saturating_share` of the SMs up); each CTA
+  also pays `ring_fill` rings of bytes to fill and drain its pipeline
+  (none in the shipped model); split-K partials are written, read back and
+  reduced (three passes). The keyword constants let
+  experiments/lab/small_m_model_fit.py replay the choice with others.
   """
   in_size = jnp.dtype(problem.in_dtype).itemsize
   n_tiles = cdiv(problem.n, config.tile_n) * problem.batch
   k_blocks = cdiv(problem.k, config.tile_k)
   splits = cdiv(k_blocks, cdiv(k_blocks, config.k_splits))
   k_share = cdiv(k_blocks, splits) * config.tile_k
+  stage_bytes = config.tile_k * config.tile_n * in_size
   # A is a few rows that every CTA shares through L2: only B counts.
-  bytes_per_cta = k_share * config.tile_n * in_size
+  bytes_per_cta = (k_share * config.tile_n * in_size
+                   + ring_fill * config.max_concurrent_steps * stage_bytes)
   ctas = n_tiles * splits
-  floor = SATURATING_SM_SHARE * num_sms
+  floor = saturating_share * num_sms
   cost = 0.0
   while ctas > 0:
     in_wave = min(ctas, num_sms)
@@ -126,23 +132,33 @@ def small_m_cost(problem: GemmProblem, config: SmallMConfig,
   return cost
 
 
-def small_m_heuristic(problem: GemmProblem, num_sms: int) -> SmallMConfig:
-  """The (tile_n, k_splits) pair with the lowest modelled time, then the
-  deepest pipeline that fits in shared memory."""
-  best = None
-  for k_splits in (1, 2, 3, 4, 6, 8):
-    for tile_n in (64, 128):
-      config = SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits)
-      cost = small_m_cost(problem, config, num_sms)
-      # Ties go to fewer splits, then narrower strips (more stages fit).
-      if best is None or cost < best[0] * 0.99:
-        best = (cost, config)
-  config = best[1]
+def _deepest_ring(config: SmallMConfig, problem: GemmProblem) -> SmallMConfig:
+  """`config` with the deepest ring that fits (2 stages if none does)."""
   for stages in (6, 5, 4, 3, 2):
     config = dataclasses.replace(config, max_concurrent_steps=stages)
     if config.fits(problem):
       break
   return config
+
+
+def small_m_heuristic(problem: GemmProblem, num_sms: int, *,
+                      saturating_share: float = SATURATING_SM_SHARE,
+                      ring_fill: float = 0.0) -> SmallMConfig:
+  """The (tile_n, k_splits) pair, each with the deepest pipeline that fits
+  in shared memory, with the lowest modelled time (`small_m_cost`, whose
+  constants the keywords pass on)."""
+  best = None
+  for k_splits in (1, 2, 3, 4, 6, 8):
+    for tile_n in (64, 128):
+      config = _deepest_ring(
+          SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits), problem)
+      cost = small_m_cost(problem, config, num_sms,
+                          saturating_share=saturating_share,
+                          ring_fill=ring_fill)
+      # Ties go to fewer splits, then narrower strips (more stages fit).
+      if best is None or cost < best[0] * 0.99:
+        best = (cost, config)
+  return best[1]
 
 
 def small_m_candidates(problem: GemmProblem,

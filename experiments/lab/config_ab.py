@@ -38,7 +38,7 @@ sys.path.insert(0, str(_REPO_ROOT))
 import pallas_gemm  # noqa: E402
 from experiments.build_dispatch_table import time_kernel  # noqa: E402
 from pallas_gemm import shapes  # noqa: E402
-from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig  # noqa: E402
+from pallas_gemm.mosaic_backend.config import Dim  # noqa: E402
 from pallas_gemm.mosaic_backend.heuristics import (  # noqa: E402
     small_m_heuristic, ws_heuristic)
 from pallas_gemm.problem import GemmProblem  # noqa: E402

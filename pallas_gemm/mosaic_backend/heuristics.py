@@ -95,24 +95,20 @@ def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
 # ------------------------------------------------------------ mosaic/small_m
 
 #: A bandwidth-bound wave with at least this share of the SMs busy streams
-#: at (nearly) full device bandwidth: each CTA keeps a whole ring (64-128 KB)
-#: in flight, so well under half the SMs already saturate HBM
-#: (experiments/results/nvidia_h200/small_m_sweep).
-SATURATING_SM_SHARE = 0.4
-#: Each CTA also pays about this many rings of bytes to fill and drain its
-#: pipeline: what makes many short K shares slower than a few long ones.
-RING_FILL = 1.0
+#: at (nearly) full device bandwidth: each CTA keeps 150+ KB in flight.
+SATURATING_SM_SHARE = 0.75
 
 
 def small_m_cost(problem: GemmProblem, config: SmallMConfig, num_sms: int,
                  *, saturating_share: float = SATURATING_SM_SHARE,
-                 ring_fill: float = RING_FILL) -> float:
+                 ring_fill: float = 0.0) -> float:
   """Modelled time of a bandwidth-bound launch, in bytes at full bandwidth.
 
   Each wave takes as long as its busiest CTAs' bytes at the bandwidth its
   CTA count can draw (full from `saturating_share` of the SMs up); each CTA
-  also pays `ring_fill` rings of bytes to fill and drain its pipeline;
-  split-K partials are written, read back and reduced (three passes). The keyword constants let
+  also pays `ring_fill` rings of bytes to fill and drain its pipeline
+  (none in the shipped model); split-K partials are written, read back and
+  reduced (three passes). The keyword constants let
   experiments/lab/small_m_model_fit.py replay the choice with others.
   """
   in_size = jnp.dtype(problem.in_dtype).itemsize
@@ -136,19 +132,18 @@ def small_m_cost(problem: GemmProblem, config: SmallMConfig, num_sms: int,
   return cost
 
 
-def _deepest_ring(config: SmallMConfig,
-                  problem: GemmProblem) -> SmallMConfig | None:
-  """`config` with the deepest ring that fits in shared memory, or None."""
+def _deepest_ring(config: SmallMConfig, problem: GemmProblem) -> SmallMConfig:
+  """`config` with the deepest ring that fits (2 stages if none does)."""
   for stages in (6, 5, 4, 3, 2):
-    deeper = dataclasses.replace(config, max_concurrent_steps=stages)
-    if deeper.fits(problem):
-      return deeper
-  return None
+    config = dataclasses.replace(config, max_concurrent_steps=stages)
+    if config.fits(problem):
+      break
+  return config
 
 
 def small_m_heuristic(problem: GemmProblem, num_sms: int, *,
                       saturating_share: float = SATURATING_SM_SHARE,
-                      ring_fill: float = RING_FILL) -> SmallMConfig:
+                      ring_fill: float = 0.0) -> SmallMConfig:
   """The (tile_n, k_splits) pair, each with the deepest pipeline that fits
   in shared memory, with the lowest modelled time (`small_m_cost`, whose
   constants the keywords pass on)."""
@@ -157,16 +152,12 @@ def small_m_heuristic(problem: GemmProblem, num_sms: int, *,
     for tile_n in (64, 128):
       config = _deepest_ring(
           SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits), problem)
-      if config is None:  # e.g. 128 columns at M = 128 with a float32 C
-        continue
       cost = small_m_cost(problem, config, num_sms,
                           saturating_share=saturating_share,
                           ring_fill=ring_fill)
       # Ties go to fewer splits, then narrower strips (more stages fit).
       if best is None or cost < best[0] * 0.99:
         best = (cost, config)
-  if best is None:  # nothing fits: the smallest footprint, for its error
-    return SmallMConfig(tile_n=64, tile_k=128, max_concurrent_steps=2)
   return best[1]
 
 

@@ -132,13 +132,14 @@ def small_m_cost(problem: GemmProblem, config: SmallMConfig, num_sms: int,
   return cost
 
 
-def _deepest_ring(config: SmallMConfig, problem: GemmProblem) -> SmallMConfig:
-  """`config` with the deepest ring that fits (2 stages if none does)."""
+def _deepest_ring(config: SmallMConfig,
+                  problem: GemmProblem) -> SmallMConfig | None:
+  """`config` with the deepest ring that fits in shared memory, or None."""
   for stages in (6, 5, 4, 3, 2):
-    config = dataclasses.replace(config, max_concurrent_steps=stages)
-    if config.fits(problem):
-      break
-  return config
+    deeper = dataclasses.replace(config, max_concurrent_steps=stages)
+    if deeper.fits(problem):
+      return deeper
+  return None
 
 
 def small_m_heuristic(problem: GemmProblem, num_sms: int, *,
@@ -152,12 +153,16 @@ def small_m_heuristic(problem: GemmProblem, num_sms: int, *,
     for tile_n in (64, 128):
       config = _deepest_ring(
           SmallMConfig(tile_n=tile_n, tile_k=128, k_splits=k_splits), problem)
+      if config is None:  # e.g. 128 columns at M = 128 with a float32 C
+        continue
       cost = small_m_cost(problem, config, num_sms,
                           saturating_share=saturating_share,
                           ring_fill=ring_fill)
       # Ties go to fewer splits, then narrower strips (more stages fit).
       if best is None or cost < best[0] * 0.99:
         best = (cost, config)
+  if best is None:  # nothing fits: the smallest footprint, for its error
+    return SmallMConfig(tile_n=64, tile_k=128, max_concurrent_steps=2)
   return best[1]
 
 

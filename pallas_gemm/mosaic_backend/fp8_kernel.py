@@ -119,6 +119,40 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         return (lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
                 * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,)))
 
+      def load_factors(slot):
+        """This consumer's scale vectors of the block in `slot`, read as
+        soon as its stage has landed: a_scale over the tile's rows and
+        b_scale over its columns (None when B's scale is one number over
+        them). The proxy fence follows at once: the producer's next TMA
+        write into this stage goes through the async proxy, and the PTX
+        memory model orders a generic read before it only through a proxy
+        fence (the interpreter's race detector flags the stage's reuse
+        without it). Issued here, while the previous block's wgmma runs,
+        the read's latency and the fence stay off the promotion's path."""
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        rows = plgpu.load(a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)],
+                          layout=row_layout)
+        if uniform_columns:
+          # B's scale is one number over these columns: read tile_m of its
+          # (equal) column entries in the row layout and multiply per row.
+          rows = rows * plgpu.load(
+              b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_m)],
+              layout=row_layout)
+          cols = None
+        else:
+          cols = plgpu.load(b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)],
+                            layout=plgpu.Layout.WGMMA.reduce(0))
+        plgpu.commit_smem()
+        return rows, cols
+
+      def promotion_factor(factors):
+        """a_scale[row, kb] * b_scale[kb, col] for this consumer's tile."""
+        rows, cols = factors
+        factor = lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
+        if cols is not None:
+          factor = factor * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,))
+        return factor
+
       def pipelined_acc(first_step):
         """The whole-K f32 accumulator, wgmma groups overlapping."""
         def mma_step(at, acc_ref):
@@ -129,31 +163,14 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
             accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
         return acc
 
-      def promotion_factor(slot):
-        """a_scale[row, kb] * b_scale[kb, col] for this consumer's tile."""
-        a_rows = a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)]
-        if not uniform_columns:
-          return outer(a_rows, b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)])
-        # B's scale is one number over these columns: read tile_m of its
-        # (equal) column entries in the row layout and multiply per row.
-        row_layout = plgpu.Layout.WGMMA.reduce(1)
-        rows = plgpu.load(a_rows, layout=row_layout) * plgpu.load(
-            b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_m)], layout=row_layout)
-        return lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
-
-      def promote(total, acc_ref, kk, first_step):
-        """total + (finished block kk's product) * its scales; frees the
-        block's stage. The caller has already waited for kk's wgmma: a
-        plain `acc_ref[...]` would wait for every wgmma in flight, the next
-        block's too, and so serialise the overlap `promote_group` is for."""
-        slot = ring.slot(first_step + kk)
+      def promote(total, acc_ref, factors, slot):
+        """total + (finished block's product) * its scales; frees the
+        block's stage. The caller has already waited for the block's wgmma:
+        a plain `acc_ref[...]` would wait for every wgmma in flight, the
+        next block's too, and so serialise the overlap `promote_group` is
+        for."""
         product = plgpu.wgmma_accumulator_load(acc_ref, wait_n=None)
-        scaled = product * promotion_factor(slot)
-        # The scales were read through the generic proxy and the producer's
-        # next TMA write into this stage goes through the async proxy: a
-        # proxy fence orders the two across the barrier (the interpreter's
-        # race detector flags the stage's reuse without it).
-        plgpu.commit_smem()
+        scaled = product * promotion_factor(factors)
         plgpu.barrier_arrive(stage_consumed.at[slot])
         return scaled if total is None else total + scaled
 
@@ -167,20 +184,22 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         and its stage is released only once its product has been scaled."""
         def group(*acc_refs):
           new_total = total
+          slots, factors = [], []
           for i, acc_ref in enumerate(acc_refs):
-            slot = ring.slot(first_step + kk0 + i)
-            plgpu.barrier_wait(stage_loaded.at[slot])
+            slots.append(ring.slot(first_step + kk0 + i))
+            plgpu.barrier_wait(stage_loaded.at[slots[i]])
+            factors.append(load_factors(slots[i]))
             if alternate:
               plgpu.barrier_wait(turn.at[wg])
-            plgpu.wgmma(acc_ref, a_view(slot), b_view(slot))
+            plgpu.wgmma(acc_ref, a_view(slots[i]), b_view(slots[i]))
             if alternate:
               plgpu.barrier_arrive(turn.at[1 - wg])
             if i > 0:
               plgpu.wgmma_wait(1)
-              new_total = promote(new_total, acc_refs[i - 1], kk0 + i - 1,
-                                  first_step)
+              new_total = promote(new_total, acc_refs[i - 1], factors[i - 1],
+                                  slots[i - 1])
           plgpu.wgmma_wait(0)
-          return promote(new_total, acc_refs[-1], kk0 + size - 1, first_step)
+          return promote(new_total, acc_refs[-1], factors[-1], slots[-1])
 
         return pl.run_scoped(
             group, *[plgpu.ACC((tile_m, tile_n), jnp.float32)] * size)

@@ -52,29 +52,50 @@ def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
   return max(multiple, int(round(value / multiple)) * multiple)
 
 
-def training_problems(seed: int = 20261123) -> list[dict]:
+#: The regimes of a training set, in the order they are drawn.
+TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
+                    "transposed", "f16", "tf32", "fused", "unaligned")
+
+
+def training_problems(seed: int = 20261123,
+                      regimes: tuple[str, ...] | None = None) -> list[dict]:
   """The problems the table is measured on: each regime a user meets
   (decode, small, mid, large, LLM projections, batched, transposed
   layouts, f16, TF32, fused epilogues, unaligned sizes), sizes drawn
-  log-uniformly so that they fall between any list's round numbers."""
+  log-uniformly so that they fall between any list's round numbers.
+
+  `regimes` keeps only those regimes' problems (default: all). Every regime
+  is still drawn, so a problem is the same whichever regimes are kept, and a
+  seed's decode problems can be measured on their own (where a kernel's lead
+  varies most between neighbouring shapes and more points pay most)."""
+  unknown = set(regimes or ()) - set(TRAINING_REGIMES)
+  if unknown:
+    raise ValueError(f"regimes={sorted(unknown)} not among {TRAINING_REGIMES}")
   rng = random.Random(seed)
   out = []
+  regime = ""
 
   def add(m, n, k, *, batch=1, dtype="bfloat16", layout="NN",
           epilogue="plain"):
-    out.append(dict(batch=batch, m=m, n=n, k=k, in_dtype=dtype, layout=layout,
-                    epilogue=epilogue))
+    if regimes is None or regime in regimes:
+      out.append(dict(batch=batch, m=m, n=n, k=k, in_dtype=dtype,
+                      layout=layout, epilogue=epilogue))
 
-  for _ in range(8):  # decode
+  regime = "decode"
+  for _ in range(8):
     add(rng.choice((1, 8, 16, 32, 64, 128)), _log_uniform(rng, 2048, 32768, 128),
         _log_uniform(rng, 2048, 16384, 128))
-  for _ in range(8):  # small
+  regime = "small"
+  for _ in range(8):
     add(*(_log_uniform(rng, 256, 2048, 64) for _ in range(3)))
-  for _ in range(8):  # mid
+  regime = "mid"
+  for _ in range(8):
     add(*(_log_uniform(rng, 1024, 6144, 128) for _ in range(3)))
-  for _ in range(6):  # large
+  regime = "large"
+  for _ in range(6):
     add(*(_log_uniform(rng, 4096, 16384, 256) for _ in range(3)))
-  for _ in range(10):  # LLM projections: tokens not a multiple of 128
+  regime = "llm"  # LLM projections: tokens not a multiple of 128
+  for _ in range(10):
     tokens = _log_uniform(rng, 1000, 9000, 8) + rng.choice((0, 8, 24))
     hidden = rng.choice((2048, 3072, 4096, 5120, 8192))
     ffn = rng.choice((5632, 11008, 13824, 14336, 18944, 28672))
@@ -82,21 +103,27 @@ def training_problems(seed: int = 20261123) -> list[dict]:
     n, k = rng.choice(((ffn, hidden), (hidden, ffn), (3 * hidden, hidden),
                        (vocab, hidden)))
     add(tokens, n, k)
-  for _ in range(6):  # batched
+  regime = "batched"
+  for _ in range(6):
     add(_log_uniform(rng, 256, 4096, 64), _log_uniform(rng, 64, 4096, 64),
         _log_uniform(rng, 64, 2048, 64), batch=rng.choice((4, 8, 16, 32, 64)))
-  for layout in ("NT", "NT", "NT", "TN", "TN", "NT"):  # transposed layouts
+  regime = "transposed"
+  for layout in ("NT", "NT", "NT", "TN", "TN", "NT"):
     add(*(_log_uniform(rng, 1024, 16384, 128) for _ in range(3)), layout=layout)
-  for _ in range(4):  # f16
+  regime = "f16"
+  for _ in range(4):
     add(*(_log_uniform(rng, 1024, 8192, 128) for _ in range(3)),
         dtype="float16")
-  for _ in range(4):  # TF32
+  regime = "tf32"
+  for _ in range(4):
     add(*(_log_uniform(rng, 1024, 8192, 128) for _ in range(3)),
         dtype="float32")
-  for _ in range(4):  # fused bias + gelu
+  regime = "fused"  # bias + gelu
+  for _ in range(4):
     add(*(_log_uniform(rng, 1024, 8192, 128) for _ in range(3)),
         epilogue="bias_gelu")
-  for _ in range(4):  # unaligned sizes
+  regime = "unaligned"
+  for _ in range(4):
     add(_log_uniform(rng, 1024, 8192, 1) | 1, _log_uniform(rng, 1024, 8192, 1),
         _log_uniform(rng, 1024, 8192, 1) | 1)
   return out
@@ -188,6 +215,9 @@ def main(argv=None) -> int:
   parser.add_argument("--out_dir", required=True,
                       help="folder for measurements.jsonl (resumable)")
   parser.add_argument("--seed", type=int, default=20261123)
+  parser.add_argument("--regimes", default="",
+                      help="comma-separated regimes of the training set to "
+                      f"measure (default: all of {', '.join(TRAINING_REGIMES)})")
   parser.add_argument("--chunk", default="0/1", help="I/N: every N-th problem")
   parser.add_argument("--budget_s", type=float, default=240.0,
                       help="start no new problem after this many seconds")
@@ -232,7 +262,11 @@ def main(argv=None) -> int:
         row = json.loads(line)
         if row.get("device") == device.device_kind or args.table_only:
           done[spec_id(row["spec"])] = row
-  specs = training_problems(args.seed)[index::count]
+  regimes = tuple(r.strip() for r in args.regimes.split(",") if r.strip())
+  try:
+    specs = training_problems(args.seed, regimes or None)[index::count]
+  except ValueError as err:
+    parser.error(f"--regimes={args.regimes!r}: {err}")
   start = time.perf_counter()
   if not args.table_only:
     if not device.is_gpu and not args.allow_cpu:

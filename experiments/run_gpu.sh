@@ -13,7 +13,8 @@
 #              (TEST_WORKERS pytest workers share the GPU, default 6)
 #   properties the hypothesis suite, "gpu" profile            BUDGET_properties=150
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
-#              another training set)                          BUDGET_dispatch=300
+#              other training sets, DISPATCH_REGIMES keeps some of their
+#              regimes, DISPATCH_KERNELS the kernels timed)   BUDGET_dispatch=300
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
@@ -113,10 +114,19 @@ fi
 
 if wanted dispatch; then
   stage "dispatch table"
-  # Resumes the committed measurements; DISPATCH_SEED draws more problems.
-  run_budgeted "$(( $(budget dispatch 300) + 30 ))" "$PY" experiments/build_dispatch_table.py \
-    --out_dir="$RESULTS/dispatch" --budget_s="$(budget dispatch 300)" \
-    --seed="${DISPATCH_SEED:-20261123}" --kernels=mosaic/small_m,mosaic/ws_persistent
+  # Resumes the committed measurements. DISPATCH_SEED (several, space-
+  # separated, run in turn within the stage's budget) draws more problems,
+  # DISPATCH_REGIMES keeps some regimes of them, DISPATCH_KERNELS names the
+  # kernels timed against xla.
+  deadline=$(( SECONDS + $(budget dispatch 300) ))
+  for seed in ${DISPATCH_SEED:-20261123}; do
+    left=$(( deadline - SECONDS ))
+    [ "$left" -gt 20 ] || { echo "dispatch budget spent before seed $seed"; break; }
+    run_budgeted "$(( left + 30 ))" "$PY" experiments/build_dispatch_table.py \
+      --out_dir="$RESULTS/dispatch" --budget_s="$left" --seed="$seed" \
+      --regimes="${DISPATCH_REGIMES:-}" \
+      --kernels="${DISPATCH_KERNELS:-mosaic/small_m,mosaic/ws_persistent}"
+  done
 fi
 
 bench() {  # [SUITE=suite] bench NAME DEFAULT_BUDGET [flags...]; results in NAME/

@@ -27,6 +27,21 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   assert any(s["epilogue"] != "plain" for s in first)
 
 
+
+def test_a_regime_of_a_training_set_is_drawn_as_in_the_whole_set():
+  whole = builder.training_problems(seed=7)
+  decode = builder.training_problems(seed=7, regimes=("decode",))
+  assert decode and all(s["m"] <= 128 for s in decode)
+  assert all(s in whole for s in decode)
+  both = builder.training_problems(seed=7, regimes=("decode", "tf32"))
+  assert [s for s in whole if s in both] == both
+  assert {s["in_dtype"] for s in both} == {"bfloat16", "float32"}
+  with pytest.raises(ValueError, match="regimes"):
+    builder.training_problems(seed=7, regimes=("decoding",))
+  with pytest.raises(SystemExit):
+    builder.main(["--out_dir", "unused", "--regimes", "decoding",
+                  "--table_only"])
+
 def _row(spec, **ms):
   problem = builder.to_problem(spec)
   return {"spec": spec, "problem": problem.describe(), "device": "gpu",
@@ -59,7 +74,8 @@ def test_cpu_run_resumes_and_writes_the_table(tmp_path, monkeypatch):
                 epilogue="plain"),
            dict(batch=2, m=8, n=16, k=16, in_dtype="bfloat16", layout="NT",
                 epilogue="plain")]
-  monkeypatch.setattr(builder, "training_problems", lambda seed: small)
+  monkeypatch.setattr(builder, "training_problems",
+                      lambda seed, regimes=None: small)
   args = [f"--out_dir={out}", f"--table={table}", "--allow_cpu", "--iters=1",
           "--kernels=triton/06_tuned"]
   assert builder.main(args + ["--limit=1"]) == 0

@@ -157,6 +157,20 @@ def test_a_nearby_loss_vetoes_the_nearest_winner(cache):
   assert dispatch.resolve(problem(8192, 8192, 8192), HOPPER).kernel == WS
 
 
+
+def test_a_nearby_tie_is_not_a_loss(cache):
+  # The neighbour measured the winner within 1 % of xla: timing noise, the
+  # same band a bucket's win must clear, so no veto.
+  write_table(cache, {
+      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.15,
+                                  "ratios": {WS: [1.15]}},
+      problem(8192, 8192, 3072): {"kernel": "xla", "ratio_to_xla": 1.0,
+                                  "ratios": {WS: [0.995]}},
+  })
+  assert dispatch.VETO_BELOW == 0.99
+  between = dispatch.resolve(problem(8192, 8192, 6144), HOPPER)
+  assert between.kernel == WS, between.reason
+
 def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]
   write_table(cache, {p: {"kernel": WS, "ratio_to_xla": 1.5} for p in ragged})

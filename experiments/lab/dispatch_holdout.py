@@ -13,8 +13,11 @@ The same is repeated over a grid of the rule's margins
 on held-out measurements rather than on the training problems themselves.
 Needs no GPU:
 
-    PYTHONPATH=. python3 experiments/lab/dispatch_holdout.py \
+    PYTHONPATH=. python3 experiments/lab/dispatch_holdout.py [--veto] \
         experiments/results/nvidia_h100/dispatch experiments/results/nvidia_h200/dispatch
+
+`--veto` also tries the thresholds below which a neighbour's measurement
+vetoes an unmeasured shape (`dispatch.VETO_BELOW`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ MARGIN_GRID = [(1.0, 0.0), (1.01, 0.05), (1.03, 0.14), (1.05, 0.14),
                (1.20, 0.25)]
 #: A held-out problem below this fraction of xla counts as a loss.
 LOSS = 0.97
+#: The veto thresholds tried (`dispatch.VETO_BELOW`, shipped margins).
+VETO_GRID = (1.0, 0.99, 0.98, 0.97)
 
 
 @contextlib.contextmanager
@@ -92,6 +97,10 @@ def main():
   parser.add_argument("--min_gain", type=float, default=1.01)
   parser.add_argument("--details", action="store_true",
                       help="one line per held-out problem (current margins)")
+  parser.add_argument("--veto", action="store_true",
+                      help="also try the nearby-loss veto's thresholds "
+                      "(shipped margins), over all problems and the decode "
+                      "ones (M <= 128)")
   parser.add_argument("--kernel", default=None,
                       help="vary the margins of this kernel only (the "
                       "others keep the shipped ones)")
@@ -118,6 +127,25 @@ def main():
       print(f"| {base:.2f}{' (shipped)' if current else ''} | {per_octave:.2f} "
             f"| {s['geomean']:.3f} | {s['min']:.3f} | {s['losses']} "
             f"| {s['not_xla']} | {s['oracle_geomean']:.3f} |")
+    if args.veto:
+      print("\n| veto below | geomean | min | below 0.97 | not xla | decode "
+            "geomean | decode min | decode not xla |")
+      print("|---|---|---|---|---|---|---|---|")
+      saved = dispatch.VETO_BELOW
+      for threshold in VETO_GRID:
+        dispatch.VETO_BELOW = threshold
+        try:
+          scored = hold_out(rows, device, args.min_gain)
+        finally:
+          dispatch.VETO_BELOW = saved
+        s = summary(scored)
+        d = summary([x for x in scored if x[0]["spec"]["m"] <= 128
+                     and x[0]["spec"]["batch"] == 1])
+        current = " (shipped)" if threshold == saved else ""
+        print(f"| {threshold:.2f}{current} | {s['geomean']:.3f} | "
+              f"{s['min']:.3f} | {s['losses']} | {s['not_xla']} | "
+              f"{d['geomean']:.3f} | {d['min']:.3f} | {d['not_xla']} of "
+              f"{d['problems']} |")
     if args.details:
       print()
       for row, kernel, ratio, source in hold_out(rows, device, args.min_gain):

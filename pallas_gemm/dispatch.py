@@ -19,9 +19,10 @@ The kernel, when the caller names none (`kernel=None`):
      `NEAREST_BUCKET_DISTANCE` octaves: its winner runs if the problem was
      measured itself, or if the winner beat `xla` there by
      `required_margin(distance, kernel)` (3-10 % within half an octave,
-     more further off), lost to `xla` in no bucket within
-     `VETO_DISTANCE` and, for a tiled kernel of `NEEDS_A_WAVE` on an
-     aligned shape, has at least a wave of CTA tiles; else `xla` runs;
+     more further off), lost to `xla` (by more than a tie,
+     `VETO_BELOW`) in no bucket within `VETO_DISTANCE` and, for a tiled
+     kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
+     CTA tiles; else `xla` runs;
    - no bucket near enough: a kernel that won every measured bucket of the
      problem's class by a wide margin (`class_winner`: e.g. rows that are
      not 16-byte aligned), else `xla`, the kernel no measurement

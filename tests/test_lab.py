@@ -61,3 +61,33 @@ def test_small_m_model_fit_replays_the_shipped_choice_and_reads_the_sweeps(
   assert sweeps
   assert fit.main(sweeps) == 0
   assert "16 problems" in capsys.readouterr().out
+
+
+def test_config_ab_compares_only_what_differs_and_every_variant_fits():
+  sys.path.insert(0, str(REPO_ROOT))
+  import argparse
+
+  import pytest
+
+  from experiments.lab import config_ab
+  with pytest.raises(ValueError, match="12x34"):
+    config_ab.parse_problem("12x34")
+  assert config_ab.parse_problem("8x64x128x256").batch == 8
+  old = argparse.Namespace(old_share=0.75, old_ring_fill=0.0)
+  # The same constants as the shipped model: nothing to compare.
+  from pallas_gemm.mosaic_backend import heuristics
+  same = argparse.Namespace(old_share=heuristics.SATURATING_SM_SHARE,
+                            old_ring_fill=0.0)
+  problem = config_ab.parse_problem("128x4096x14336")
+  assert config_ab.small_m_variants(problem, 132, same) == []
+  other = argparse.Namespace(old_share=0.4, old_ring_fill=1.0)
+  pair = config_ab.small_m_variants(problem, 132, other)
+  assert [label for _, label, _ in pair] == ["old model", "shipped"]
+  assert pair[0][2] != pair[1][2]
+  for text in config_ab.SMALL_K_PROBLEMS:
+    problem = config_ab.parse_problem(text)
+    variants = config_ab.ws_small_k_variants(problem, 132, old)
+    configs = [c for _, _, c in variants]
+    assert variants[0][1] == "heuristic"
+    assert len(set(configs)) == len(configs) > 1
+    assert all(c.fits(problem) for c in configs)

@@ -121,10 +121,17 @@ def main(argv=None):
     parser.error(f"--rounds={args.rounds} must be >= 1")
   texts = [] if args.only else default_problems(args.study)
   texts += [t.strip() for t in args.problems.split(",") if t.strip()]
-  problems = [parse_problem(t) for t in texts]
+  if not texts:
+    parser.error("--only needs --problems")
+  try:
+    problems = [parse_problem(t) for t in texts]
+  except ValueError as err:
+    parser.error(f"--problems: {err}")
   variants_for = (small_m_variants if args.study == "small_m_model"
                   else ws_small_k_variants)
   device = pallas_gemm.device_info()
+  if not device.is_gpu:
+    parser.error("times Hopper kernels against cuBLAS: needs a GPU")
   print(f"device: {device.device_kind}, {device.num_sms} SMs; study "
         f"{args.study}, {len(problems)} problems", flush=True)
   start = time.monotonic()

@@ -204,8 +204,10 @@ def fold(measurements: list[dict], min_gain: float) -> dict[str, dict]:
               "ratios": {k: [round(x, 4) for x in v]
                          for k, v in ratios.items()}}
     if best != "xla":
-      configs = [r["configs"].get(best) for r in rows]
-      record["config"] = configs[0]
+      # The config each problem was measured with: it serves that problem
+      # only (an unmeasured shape gets its kernel's own choice, see
+      # dispatch._from_table).
+      record["configs"] = {r["problem"]: r["configs"].get(best) for r in rows}
     table[key] = record
   return table
 

@@ -436,12 +436,14 @@ def search_space(problem: GemmProblem, kernel: str,
 
 
 def fits_device(config, problem: GemmProblem, device: DeviceInfo) -> bool:
-  """False if the config's shared memory exceeds the device's per-block
-  limit: such configs fail to compile, and compiling them costs seconds."""
+  """False if the config's shared memory for `problem` exceeds the device's
+  per-block limit: such configs fail to compile, and compiling them costs
+  seconds. The problem itself counts, not only its dtype: `small_m` stages
+  one or two 64-row groups of A by M, and a C epilogue stages C too."""
   smem_bytes = getattr(config, "smem_bytes", None)
   if smem_bytes is None or not device.smem_per_block:
     return True
-  return smem_bytes(problem.in_dtype) <= device.smem_per_block
+  return smem_bytes(problem) <= device.smem_per_block
 
 
 def autotune_enabled() -> bool:

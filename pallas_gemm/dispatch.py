@@ -31,7 +31,8 @@ The kernel, when the caller names none (`kernel=None`):
    `registry.auto_order` whose `supports()` accepts the problem.
 
 The config, for the kernel chosen: the caller's; else the user's tuning
-cache for this exact bucket; else the config the dispatch table measured;
+cache for this exact bucket; else the config the dispatch table measured
+on this very shape;
 else the shipped tuning entries (nearest bucket); else, with
 `PALLAS_GEMM_AUTOTUNE=1` on a GPU, a tuning run; else the kernel's
 heuristic. A stored config that no longer fits the problem (the kernel's
@@ -442,9 +443,10 @@ def _from_table(problem, device, records) -> Resolution:
         f"within {VETO_DISTANCE} octaves: an unmeasured shape "
         "between them is not trusted to it")
   table_config = None
-  if record.get("config") is not None and entry.config_cls is not None:
+  measured_config = _measured_config(record, problem) if measured else None
+  if measured_config is not None and entry.config_cls is not None:
     table_config = autotune.config_from_json(entry.config_cls,
-                                             record["config"])
+                                             measured_config)
   chosen, config_source = _config_for(entry, problem, device, table_config)
   tiles = _cta_tiles(problem, chosen)
   if (not measured and name in NEEDS_A_WAVE and alignment(problem) == "a16"
@@ -456,6 +458,22 @@ def _from_table(problem, device, records) -> Resolution:
         "does not carry between shapes")
   return Resolution(name, chosen, source, config_source,
                     f"{name} measured {ratio:.3f}x xla in {where}")
+
+
+def _measured_config(record: dict, problem: GemmProblem):
+  """The config (as JSON) `record`'s winner was measured with on `problem`
+  itself, or None. The measured ratio holds for that config on that shape
+  only; elsewhere the kernel's own choice (tuning entries, heuristic) for
+  the actual shape runs, as it did when each bucket was measured. Tables
+  folded before per-problem configs were stored carry one "config", the
+  first problem's."""
+  configs = record.get("configs")
+  if isinstance(configs, dict):
+    return configs.get(problem.describe())
+  problems = record.get("problems", ())
+  if problems and problems[0] == problem.describe():
+    return record.get("config")
+  return None
 
 
 def _cta_tiles(problem: GemmProblem, config) -> int | None:

@@ -162,6 +162,18 @@ def test_fits_device():
   assert autotune.fits_device(big, problem(), CPU)  # no limit known
 
 
+def test_fits_device_counts_the_problem_not_only_its_dtype():
+  # small_m stages one 64-row group of A up to M = 64, two above: a deep
+  # ring of 64-column strips fits a decode problem and not one of M = 128.
+  from pallas_gemm.mosaic_backend.config import SmallMConfig
+  hopper = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+  deep = SmallMConfig(tile_n=64, tile_k=128, max_concurrent_steps=6)
+  decode = GemmProblem(1, 8, 8192, 8192, "bfloat16", "bfloat16")
+  wider = GemmProblem(1, 128, 8192, 8192, "bfloat16", "bfloat16")
+  assert autotune.fits_device(deep, decode, hopper)
+  assert not autotune.fits_device(deep, wider, hopper)
+
+
 def test_tune_skips_smem_and_stores_best(cache_dir):
   small = problem(32, 48, 64, "float32", precision="ieee")
   fits = [TritonConfig(16, 16, 16), TritonConfig(32, 64, 32)]

@@ -63,6 +63,9 @@ def test_fold_needs_a_win_on_every_problem_of_the_bucket():
   other_key = dispatch.DispatchKey.for_problem(builder.to_problem(other)).name
   assert table[other_key]["kernel"] == "mosaic/ws_persistent"
   assert table[other_key]["ratio_to_xla"] == 2.0
+  # The winner's config is kept per measured problem.
+  other_problem = builder.to_problem(other).describe()
+  assert table[other_key]["configs"] == {other_problem: None}
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",

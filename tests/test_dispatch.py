@@ -228,6 +228,23 @@ def test_table_config_is_used(cache):
   assert chosen.config == other and chosen.config_source == "dispatch table"
 
 
+
+def test_a_measured_config_serves_only_the_shape_it_was_measured_on(cache):
+  measured = problem(8192, 8192, 8192)
+  unmeasured = problem(8192, 8192, 7168)  # the same bucket
+  heuristic = dispatch.resolve(unmeasured, HOPPER, WS).config
+  import dataclasses
+  other = dataclasses.replace(heuristic, grid_band=heuristic.grid_band * 2)
+  write_table(cache, {measured: {
+      "kernel": WS, "ratio_to_xla": 1.5, "ratios": {WS: [1.5]},
+      "configs": {measured.describe(): autotune.config_to_json(other)}}})
+  own = dispatch.resolve(measured, HOPPER)
+  assert (own.kernel, own.config, own.config_source) == (
+      WS, other, "dispatch table")
+  near = dispatch.resolve(unmeasured, HOPPER)
+  assert near.kernel == WS and near.config != other
+  assert near.config_source != "dispatch table"
+
 def test_alignment_is_part_of_the_bucket():
   assert dispatch.alignment(problem(4096, 4096, 4096)) == "a16"
   assert dispatch.alignment(problem(4096, 4096, 4095)) == "u"

@@ -98,9 +98,11 @@ class TritonConfig:
   def __post_init__(self):
     validate(self)
 
-  def smem_bytes(self, in_dtype: str) -> int:
+  def smem_bytes(self, problem: GemmProblem | str) -> int:
     """Shared memory the software pipeline holds: one A and one B tile per
-    stage (Triton keeps at least two stages for a pipelined loop)."""
+    stage (Triton keeps at least two stages for a pipelined loop). Takes
+    the problem or only its input dtype."""
+    in_dtype = problem.in_dtype if isinstance(problem, GemmProblem) else problem
     itemsize = jnp.dtype(in_dtype).itemsize
     stages = max(self.num_stages, 1)
     return (self.block_m + self.block_n) * self.block_k * itemsize * stages

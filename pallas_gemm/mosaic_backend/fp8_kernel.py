@@ -112,12 +112,16 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
       def b_view(slot):
         return b_smem.at[slot, pl.ds(wg_n_offset, tile_n), :].T
 
-      def outer(rows_ref, cols_ref):
-        """rows[:, None] * cols[None, :] in the accumulator's layout."""
-        rows = plgpu.load(rows_ref, layout=plgpu.Layout.WGMMA.reduce(1))
-        cols = plgpu.load(cols_ref, layout=plgpu.Layout.WGMMA.reduce(0))
-        return (lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
-                * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,)))
+      row_layout = plgpu.Layout.WGMMA.reduce(1)
+      col_layout = plgpu.Layout.WGMMA.reduce(0)
+
+      def outer(rows, cols):
+        """rows[:, None] * cols[None, :] in the accumulator's layout (rows
+        alone, broadcast over the columns, when cols is None)."""
+        factor = lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
+        if cols is not None:
+          factor = factor * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,))
+        return factor
 
       def load_factors(slot):
         """This consumer's scale vectors of the block in `slot`, read as
@@ -129,7 +133,6 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         fence (the interpreter's race detector flags the stage's reuse
         without it). Issued here, while the previous block's wgmma runs,
         the read's latency and the fence stay off the promotion's path."""
-        row_layout = plgpu.Layout.WGMMA.reduce(1)
         rows = plgpu.load(a_sc_smem.at[slot, pl.ds(wg_m_offset, tile_m)],
                           layout=row_layout)
         if uniform_columns:
@@ -141,17 +144,9 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
           cols = None
         else:
           cols = plgpu.load(b_sc_smem.at[slot, pl.ds(wg_n_offset, tile_n)],
-                            layout=plgpu.Layout.WGMMA.reduce(0))
+                            layout=col_layout)
         plgpu.commit_smem()
         return rows, cols
-
-      def promotion_factor(factors):
-        """a_scale[row, kb] * b_scale[kb, col] for this consumer's tile."""
-        rows, cols = factors
-        factor = lax.broadcast_in_dim(rows, (tile_m, tile_n), (0,))
-        if cols is not None:
-          factor = factor * lax.broadcast_in_dim(cols, (tile_m, tile_n), (1,))
-        return factor
 
       def pipelined_acc(first_step):
         """The whole-K f32 accumulator, wgmma groups overlapping."""
@@ -170,7 +165,7 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         next block's too, and so serialise the overlap `promote_group` is
         for."""
         product = plgpu.wgmma_accumulator_load(acc_ref, wait_n=None)
-        scaled = product * promotion_factor(factors)
+        scaled = product * outer(*factors)  # a_scale[row] * b_scale[col]
         plgpu.barrier_arrive(stage_consumed.at[slot])
         return scaled if total is None else total + scaled
 
@@ -256,12 +251,12 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
         if a_vector or b_vector:
           plgpu.barrier_wait(sc_loaded.at[wg])
         if a_vector and b_vector:
-          factor = outer(a_sc_smem.at[wg], b_sc_smem.at[wg])
+          factor = outer(plgpu.load(a_sc_smem.at[wg], layout=row_layout),
+                         plgpu.load(b_sc_smem.at[wg], layout=col_layout))
           return acc * (factor if scalar is None else factor * scalar)
         if a_vector or b_vector:
           vec = plgpu.load(a_sc_smem.at[wg] if a_vector else b_sc_smem.at[wg],
-                           layout=plgpu.Layout.WGMMA.reduce(
-                               1 if a_vector else 0))
+                           layout=row_layout if a_vector else col_layout)
           if scalar is not None:
             vec = vec * scalar
           return acc * lax.broadcast_in_dim(vec, (tile_m, tile_n),

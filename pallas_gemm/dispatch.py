@@ -443,7 +443,7 @@ def _from_table(problem, device, records) -> Resolution:
         f"within {VETO_DISTANCE} octaves: an unmeasured shape "
         "between them is not trusted to it")
   table_config = None
-  measured_config = _measured_config(record, problem) if measured else None
+  measured_config = _measured_config(record, problem)
   if measured_config is not None and entry.config_cls is not None:
     table_config = autotune.config_from_json(entry.config_cls,
                                              measured_config)

@@ -168,6 +168,21 @@ CONTRACTING_CASES = [
     (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, ping_pong=True, largest_first=True,
                          piece_rows=64)),
+    # The producer stores the empty groups' zero tiles (two boxes per
+    # 128-row tile), the consumers skip them: most tokens in one group.
+    (200, 128, 128, [0, 180, 0, 0, 20], 3, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True)),
+    # ... with turns at whole tiles and the big group cut into pieces: the
+    # unused pieces are skipped too, and never read by the merge.
+    (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, ping_pong=True, zeros_by_producer=True,
+                         piece_rows=64, stages=3)),
+    # Two staging slots over one store per tile: no tile may be skipped
+    # (the slot follows the tile's number), so the consumers store the
+    # zeros and every piece as before.
+    (200, 64, 64, [0, 150, 0, 10], 1, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, out_slots=2, zeros_by_producer=True,
+                         piece_rows=64)),
 ]
 
 
@@ -180,6 +195,7 @@ def test_contracting(case):
                           out_dtype)
   got, _ = _run(problem, sizes, row_offset=offset, config=config,
                 detect_races=case is CONTRACTING_CASES[0]
+                or case is CONTRACTING_CASES[-5]
                 or case is CONTRACTING_CASES[-2])
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
@@ -336,7 +352,7 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
   groups = len(sizes)
   extra_count = mosaic_schedule.max_extra_pieces(m, groups, chunk, piece_rows)
   assert table.shape == (4, groups + extra_count)
-  assert extras.shape == (2, extra_count)
+  assert extras.shape == (3, extra_count)
   lo, hi, first_chunk, chunks = table
   assert np.all(first_chunk == lo // chunk)
   assert np.all(chunks == np.where(hi > lo, (hi - 1) // chunk - lo // chunk
@@ -356,6 +372,7 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
     if firsts:  # consecutive, each naming the first
       assert firsts == list(range(firsts[0], firsts[0] + len(firsts)))
       assert all(extras[1, x] == firsts[0] for x in firsts)
+      assert all(extras[2, x] == len(firsts) for x in firsts)
   unused = extras[0] < 0
   assert np.all(lo[groups:][unused] == hi[groups:][unused])
 

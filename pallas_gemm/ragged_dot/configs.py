@@ -38,6 +38,19 @@ One `RaggedConfig` serves both modes; the fields mean:
                largest first, and deal the tiles to the CTAs in a snake, so
                that uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    zeros_by_producer
+               the producer warpgroup stores the zero output tiles of empty
+               groups (TMA stores of one zeroed ZERO_BOX buffer, never
+               awaited until the end) and the consumers skip them, so that
+               writing the zeros overlaps the consumers' wgmmas instead of
+               taking their turns: it matters where one group holds most
+               tokens and the others' zero tiles are most of the output
+               (a "contracting"-mode option; "rows" raises on it). Needs
+               the ZERO_BOX buffer's shared memory; the kernel ignores it
+               only where a tile's output stores alternate over an odd
+               number of staging slots per tile (then the consumers cannot
+               skip a tile), which no config with out_slots=1 or an even
+               number of stores per tile has.
     ping_pong  the two consumer warpgroups take turns at whole tiles of
                tile_m x tile_n (the CTA tile is then the consumer tile)
                instead of splitting one tile: while one stores a finished
@@ -80,6 +93,10 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64
 MAX_STAGES = 6
+#: The zero source of `RaggedConfig.zeros_by_producer`: one TMA box of the
+#: output (rows, columns), stored as often as an empty tile needs; it
+#: divides every CTA tile.
+ZERO_BOX = (64, 64)
 
 #: Pieces of whole reduction steps, so that the cuts inside a group need no
 #: masking.
@@ -106,6 +123,7 @@ class RaggedConfig:
   piece_rows: int = checked(0, _WHOLE_STEPS)
   largest_first: bool = False
   ping_pong: bool = False
+  zeros_by_producer: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -150,7 +168,9 @@ class RaggedConfig:
     consumer_rows = self.consumer_tile(problem.mode)[0]
     staging = (NUM_CONSUMERS * self.out_slots * consumer_rows
                * self.epi_tile_n * out_size)
-    return self.stages * stage + staging + SMEM_SLACK_BYTES
+    zeros = (math.prod(ZERO_BOX) * out_size if self.zeros_by_producer
+             else 0)
+    return self.stages * stage + staging + zeros + SMEM_SLACK_BYTES
 
   def fits(self, problem: RaggedProblem) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
@@ -206,7 +226,7 @@ def _takes_turns(rows_per_group: float) -> bool:
   return 128 < rows_per_group <= PING_PONG_MAX_ROWS
 
 
-def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
+def _contracting_heuristic(problem: RaggedProblem, sms: int) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
   base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
@@ -222,7 +242,22 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs.
     base = dataclasses.replace(base, ping_pong=True)
-  return _most_stages(base, problem)
+  config = _most_stages(base, problem)
+  # Group sizes are runtime data, so the config must also serve the
+  # routing where one group holds most tokens. Its tiles are then long and
+  # few: cut its reduction into pieces that fill the SMs (a group that is
+  # not that large is not cut, and costs only the skipped tiles of the
+  # unused pieces and a merge kernel of idle CTAs); and have the producer
+  # store the other groups' zero tiles, overlapping the consumers' wgmmas,
+  # where its buffer costs no stage.
+  with_zeros = _most_stages(
+      dataclasses.replace(base, zeros_by_producer=True), problem)
+  if with_zeros.fits(problem) and (
+      (with_zeros.stages, with_zeros.out_slots)
+      == (config.stages, config.out_slots)):
+    config = with_zeros
+  return dataclasses.replace(
+      config, piece_rows=filling_piece_rows(problem, config, sms))
 
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
@@ -230,7 +265,7 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   sms = device.planning_sms
   groups = max(problem.groups, 1)
   if problem.mode == "contracting":
-    return _contracting_heuristic(problem)
+    return _contracting_heuristic(problem, sms)
   rows_per_group = problem.m / groups
   # Few tokens per expert: a 128-row tile would be mostly rows of other
   # groups, each computed and thrown away, while every expert's weights are
@@ -295,8 +330,7 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   P x (tiles per group) tiles run in ceil(P x tiles / sms) waves of tiles
   1 / P as long; the fewest pieces (up to MAX_PIECES) of the shortest such
   time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
-  fill the SMs already). Not used by the heuristic until measured on a GPU
-  (a candidate of `candidates`)."""
+  fill the SMs already)."""
   cta_m, cta_n = config.cta_tile("contracting")
   tiles = -(-problem.k // cta_m) * -(-problem.n // cta_n)
 

@@ -374,6 +374,7 @@ _CONTRACTING_OPTIONS = {
     "interleave_groups": "walks its row items in order",
     "largest_first": "tiles of one item take equal time",
     "piece_rows": "has no reduction over token rows",
+    "zeros_by_producer": "stores the rows of no group with its items",
 }
 
 

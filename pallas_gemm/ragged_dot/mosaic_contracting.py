@@ -19,7 +19,7 @@ With `RaggedConfig.piece_rows`, each group's rows are first cut into
 pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
 groups of their own: a group holding most tokens then has as many tiles
 as it has pieces times its output tiles, enough to keep every SM busy.
-`add_pieces` adds each cut group's pieces afterwards, in float32.
+`merge_pieces` adds each cut group's pieces afterwards, in float32, in place.
 
 With `RaggedConfig.ping_pong`, the consumers take turns at whole tiles
 (the CTA's first, third, ... tile to the first consumer) instead of each
@@ -53,7 +53,8 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
-from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
+from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, ZERO_BOX,
+                                          RaggedConfig)
 from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
                                           ping_pong_turn, tile_steps)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -92,9 +93,27 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
       g = entry[4]
     return g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps
 
-  def store_piece(staged, g, rows, cols):
-    first_pieces = out_gmem.shape[0]
+  first_pieces = out_gmem.shape[0]
+  # The consumers may skip a tile only where the staging slots alternate
+  # within each tile: otherwise the slot depends on the tile's number, and a
+  # skipped tile would have two stores in a row use the same slot.
+  can_skip = stores % out_slots == 0
+  # With `zeros_by_producer` the producer stores the zero output tiles of
+  # empty groups from a zeroed buffer, and the consumers skip those tiles.
+  zeros_by_producer = config.zeros_by_producer and can_skip
 
+  def consumers_run(g, steps):
+    """False for a tile no consumer computes or stores: a piece beyond its
+    group's first that got no rows (`merge_pieces` never reads it), or,
+    with zeros_by_producer, an empty group's zero tile."""
+    if not can_skip:
+      return True
+    empty = steps == 0
+    if zeros_by_producer:
+      return ~empty
+    return ~(empty & (g >= first_pieces))
+
+  def store_piece(staged, g, rows, cols):
     @pl.when(g < first_pieces)
     def _first_piece():
       plgpu.copy_smem_to_gmem(staged, out_gmem.at[g, rows, cols])
@@ -104,12 +123,32 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
       plgpu.copy_smem_to_gmem(staged,
                               pieces_gmem.at[g - first_pieces, rows, cols])
 
-  def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem):
+  def store_zero_tile(zeros_smem, g, k_idx, n_idx):
+    """The producer's stores of an empty group's output tile, one commit
+    group per box; never awaited until the end (the buffer stays zero)."""
+    box_m, box_n = zeros_smem.shape
+
+    @pl.when(g < first_pieces)
+    def _empty_group():
+      for i in range(cta_m // box_m):
+        for j in range(tile_n // box_n):
+          plgpu.copy_smem_to_gmem(
+              zeros_smem, out_gmem.at[g, pl.ds(k_idx * cta_m + i * box_m,
+                                                box_m),
+                                      pl.ds(n_idx * tile_n + j * box_n,
+                                            box_n)])
+
+  def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
+             zeros_smem=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
 
     def producer_tile(linear):
-      _, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
+      g, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
+      if zeros_by_producer:
+        @pl.when(steps == 0)
+        def _zeros():
+          store_zero_tile(zeros_smem, g, k_idx, n_idx)
       return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
               first_chunk, owner, steps)
 
@@ -123,21 +162,27 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                               dout_smem.at[slot], loaded)
 
     def producer():
+      if zeros_by_producer:
+        zeros_smem[...] = jnp.zeros(zeros_smem.shape, zeros_smem.dtype)
+        plgpu.commit_smem()  # visible to the TMA stores that read it
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step)
+      if zeros_by_producer:
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def consumer(wg):
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
 
       def tile(linear, first_step):
-        if not config.ping_pong:
-          return compute_and_store(linear, first_step)
-        steps = tile_info(linear)[-1]
-
-        @pl.when(ping_pong_turn(linear)[0] == wg)
-        def _my_turn():
+        g, steps = (tile_info(linear)[i] for i in (0, -1))
+        runs = consumers_run(g, steps)
+        if config.ping_pong:
+          runs = (ping_pong_turn(linear)[0] == wg) & runs
+        if runs is True:
           compute_and_store(linear, first_step)
+        else:
+          pl.when(runs)(lambda: compute_and_store(linear, first_step))
         return first_step + steps
 
       def compute_and_store(linear, first_step):
@@ -177,7 +222,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                                     out_gmem.at[g, rows, cols])
           else:
             store_piece(out_smem.at[wg, slot], g, rows, cols)
-        return first_step + steps
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -190,6 +234,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                   dout_smem=((chunk, tile_n), in_dtype),
                   owners=NUM_CONSUMERS if config.ping_pong else 1),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
+      **({"zeros_smem": plgpu.SMEM(ZERO_BOX, out_dtype)}
+         if zeros_by_producer else {}),
       collective_axes="wg",
   )
 
@@ -235,24 +281,66 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
       interpret=params)
   out = call_kernel(kernel, [table, lhs, dout], out_type, params)
   if pieces > groups:
-    out = add_pieces(*out, extras)
+    out = merge_pieces(*out, extras, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out
 
 
-def add_pieces(first, rest, extras):
-  """Adds the sums of the pieces beyond each group's first (`rest`,
+#: The output tile (rows, columns) of one `merge_pieces` CTA.
+MERGE_TILE = (128, 128)
+
+
+def _merge_body(extras_gmem, rest_gmem, out_gmem, *, tile):
+  tile_rows, tile_cols = tile
+
+  def scoped(tile_smem, landed):
+    x, k_idx, n_idx = (lax.axis_index(axis) for axis in ("x", "k", "n"))
+    owner = extras_gmem[schedule.EXTRA_GROUP, x]
+    leads = extras_gmem[schedule.EXTRA_FIRST, x] == x
+    count = extras_gmem[schedule.EXTRA_COUNT, x]
+
+    @pl.when((owner >= 0) & leads)
+    def _merge():
+      rows = pl.ds(k_idx * tile_rows, tile_rows)
+      cols = pl.ds(n_idx * tile_cols, tile_cols)
+
+      def load(src):
+        plgpu.copy_gmem_to_smem(src.at[rows, cols], tile_smem, landed)
+        plgpu.barrier_wait(landed)
+        values = tile_smem[...].astype(jnp.float32)
+        # Every thread's read ends before the next TMA load overwrites it.
+        plgpu.commit_smem()
+        return values
+
+      total = lax.fori_loop(
+          0, count, lambda j, acc: acc + load(rest_gmem.at[x + j]),
+          load(out_gmem.at[owner]))
+      tile_smem[...] = total.astype(tile_smem.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(tile_smem, out_gmem.at[owner, rows, cols])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  pl.run_scoped(scoped, plgpu.SMEM(tile, out_gmem.dtype),
+                plgpu.Barrier(num_arrivals=1))
+
+
+def merge_pieces(first, rest, extras, params):
+  """Adds the sums of the pieces beyond each cut group's first (`rest`,
   described by `extras`, see `mosaic_schedule.contracting_pieces`) to that
-  group's first piece (`first[group]`), in float32. Only the groups that
-  were cut are read and written again."""
-  groups, count = first.shape[0], rest.shape[0]
-  owner, first_extra = extras[0], extras[1]
-  used = owner >= 0
-  # One float32 sum per cut group, at the index of its first extra piece;
-  # unused pieces go to an out-of-range segment, which is dropped.
-  sums = jax.ops.segment_sum(rest.astype(jnp.float32),
-                             jnp.where(used, first_extra, count),
-                             num_segments=count)
-  leads = used & (first_extra == jnp.arange(count, dtype=jnp.int32))
-  target = jnp.where(leads, owner, groups)  # out of range: dropped
-  total = first[jnp.minimum(target, groups - 1)].astype(jnp.float32) + sums
-  return first.at[target].set(total.astype(first.dtype), mode="drop")
+  group's output in `first`, in float32, in place (`first`'s buffer is the
+  result's). One CTA per (piece beyond a first, output tile); only those of
+  a group's first such piece work, so the cost follows the pieces the
+  routing cut, not the static bound on them, and no unused piece is read."""
+  _, k_out, n_out = first.shape
+  tile = (min(MERGE_TILE[0], k_out), min(MERGE_TILE[1], n_out))
+  kernel = plgpu.kernel(
+      functools.partial(_merge_body, tile=tile), out_type=(),
+      grid=(rest.shape[0], cdiv(k_out, tile[0]), cdiv(n_out, tile[1])),
+      grid_names=("x", "k", "n"), interpret=params)
+
+  def in_place(extras, rest, first):
+    out = jax.new_ref(first)
+    kernel(extras, rest, out)
+    return jax.freeze(out)
+
+  return call_kernel(in_place, [extras, rest, first],
+                     jax.ShapeDtypeStruct(first.shape, first.dtype), params)

@@ -29,6 +29,8 @@ from pallas_gemm.problem import cdiv
 ITEM_GROUP, ITEM_ROW_LO, ITEM_ROW_HI = range(3)
 #: Rows of the "contracting"-mode group table.
 GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS = range(4)
+#: Rows of the table of pieces beyond the groups' first (`contracting_pieces`).
+EXTRA_GROUP, EXTRA_FIRST, EXTRA_COUNT = range(3)
 
 
 def read_entry(table_ref, column):
@@ -152,8 +154,9 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
             an empty group stays empty, and its output zero); entry
             groups + x is the x-th piece beyond a first, group by group, or
             no rows where fewer than E (`max_extra_pieces`) exist.
-    extras  (2, E) int32: for each such piece, its group (-1 where unused)
-            and the index x of its group's first such piece.
+    extras  (3, E) int32: for each such piece (rows EXTRA_*), its group
+            (-1 where unused), the index x of its group's first such piece,
+            and how many such pieces its group has.
   """
   groups = group_sizes.shape[0]
   extra_count = max_extra_pieces(m, groups, chunk, piece_rows)
@@ -173,7 +176,8 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   table = _chunk_table(jnp.concatenate([starts, lo]),
                        jnp.concatenate([first_hi, hi]), chunk)
   extras = jnp.stack([jnp.where(used, owner, -1),
-                      jnp.where(used, first_extra[owner], 0)])
+                      jnp.where(used, first_extra[owner], 0),
+                      jnp.where(used, extra[owner], 0)])
   return table, extras.astype(jnp.int32)
 
 

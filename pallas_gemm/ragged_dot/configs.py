@@ -226,7 +226,7 @@ def _takes_turns(rows_per_group: float) -> bool:
   return 128 < rows_per_group <= PING_PONG_MAX_ROWS
 
 
-def _contracting_heuristic(problem: RaggedProblem, sms: int) -> RaggedConfig:
+def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
   base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
@@ -242,22 +242,14 @@ def _contracting_heuristic(problem: RaggedProblem, sms: int) -> RaggedConfig:
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs.
     base = dataclasses.replace(base, ping_pong=True)
-  config = _most_stages(base, problem)
-  # Group sizes are runtime data, so the config must also serve the
-  # routing where one group holds most tokens. Its tiles are then long and
-  # few: cut its reduction into pieces that fill the SMs (a group that is
-  # not that large is not cut, and costs only the skipped tiles of the
-  # unused pieces and a merge kernel of idle CTAs); and have the producer
-  # store the other groups' zero tiles, overlapping the consumers' wgmmas,
-  # where its buffer costs no stage.
-  with_zeros = _most_stages(
-      dataclasses.replace(base, zeros_by_producer=True), problem)
-  if with_zeros.fits(problem) and (
-      (with_zeros.stages, with_zeros.out_slots)
-      == (config.stages, config.out_slots)):
-    config = with_zeros
-  return dataclasses.replace(
-      config, piece_rows=filling_piece_rows(problem, config, sms))
+  # Group sizes are runtime data, so one config serves every routing. Two
+  # options for the routing where one group holds most tokens stay off:
+  # cutting its reduction into pieces (`piece_rows`, see
+  # `filling_piece_rows`) and having the producer store the other groups'
+  # zero tiles (`zeros_by_producer`) measured slower on the even and Zipf
+  # routings, or on the one-hot routing itself, than they gained
+  # (experiments/results/nvidia_h200/ragged_options).
+  return _most_stages(base, problem)
 
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
@@ -265,7 +257,7 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   sms = device.planning_sms
   groups = max(problem.groups, 1)
   if problem.mode == "contracting":
-    return _contracting_heuristic(problem, sms)
+    return _contracting_heuristic(problem)
   rows_per_group = problem.m / groups
   # Few tokens per expert: a 128-row tile would be mostly rows of other
   # groups, each computed and thrown away, while every expert's weights are
@@ -330,7 +322,8 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   P x (tiles per group) tiles run in ceil(P x tiles / sms) waves of tiles
   1 / P as long; the fewest pieces (up to MAX_PIECES) of the shortest such
   time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
-  fill the SMs already)."""
+  fill the SMs already). Not in the heuristic (measured, see
+  `_contracting_heuristic`); a candidate of `candidates`."""
   cta_m, cta_n = config.cta_tile("contracting")
   tiles = -(-problem.k // cta_m) * -(-problem.n // cta_n)
 
@@ -373,6 +366,10 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     # For uneven group sizes: the heuristic's tile walked largest group
     # first, and (where one group's tiles leave SMs idle) also cut.
     out.append(dataclasses.replace(out[0], largest_first=True))
+    zeros = _most_stages(dataclasses.replace(out[0], zeros_by_producer=True),
+                         problem)
+    if zeros.fits(problem):
+      out.append(zeros)
     rows = filling_piece_rows(problem, out[0], NOMINAL_SMS)
     if rows:
       out.append(dataclasses.replace(out[0], piece_rows=rows))

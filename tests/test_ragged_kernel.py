@@ -117,6 +117,15 @@ ROWS_CASES = [
     # transposed. One staging slot, as above.
     (150, 128, 128, [40, 3, 0, 70], 11, "bfloat16", "bfloat16", True,
      "silu", dataclasses.replace(SMALL, ping_pong=True, stages=3)),
+    # Turns at whole 128-row tiles, items within their tile's first 64 rows
+    # multiplied by one 64-row wgmma (`short_items`): a group's 7-row last
+    # item and a 7-row group (short), items reaching 71 and 72 rows into
+    # their tiles (whole), the rows of no group after the last one (short,
+    # zeros); f32 out.
+    (420, 64, 128, [130, 64, 0, 193, 7], 5, "bfloat16", "float32", False,
+     None, RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
+                        epi_tile_n=64, grid_band=2, ping_pong=True,
+                        short_items=True)),
 ]
 
 
@@ -124,14 +133,15 @@ ROWS_CASES = [
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
                               "eight_groups", "columns_past_n",
                               "tall_tiles", "short_items_split_rows",
-                              "ping_pong"])
+                              "ping_pong", "ping_pong_short_items"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
   _run(problem, sizes, row_offset=offset, config=config,
-       detect_races=case in (ROWS_CASES[0], ROWS_CASES[-2], ROWS_CASES[-1]))
+       detect_races=case in (ROWS_CASES[0], ROWS_CASES[-3], ROWS_CASES[-2],
+                             ROWS_CASES[-1]))
 
 
 CONTRACTING_CASES = [
@@ -445,6 +455,23 @@ def test_ping_pong_lowers_for_cuda(tile):
   _lower_for_cuda(problem, config)
 
 
+def test_short_items_need_whole_128_row_consumer_tiles():
+  with pytest.raises(ValueError, match="short_items needs ping_pong=True"):
+    RaggedConfig(tile_m=128, tile_n=64, split_rows=True, short_items=True)
+  with pytest.raises(ValueError, match="short_items needs ping_pong=True"):
+    RaggedConfig(tile_m=64, tile_n=64, ping_pong=True, short_items=True)
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                          "bfloat16")
+  config = RaggedConfig(tile_m=128, tile_n=64, ping_pong=True,
+                        short_items=True)
+  with pytest.raises(ValueError, match="short_items is a \"rows\"-mode"):
+    mosaic.ragged_matmul(jnp.ones((64, 64), jnp.bfloat16),
+                         jnp.ones((64, 64), jnp.bfloat16),
+                         jnp.asarray([30, 34], jnp.int32),
+                         jnp.zeros((1,), jnp.int32), problem=problem,
+                         config=config, interpret=True)
+
+
 def test_ping_pong_needs_one_warpgroup_tile():
   with pytest.raises(ValueError, match="ping_pong.*tile_m=128, tile_n=256"):
     RaggedConfig(tile_m=128, tile_n=256, ping_pong=True)
@@ -452,14 +479,19 @@ def test_ping_pong_needs_one_warpgroup_tile():
     RaggedConfig(tile_m=128, tile_n=64, ping_pong=True, split_rows=True)
 
 
+@pytest.mark.parametrize("short_items", [False, True],
+                         ids=["whole", "short_items"])
 @pytest.mark.parametrize("transpose", [False, True], ids=["fwd", "dlhs"])
-def test_rows_ping_pong_lowers_for_cuda(transpose):
+def test_rows_ping_pong_lowers_for_cuda(transpose, short_items):
   """Turn-taking consumers in "rows" mode at Qwen1.5-MoE's shapes (the
-  forward, and the lhs gradient reading rhs transposed) lower for the GPU."""
+  forward, and the lhs gradient reading rhs transposed) lower for the GPU,
+  also with the short items' 64-row wgmmas."""
   k, n = (1408, 2048) if transpose else (2048, 1408)
   problem = RaggedProblem("rows", 16384, k, n, 60, "bfloat16", "bfloat16",
                           transpose_rhs=transpose)
-  config = [c for c in configs.candidates(problem) if c.ping_pong][0]
+  config = [c for c in configs.candidates(problem)
+            if c.ping_pong and c.tile_m == 128][0]
+  config = dataclasses.replace(config, short_items=short_items)
   assert config.cta_tile("rows") == (config.tile_m, config.tile_n)
   _lower_for_cuda(problem, config)
 

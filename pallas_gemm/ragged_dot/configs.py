@@ -38,6 +38,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                largest first, and deal the tiles to the CTAs in a snake, so
                that uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    short_items
+               with ping_pong in "rows" mode: an item whose rows all lie in
+               its tile's first SHORT_ITEM_ROWS (the short last item of a
+               group whose size is not a multiple of tile_m) runs one
+               64-row wgmma per step instead of the tile's two, so that the
+               rows past the group's end cost no tensor-core time (needs
+               ping_pong and tile_m=128; a "rows"-mode option, as
+               "contracting" has no row items, and raises there).
     zeros_by_producer
                the producer warpgroup stores the zero output tiles of empty
                groups (TMA stores of one zeroed ZERO_BOX buffer, never
@@ -93,6 +101,9 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64
 MAX_STAGES = 6
+#: Rows of the short-item wgmma of `RaggedConfig.short_items` (wgmma's
+#: row group).
+SHORT_ITEM_ROWS = 64
 #: The zero source of `RaggedConfig.zeros_by_producer`: one TMA box of the
 #: output (rows, columns), stored as often as an empty tile needs; it
 #: divides every CTA tile.
@@ -124,9 +135,16 @@ class RaggedConfig:
   largest_first: bool = False
   ping_pong: bool = False
   zeros_by_producer: bool = False
+  short_items: bool = False
 
   def __post_init__(self):
     validate(self)
+    if self.short_items and not (self.ping_pong and self.tile_m == 128):
+      raise ValueError(f"RaggedConfig.short_items needs ping_pong=True and "
+                       f"tile_m=128 (a consumer's whole tile, of which a "
+                       f"short item uses the first {SHORT_ITEM_ROWS} rows), "
+                       f"got ping_pong={self.ping_pong}, "
+                       f"tile_m={self.tile_m}")
     if self.ping_pong and self.tile_m * self.tile_n > 128 * 128:
       raise ValueError(f"RaggedConfig.ping_pong needs a consumer tile "
                        f"tile_m x tile_n of at most 128 x 128 f32 (one "

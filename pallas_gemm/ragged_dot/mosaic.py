@@ -52,7 +52,8 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
-from pallas_gemm.ragged_dot.configs import NUM_CONSUMERS, RaggedConfig
+from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, SHORT_ITEM_ROWS,
+                                          RaggedConfig)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 NAME = "mosaic"
@@ -222,12 +223,12 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
       stores = cons_n // epi_n
 
-      def mma_step(at, acc_ref):
+      def mma_step(at, acc_ref, *, rows):
         if transpose_rhs:
           b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
         else:
           b = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)]
-        plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, cons_m), :],
+        plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, rows), :],
                     b)
 
       def tile(linear, first_step):
@@ -235,10 +236,18 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         if config.ping_pong:
           # Every other tile of the CTA is this consumer's, whole; the
           # others only advance its count of ring steps.
-          @pl.when(ping_pong_turn(linear)[0] == wg)
-          def _my_turn():
-            compute_and_store(linear, group, tile_row, row_lo, row_hi,
-                              n_idx, steps, first_step)
+          mine = ping_pong_turn(linear)[0] == wg
+          args = (linear, group, tile_row, row_lo, row_hi, n_idx, steps,
+                  first_step)
+          if not config.short_items:
+            pl.when(mine)(lambda: compute_and_store(*args))
+            return first_step + steps
+          # An item whose rows all lie in the tile's first SHORT_ITEM_ROWS
+          # (the short last item of a group) multiplies only those rows.
+          short = row_hi - tile_row <= SHORT_ITEM_ROWS
+          pl.when(mine & short)(
+              lambda: compute_and_store(*args, rows=SHORT_ITEM_ROWS))
+          pl.when(mine & ~short)(lambda: compute_and_store(*args))
           return first_step + steps
         if config.split_rows:
           # A short item (the last rows of a group) may leave the second
@@ -265,17 +274,20 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         return first_step + steps
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
-                            steps, first_step):
+                            steps, first_step, rows=cons_m):
+        """Multiplies and stores the first `rows` rows of this consumer's
+        tile (all cons_m, or the SHORT_ITEM_ROWS holding a short item)."""
         (acc,) = consume_ring(
-            my_ring, mma_step, first_step=first_step, steps=steps,
-            accumulators=[plgpu.ACC((cons_m, cons_n), jnp.float32)])
+            my_ring, functools.partial(mma_step, rows=rows),
+            first_step=first_step, steps=steps,
+            accumulators=[plgpu.ACC((rows, cons_n), jnp.float32)])
         if activation is not None:
           # Rows of no group are zero, also where activation(0) is not.
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
         # This consumer's share of the item's rows [row_lo, row_hi).
         row0 = tile_row + wg_rows
-        first_row = jnp.clip(row_lo - row0, 0, cons_m)
-        num_rows = jnp.clip(row_hi - row0, 0, cons_m) - first_row
+        first_row = jnp.clip(row_lo - row0, 0, rows)
+        num_rows = jnp.clip(row_hi - row0, 0, rows) - first_row
         col0 = n_idx * cta_n + wg_cols
         for ej in range(stores):
           slot = output_slot(linear, ej, stores, out_slots,
@@ -283,7 +295,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          out_smem[wg, slot] = part.astype(out_dtype)
+          staged = out_smem.at[wg, slot, pl.ds(0, rows)]
+          staged[...] = part.astype(out_dtype)
           plgpu.commit_smem()
           col = col0 + ej * epi_n
           # Columns past the output's (a multiple of epi_n) are not stored
@@ -292,10 +305,9 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # a linear bulk copy, clipped only at the array's end, so a window
           # right of the last column would land on the next rows. (Zero rows
           # still commit a bulk group: the slot waits above count them.)
-          store_rows(out_smem.at[wg, slot], out_gmem, row0=row0,
-                     first_row=first_row,
+          store_rows(staged, out_gmem, row0=row0, first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
-                     max_rows=cons_m, cols=pl.ds(col, epi_n))
+                     max_rows=rows, cols=pl.ds(col, epi_n))
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -245,6 +245,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if config.split_rows:
     raise ValueError("RaggedConfig.split_rows is a \"rows\"-mode option: the "
                      "contracting kernel always splits its K strip")
+  if config.short_items:
+    raise ValueError("RaggedConfig.short_items is a \"rows\"-mode option: "
+                     "the contracting kernel has no row items")
   m, k, n, groups = problem.m, problem.k, problem.n, problem.groups
   tile_n, chunk = config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]

@@ -187,6 +187,15 @@ CONTRACTING_CASES = [
     (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, ping_pong=True, zeros_by_producer=True,
                          piece_rows=64, stages=3)),
+    # Pairs of CTAs in a cluster run neighbouring column strips, sharing
+    # the lhs chunk by multicast: three strips (the second CTA's last one
+    # past the edge), an empty group.
+    (150, 128, 192, [30, 0, 70, 20], 2, "bfloat16", "float32",
+     dataclasses.replace(SMALL, cluster_columns=True)),
+    # ... with turns at whole tiles, cut pieces and producer-stored zeros.
+    (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, ping_pong=True, cluster_columns=True,
+                         zeros_by_producer=True, piece_rows=64, stages=3)),
     # Two staging slots over one store per tile: no tile may be skipped
     # (the slot follows the tile's number), so the consumers store the
     # zeros and every piece as before.
@@ -205,7 +214,8 @@ def test_contracting(case):
                           out_dtype)
   got, _ = _run(problem, sizes, row_offset=offset, config=config,
                 detect_races=case is CONTRACTING_CASES[0]
-                or case is CONTRACTING_CASES[-5]
+                or case is CONTRACTING_CASES[-7]
+                or case is CONTRACTING_CASES[-4]
                 or case is CONTRACTING_CASES[-2])
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
@@ -443,14 +453,18 @@ def _lower_for_cuda(problem, config):
           spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
 
 
+@pytest.mark.parametrize("cluster", [False, True],
+                         ids=["one_cta", "cluster_columns"])
 @pytest.mark.parametrize("tile", [(128, 128), (64, 256)], ids=str)
-def test_ping_pong_lowers_for_cuda(tile):
+def test_ping_pong_lowers_for_cuda(tile, cluster):
   """Consumers taking turns at whole tiles, at the two tile shapes of the
-  weight gradient (Qwen1.5-MoE's up projection), lower for the GPU."""
+  weight gradient (Qwen1.5-MoE's up projection), lower for the GPU, also
+  as 2-CTA clusters sharing lhs (11 column strips: an odd count)."""
   problem = RaggedProblem("contracting", 16384, 2048, 1408, 60, "bfloat16",
                           "bfloat16")
   config = [c for c in configs.candidates(problem)
             if c.ping_pong and (c.tile_m, c.tile_n) == tile][0]
+  config = dataclasses.replace(config, cluster_columns=cluster)
   assert config.cta_tile("contracting") == tile
   _lower_for_cuda(problem, config)
 

@@ -38,6 +38,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                largest first, and deal the tiles to the CTAs in a snake, so
                that uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    cluster_columns
+               two CTAs of a 2-CTA cluster run the neighbouring column
+               strips of one (group, K strip) in lockstep, and each TMA-
+               multicasts half of the lhs chunk they share into both: a
+               quarter less operand traffic from L2 at 128 x 128 tiles,
+               where the weight gradient of small experts is bound by L2
+               bandwidth (a "contracting"-mode option; "rows" raises on
+               it).
     short_items
                with ping_pong in "rows" mode: an item whose rows all lie in
                its tile's first SHORT_ITEM_ROWS (the short last item of a
@@ -136,6 +144,7 @@ class RaggedConfig:
   ping_pong: bool = False
   zeros_by_producer: bool = False
   short_items: bool = False
+  cluster_columns: bool = False
 
   def __post_init__(self):
     validate(self)

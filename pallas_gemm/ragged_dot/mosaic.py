@@ -387,6 +387,7 @@ _CONTRACTING_OPTIONS = {
     "largest_first": "tiles of one item take equal time",
     "piece_rows": "has no reduction over token rows",
     "zeros_by_producer": "stores the rows of no group with its items",
+    "cluster_columns": "shares no operand between column strips this way",
 }
 
 

@@ -62,7 +62,7 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                       pieces_gmem=None, *, config: RaggedConfig,
-                      k_tiles: int, n_tiles: int, groups: int):
+                      k_tiles: int, n_units: int, groups: int):
   """Walks `groups` output groups; with `pieces_gmem` (RaggedConfig.
   piece_rows) the first out_gmem.shape[0] of them are the groups' first
   pieces, stored to out_gmem, and the rest their further pieces, stored to
@@ -71,7 +71,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   cta_m = config.cta_tile("contracting")[0]
   epi_n, stages, out_slots = config.epi_tile_n, config.stages, config.out_slots
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
-  num_tiles = index(groups * k_tiles * n_tiles)
+  # With cluster_columns a unit is a pair of neighbouring column strips,
+  # one per CTA of the cluster (both walk the same units in lockstep).
+  num_tiles = index(groups * k_tiles * n_units)
   stores = tile_n // epi_n
 
   def tile_info(linear):
@@ -81,12 +83,16 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
     if config.interleave_groups:
       g = lax.rem(linear, index(groups))
       _, k_idx, n_idx = tile_coordinates(
-          lax.div(linear, index(groups)), m_tiles=k_tiles, n_tiles=n_tiles,
+          lax.div(linear, index(groups)), m_tiles=k_tiles, n_tiles=n_units,
           band_dim=Dim.M, band=config.grid_band)
     else:
       g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
-                                         n_tiles=n_tiles, band_dim=Dim.M,
+                                         n_tiles=n_units, band_dim=Dim.M,
                                          band=config.grid_band)
+    if config.cluster_columns:
+      # With an odd strip count the second CTA's last strip lies past the
+      # edge: its loads read zeros and its stores are dropped by the TMA.
+      n_idx = n_idx * 2 + lax.axis_index("cluster")
     entry = schedule.read_entry(groups_gmem, g)
     row_lo, row_hi, first_chunk, steps = entry[:4]
     if config.largest_first:  # columns sorted; the output group comes last
@@ -156,8 +162,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
       k_cols, n_cols, first_chunk, owner, _ = tile
       rows = pl.ds((first_chunk + c) * chunk, chunk)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
-      plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, k_cols],
-                              lhs_smem.at[slot], loaded)
+      plgpu.copy_gmem_to_smem(
+          lhs_gmem.at[rows, k_cols], lhs_smem.at[slot], loaded,
+          collective_axes="cluster" if config.cluster_columns else None)
       plgpu.copy_gmem_to_smem(dout_gmem.at[rows, n_cols],
                               dout_smem.at[slot], loaded)
 
@@ -228,11 +235,20 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
 
     run_warpgroups(producer, consumer)
 
+  owners = NUM_CONSUMERS if config.ping_pong else 1
+  ring_buffers = ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
+                           dout_smem=((chunk, tile_n), in_dtype),
+                           owners=owners)
+  if config.cluster_columns:
+    # The lhs multicast writes into both CTAs' stage: a stage is free only
+    # once the consumers that read it in both CTAs have released it.
+    ring_buffers["stage_consumed"] = plgpu.ClusterBarrier(
+        collective_axes=("cluster",),
+        num_arrivals=NUM_CONSUMERS if owners == 1 else 1,
+        num_barriers=stages)
   pl.run_scoped(
       scoped,
-      **ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
-                  dout_smem=((chunk, tile_n), in_dtype),
-                  owners=NUM_CONSUMERS if config.ping_pong else 1),
+      **ring_buffers,
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       **({"zeros_smem": plgpu.SMEM(ZERO_BOX, out_dtype)}
          if zeros_by_producer else {}),
@@ -271,6 +287,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   k_out = max(cdiv(k, 8) * 8, config.tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
+  cluster_size = 2 if config.cluster_columns else 1
+  n_units = cdiv(n_tiles, cluster_size)
   out_type = jax.ShapeDtypeStruct((groups, k_out, n_out),
                                   jnp.dtype(problem.out_dtype))
   if pieces > groups:
@@ -278,10 +296,13 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                                                out_type.dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
-                        n_tiles=n_tiles, groups=pieces),
+                        n_units=n_units, groups=pieces),
       out_type=out_type,
-      grid=(min(num_ctas_for(params), pieces * k_tiles * n_tiles),),
-      interpret=params)
+      grid=(max(1, min(num_ctas_for(params) // cluster_size,
+                       pieces * k_tiles * n_units)),),
+      interpret=params,
+      **(dict(cluster=(2,), cluster_names=("cluster",))
+         if config.cluster_columns else {}))
   out = call_kernel(kernel, [table, lhs, dout], out_type, params)
   if pieces > groups:
     out = merge_pieces(*out, extras, params)

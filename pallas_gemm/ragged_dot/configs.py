@@ -264,6 +264,11 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # each consumer in one piece (rows of 512 bytes) rather than a deep
     # ring (experiments/results/nvidia_h200/ragged_sweep).
     base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
+    # Pairs of CTAs storing neighbouring column strips in lockstep, sharing
+    # the lhs chunk: much faster on DeepSeek-V3's up projection, within the
+    # noise on the other routings and shapes of this tile (experiments/
+    # results/nvidia_h200/ragged_options).
+    base = dataclasses.replace(base, cluster_columns=True)
   if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over

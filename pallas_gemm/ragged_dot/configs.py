@@ -264,11 +264,6 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # each consumer in one piece (rows of 512 bytes) rather than a deep
     # ring (experiments/results/nvidia_h200/ragged_sweep).
     base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
-    # Pairs of CTAs storing neighbouring column strips in lockstep, sharing
-    # the lhs chunk: much faster on DeepSeek-V3's up projection, within the
-    # noise on the other routings and shapes of this tile (experiments/
-    # results/nvidia_h200/ragged_options).
-    base = dataclasses.replace(base, cluster_columns=True)
   if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
@@ -280,7 +275,10 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   # `filling_piece_rows`) and having the producer store the other groups'
   # zero tiles (`zeros_by_producer`) measured slower on the even and Zipf
   # routings, or on the one-hot routing itself, than they gained
-  # (experiments/results/nvidia_h200/ragged_options).
+  # (experiments/results/nvidia_h200/ragged_options). So do 2-CTA
+  # clusters sharing lhs (`cluster_columns`): on the short-reduction tile
+  # they removed a large slowdown of one DeepSeek-V3 projection on the H200
+  # and caused one as large on the other projection on the H100.
   return _most_stages(base, problem)
 
 

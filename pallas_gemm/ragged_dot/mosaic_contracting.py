@@ -117,6 +117,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
     empty = steps == 0
     if zeros_by_producer:
       return ~empty
+    if pieces_gmem is None:  # no piece beyond a first: every tile stores
+      return True
     return ~(empty & (g >= first_pieces))
 
   def store_piece(staged, g, rows, cols):
@@ -185,7 +187,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
         g, steps = (tile_info(linear)[i] for i in (0, -1))
         runs = consumers_run(g, steps)
         if config.ping_pong:
-          runs = (ping_pong_turn(linear)[0] == wg) & runs
+          turn = ping_pong_turn(linear)[0] == wg
+          runs = turn if runs is True else turn & runs
         if runs is True:
           compute_and_store(linear, first_step)
         else:

@@ -13,7 +13,12 @@ order and for three alternatives: groups sorted by size (largest first),
 the kernel's snake deal (`mosaic_schedule.snake_deal`: every other whole
 round of CTAs dealt backwards), and both. No
 order helps a group that holds every token: only splitting its reduction
-over CTAs does.
+over CTAs does. The last two columns are schedules the kernel does not
+have: each CTA takes a contiguous range of the sorted tiles holding an
+equal share of the total cost (a cost-balanced deal, stream-K's split at
+tile granularity), and the same after cutting every tile into pieces of at
+most `--piece_steps` steps (each piece paying its own store, the merge not
+counted).
 """
 
 from __future__ import annotations
@@ -43,12 +48,36 @@ def busiest_over_mean(costs: np.ndarray, sms: int, snake: bool) -> float:
   return float(load.max() / load.mean())
 
 
+def contiguous_busiest_over_mean(costs: np.ndarray, sms: int) -> float:
+  """The busiest CTA's load over the mean when CTA c takes the tiles whose
+  cost prefix starts in [c, c + 1) x total / sms (contiguous ranges, in
+  the given order)."""
+  starts = np.concatenate([[0.0], np.cumsum(costs)[:-1]])
+  owner = np.minimum((starts * sms / costs.sum()).astype(int), sms - 1)
+  load = np.zeros(sms)
+  np.add.at(load, owner, costs)
+  return float(load.max() / load.mean())
+
+
+def cut(steps: np.ndarray, piece_steps: int, store_cost: float) -> np.ndarray:
+  """Tile costs after cutting each tile's `steps` reduction steps into
+  pieces of at most `piece_steps`, each paying `store_cost`."""
+  pieces = [np.full(int(np.ceil(s / piece_steps)) or 1, 0.0) for s in steps]
+  out = []
+  for s, p in zip(steps, pieces):
+    sizes = np.minimum(piece_steps, s - piece_steps * np.arange(len(p)))
+    out.append(np.maximum(sizes, 0) + store_cost)
+  return np.concatenate(out)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--sms", type=int, default=132)
   parser.add_argument("--store_cost", type=float, default=2.0)
+  parser.add_argument("--piece_steps", type=int, default=16)
   args = parser.parse_args(argv)
-  print("layer distribution | group-major | sorted | snake | sorted+snake")
+  print("layer distribution | group-major | sorted | snake | sorted+snake "
+        "| balanced ranges | balanced ranges, pieces")
   device = DeviceInfo("gpu", "model", (9, 0), args.sms)
   for layer in arg_specs.MOE_LAYERS:
     for distribution in ("zipf", "one_hot"):
@@ -62,6 +91,11 @@ def main(argv=None):
       cells = [busiest_over_mean(orders[order], args.sms, snake)
                for order, snake in (("group-major", False), ("sorted", False),
                                     ("group-major", True), ("sorted", True))]
+      cells.append(contiguous_busiest_over_mean(orders["sorted"], args.sms))
+      steps = np.repeat(np.sort(cost - args.store_cost)[::-1],
+                        tiles_per_group)
+      cells.append(contiguous_busiest_over_mean(
+          cut(steps, args.piece_steps, args.store_cost), args.sms))
       print(f"{layer.name} {distribution} | "
             + " | ".join(f"{c:.2f}" for c in cells))
 

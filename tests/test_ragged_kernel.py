@@ -198,10 +198,9 @@ CONTRACTING_CASES = [
                          zeros_by_producer=True, piece_rows=64, stages=3)),
     # Two staging slots over one store per tile: no tile may be skipped
     # (the slot follows the tile's number), so the consumers store the
-    # zeros and every piece as before.
+    # zeros and every piece, used or not.
     (200, 64, 64, [0, 150, 0, 10], 1, "bfloat16", "bfloat16",
-     dataclasses.replace(SMALL, out_slots=2, zeros_by_producer=True,
-                         piece_rows=64)),
+     dataclasses.replace(SMALL, out_slots=2, piece_rows=64)),
 ]
 
 
@@ -467,6 +466,18 @@ def test_ping_pong_lowers_for_cuda(tile, cluster):
   config = dataclasses.replace(config, cluster_columns=cluster)
   assert config.cta_tile("contracting") == tile
   _lower_for_cuda(problem, config)
+
+
+def test_zeros_by_producer_needs_slots_dividing_a_tiles_stores():
+  with pytest.raises(ValueError, match="zeros_by_producer needs out_slots=2"):
+    RaggedConfig(tile_m=64, tile_n=64, epi_tile_n=64, out_slots=2,
+                 zeros_by_producer=True)
+  problem = RaggedProblem("contracting", 300, 128, 64, 3, "bfloat16",
+                          "bfloat16")
+  deepest = configs._most_stages(
+      RaggedConfig(tile_m=64, tile_n=64, epi_tile_n=64,
+                   zeros_by_producer=True), problem)
+  assert deepest.out_slots == 1 and deepest.fits(problem)
 
 
 def test_short_items_need_whole_128_row_consumer_tiles():

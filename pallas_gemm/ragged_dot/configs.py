@@ -62,11 +62,10 @@ One `RaggedConfig` serves both modes; the fields mean:
                taking their turns: it matters where one group holds most
                tokens and the others' zero tiles are most of the output
                (a "contracting"-mode option; "rows" raises on it). Needs
-               the ZERO_BOX buffer's shared memory; the kernel ignores it
-               only where a tile's output stores alternate over an odd
-               number of staging slots per tile (then the consumers cannot
-               skip a tile), which no config with out_slots=1 or an even
-               number of stores per tile has.
+               the ZERO_BOX buffer's shared memory, and out_slots dividing
+               the stores per tile (tile_n / epi_tile_n): otherwise a
+               tile's staging slot depends on its number, and a skipped
+               tile would have two stores in a row use the same slot.
     ping_pong  the two consumer warpgroups take turns at whole tiles of
                tile_m x tile_n (the CTA tile is then the consumer tile)
                instead of splitting one tile: while one stores a finished
@@ -148,6 +147,12 @@ class RaggedConfig:
 
   def __post_init__(self):
     validate(self)
+    if self.zeros_by_producer and not self._slots_alternate_per_tile():
+      raise ValueError(f"RaggedConfig.zeros_by_producer needs out_slots="
+                       f"{self.out_slots} to divide the stores per tile, "
+                       f"tile_n / epi_tile_n = "
+                       f"{self.tile_n // self.epi_tile_n} (the consumers skip "
+                       f"the zero tiles)")
     if self.short_items and not (self.ping_pong and self.tile_m == 128):
       raise ValueError(f"RaggedConfig.short_items needs ping_pong=True and "
                        f"tile_m=128 (a consumer's whole tile, of which a "
@@ -172,6 +177,9 @@ class RaggedConfig:
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
+
+  def _slots_alternate_per_tile(self) -> bool:
+    return (self.tile_n // self.epi_tile_n) % self.out_slots == 0
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
@@ -206,8 +214,11 @@ class RaggedConfig:
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
+  slot_counts = (2, 1)
+  if config.zeros_by_producer and (config.tile_n // config.epi_tile_n) % 2:
+    slot_counts = (1,)  # a second slot would not divide a tile's stores
   for stages in range(MAX_STAGES, 1, -1):
-    for slots in (2, 1):
+    for slots in slot_counts:
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
       if candidate.fits(problem):
         return candidate

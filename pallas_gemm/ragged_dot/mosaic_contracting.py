@@ -19,7 +19,19 @@ With `RaggedConfig.piece_rows`, each group's rows are first cut into
 pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
 groups of their own: a group holding most tokens then has as many tiles
 as it has pieces times its output tiles, enough to keep every SM busy.
-`merge_pieces` adds each cut group's pieces afterwards, in float32, in place.
+The bound on pieces is static; a piece the routing left empty is neither
+computed nor stored. `merge_pieces` adds each cut group's pieces afterwards,
+in float32, in place in the output, reading only the pieces in use.
+
+With `RaggedConfig.zeros_by_producer`, the producer warpgroup TMA-stores the
+zero tiles of empty groups from one zeroed buffer, and the consumers skip
+those tiles.
+
+With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
+CTAs walk the same tiles, each computing one of two neighbouring column
+strips, and each multicasts half of the lhs chunk they share into both
+CTAs' stage; a stage is released once the consumers of both CTAs are done
+with it (a cluster barrier).
 
 With `RaggedConfig.ping_pong`, the consumers take turns at whole tiles
 (the CTA's first, third, ... tile to the first consumer) instead of each
@@ -102,11 +114,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   first_pieces = out_gmem.shape[0]
   # The consumers may skip a tile only where the staging slots alternate
   # within each tile: otherwise the slot depends on the tile's number, and a
-  # skipped tile would have two stores in a row use the same slot.
+  # skipped tile would have two stores in a row use the same slot (then the
+  # unused pieces are stored as zeros; zeros_by_producer requires it).
   can_skip = stores % out_slots == 0
   # With `zeros_by_producer` the producer stores the zero output tiles of
   # empty groups from a zeroed buffer, and the consumers skip those tiles.
-  zeros_by_producer = config.zeros_by_producer and can_skip
+  zeros_by_producer = config.zeros_by_producer
+  assert can_skip or not zeros_by_producer  # RaggedConfig checks it
 
   def consumers_run(g, steps):
     """False for a tile no consumer computes or stores: a piece beyond its

@@ -34,6 +34,10 @@
 #              RAGGED_BASE, fields over the heuristic's for the config
 #              they are compared with), output in
 #              $OUT/ragged_options.txt                BUDGET_ragged_options=200
+#   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 draft
+#              (experiments/lab/fp8_wgmma/), compiled for sm_90a, checked
+#              against float64 and timed (CUDA events) at FP8_CUDA_SHAPES
+#              ("M N K;..."), output in $OUT/fp8_cuda.txt  BUDGET_fp8_cuda=120
 #   lab        not in the default run: the lab sweeps' GPU checks (every
 #              Triton rung and both Mosaic kernels compiled, vs float64),
 #              raw output under $OUT/lab                      BUDGET_lab=240
@@ -194,6 +198,22 @@ if wanted smoke; then
     stage "smoke: $name"
     run_budgeted "$(budget smoke 150)" "$PY" "$script" > "$OUT/smoke_${name#gpu_smoke_}.txt" 2>&1
     tail -n 40 "$OUT/smoke_${name#gpu_smoke_}.txt"
+  done
+fi
+
+if wanted fp8_cuda; then
+  stage "raw-CUDA block-wise fp8 (draft)"
+  deadline=$(( SECONDS + $(budget fp8_cuda 120) ))
+  program=/tmp/pallas_gemm_fp8_blockwise
+  nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+    -o "$program" experiments/lab/fp8_wgmma/fp8_blockwise_wgmma.cu \
+    > "$OUT/fp8_cuda.txt" 2>&1 || echo "nvcc failed" | tee -a "$OUT/fp8_cuda.txt"
+  IFS=';' read -r -a fp8_shapes <<< "${FP8_CUDA_SHAPES:-200 392 1008;4096 4096 4096;8192 8192 8192;8192 14336 4096}"
+  for shape in "${fp8_shapes[@]}"; do
+    left=$(( deadline - SECONDS ))
+    [ "$left" -gt 5 ] && [ -x "$program" ] || break
+    # shellcheck disable=SC2086
+    run_budgeted "$left" "$program" $shape 2>&1 | tee -a "$OUT/fp8_cuda.txt"
   done
 fi
 

@@ -23,7 +23,9 @@
 //   warpgroups 1-2 consumers: each owns 64 rows x 128 columns; per K block,
 //                 four m64n128k32 wgmmas into `partial` (the first with
 //                 scale-d = 0), wait, release the stage, then
-//                 total += partial * a_scale[row] * b_scale.
+//                 total += partial * a_scale[row] * b_scale; finally the
+//                 bf16 tile is staged in the (then idle) ring and stored in
+//                 16-byte pieces of rows.
 //
 // STATUS: compiled for sm_90a only; never run (the session that wrote it had
 // no device time left). Build and check on a Hopper GPU with
@@ -59,6 +61,11 @@ constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kTileBytes = kBlockM * kBlockK;  // A and B tiles are both 16 KB
 constexpr int kStageBytes = 2 * kTileBytes;
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
+// Row pitch of the staged output tile, in bf16: 8 past the 128 columns, so
+// that the fragment's writes (rows 8 apart in a warp) fall in other banks.
+constexpr int kStagedRowElems = kBlockN + 8;
+static_assert(kConsumers * 64 * kStagedRowElems * 2 <= kStages * kStageBytes,
+              "the staged output tile reuses the ring");
 
 #define CHECK_CUDA(call)                                                   \
   do {                                                                     \
@@ -283,22 +290,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  // Epilogue through shared memory, so that the global stores are whole
+  // 16-byte pieces of rows: the fragment's own layout would store 4 bytes
+  // per thread, 16 bytes per row per warp. Both consumers are past the main
+  // loop before either overwrites the ring (named barrier 1 over their 256
+  // threads; the producer's loads have all landed, as both awaited them).
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+  __nv_bfloat16* staged = reinterpret_cast<__nv_bfloat16*>(smem) +
+                          consumer * 64 * kStagedRowElems;
+  const int local_row = warp * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const int col = col0 + 8 * j + 2 * (lane % 4);
+    const int col = 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = rows[r];
-      if (row >= problem.m) continue;
-      __nv_bfloat16* out = problem.out + static_cast<size_t>(row) * problem.n;
-      const float x = total[4 * j + 2 * r], y = total[4 * j + 2 * r + 1];
-      if (col + 1 < problem.n && (problem.n % 2 == 0)) {
-        *reinterpret_cast<__nv_bfloat162*>(out + col) =
-            __floats2bfloat162_rn(x, y);
-      } else {
-        if (col < problem.n) out[col] = __float2bfloat16(x);
-        if (col + 1 < problem.n) out[col + 1] = __float2bfloat16(y);
-      }
+      *reinterpret_cast<__nv_bfloat162*>(
+          staged + (local_row + 8 * r) * kStagedRowElems + col) =
+          __floats2bfloat162_rn(total[4 * j + 2 * r], total[4 * j + 2 * r + 1]);
+    }
+  }
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+  // 64 rows x 16 pieces of 8 columns, 8 pieces per thread.
+  const int first_row = row0 + consumer * 64;
+#pragma unroll
+  for (int q = lane_in_group; q < 64 * 16; q += 128) {
+    const int row = first_row + q / 16, col = col0 + (q % 16) * 8;
+    if (row >= problem.m || col >= problem.n) continue;
+    const __nv_bfloat16* piece = staged + (q / 16) * kStagedRowElems +
+                                 (q % 16) * 8;
+    __nv_bfloat16* out = problem.out + static_cast<size_t>(row) * problem.n +
+                         col;
+    const bool aligned = (problem.n % 8 == 0);
+    if (aligned && col + 8 <= problem.n) {
+      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(piece);
+    } else {
+      for (int e = 0; e < 8 && col + e < problem.n; ++e) out[e] = piece[e];
     }
   }
 }

@@ -122,17 +122,17 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   zeros_by_producer = config.zeros_by_producer
   assert can_skip or not zeros_by_producer  # RaggedConfig checks it
 
+  # Whether the consumers skip some tiles: those of pieces beyond a group's
+  # first that got no rows (`merge_pieces` never reads them), and with
+  # zeros_by_producer the empty groups' zero tiles.
+  skips_tiles = can_skip and (zeros_by_producer or pieces_gmem is not None)
+
   def consumers_run(g, steps):
-    """False for a tile no consumer computes or stores: a piece beyond its
-    group's first that got no rows (`merge_pieces` never reads it), or,
-    with zeros_by_producer, an empty group's zero tile."""
-    if not can_skip:
-      return True
+    """Whether the consumers compute and store this tile (see
+    skips_tiles)."""
     empty = steps == 0
     if zeros_by_producer:
       return ~empty
-    if pieces_gmem is None:  # no piece beyond a first: every tile stores
-      return True
     return ~(empty & (g >= first_pieces))
 
   def store_piece(staged, g, rows, cols):
@@ -198,15 +198,20 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
 
       def tile(linear, first_step):
-        g, steps = (tile_info(linear)[i] for i in (0, -1))
-        runs = consumers_run(g, steps)
+        if not (config.ping_pong or skips_tiles):
+          return compute_and_store(linear, first_step)
+        info = tile_info(linear)
+        steps = info[-1]
+        runs = None
         if config.ping_pong:
-          turn = ping_pong_turn(linear)[0] == wg
-          runs = turn if runs is True else turn & runs
-        if runs is True:
+          runs = ping_pong_turn(linear)[0] == wg
+        if skips_tiles:
+          kept = consumers_run(info[0], steps)
+          runs = kept if runs is None else runs & kept
+
+        @pl.when(runs)
+        def _run():
           compute_and_store(linear, first_step)
-        else:
-          pl.when(runs)(lambda: compute_and_store(linear, first_step))
         return first_step + steps
 
       def compute_and_store(linear, first_step):
@@ -246,6 +251,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                                     out_gmem.at[g, rows, cols])
           else:
             store_piece(out_smem.at[wg, slot], g, rows, cols)
+        return first_step + steps
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -206,6 +206,7 @@ if wanted fp8_cuda; then
   deadline=$(( SECONDS + $(budget fp8_cuda 120) ))
   program=/tmp/pallas_gemm_fp8_blockwise
   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+    -I experiments/lab/ffi -I pallas_gemm/ffi/csrc \
     -o "$program" experiments/lab/fp8_wgmma/fp8_blockwise_wgmma.cu \
     > "$OUT/fp8_cuda.txt" 2>&1 || echo "nvcc failed" | tee -a "$OUT/fp8_cuda.txt"
   IFS=';' read -r -a fp8_shapes <<< "${FP8_CUDA_SHAPES:-200 392 1008;4096 4096 4096;8192 8192 8192;8192 14336 4096}"

@@ -30,7 +30,8 @@
 // STATUS: compiled for sm_90a only; never run (the session that wrote it had
 // no device time left). Build and check on a Hopper GPU with
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/fp8_bw \
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a \
+//       -I experiments/lab/ffi -I pallas_gemm/ffi/csrc -o /tmp/fp8_bw \
 //       experiments/lab/fp8_wgmma/fp8_blockwise_wgmma.cu
 //   /tmp/fp8_bw 4096 4096 4096        # M N K: checks, then times
 //
@@ -50,6 +51,8 @@
 #include <random>
 #include <vector>
 
+#include "host_check.cuh"  // CHECK_CUDA (experiments/lab/ffi/)
+
 namespace {
 
 constexpr int kBlockM = 128;
@@ -66,16 +69,6 @@ constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
 constexpr int kStagedRowElems = kBlockN + 8;
 static_assert(kConsumers * 64 * kStagedRowElems * 2 <= kStages * kStageBytes,
               "the staged output tile reuses the ring");
-
-#define CHECK_CUDA(call)                                                   \
-  do {                                                                     \
-    cudaError_t status_ = (call);                                          \
-    if (status_ != cudaSuccess) {                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,    \
-                   cudaGetErrorString(status_));                           \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
 
 // ---- PTX wrappers -----------------------------------------------------------
 

@@ -137,6 +137,15 @@ __device__ inline void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
+// Ties the accumulator registers to this point of the program: the
+// compiler sees no data dependency between an asynchronous wgmma's results
+// and the wait that completes it, so without this it may move reads of the
+// registers above the wait.
+__device__ inline void fence_registers(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 // One m64n128k32 e4m3 x e4m3 -> f32 wgmma; `accumulate` false overwrites d
 // (scale-d = 0).
 __device__ inline void wgmma_m64n128k32(float (&d)[64], uint64_t desc_a,
@@ -263,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint8_t* b_tile = smem + stage * kStageBytes + kTileBytes;
     uint64_t desc_a = smem_descriptor(a_tile);
     uint64_t desc_b = smem_descriptor(b_tile);
+    fence_registers(partial);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kBlockK / 32; ++k) {
@@ -271,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
     wgmma_wait_all();
+    fence_registers(partial);
     if (lane_in_group == 0) barrier_arrive(&empty[stage]);
 
     const float scale0 = row_scale[0] * column_scale;

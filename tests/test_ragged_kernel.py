@@ -660,3 +660,29 @@ def test_heuristic_takes_turns_where_measured_faster():
     assert config.ping_pong == want, groups
     if want:
       assert config.cta_tile("rows") == (128, 128) and config.fits(rows)
+
+
+def test_merge_pieces_adds_each_cut_groups_pieces_in_place():
+  """Two cut groups (three and one extra piece) and an unused slot, whose
+  contents (NaN) must never be read; groups that were not cut keep their
+  values bit for bit."""
+  from pallas_gemm.ragged_dot import mosaic_contracting
+  rng = np.random.default_rng(0)
+  first = jnp.asarray(rng.normal(size=(4, 72, 136)), jnp.float32)
+  rest = rng.normal(size=(5, 72, 136)).astype(np.float32)
+  rest[4] = np.nan
+  extras = jnp.asarray([[1, 1, 1, 3, -1],    # the pieces' groups
+                        [0, 0, 0, 3, 0],     # each group's first extra
+                        [3, 3, 3, 1, 0]],    # each group's extra count
+                       jnp.int32)
+  params = None if ON_GPU else plgpu.InterpretGPUParams(detect_races=True)
+  got = np.asarray(mosaic_contracting.merge_pieces(
+      first, jnp.asarray(rest), extras, params))
+  want = np.asarray(first).copy()
+  want[1] += rest[0] + rest[1] + rest[2]
+  want[3] += rest[3]
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  assert np.array_equal(got[[0, 2]], np.asarray(first)[[0, 2]])
+  if not ON_GPU:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    assert not interpret_pallas_call.get_races().races_found

@@ -337,15 +337,11 @@ def kernel_body(*refs, problem: GemmProblem, config: MosaicConfig,
 
     run_warpgroups(producer, consumer)
 
-  ring_buffers = ring_smem(stages, loads=loads_per_stage,
-                           a_smem=((cta_m, tile_k), a_gmem.dtype),
-                           b_smem=((cta_n, tile_k), b_gmem.dtype))
-  if cluster_dim is not None:
-    # A multicast writes into both CTAs' stage, so with a cluster a stage is
-    # free only once the consumers of both CTAs have released it.
-    ring_buffers["stage_consumed"] = plgpu.ClusterBarrier(
-        collective_axes=("cluster",), num_arrivals=NUM_CONSUMERS,
-        num_barriers=stages)
+  ring_buffers = ring_smem(
+      stages, loads=loads_per_stage,
+      cluster_axes=None if cluster_dim is None else ("cluster",),
+      a_smem=((cta_m, tile_k), a_gmem.dtype),
+      b_smem=((cta_n, tile_k), b_gmem.dtype))
   if per_k:
     scale_smem = dict(
         a_sc_smem=plgpu.SMEM((stages, cta_m), jnp.float32),

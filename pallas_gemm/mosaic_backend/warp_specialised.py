@@ -290,7 +290,7 @@ def run_warpgroups(producer, consumer):
 
 
 def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
-              **operands):
+              cluster_axes: tuple[str, ...] | None = None, **operands):
   """The shared memory of a TMA ring, as `pl.run_scoped` keyword arguments:
   a buffer of `stages` blocks for each named operand (block shape, dtype),
   swizzled along the block's minor dimension, and the barriers
@@ -299,7 +299,11 @@ def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
 
   With `owners=NUM_CONSUMERS` the consumers take turns at whole tiles
   (see `Ring`): `stage_loaded` holds a set of `stages` barriers per
-  consumer, and a stage is released by the one consumer that read it."""
+  consumer, and a stage is released by the one consumer that read it.
+
+  With `cluster_axes`, a TMA multicast writes each stage of every CTA of the
+  cluster, so `stage_consumed` is a cluster barrier: a stage is free only
+  once its readers in every CTA of the cluster have released it."""
   if owners not in (1, NUM_CONSUMERS):
     raise ValueError(f"owners={owners} must be 1 or {NUM_CONSUMERS}")
   scratch = {
@@ -309,8 +313,14 @@ def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
   scratch["stage_loaded"] = plgpu.Barrier(
       num_arrivals=len(operands) if loads is None else loads,
       num_barriers=stages * owners)
-  scratch["stage_consumed"] = plgpu.Barrier(
-      num_arrivals=NUM_CONSUMERS if owners == 1 else 1, num_barriers=stages)
+  releases = NUM_CONSUMERS if owners == 1 else 1
+  if cluster_axes:
+    scratch["stage_consumed"] = plgpu.ClusterBarrier(
+        collective_axes=cluster_axes, num_arrivals=releases,
+        num_barriers=stages)
+  else:
+    scratch["stage_consumed"] = plgpu.Barrier(num_arrivals=releases,
+                                              num_barriers=stages)
   return scratch
 
 

@@ -147,7 +147,7 @@ class RaggedConfig:
 
   def __post_init__(self):
     validate(self)
-    if self.zeros_by_producer and not self._slots_alternate_per_tile():
+    if self.zeros_by_producer and not self.slots_divide_stores():
       raise ValueError(f"RaggedConfig.zeros_by_producer needs out_slots="
                        f"{self.out_slots} to divide the stores per tile, "
                        f"tile_n / epi_tile_n = "
@@ -178,8 +178,12 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
 
-  def _slots_alternate_per_tile(self) -> bool:
-    return (self.tile_n // self.epi_tile_n) % self.out_slots == 0
+  def slots_divide_stores(self, out_slots: int | None = None) -> bool:
+    """Whether `out_slots` staging slots (by default the config's) divide a
+    tile's output stores (tile_n / epi_tile_n): then every tile starts on
+    the same slot, whatever its number, and a consumer may skip a tile."""
+    slots = self.out_slots if out_slots is None else out_slots
+    return (self.tile_n // self.epi_tile_n) % slots == 0
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
@@ -214,9 +218,10 @@ class RaggedConfig:
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
-  slot_counts = (2, 1)
-  if config.zeros_by_producer and (config.tile_n // config.epi_tile_n) % 2:
-    slot_counts = (1,)  # a second slot would not divide a tile's stores
+  # zeros_by_producer needs the slots to divide a tile's stores.
+  slot_counts = [slots for slots in (2, 1)
+                 if not config.zeros_by_producer
+                 or config.slots_divide_stores(slots)]
   for stages in range(MAX_STAGES, 1, -1):
     for slots in slot_counts:
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)

@@ -116,7 +116,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
   # within each tile: otherwise the slot depends on the tile's number, and a
   # skipped tile would have two stores in a row use the same slot (then the
   # unused pieces are stored as zeros; zeros_by_producer requires it).
-  can_skip = stores % out_slots == 0
+  can_skip = config.slots_divide_stores()
   # With `zeros_by_producer` the producer stores the zero output tiles of
   # empty groups from a zeroed buffer, and the consumers skip those tiles.
   zeros_by_producer = config.zeros_by_producer
@@ -258,20 +258,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
 
     run_warpgroups(producer, consumer)
 
-  owners = NUM_CONSUMERS if config.ping_pong else 1
-  ring_buffers = ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
-                           dout_smem=((chunk, tile_n), in_dtype),
-                           owners=owners)
-  if config.cluster_columns:
-    # The lhs multicast writes into both CTAs' stage: a stage is free only
-    # once the consumers that read it in both CTAs have released it.
-    ring_buffers["stage_consumed"] = plgpu.ClusterBarrier(
-        collective_axes=("cluster",),
-        num_arrivals=NUM_CONSUMERS if owners == 1 else 1,
-        num_barriers=stages)
   pl.run_scoped(
       scoped,
-      **ring_buffers,
+      **ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
+                  dout_smem=((chunk, tile_n), in_dtype),
+                  owners=NUM_CONSUMERS if config.ping_pong else 1,
+                  cluster_axes=("cluster",) if config.cluster_columns
+                  else None),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       **({"zeros_smem": plgpu.SMEM(ZERO_BOX, out_dtype)}
          if zeros_by_producer else {}),

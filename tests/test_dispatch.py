@@ -144,32 +144,29 @@ def test_nearest_bucket_with_margin(cache):
   assert (far.kernel, far.kernel_source) == ("xla", "fallback")
 
 
-def test_a_nearby_loss_vetoes_the_nearest_winner(cache):
+@pytest.mark.parametrize("winner_ratio,neighbour_ratio,vetoed", [
+    (1.10, 0.93, True),
+    # Within 1 % of xla: timing noise, the same band a bucket's win must
+    # clear, so no veto.
+    (1.15, 0.995, False),
+], ids=["loss", "tie"])
+def test_a_nearby_loss_vetoes_the_nearest_winner_and_a_tie_does_not(
+    cache, winner_ratio, neighbour_ratio, vetoed):
   write_table(cache, {
-      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.10,
-                                  "ratios": {WS: [1.10]}},
+      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": winner_ratio,
+                                  "ratios": {WS: [winner_ratio]}},
       problem(8192, 8192, 3072): {"kernel": "xla", "ratio_to_xla": 1.0,
-                                  "ratios": {WS: [0.93]}},
-  })
-  between = dispatch.resolve(problem(8192, 8192, 6144), HOPPER)
-  assert between.kernel == "xla" and "lost to xla" in between.reason
-  # Measured buckets still get their own winner.
-  assert dispatch.resolve(problem(8192, 8192, 8192), HOPPER).kernel == WS
-
-
-
-def test_a_nearby_tie_is_not_a_loss(cache):
-  # The neighbour measured the winner within 1 % of xla: timing noise, the
-  # same band a bucket's win must clear, so no veto.
-  write_table(cache, {
-      problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.15,
-                                  "ratios": {WS: [1.15]}},
-      problem(8192, 8192, 3072): {"kernel": "xla", "ratio_to_xla": 1.0,
-                                  "ratios": {WS: [0.995]}},
+                                  "ratios": {WS: [neighbour_ratio]}},
   })
   assert dispatch.VETO_BELOW == 0.99
   between = dispatch.resolve(problem(8192, 8192, 6144), HOPPER)
-  assert between.kernel == WS, between.reason
+  if vetoed:
+    assert between.kernel == "xla" and "lost to xla" in between.reason
+  else:
+    assert between.kernel == WS, between.reason
+  # Measured buckets still get their own winner.
+  assert dispatch.resolve(problem(8192, 8192, 8192), HOPPER).kernel == WS
+
 
 def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kConsumers);
+      barrier_init(&empty[s], kConsumers * 4);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -282,7 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait_all();
     fence_registers(partial);
-    if (lane_in_group == 0) barrier_arrive(&empty[stage]);
+    // wgmma.wait_group completes this warp's share only: every consumer
+    // warp releases the stage for itself.
+    if (lane == 0) barrier_arrive(&empty[stage]);
 
     const float scale0 = row_scale[0] * column_scale;
     const float scale1 = row_scale[1] * column_scale;

@@ -34,10 +34,13 @@
 #              RAGGED_BASE, fields over the heuristic's for the config
 #              they are compared with), output in
 #              $OUT/ragged_options.txt                BUDGET_ragged_options=200
-#   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 draft
-#              (experiments/lab/fp8_wgmma/), compiled for sm_90a, checked
-#              against float64 and timed (CUDA events) at FP8_CUDA_SHAPES
-#              ("M N K;..."), output in $OUT/fp8_cuda.txt  BUDGET_fp8_cuda=120
+#   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
+#              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS),
+#              each compiled for sm_90a, checked against float64 and timed
+#              (CUDA events) at FP8_CUDA_SHAPES ("M N K;...") in
+#              FP8_CUDA_MODES (block none), output in $OUT/fp8_cuda.txt;
+#              FP8_CUDA_NCU="M N K" adds an Nsight Compute report per step
+#                                                      BUDGET_fp8_cuda=120
 #   lab        not in the default run: the lab sweeps' GPU checks (every
 #              Triton rung and both Mosaic kernels compiled, vs float64),
 #              raw output under $OUT/lab                      BUDGET_lab=240
@@ -202,19 +205,30 @@ if wanted smoke; then
 fi
 
 if wanted fp8_cuda; then
-  stage "raw-CUDA block-wise fp8 (draft)"
+  stage "raw-CUDA block-wise fp8 steps"
   deadline=$(( SECONDS + $(budget fp8_cuda 120) ))
-  program=/tmp/pallas_gemm_fp8_blockwise
-  nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
-    -I experiments/lab/ffi -I pallas_gemm/ffi/csrc \
-    -o "$program" experiments/lab/fp8_wgmma/fp8_blockwise_wgmma.cu \
-    > "$OUT/fp8_cuda.txt" 2>&1 || echo "nvcc failed" | tee -a "$OUT/fp8_cuda.txt"
   IFS=';' read -r -a fp8_shapes <<< "${FP8_CUDA_SHAPES:-200 392 1008;4096 4096 4096;8192 8192 8192;8192 14336 4096}"
-  for shape in "${fp8_shapes[@]}"; do
-    left=$(( deadline - SECONDS ))
-    [ "$left" -gt 5 ] && [ -x "$program" ] || break
-    # shellcheck disable=SC2086
-    run_budgeted "$left" "$program" $shape 2>&1 | tee -a "$OUT/fp8_cuda.txt"
+  for source in ${FP8_CUDA_STEPS:-experiments/lab/fp8_wgmma/[0-9]*.cu}; do
+    program=/tmp/pallas_gemm_fp8_$(basename "$source" .cu)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+      -I experiments/lab/ffi -I pallas_gemm/ffi/csrc -o "$program" "$source" \
+      2>&1 | grep -E "error|registers|spill|[Ww]arning" | tee -a "$OUT/fp8_cuda.txt"
+    for shape in "${fp8_shapes[@]}"; do
+      for mode in ${FP8_CUDA_MODES:-block none}; do
+        left=$(( deadline - SECONDS ))
+        [ "$left" -gt 5 ] && [ -x "$program" ] || break
+        # shellcheck disable=SC2086
+        run_budgeted "$left" "$program" $shape $mode 2>&1 | tee -a "$OUT/fp8_cuda.txt"
+      done
+    done
+    # FP8_CUDA_NCU="M N K": one Nsight Compute report per step at that shape.
+    if [ -n "${FP8_CUDA_NCU:-}" ] && [ -x "$program" ]; then
+      # shellcheck disable=SC2086
+      run_budgeted 60 ncu --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats "$program" $FP8_CUDA_NCU block \
+        > "$OUT/ncu_$(basename "$source" .cu).txt" 2>&1
+    fi
   done
 fi
 

@@ -212,7 +212,7 @@ if wanted fp8_cuda; then
     program=/tmp/pallas_gemm_fp8_$(basename "$source" .cu)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
       -I experiments/lab/ffi -I pallas_gemm/ffi/csrc -o "$program" "$source" \
-      2>&1 | grep -E "error|registers|spill|[Ww]arning" | tee -a "$OUT/fp8_cuda.txt"
+      2>&1 | grep -E "error|registers|spill|[Ww]arning|C75[0-9][0-9]" | tee -a "$OUT/fp8_cuda.txt"
     for shape in "${fp8_shapes[@]}"; do
       for mode in ${FP8_CUDA_MODES:-block none}; do
         left=$(( deadline - SECONDS ))

@@ -71,6 +71,11 @@ __device__ inline void wgmma_fence() {
 __device__ inline void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
+// Waits until at most kPending committed wgmma groups are still running.
+template <int kPending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
 __device__ inline void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }

@@ -1,0 +1,294 @@
+// Block-wise fp8, step 04: two partial products in flight per consumer.
+//
+// The one change from step 02: a consumer issues K block kb + 1's wgmmas
+// (into a second partial-product register set) before it waits for K block
+// kb's, so that while it promotes kb's partial product its own next wgmmas
+// keep the tensor cores busy. In step 02 each consumer waited for all of
+// its wgmmas and then promoted, and the two consumers, released by the same
+// `full` barrier, tended to do both at the same time, leaving the tensor
+// cores idle through every promotion. Costs 64 more registers a thread (one
+// running sum and two partial products: 192). The unscaled form chains its
+// one accumulator the same way, one K block ahead.
+//
+// Build and run as step 01 (README.md in this folder).
+
+#include "fp8_host.cuh"
+#include "hopper_ptx.cuh"
+
+namespace fp8_steps {
+namespace {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kBlockK = 128;  // bytes of one fp8 row of a tile: the swizzle span
+constexpr int kStages = 5;
+constexpr int kConsumers = 2;
+constexpr int kGroupM = 16;  // tile rows per group of the walk
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kTileBytes = kBlockM * kBlockK;  // A and B tiles are both 16 KB
+constexpr int kStageBytes = 2 * kTileBytes;
+// Row pitch of the staged output tile, in bf16: 8 past the 128 columns, so
+// that the fragment's writes (rows 8 apart in a warp) fall in other banks.
+constexpr int kStagedRowElems = kBlockN + 8;
+constexpr int kStagingBytes = kConsumers * 64 * kStagedRowElems * 2;
+constexpr int kSmemBytes =
+    kStages * kStageBytes + kStagingBytes + 1024;  // + alignment slack
+
+struct TileWalk {
+  int m_tiles, n_tiles;
+  __device__ int count() const { return m_tiles * n_tiles; }
+  // Tile t's (row, column) in tiles: groups of kGroupM rows, each walked
+  // column by column.
+  __device__ void coords(int t, int& tile_m, int& tile_n) const {
+    const int group_tiles = kGroupM * n_tiles;
+    const int first_m = (t / group_tiles) * kGroupM;
+    const int rows = min(kGroupM, m_tiles - first_m);
+    const int r = t % group_tiles;
+    tile_m = first_m + r % rows;
+    tile_n = r / rows;
+  }
+};
+
+template <bool kPromote>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_blockwise_kernel(const __grid_constant__ CUtensorMap a_map,
+                         const __grid_constant__ CUtensorMap b_map,
+                         Problem problem) {
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzled tiles need 1024-byte alignment.
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ alignas(8) uint64_t full[kStages];
+  __shared__ alignas(8) uint64_t empty[kStages];
+
+  const int warpgroup = threadIdx.x / 128;
+  const int lane_in_group = threadIdx.x % 128;
+  const int k_blocks = (problem.k + kBlockK - 1) / kBlockK;
+  const TileWalk walk{(problem.m + kBlockM - 1) / kBlockM,
+                      (problem.n + kBlockN - 1) / kBlockN};
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kConsumers * 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    set_max_registers_decrease<40>();
+    if (lane_in_group == 0) {
+      int it = 0;  // K blocks loaded so far, over all of this CTA's tiles
+      for (int t = blockIdx.x; t < walk.count(); t += gridDim.x) {
+        int tile_m, tile_n;
+        walk.coords(t, tile_m, tile_n);
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int stage = it % kStages;
+          if (it >= kStages) barrier_wait(&empty[stage], ((it / kStages) - 1) & 1);
+          uint8_t* a_tile = smem + stage * kStageBytes;
+          uint8_t* b_tile = a_tile + kTileBytes;
+          barrier_expect_bytes(&full[stage], kStageBytes);
+          tma_load_2d(a_tile, &a_map, &full[stage], kb * kBlockK,
+                      tile_m * kBlockM);
+          tma_load_2d(b_tile, &b_map, &full[stage], kb * kBlockK,
+                      tile_n * kBlockN);
+        }
+      }
+    }
+    return;
+  }
+
+  set_max_registers_increase<232>();
+  const int consumer = warpgroup - 1;
+  const int warp = lane_in_group / 32, lane = lane_in_group % 32;
+  const int local_row = warp * 16 + lane / 4;  // in the consumer's 64 rows
+  __nv_bfloat16* staged =
+      reinterpret_cast<__nv_bfloat16*>(smem + kStages * kStageBytes) +
+      consumer * 64 * kStagedRowElems;
+  const int named_barrier = 2 + consumer;  // this consumer's 128 threads
+
+  float total[64];
+  // K block kb's partial product is in partial_even or partial_odd by kb's
+  // parity (two named sets: register arrays must be indexed statically).
+  float partial_even[64], partial_odd[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) partial_even[i] = partial_odd[i] = 0.f;
+
+  int it = 0;
+  for (int t = blockIdx.x; t < walk.count(); t += gridDim.x) {
+    int tile_m, tile_n;
+    walk.coords(t, tile_m, tile_n);
+    // This thread's two accumulator rows (the m64nN f32 fragment).
+    const int row0 = tile_m * kBlockM + consumer * 64 + local_row;
+    const float* b_scale_row =
+        problem.b_scale + static_cast<size_t>(tile_n) * k_blocks;
+    // The products of A's row scales and B's block scale for K block kb.
+    auto scales_of = [&](int kb, float (&scale)[2]) {
+      const float column = __ldg(b_scale_row + kb);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        scale[r] = row < problem.m
+                       ? __ldg(problem.a_scale +
+                               static_cast<size_t>(row) * k_blocks + kb) *
+                             column
+                       : 0.f;
+      }
+    };
+    // Waits for K block kb's stage and issues its four wgmmas into `acc`
+    // (overwriting it first unless `accumulate`), as one commit group.
+    auto issue = [&](int kb, float (&acc)[64], bool accumulate) {
+      const int stage = (it + kb) % kStages;
+      barrier_wait(&full[stage], ((it + kb) / kStages) & 1);
+      const uint8_t* a_tile = smem + stage * kStageBytes + consumer * 64 * kBlockK;
+      const uint8_t* b_tile = smem + stage * kStageBytes + kTileBytes;
+      const uint64_t desc_a = smem_descriptor(a_tile);
+      const uint64_t desc_b = smem_descriptor(b_tile);
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kBlockK / 32; ++k) {
+        // 32 bytes further along K in the swizzled row: +2 in 16-byte units.
+        wgmma_m64n128k32(acc, desc_a + 2 * k, desc_b + 2 * k,
+                         accumulate || k > 0);
+      }
+      wgmma_commit();
+    };
+    // wgmma.wait_group completes this warp's share only: every consumer
+    // warp releases the stage for itself.
+    auto release = [&](int kb) {
+      if (lane == 0) barrier_arrive(&empty[(it + kb) % kStages]);
+    };
+
+#pragma unroll
+    for (int i = 0; i < 64; ++i) total[i] = 0.f;
+    if constexpr (kPromote) {
+      float scale_even[2], scale_odd[2];
+      // Waits for K block kb's group (issued into `now`) and folds it into
+      // the running sum.
+      auto fold = [&](int kb, float (&now)[64], const float (&now_scale)[2]) {
+        fence_registers(now);
+        release(kb);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          // Fragment registers {4j, 4j+1} are row `row0`, {4j+2, 4j+3} row
+          // `row0 + 8`, columns 8j + 2 (lane % 4) + {0, 1}.
+          total[i] = fmaf(now[i], now_scale[(i % 4) / 2], total[i]);
+        }
+      };
+      // Every path keeps one group in flight at the loop's head, so that
+      // ptxas can see that no register set is touched while its wgmmas run
+      // (a branchier loop made it serialize them all).
+      scales_of(0, scale_even);
+      issue(0, partial_even, false);
+      for (int kb = 0;;) {
+        // K block kb is in flight in partial_even.
+        if (kb + 1 == k_blocks) {
+          wgmma_wait<0>();
+          fold(kb, partial_even, scale_even);
+          break;
+        }
+        scales_of(kb + 1, scale_odd);
+        issue(kb + 1, partial_odd, false);
+        wgmma_wait<1>();
+        fold(kb, partial_even, scale_even);
+        ++kb;
+        // K block kb is in flight in partial_odd.
+        if (kb + 1 == k_blocks) {
+          wgmma_wait<0>();
+          fold(kb, partial_odd, scale_odd);
+          break;
+        }
+        scales_of(kb + 1, scale_even);
+        issue(kb + 1, partial_even, false);
+        wgmma_wait<1>();
+        fold(kb, partial_odd, scale_odd);
+        ++kb;
+      }
+    } else {
+      issue(0, total, false);
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        if (kb + 1 < k_blocks) {
+          issue(kb + 1, total, true);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+        release(kb);
+      }
+      wgmma_wait<0>();  // as above: for ptxas
+      fence_registers(total);
+    }
+    it += k_blocks;
+
+    // Epilogue: the fragment to this consumer's staging rows, then whole
+    // 16-byte pieces of rows to global memory. The barrier after the stores
+    // keeps the next tile's fragment from overwriting rows still being read.
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        *reinterpret_cast<__nv_bfloat162*>(
+            staged + (local_row + 8 * r) * kStagedRowElems + col) =
+            __floats2bfloat162_rn(total[4 * j + 2 * r],
+                                  total[4 * j + 2 * r + 1]);
+      }
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(named_barrier) : "memory");
+    const int first_row = tile_m * kBlockM + consumer * 64;
+    const int first_col = tile_n * kBlockN;
+    const bool aligned = (problem.n % 8 == 0);
+#pragma unroll
+    for (int q = lane_in_group; q < 64 * 16; q += 128) {
+      const int row = first_row + q / 16, col = first_col + (q % 16) * 8;
+      if (row >= problem.m || col >= problem.n) continue;
+      const __nv_bfloat16* piece =
+          staged + (q / 16) * kStagedRowElems + (q % 16) * 8;
+      __nv_bfloat16* out =
+          problem.out + static_cast<size_t>(row) * problem.n + col;
+      if (aligned && col + 8 <= problem.n) {
+        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(piece);
+      } else {
+        for (int e = 0; e < 8 && col + e < problem.n; ++e) out[e] = piece[e];
+      }
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(named_barrier) : "memory");
+  }
+}
+
+int sm_count() {
+  static int count = 0;
+  if (count == 0) {
+    int device;
+    CHECK_CUDA(cudaGetDevice(&device));
+    CHECK_CUDA(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
+                                      device));
+  }
+  return count;
+}
+
+void launch(const CUtensorMap& a_map, const CUtensorMap& b_map,
+            const Problem& problem, bool promote) {
+  const int tiles = ((problem.m + kBlockM - 1) / kBlockM) *
+                    ((problem.n + kBlockN - 1) / kBlockN);
+  auto kernel =
+      promote ? fp8_blockwise_kernel<true> : fp8_blockwise_kernel<false>;
+  static bool configured[2] = {false, false};
+  if (!configured[promote]) {
+    CHECK_CUDA(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured[promote] = true;
+  }
+  kernel<<<std::min(tiles, sm_count()), kThreads, kSmemBytes>>>(a_map, b_map,
+                                                                problem);
+}
+
+}  // namespace
+}  // namespace fp8_steps
+
+int main(int argc, char** argv) {
+  return fp8_steps::run_program(argc, argv, "04_two_partials", fp8_steps::launch,
+                                fp8_steps::kBlockM, fp8_steps::kBlockN);
+}

@@ -10,7 +10,9 @@
 // running sum and two partial products: 192). The unscaled form chains its
 // one accumulator the same way, one K block ahead.
 //
-// Build and run as step 01 (README.md in this folder).
+// Build and run as step 01 (README.md in this folder). -DFP8_BLOCK_N=256
+// builds the unscaled form alone on a 128 x 256 tile (m64n256 wgmmas), the
+// ceiling of a tile too wide for the block-wise registers.
 
 #include "fp8_host.cuh"
 #include "hopper_ptx.cuh"
@@ -19,14 +21,21 @@ namespace fp8_steps {
 namespace {
 
 constexpr int kBlockM = 128;
-constexpr int kBlockN = 128;
+#ifndef FP8_BLOCK_N
+#define FP8_BLOCK_N 128
+#endif
+constexpr int kBlockN = FP8_BLOCK_N;
+// Block-wise needs a running sum and two partial products of N / 2
+// registers each: N = 128 only.
+constexpr bool kCanPromote = kBlockN == 128;
+static_assert(kBlockN == 128 || kBlockN == 256, "m64n128 or m64n256");
 constexpr int kBlockK = 128;  // bytes of one fp8 row of a tile: the swizzle span
-constexpr int kStages = 5;
+constexpr int kStages = kBlockN == 128 ? 5 : 3;
 constexpr int kConsumers = 2;
 constexpr int kGroupM = 16;  // tile rows per group of the walk
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kTileBytes = kBlockM * kBlockK;  // A and B tiles are both 16 KB
-constexpr int kStageBytes = 2 * kTileBytes;
+constexpr int kTileBytes = kBlockM * kBlockK;  // A's tile: 16 KB
+constexpr int kStageBytes = kTileBytes + kBlockN * kBlockK;
 // Row pitch of the staged output tile, in bf16: 8 past the 128 columns, so
 // that the fragment's writes (rows 8 apart in a warp) fall in other banks.
 constexpr int kStagedRowElems = kBlockN + 8;
@@ -108,12 +117,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       consumer * 64 * kStagedRowElems;
   const int named_barrier = 2 + consumer;  // this consumer's 128 threads
 
-  float total[64];
+  constexpr int kAcc = kBlockN / 2;  // accumulator registers per thread
+  float total[kAcc];
   // K block kb's partial product is in partial_even or partial_odd by kb's
   // parity (two named sets: register arrays must be indexed statically).
-  float partial_even[64], partial_odd[64];
+  float partial_even[kAcc], partial_odd[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) partial_even[i] = partial_odd[i] = 0.f;
+  for (int i = 0; i < kAcc; ++i) partial_even[i] = partial_odd[i] = 0.f;
 
   int it = 0;
   for (int t = blockIdx.x; t < walk.count(); t += gridDim.x) {
@@ -138,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Waits for K block kb's stage and issues its four wgmmas into `acc`
     // (overwriting it first unless `accumulate`), as one commit group.
-    auto issue = [&](int kb, float (&acc)[64], bool accumulate) {
+    auto issue = [&](int kb, float (&acc)[kAcc], bool accumulate) {
       const int stage = (it + kb) % kStages;
       barrier_wait(&full[stage], ((it + kb) / kStages) & 1);
       const uint8_t* a_tile = smem + stage * kStageBytes + consumer * 64 * kBlockK;
@@ -150,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int k = 0; k < kBlockK / 32; ++k) {
         // 32 bytes further along K in the swizzled row: +2 in 16-byte units.
-        wgmma_m64n128k32(acc, desc_a + 2 * k, desc_b + 2 * k,
+        wgmma_m64nNk32<kBlockN>(acc, desc_a + 2 * k, desc_b + 2 * k,
                          accumulate || k > 0);
       }
       wgmma_commit();
@@ -162,8 +172,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
 #pragma unroll
-    for (int i = 0; i < 64; ++i) total[i] = 0.f;
-    if constexpr (kPromote) {
+    for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
+    if constexpr (kPromote && kCanPromote) {
       float scale_even[2], scale_odd[2];
       // Waits for K block kb's group (issued into `now`) and folds it into
       // the running sum.
@@ -226,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 16-byte pieces of rows to global memory. The barrier after the stores
     // keeps the next tile's fragment from overwriting rows still being read.
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlockN / 8; ++j) {
       const int col = 8 * j + 2 * (lane % 4);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -241,11 +251,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_col = tile_n * kBlockN;
     const bool aligned = (problem.n % 8 == 0);
 #pragma unroll
-    for (int q = lane_in_group; q < 64 * 16; q += 128) {
-      const int row = first_row + q / 16, col = first_col + (q % 16) * 8;
+    constexpr int kPieces = kBlockN / 8;  // 16-byte pieces per row
+#pragma unroll
+    for (int q = lane_in_group; q < 64 * kPieces; q += 128) {
+      const int row = first_row + q / kPieces;
+      const int col = first_col + (q % kPieces) * 8;
       if (row >= problem.m || col >= problem.n) continue;
       const __nv_bfloat16* piece =
-          staged + (q / 16) * kStagedRowElems + (q % 16) * 8;
+          staged + (q / kPieces) * kStagedRowElems + (q % kPieces) * 8;
       __nv_bfloat16* out =
           problem.out + static_cast<size_t>(row) * problem.n + col;
       if (aligned && col + 8 <= problem.n) {
@@ -271,6 +284,11 @@ int sm_count() {
 
 void launch(const CUtensorMap& a_map, const CUtensorMap& b_map,
             const Problem& problem, bool promote) {
+  if (promote && !kCanPromote) {
+    std::fprintf(stderr, "block-wise scaling needs FP8_BLOCK_N=128 (this "
+                 "build has %d); run `none`\n", kBlockN);
+    std::exit(3);
+  }
   const int tiles = ((problem.m + kBlockM - 1) / kBlockM) *
                     ((problem.n + kBlockN - 1) / kBlockN);
   auto kernel =

@@ -35,7 +35,8 @@
 #              they are compared with), output in
 #              $OUT/ragged_options.txt                BUDGET_ragged_options=200
 #   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
-#              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS),
+#              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS, each
+#              path.cu or path.cu:NAME=VALUE,... for compile-time knobs),
 #              each compiled for sm_90a, checked against float64 and timed
 #              (CUDA events) at FP8_CUDA_SHAPES ("M N K;...") in
 #              FP8_CUDA_MODES (block none), output in $OUT/fp8_cuda.txt;
@@ -208,9 +209,20 @@ if wanted fp8_cuda; then
   stage "raw-CUDA block-wise fp8 steps"
   deadline=$(( SECONDS + $(budget fp8_cuda 120) ))
   IFS=';' read -r -a fp8_shapes <<< "${FP8_CUDA_SHAPES:-200 392 1008;4096 4096 4096;8192 8192 8192;8192 14336 4096}"
-  for source in ${FP8_CUDA_STEPS:-experiments/lab/fp8_wgmma/[0-9]*.cu}; do
-    program=/tmp/pallas_gemm_fp8_$(basename "$source" .cu)
+  # A step may carry compile-time knobs: path.cu:NAME=VALUE,NAME=VALUE
+  for step in ${FP8_CUDA_STEPS:-experiments/lab/fp8_wgmma/[0-9]*.cu}; do
+    source=${step%%:*}
+    defines=()
+    if [ "$step" != "$source" ]; then
+      IFS=',' read -r -a knobs <<< "${step#*:}"
+      for knob in "${knobs[@]}"; do defines+=("-D$knob"); done
+    fi
+    label=$(basename "$source" .cu)${defines[*]:+_$(IFS=_; echo "${knobs[*]}")}
+    program=/tmp/pallas_gemm_fp8_$label
+    echo "== $label" | tee -a "$OUT/fp8_cuda.txt"
+    rm -f "$program"  # a failed build must not leave an older one to run
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+      "${defines[@]}" \
       -I experiments/lab/ffi -I pallas_gemm/ffi/csrc -o "$program" "$source" \
       2>&1 | grep -E "error|registers|spill|[Ww]arning|C75[0-9][0-9]" | tee -a "$OUT/fp8_cuda.txt"
     for shape in "${fp8_shapes[@]}"; do
@@ -224,10 +236,10 @@ if wanted fp8_cuda; then
     # FP8_CUDA_NCU="M N K": one Nsight Compute report per step at that shape.
     if [ -n "${FP8_CUDA_NCU:-}" ] && [ -x "$program" ]; then
       # shellcheck disable=SC2086
-      run_budgeted 60 ncu --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+      run_budgeted 60 ncu --clock-control none --launch-skip 1 --launch-count 1 --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section SchedulerStats "$program" $FP8_CUDA_NCU block \
-        > "$OUT/ncu_$(basename "$source" .cu).txt" 2>&1
+        --section SchedulerStats --section ComputeWorkloadAnalysis "$program" $FP8_CUDA_NCU block \
+        > "$OUT/ncu_$label.txt" 2>&1
     fi
   done
 fi

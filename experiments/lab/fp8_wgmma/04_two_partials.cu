@@ -250,7 +250,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_row = tile_m * kBlockM + consumer * 64;
     const int first_col = tile_n * kBlockN;
     const bool aligned = (problem.n % 8 == 0);
-#pragma unroll
     constexpr int kPieces = kBlockN / 8;  // 16-byte pieces per row
 #pragma unroll
     for (int q = lane_in_group; q < 64 * kPieces; q += 128) {

@@ -173,13 +173,16 @@ __device__ inline void set_max_registers_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kCount));
 }
 
+// Arrives on the barrier at the same offset in CTA `cta` of this cluster.
+// Default semantics (release at CTA scope): the stage it frees was read by
+// wgmma (the async proxy), not by this thread, so there is nothing to make
+// visible, and a release at cluster scope costs a memory fence per call.
 __device__ inline void barrier_arrive_cluster(uint64_t* barrier, int cta) {
-  // Arrive on the barrier at the same offset in CTA `cta` of this cluster.
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(smem_address(barrier)),
       "r"(cta)
       : "memory");

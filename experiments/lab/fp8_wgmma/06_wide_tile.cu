@@ -8,6 +8,9 @@
 // scales, so the fold picks one of two scales per 8-column group. This is
 // the tile DeepGEMM's block-wise kernel tops out at on Hopper.
 // -DFP8_BLOCK_N=128 builds step 02 again, for an A/B in one run.
+// -DFP8_ORDERED=1 makes the two consumers take turns issuing their K
+// blocks' wgmmas (named barriers), so that one consumer's fold runs while
+// the tensor cores work through the other's wgmmas.
 //
 // Build and run as step 01 (README.md in this folder).
 
@@ -23,6 +26,13 @@ constexpr int kBlockM = 128;
 #endif
 constexpr int kBlockN = FP8_BLOCK_N;
 static_assert(kBlockN == 128 || kBlockN == 192, "m64n128 or m64n192");
+#ifndef FP8_ORDERED
+#define FP8_ORDERED 0
+#endif
+constexpr bool kOrdered = FP8_ORDERED;
+// Named barriers 4 + c: consumer c's turn to issue (ids 2, 3 are the
+// consumers' epilogue barriers, 0 is __syncthreads).
+constexpr int kTurnBarrier = 4;
 constexpr int kBlockK = 128;  // bytes of one fp8 row of a tile: the swizzle span
 constexpr int kStages = kBlockN == 128 ? 5 : 4;
 constexpr int kConsumers = 2;
@@ -168,6 +178,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint8_t* b_tile = smem + stage * kStageBytes + kTileBytes;
       const uint64_t desc_a = smem_descriptor(a_tile);
       const uint64_t desc_b = smem_descriptor(b_tile);
+      // Consumer 0 takes the very first turn unasked.
+      if (kOrdered && (consumer == 1 || it > 0)) {
+        asm volatile("bar.sync %0, 256;" ::"r"(kTurnBarrier + consumer)
+                     : "memory");
+      }
       if constexpr (kPromote) {
         fence_registers(partial);
         wgmma_fence();
@@ -178,6 +193,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   k > 0);
         }
         wgmma_commit();
+        if constexpr (kOrdered) {
+          asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + 1 - consumer)
+                       : "memory");
+        }
         wgmma_wait_all();
         fence_registers(partial);
       } else {
@@ -189,6 +208,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   kb + k > 0);
         }
         wgmma_commit();
+        if constexpr (kOrdered) {
+          asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + 1 - consumer)
+                       : "memory");
+        }
         wgmma_wait_all();
         fence_registers(total);
       }
@@ -255,6 +278,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     asm volatile("bar.sync %0, 128;" ::"r"(named_barrier) : "memory");
   }
+  // Consumer 1's last hand-over has no turn after it: take it, so that no
+  // barrier is left half-arrived.
+  if (kOrdered && consumer == 0 && it > 0) {
+    asm volatile("bar.sync %0, 256;" ::"r"(kTurnBarrier) : "memory");
+  }
 }
 
 int sm_count() {
@@ -288,6 +316,12 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& b_map,
 }  // namespace fp8_steps
 
 int main(int argc, char** argv) {
-  return fp8_steps::run_program(argc, argv, fp8_steps::kBlockN == 192 ? "06_wide_tile" : "06_wide_tile_n128", fp8_steps::launch,
+  return fp8_steps::run_program(argc, argv, fp8_steps::kOrdered
+                                    ? (fp8_steps::kBlockN == 192
+                                           ? "06_wide_tile_ordered"
+                                           : "06_wide_tile_n128_ordered")
+                                    : (fp8_steps::kBlockN == 192
+                                           ? "06_wide_tile"
+                                           : "06_wide_tile_n128"), fp8_steps::launch,
                                 fp8_steps::kBlockM, fp8_steps::kBlockN);
 }

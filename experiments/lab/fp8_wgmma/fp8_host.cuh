@@ -7,7 +7,8 @@
 // `block` (default) draws scales in [0.5, 2) and checks the block-wise sum;
 // `none` sets every scale to 1 and asks the step for its unscaled form
 // (promote = false: one accumulator over all of K), the ceiling the
-// promotion is measured against.
+// promotion is measured against. A step that reads B stored K x N (the NN
+// layout) says so through `b_layout`.
 #pragma once
 
 #include <cuda.h>
@@ -80,19 +81,44 @@ inline CUtensorMap k_major_map(const void* data, int rows, int k,
   return map;
 }
 
+// A (k x n) byte matrix stored with n contiguous (B in the NN layout), read
+// in (128 rows of k x 128 bytes of n) boxes with 128-byte swizzle.
+inline CUtensorMap n_major_map(const void* data, int k, int n) {
+  CUtensorMap map;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(n),
+                        static_cast<cuuint64_t>(k)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(n)};
+  cuuint32_t box[2] = {128, 128};
+  cuuint32_t element_strides[2] = {1, 1};
+  CUresult status = encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(data), dims,
+      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(status));
+    std::exit(1);
+  }
+  return map;
+}
+
 using Launch = void (*)(const CUtensorMap& a_map, const CUtensorMap& b_map,
                         const Problem& problem, bool promote);
 
+enum class BLayout { kNByK, kKByN };  // NT (K-major) or NN (N-major)
+
 inline int run_program(int argc, char** argv, const char* step, Launch launch,
-                       int a_box_rows, int b_box_rows) {
+                       int a_box_rows, int b_box_rows,
+                       BLayout b_layout = BLayout::kNByK) {
+  const bool nn = b_layout == BLayout::kKByN;
   const int m = argc > 1 ? std::atoi(argv[1]) : 4096;
   const int n = argc > 2 ? std::atoi(argv[2]) : 4096;
   const int k = argc > 3 ? std::atoi(argv[3]) : 4096;
   const bool promote = !(argc > 4 && std::strcmp(argv[4], "none") == 0);
-  if (m < 1 || n < 1 || k < 1 || k % 16 != 0) {
-    std::fprintf(stderr, "M=%d N=%d K=%d: need positive sizes and K a "
-                 "multiple of 16 (a TMA row stride is 16-byte aligned)\n",
-                 m, n, k);
+  if (m < 1 || n < 1 || k < 1 || k % 16 != 0 || (nn && n % 16 != 0)) {
+    std::fprintf(stderr, "M=%d N=%d K=%d: need positive sizes and K (and, "
+                 "for B stored K x N, N) a multiple of 16: a TMA row stride "
+                 "is 16-byte aligned\n", m, n, k);
     return 1;
   }
   const int k_blocks = (k + kScaleBlock - 1) / kScaleBlock;
@@ -131,7 +157,8 @@ inline int run_program(int argc, char** argv, const char* step, Launch launch,
   CHECK_CUDA(cudaMemset(out_dev, 0xFF, static_cast<size_t>(m) * n * 2));
 
   CUtensorMap a_map = k_major_map(a_dev, m, k, a_box_rows);
-  CUtensorMap b_map = k_major_map(b_dev, n, k, b_box_rows);
+  CUtensorMap b_map =
+      nn ? n_major_map(b_dev, k, n) : k_major_map(b_dev, n, k, b_box_rows);
   Problem problem{m, n, k, a_scale_dev, b_scale_dev, out_dev};
   launch(a_map, b_map, problem, promote);
   CHECK_CUDA(cudaGetLastError());
@@ -153,8 +180,9 @@ inline int run_program(int argc, char** argv, const char* step, Launch launch,
       double block = 0;
       for (int kk = kb * kScaleBlock; kk < std::min(k, (kb + 1) * kScaleBlock);
            ++kk) {
+        const size_t b_index = nn ? size_t(kk) * n + j : size_t(j) * k + kk;
         block += double(float(a[size_t(i) * k + kk])) *
-                 double(float(b[size_t(j) * k + kk]));
+                 double(float(b[b_index]));
       }
       want += block * a_scale[size_t(i) * k_blocks + kb] *
               b_scale[size_t(j / kScaleBlock) * k_blocks + kb];
@@ -165,9 +193,10 @@ inline int run_program(int argc, char** argv, const char* step, Launch launch,
     norm2 += want * want;
   }
   const double relative = std::sqrt(error2 / std::max(norm2, 1e-30));
-  std::printf("%s %s M=%d N=%d K=%d: relative error %.3e on 4096 sampled "
+  std::printf("%s %s%s M=%d N=%d K=%d: relative error %.3e on 4096 sampled "
               "outputs, %d NaN (bf16 rounding alone gives about 2e-3)\n",
-              step, promote ? "block" : "none", m, n, k, relative, nan_count);
+              step, promote ? "block" : "none", nn ? " NN" : "", m, n, k,
+              relative, nan_count);
 
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -181,9 +210,10 @@ inline int run_program(int argc, char** argv, const char* step, Launch launch,
   float ms = 0;
   CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
   const double seconds = ms / 1e3 / kTimed;
-  std::printf("%s %s M=%d N=%d K=%d: %.1f us per call, %.1f TFLOP/s (CUDA "
+  std::printf("%s %s%s M=%d N=%d K=%d: %.1f us per call, %.1f TFLOP/s (CUDA "
               "events, mean of %d)\n",
-              step, promote ? "block" : "none", m, n, k, seconds * 1e6,
+              step, promote ? "block" : "none", nn ? " NN" : "", m, n, k,
+              seconds * 1e6,
               2.0 * m * n * k / seconds / 1e12, kTimed);
   return (relative < 1e-2 && nan_count == 0) ? 0 : 2;
 }

@@ -16,8 +16,11 @@ dispatch table exists (a CPU, or a GPU without one), ending in XLA's own
 dot, which supports everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
-  Hopper, fp8:        mosaic/fp8 -> xla (the dispatch table has no fp8
-                      buckets yet; fp8 problems take this order)
+  Hopper, fp8:        ffi/fp8_nn -> mosaic/fp8 -> xla (the dispatch table
+                      has no fp8 buckets yet; fp8 problems take this order.
+                      ffi/fp8_nn takes only per-tensor scaled e4m3 with B
+                      stored (k, n), which mosaic/fp8 runs after an XLA
+                      transpose of B; it needs nvcc for its first build)
   Hopper, exact fp32: xla (wgmma has no exact-fp32 mode; see the results
                       notes in experiments/results/nvidia_h200/ for how the
                       exact-fp32 kernels compare)
@@ -79,7 +82,7 @@ CPU_INTERPRET_FLOP_BUDGET = 2 * 512**3
 _AUTO_ORDER = {
     "hopper": ("mosaic/small_m", "mosaic/ws_persistent", "triton/06_tuned", "xla"),
     "hopper_ieee": ("xla",),
-    "hopper_fp8": ("mosaic/fp8", "xla"),
+    "hopper_fp8": ("ffi/fp8_nn", "mosaic/fp8", "xla"),
     "gpu": ("triton/05_split_k", "triton/06_tuned", "xla"),
     "cpu": ("triton/06_tuned", "xla"),
 }

@@ -217,13 +217,32 @@ def test_every_mma_tiling_has_its_launcher():
     assert tiling.tma <= tiling.pipelined, tiling
 
 
+FP8_KERNELS = kernel_list.fp8_entries()
+
+
+def test_every_fp8_kernel_has_its_launcher():
+  assert FP8_KERNELS, "kernels.def lists no PALLAS_GEMM_FP8 entry"
+  sources = "".join(path.read_text() for path in CSRC.glob("*.cu"))
+  for kernel in FP8_KERNELS:
+    assert re.search(rf"pallas_gemm_launch_{kernel.id}\(\s*"
+                     r"const pallas_gemm::Fp8Params&", sources), kernel.id
+    assert kernel.description
+
+
+def test_fp8_entries_that_do_not_parse_name_their_line():
+  with pytest.raises(ValueError, match="line 2"):
+    kernel_list.parse_fp8('// fine\nPALLAS_GEMM_FP8(fp8_x, no quotes)\n')
+
+
 def test_every_entry_is_a_handler_and_a_registered_kernel():
   assert set(build.HANDLERS) == {kernel_list.ffi_target(e.id)
-                                 for e in (*RUNGS, *TILINGS)}
+                                 for e in (*RUNGS, *TILINGS, *FP8_KERNELS)}
   assert set(kernels.MMA_SYNC_VARIANTS.values()) == {
       kernel_list.ffi_target(t.id) for t in TILINGS}
   registered = set(pallas_gemm.list_kernels("ffi/*"))
-  assert registered == {f"ffi/{rung.id}" for rung in RUNGS} | {"ffi/mma_sync"}
+  assert registered == ({f"ffi/{rung.id}" for rung in RUNGS}
+                        | {"ffi/mma_sync"}
+                        | {f"ffi/{k.id}" for k in FP8_KERNELS})
   for tiling in TILINGS:
     config = kernels.MmaSyncConfig(
         block_n=tiling.block_n, block_k=tiling.block_k,

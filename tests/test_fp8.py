@@ -536,3 +536,111 @@ def test_explain_names_the_layout_copy():
   text = str(pallas_gemm.explain(qa, qb.T, kernel="mosaic/fp8",
                                  transpose_b=True))
   assert "NT: native" in text
+
+
+# ------------------------------------- ffi/fp8_nn (B stored (k, n), CUDA) ---
+
+from pallas_gemm.ffi import fp8 as ffi_fp8  # noqa: E402
+
+ON_HOPPER = (jax.default_backend() == "gpu"
+             and pallas_gemm.device_info().is_hopper)
+
+
+def _nn_problem(**changes):
+  fields = dict(batch=1, m=512, n=1024, k=2048, in_dtype="float8_e4m3fn",
+                out_dtype="bfloat16", a_scale_mode="tensor",
+                b_scale_mode="tensor")
+  fields.update(changes)
+  return GemmProblem(**fields)
+
+
+def _toolkit(monkeypatch, problem):
+  """supports() with nvcc found (problem None) or not; resolutions are
+  memoized, so they are forgotten before and after."""
+  monkeypatch.setattr(ffi_fp8, "_toolkit_problem", lambda: problem)
+  dispatch.clear_cache()
+
+
+@pytest.fixture
+def toolkit_found(monkeypatch):
+  _toolkit(monkeypatch, None)
+  yield
+  dispatch.clear_cache()
+
+
+@pytest.mark.parametrize("changes,words", [
+    (dict(transpose_b=True), "transpose_b=True"),
+    (dict(transpose_a=True), "transpose_a"),
+    (dict(b_scale_mode="block"), "per-tensor scales only; b_scale is 'block'"),
+    (dict(a_scale_mode="row"), "a_scale is 'row'"),
+    (dict(in_dtype="float8_e5m2"), "a is float8_e5m2"),
+    (dict(b_dtype="float8_e5m2"), "b is float8_e5m2"),
+    (dict(out_dtype="float32"), "writes bfloat16, not float32"),
+    (dict(epilogue=Epilogue(alpha=2.0)), "no epilogue"),
+    (dict(batch=2), "a batch of 2"),
+    (dict(n=1000), "n=1000"),
+    (dict(k=1000), "k=1000"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_ffi_fp8_nn_supports_says_why(toolkit_found, changes, words):
+  reason = ffi_fp8.supports(_nn_problem(**changes), HOPPER)
+  assert reason is not None and words in reason, reason
+
+
+def test_ffi_fp8_nn_needs_hopper_and_nvcc(monkeypatch):
+  ampere = pallas_gemm.DeviceInfo("gpu", "NVIDIA A100", (8, 0), 108,
+                                  163 * 1024)
+  assert "Hopper" in ffi_fp8.supports(_nn_problem(), ampere)
+  _toolkit(monkeypatch, "ffi/fp8_nn builds ... no nvcc")
+  assert "nvcc" in ffi_fp8.supports(_nn_problem(), HOPPER)
+  dispatch.clear_cache()
+
+
+def test_hopper_auto_choice_for_nn_per_tensor_is_ffi_fp8_nn(toolkit_found):
+  for modes in (("none", "none"), ("tensor", "tensor"), ("tensor", "none")):
+    problem = _nn_problem(a_scale_mode=modes[0], b_scale_mode=modes[1])
+    assert dispatch.resolve(problem, HOPPER).kernel == "ffi/fp8_nn"
+  # What it does not take falls through to mosaic/fp8.
+  for changes in (dict(transpose_b=True), dict(b_scale_mode="block"),
+                  dict(out_dtype="float32")):
+    assert dispatch.resolve(_nn_problem(**changes),
+                            HOPPER).kernel == "mosaic/fp8"
+
+
+def test_hopper_auto_choice_without_nvcc_is_mosaic_fp8(monkeypatch):
+  _toolkit(monkeypatch, "no nvcc")
+  assert dispatch.resolve(_nn_problem(), HOPPER).kernel == "mosaic/fp8"
+  dispatch.clear_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="ffi/fp8_nn needs a Hopper GPU")
+@pytest.mark.parametrize("shape", [(1, 16, 16), (200, 400, 1008),
+                                   (257, 144, 272), (1000, 2064, 4096),
+                                   (3, 4096, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("modes", [("tensor", "tensor"), ("none", "none"),
+                                   ("none", "tensor")], ids="-".join)
+def test_ffi_fp8_nn_matches_float64(shape, modes):
+  m, n, k = shape
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=modes[0], b_mode=modes[1],
+                                  transpose_b=False)
+  out = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
+      a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn",
+      preferred_element_type=jnp.bfloat16))(qa, qb, sa, sb)
+  assert out.dtype == jnp.bfloat16 and out.shape == (m, n)
+  assert relative_error(out, ref) <= tolerance("float8_e4m3fn", "default",
+                                               "bfloat16")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="ffi/fp8_nn needs a Hopper GPU")
+@pytest.mark.parametrize("shape", [(0, 16, 32), (16, 32, 0)],
+                         ids=["m0", "k0"])
+def test_ffi_fp8_nn_zero_sizes(shape):
+  m, n, k = shape
+  a = jnp.ones((m, k), E4M3)
+  b = jnp.ones((k, n), E4M3)
+  out = pallas_gemm.matmul(a, b, kernel="ffi/fp8_nn",
+                           preferred_element_type=jnp.bfloat16)
+  assert out.shape == (m, n)
+  np.testing.assert_array_equal(np.asarray(out, np.float32), 0)

@@ -2,6 +2,7 @@
 
     ffi/sgemm_01_naive ... ffi/sgemm_10_pipelined  exact fp32 SIMT ladder
     ffi/mma_sync                                   fp16/bf16 tensor cores
+    ffi/fp8_nn                                     fp8, B stored (k, n), Hopper
 
 csrc/kernels.def lists every kernel once; the FFI handlers, this package's
 registry entries and the developer drivers are expanded from it. The CUDA
@@ -13,6 +14,7 @@ environment switches, kernels.py for what each wrapper does around the FFI
 call.
 """
 
+from pallas_gemm.ffi import fp8  # noqa: F401  (registers ffi/fp8_nn)
 from pallas_gemm.ffi import kernels  # noqa: F401  (registers ffi/*)
 from pallas_gemm.ffi.build import (BuildError, NvccNotFoundError,
                                    compile_library, find_nvcc, load_library)

@@ -16,6 +16,7 @@ CSRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 KERNELS_DEF = CSRC_DIR / "kernels.def"
 
 _ENTRY = re.compile(r"^PALLAS_GEMM_(SGEMM|MMA)\((.*)\)\s*$")
+_FP8_ENTRY = re.compile(r'^PALLAS_GEMM_FP8\((\w+),\s*"((?:[^"\\]|\\.)*)"\)\s*$')
 _SGEMM_ARGS = re.compile(r'^(\w+),\s*(\d+),\s*"((?:[^"\\]|\\.)*)"$')
 _MMA_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "stages",
                "pipelined", "tma", "workspace")
@@ -27,6 +28,14 @@ class SgemmRung:
 
   id: str
   align: int
+  description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Kernel:
+  """PALLAS_GEMM_FP8(id, description): an fp8 kernel with its own handler."""
+
+  id: str
   description: str
 
 
@@ -97,7 +106,31 @@ def entries() -> tuple[tuple[SgemmRung, ...], tuple[MmaTiling, ...]]:
   return parse(KERNELS_DEF.read_text())
 
 
+def parse_fp8(text: str) -> tuple[Fp8Kernel, ...]:
+  """The PALLAS_GEMM_FP8 entries of a kernels.def text, in order; one that
+  does not parse is an error naming its line."""
+  kernels = []
+  for number, line in enumerate(text.splitlines(), 1):
+    stripped = line.strip()
+    if not stripped.startswith("PALLAS_GEMM_FP8("):
+      continue
+    match = _FP8_ENTRY.match(stripped)
+    if match is None:
+      raise ValueError(f"kernels.def line {number}: expected "
+                       f"PALLAS_GEMM_FP8(id, \"description\"), got "
+                       f"{stripped!r}")
+    kernels.append(Fp8Kernel(match.group(1), match.group(2)))
+  return tuple(kernels)
+
+
+@functools.cache
+def fp8_entries() -> tuple[Fp8Kernel, ...]:
+  """The fp8 kernels of this package's csrc/kernels.def."""
+  return parse_fp8(KERNELS_DEF.read_text())
+
+
 def handlers() -> dict[str, str]:
   """FFI target name -> exported handler symbol, for every kernel."""
   rungs, tilings = entries()
-  return {ffi_target(e.id): handler_symbol(e.id) for e in (*rungs, *tilings)}
+  return {ffi_target(e.id): handler_symbol(e.id)
+          for e in (*rungs, *tilings, *fp8_entries())}

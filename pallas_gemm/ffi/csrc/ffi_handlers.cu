@@ -25,6 +25,9 @@
 #define PALLAS_GEMM_MMA(id, bm, bn, bk, warps, stages, pipelined, tma, \
                         workspace)                                     \
   PALLAS_GEMM_DECLARE(id, workspace)
+#define PALLAS_GEMM_FP8(id, description)                                \
+  cudaError_t pallas_gemm_launch_##id(const pallas_gemm::Fp8Params& p,  \
+                                      cudaStream_t stream);
 extern "C" {
 #include "kernels.def"
 }
@@ -193,6 +196,79 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
 }
 
 
+using Fp8LaunchFn = cudaError_t (*)(const Fp8Params&, cudaStream_t);
+
+// The fp8 kernels' handler: a (m, k) and b (k, n) float8_e4m3fn, a_scale and
+// b_scale one float32 each, out (m, n) bfloat16. Every mismatch is an
+// ffi::Error naming the argument, before anything is launched.
+inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
+                            cudaStream_t stream, ffi::AnyBuffer a,
+                            ffi::AnyBuffer b, ffi::AnyBuffer a_scale,
+                            ffi::AnyBuffer b_scale,
+                            ffi::Result<ffi::AnyBuffer> out) {
+  const std::string who = std::string("pallas_gemm ffi/") + name + ": ";
+  auto invalid = [&](const std::string& message) {
+    return ffi::Error::InvalidArgument(who + message);
+  };
+  if (a.dimensions().size() != 2 || b.dimensions().size() != 2 ||
+      out->dimensions().size() != 2) {
+    return invalid("a, b and out must be rank 2; got a" + ShapeString(a) +
+                   ", b" + ShapeString(b) + ", out" + ShapeString(*out));
+  }
+  const int64_t m = a.dimensions()[0], k = a.dimensions()[1],
+                n = b.dimensions()[1];
+  if (b.dimensions()[0] != k) {
+    return invalid("b" + ShapeString(b) + " does not match a" +
+                   ShapeString(a) + ": b must be (k, n)");
+  }
+  if (out->dimensions()[0] != m || out->dimensions()[1] != n) {
+    return invalid("out" + ShapeString(*out) + " must be (m, n) = (" +
+                   std::to_string(m) + ", " + std::to_string(n) + ")");
+  }
+  if (a.element_type() != ffi::DataType::F8E4M3FN ||
+      b.element_type() != ffi::DataType::F8E4M3FN) {
+    return invalid("a and b must be float8_e4m3fn");
+  }
+  if (out->element_type() != ffi::DataType::BF16) {
+    return invalid("out must be bfloat16");
+  }
+  if (a_scale.element_type() != ffi::DataType::F32 ||
+      a_scale.element_count() != 1 ||
+      b_scale.element_type() != ffi::DataType::F32 ||
+      b_scale.element_count() != 1) {
+    return invalid("a_scale and b_scale must be one float32 each, got a_scale" +
+                   ShapeString(a_scale) + ", b_scale" + ShapeString(b_scale));
+  }
+  constexpr int64_t kIntMax = 2147483647;
+  if (m * k > kIntMax || k * n > kIntMax || m * n > kIntMax) {
+    return invalid("each matrix must have fewer than 2^31 elements");
+  }
+  if (k % 16 != 0 || n % 16 != 0) {
+    return invalid("k=" + std::to_string(k) + " and n=" + std::to_string(n) +
+                   " must be multiples of 16 (TMA row strides are 16-byte "
+                   "multiples)");
+  }
+  if (!Aligned16(a.untyped_data()) || !Aligned16(b.untyped_data()) ||
+      !Aligned16(out->untyped_data())) {
+    return invalid("a, b and out must be 16-byte aligned");
+  }
+  Fp8Params params;
+  params.a = a.untyped_data();
+  params.b = b.untyped_data();
+  params.a_scale = static_cast<const float*>(a_scale.untyped_data());
+  params.b_scale = static_cast<const float*>(b_scale.untyped_data());
+  params.out = out->untyped_data();
+  params.m = static_cast<int>(m);
+  params.n = static_cast<int>(n);
+  params.k = static_cast<int>(k);
+  const cudaError_t status = launch(params, stream);
+  if (status != cudaSuccess) {
+    return ffi::Error::Internal(who + "launch failed: " +
+                                cudaGetErrorString(status));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace pallas_gemm
 
 
@@ -250,5 +326,24 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
               ::pallas_gemm::Bit(::pallas_gemm::ElementType::kF16),        \
           true, 8, 8, pallas_gemm_launch_##id,                             \
           PALLAS_GEMM_WORKSPACE_FN_##workspace(id)}));
+
+// fp8 kernels: their own operand list (RunFp8Ffi).
+#define PALLAS_GEMM_FP8(id, description)                                     \
+  static ::xla::ffi::Error pallas_gemm_ffi_handler_##id##Impl(               \
+      cudaStream_t stream, ::xla::ffi::AnyBuffer a, ::xla::ffi::AnyBuffer b, \
+      ::xla::ffi::AnyBuffer a_scale, ::xla::ffi::AnyBuffer b_scale,          \
+      ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {                       \
+    return ::pallas_gemm::RunFp8Ffi(#id, pallas_gemm_launch_##id, stream, a, \
+                                    b, a_scale, b_scale, out);               \
+  }                                                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                             \
+      pallas_gemm_ffi_handler_##id, pallas_gemm_ffi_handler_##id##Impl,      \
+      ::xla::ffi::Ffi::Bind()                                                \
+          .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                   \
+          .Arg<::xla::ffi::AnyBuffer>()                                      \
+          .Arg<::xla::ffi::AnyBuffer>()                                      \
+          .Arg<::xla::ffi::AnyBuffer>()                                      \
+          .Arg<::xla::ffi::AnyBuffer>()                                      \
+          .Ret<::xla::ffi::AnyBuffer>());
 
 #include "kernels.def"

@@ -37,6 +37,18 @@ struct GemmParams {
   size_t workspace_bytes = 0;
 };
 
+// ffi/fp8_nn: out (m, n) bf16 = a_scale * b_scale * a @ b, with a (m, k) and
+// b (k, n) float8_e4m3fn, row-major, unbatched; the two scales are one
+// float32 each, in device memory.
+struct Fp8Params {
+  const void* a;
+  const void* b;
+  const float* a_scale;
+  const float* b_scale;
+  void* out;
+  int m, n, k;
+};
+
 // A kernel's launcher: enqueues the work on `stream` and returns the launch
 // status (cudaGetLastError right after the launch).
 using LaunchFn = cudaError_t (*)(const GemmParams&, cudaStream_t);

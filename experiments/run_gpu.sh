@@ -20,6 +20,9 @@
 #   decode     benchmark: decode suite                        BUDGET_decode=90
 #   fp8        benchmark: fp8 suite, NT and NN, per-tensor then block-wise
 #              scales, mosaic/fp8 vs XLA's fp8 forms        BUDGET_fp8=200
+#   fp8_nn     not in the default run: benchmark, ffi/fp8_nn against
+#              mosaic/fp8 and XLA, NN per-tensor (FP8_NN_SHAPES)
+#                                                      BUDGET_fp8_nn=300
 #   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=200
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
 #   smoke      not in the default run: every experiments/lab/gpu_smoke_*.py
@@ -164,6 +167,14 @@ if wanted fp8; then
       --kernels=auto,mosaic/fp8,xla_scaled,jax_scaled_matmul --plot=false
   done
 fi
+
+# ffi/fp8_nn (B stored (k, n), no transpose pass) against mosaic/fp8 (XLA
+# transposes B first) and XLA's own NN forms: the fp8 suite plus two short
+# M, where the transpose is the larger share.
+wanted fp8_nn && SUITE=fp8 bench fp8_nn 300 \
+  --dtypes=float8_e4m3fn --layouts=NN --fp8_scaling=tensor \
+  --shapes="${FP8_NN_SHAPES:-4096x4096x4096,8192x8192x8192,8192x14336x4096,8192x4096x14336,5000x6144x4096,3000x14336x4096,16384x4096x4096,4096x8192x4096,1024x8192x8192,256x8192x8192}" \
+  --kernels=auto,ffi/fp8_nn,mosaic/fp8,xla_scaled --plot=false
 
 if wanted glu && [ -f experiments/bench_glu.py ]; then
   stage "benchmark: gated linear unit"

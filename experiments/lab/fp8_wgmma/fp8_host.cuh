@@ -59,36 +59,16 @@ inline EncodeTiled encoder() {
   return reinterpret_cast<EncodeTiled>(function);
 }
 
-// A (rows x k) K-major byte matrix read in (box_rows x 128) boxes with
-// 128-byte swizzle; out-of-range boxes read zeros.
-inline CUtensorMap k_major_map(const void* data, int rows, int k,
-                               int box_rows) {
+// A (rows x cols) byte matrix, cols contiguous, read in (box_rows x 128)
+// boxes with 128-byte swizzle; boxes past an edge read zeros. A and B
+// stored (n, k) are K-major (cols = k); B stored (k, n) is N-major.
+inline CUtensorMap byte_map(const void* data, int rows, int cols,
+                            int box_rows) {
   CUtensorMap map;
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(k),
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols),
                         static_cast<cuuint64_t>(rows)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes, dim 1
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};  // bytes, dim 1
   cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
-  cuuint32_t element_strides[2] = {1, 1};
-  CUresult status = encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(data), dims,
-      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (status != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(status));
-    std::exit(1);
-  }
-  return map;
-}
-
-// A (k x n) byte matrix stored with n contiguous (B in the NN layout), read
-// in (128 rows of k x 128 bytes of n) boxes with 128-byte swizzle.
-inline CUtensorMap n_major_map(const void* data, int k, int n) {
-  CUtensorMap map;
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(n),
-                        static_cast<cuuint64_t>(k)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(n)};
-  cuuint32_t box[2] = {128, 128};
   cuuint32_t element_strides[2] = {1, 1};
   CUresult status = encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(data), dims,
@@ -156,9 +136,10 @@ inline int run_program(int argc, char** argv, const char* step, Launch launch,
   // Poisoned output: an element the kernel never writes shows up as NaN.
   CHECK_CUDA(cudaMemset(out_dev, 0xFF, static_cast<size_t>(m) * n * 2));
 
-  CUtensorMap a_map = k_major_map(a_dev, m, k, a_box_rows);
-  CUtensorMap b_map =
-      nn ? n_major_map(b_dev, k, n) : k_major_map(b_dev, n, k, b_box_rows);
+  CUtensorMap a_map = byte_map(a_dev, m, k, a_box_rows);
+  // B stored (k, n) is read in 128 rows of K by 128 bytes of N.
+  CUtensorMap b_map = nn ? byte_map(b_dev, k, n, 128)
+                         : byte_map(b_dev, n, k, b_box_rows);
   Problem problem{m, n, k, a_scale_dev, b_scale_dev, out_dev};
   launch(a_map, b_map, problem, promote);
   CHECK_CUDA(cudaGetLastError());

@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "gemm_params.cuh"
+#include "tensor_map.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PALLAS_GEMM_FP8_WGMMA 1
@@ -371,27 +372,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point, so the
-// library needs no libcuda at link time; nullptr if the driver lacks it.
-inline PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-    const cudaError_t status = cudaGetDriverEntryPointByVersion(
-        "cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found);
-#else  // CUDA 12.0-12.4: the by-version query does not exist yet
-    const cudaError_t status = cudaGetDriverEntryPoint(
-        "cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found);
-#endif
-    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encoder;
-}
-
 // A (rows x cols) byte matrix, cols contiguous, read in (box_rows x 128)
 // boxes with 128-byte swizzle; boxes past an edge read zeros.
 inline CUresult ByteMap(CUtensorMap* map, const void* base, int rows,
@@ -401,7 +381,7 @@ inline CUresult ByteMap(CUtensorMap* map, const void* base, int rows,
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};
   const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t unit[2] = {1, 1};
-  return Encoder()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+  return TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
                    const_cast<void*>(base), dims, strides, box, unit,
                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -432,7 +412,7 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
   if (k8::DeviceAttribute(cudaDevAttrComputeCapabilityMajor) != 9) {
     return cudaErrorNotSupported;
   }
-  if (k8::Encoder() == nullptr) return cudaErrorNotSupported;
+  if (pallas_gemm::TensorMapEncoder() == nullptr) return cudaErrorNotSupported;
   k8::Maps maps{};
   if (k8::ByteMap(&maps.a, p.a, p.m, p.k, k8::kBlockM) != CUDA_SUCCESS ||
       k8::ByteMap(&maps.b, p.b, p.k, p.n, k8::kBlockK) != CUDA_SUCCESS) {

@@ -58,6 +58,7 @@
 #include <type_traits>
 
 #include "gemm_params.cuh"
+#include "tensor_map.cuh"
 #include "mma_sync_common.cuh"
 #include "sweep.cuh"
 
@@ -700,27 +701,6 @@ size_t TailWorkspaceBytes(const TailPlan& plan) {
   return kArrivalsBytes(plan.tail_tiles) +
          sizeof(float) * plan.tail_tiles * plan.max_shares * Tile::kBlockM *
              Tile::kBlockN;
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point, so the
-// library needs no libcuda at link time; nullptr if the driver lacks it.
-inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-    const cudaError_t status = cudaGetDriverEntryPointByVersion(
-        "cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found);
-#else  // CUDA 12.0-12.4: the by-version query does not exist yet
-    const cudaError_t status = cudaGetDriverEntryPoint(
-        "cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found);
-#endif
-    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encoder;
 }
 
 // The A and B descriptors of a TMA tiling: 3-D (minor dim first), boxes of

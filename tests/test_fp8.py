@@ -573,8 +573,6 @@ def toolkit_found(monkeypatch):
     (dict(transpose_a=True), "transpose_a"),
     (dict(b_scale_mode="block"), "per-tensor scales only; b_scale is 'block'"),
     (dict(a_scale_mode="row"), "a_scale is 'row'"),
-    (dict(in_dtype="float8_e5m2"), "a is float8_e5m2"),
-    (dict(b_dtype="float8_e5m2"), "b is float8_e5m2"),
     (dict(out_dtype="float32"), "writes bfloat16, not float32"),
     (dict(epilogue=Epilogue(alpha=2.0)), "no epilogue"),
     (dict(batch=2), "a batch of 2"),
@@ -584,6 +582,12 @@ def toolkit_found(monkeypatch):
 def test_ffi_fp8_nn_supports_says_why(toolkit_found, changes, words):
   reason = ffi_fp8.supports(_nn_problem(**changes), HOPPER)
   assert reason is not None and words in reason, reason
+
+
+def test_ffi_fp8_nn_takes_either_format(toolkit_found):
+  for a, b in (("float8_e5m2", None), ("float8_e4m3fn", "float8_e5m2"),
+               ("float8_e5m2", "float8_e4m3fn")):
+    assert ffi_fp8.supports(_nn_problem(in_dtype=a, b_dtype=b), HOPPER) is None
 
 
 def test_ffi_fp8_nn_needs_hopper_and_nvcc(monkeypatch):
@@ -621,15 +625,29 @@ def test_hopper_auto_choice_without_nvcc_is_mosaic_fp8(monkeypatch):
 @pytest.mark.parametrize("modes", [("tensor", "tensor"), ("none", "none"),
                                    ("none", "tensor")], ids="-".join)
 def test_ffi_fp8_nn_matches_float64(shape, modes):
+  _check_ffi_fp8_nn(shape, modes, (E4M3, E4M3))
+
+
+def _check_ffi_fp8_nn(shape, modes, dtypes):
   m, n, k = shape
   qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=modes[0], b_mode=modes[1],
-                                  transpose_b=False)
+                                  transpose_b=False, a_dtype=dtypes[0],
+                                  b_dtype=dtypes[1])
   out = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
       a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn",
       preferred_element_type=jnp.bfloat16))(qa, qb, sa, sb)
   assert out.dtype == jnp.bfloat16 and out.shape == (m, n)
-  assert relative_error(out, ref) <= tolerance("float8_e4m3fn", "default",
-                                               "bfloat16")
+  budget = max(tolerance(jnp.dtype(d).name, "default", "bfloat16")
+               for d in dtypes)
+  assert relative_error(out, ref) <= budget
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="ffi/fp8_nn needs a Hopper GPU")
+@pytest.mark.parametrize("dtypes", [(E5M2, E5M2), (E4M3, E5M2), (E5M2, E4M3)],
+                         ids=lambda d: "x".join(jnp.dtype(t).name[8:] for t in d))
+def test_ffi_fp8_nn_e5m2_and_mixed(dtypes):
+  _check_ffi_fp8_nn((257, 144, 272), ("tensor", "tensor"), dtypes)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,8 @@ that led to it and experiments/results/nvidia_h100/fp8_cuda/ their
 numbers).
 
 What it takes, and `supports()` says which part a problem misses:
-float8_e4m3fn x float8_e4m3fn, A stored (m, k) and B stored (k, n), no
+float8_e4m3fn or float8_e5m2 for each operand, A stored (m, k) and B
+stored (k, n), no
 scale or one per tensor for each operand, a bfloat16 output with no
 epilogue, one matrix (no batch), n and k multiples of 16 (TMA row strides),
 an sm_90 GPU, and nvcc to build the CUDA library on first use (see
@@ -24,11 +25,10 @@ import jax.numpy as jnp
 from pallas_gemm import registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.ffi import build, kernel_list
-from pallas_gemm.problem import GemmProblem
+from pallas_gemm.problem import FP8_DTYPES, GemmProblem
 
 NAME = "ffi/fp8_nn"
 _TARGET = kernel_list.ffi_target("fp8_nn")
-_DTYPE = "float8_e4m3fn"
 
 
 def _toolkit_problem() -> str | None:
@@ -45,8 +45,8 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
     return f"{NAME} needs an sm_90 (Hopper) GPU: fp8 wgmma and the TMA"
   for name, dtype in (("a", problem.in_dtype),
                       ("b", problem.b_dtype or problem.in_dtype)):
-    if dtype != _DTYPE:
-      return f"{NAME} takes {_DTYPE} operands; {name} is {dtype}"
+    if dtype not in FP8_DTYPES:
+      return f"{NAME} takes {' or '.join(FP8_DTYPES)} operands; {name} is {dtype}"
   if problem.transpose_a:
     return f"{NAME} takes A stored (m, k): transpose_a must be False"
   if problem.transpose_b:
@@ -92,6 +92,6 @@ registry.register(registry.KernelEntry(
     name=NAME, fn=fp8_nn_matmul, supports=supports,
     heuristic=lambda problem, device: None, config_cls=None,
     runs_on_cpu=False, takes_scales=True,
-    description=("CUDA fp8 (e4m3) GEMM for B stored (k, n): per-tensor "
+    description=("CUDA fp8 (e4m3/e5m2) GEMM for B stored (k, n): per-tensor "
                  "scales, bf16 out; B^T built in registers, no transpose "
                  "pass")))

@@ -198,9 +198,10 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
 
 using Fp8LaunchFn = cudaError_t (*)(const Fp8Params&, cudaStream_t);
 
-// The fp8 kernels' handler: a (m, k) and b (k, n) float8_e4m3fn, a_scale and
-// b_scale one float32 each, out (m, n) bfloat16. Every mismatch is an
-// ffi::Error naming the argument, before anything is launched.
+// The fp8 kernels' handler: a (m, k) and b (k, n), each float8_e4m3fn or
+// float8_e5m2, a_scale and b_scale one float32 each, out (m, n) bfloat16.
+// Every mismatch is an ffi::Error naming the argument, before anything is
+// launched.
 inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
                             cudaStream_t stream, ffi::AnyBuffer a,
                             ffi::AnyBuffer b, ffi::AnyBuffer a_scale,
@@ -225,9 +226,11 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
     return invalid("out" + ShapeString(*out) + " must be (m, n) = (" +
                    std::to_string(m) + ", " + std::to_string(n) + ")");
   }
-  if (a.element_type() != ffi::DataType::F8E4M3FN ||
-      b.element_type() != ffi::DataType::F8E4M3FN) {
-    return invalid("a and b must be float8_e4m3fn");
+  auto fp8 = [](ffi::DataType t) {
+    return t == ffi::DataType::F8E4M3FN || t == ffi::DataType::F8E5M2;
+  };
+  if (!fp8(a.element_type()) || !fp8(b.element_type())) {
+    return invalid("a and b must be float8_e4m3fn or float8_e5m2");
   }
   if (out->element_type() != ffi::DataType::BF16) {
     return invalid("out must be bfloat16");
@@ -261,6 +264,8 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   params.m = static_cast<int>(m);
   params.n = static_cast<int>(n);
   params.k = static_cast<int>(k);
+  params.a_e5m2 = a.element_type() == ffi::DataType::F8E5M2;
+  params.b_e5m2 = b.element_type() == ffi::DataType::F8E5M2;
   const cudaError_t status = launch(params, stream);
   if (status != cudaSuccess) {
     return ffi::Error::Internal(who + "launch failed: " +

@@ -1,4 +1,5 @@
-// ffi/fp8_nn: per-tensor scaled fp8 GEMM with B stored (k, n), the NN
+// ffi/fp8_nn: per-tensor scaled fp8 GEMM (e4m3 or e5m2, either operand) with
+// B stored (k, n), the NN
 // layout, on Hopper, without a transpose pass.
 //
 // An fp8 wgmma reads only K-major operands from shared memory, and B
@@ -60,6 +61,9 @@ constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
 struct Maps {
   CUtensorMap a, b;
 };
+
+// The fp8 formats by their wgmma names: kE4M3 or kE5M2.
+enum Format : int { kE4M3 = 0, kE5M2 = 1 };
 
 #if PALLAS_GEMM_FP8_WGMMA
 
@@ -135,58 +139,72 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
-// One m64n256k32 e4m3 wgmma: A (64 x 32) from this thread's four registers
+// One m64n256k32 fp8 wgmma: A (64 x 32) from this thread's four registers
 // (laid out as mma.m16n8k32's A operand, per warp), B (256 rows of 32 K)
-// from shared memory; `accumulate` false overwrites d (scale-d = 0).
+// from shared memory; `accumulate` false overwrites d (scale-d = 0). The
+// instruction names both formats, so each pair is its own asm statement.
+#define PALLAS_GEMM_FP8_WGMMA_ASM(TYPES)                                      \
+  asm volatile(                                                               \
+      "{\n"                                                                   \
+      ".reg .pred p;\n"                                                       \
+      "setp.ne.b32 p, %133, 0;\n"                                             \
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32" TYPES " {"                \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "\
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "\
+      "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "\
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "\
+      "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "\
+      "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, "\
+      "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "\
+      "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "    \
+      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "    \
+      "%122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, " \
+      "p, 1, 1;\n"                                                            \
+      "}\n"                                                                   \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),           \
+        "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),           \
+        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),      \
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),      \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),      \
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),      \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),      \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]),      \
+        "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),      \
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),      \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),      \
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),      \
+        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),      \
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]),      \
+        "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),      \
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),      \
+        "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),      \
+        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]),      \
+        "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),      \
+        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),               \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),               \
+        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),               \
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),               \
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),               \
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),               \
+        "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),              \
+        "r"(accumulate ? 1 : 0));
+
+template <int kRegisterFormat, int kSharedFormat>
 __device__ __forceinline__ void Wgmma(float (&d)[128], const uint32_t (&a)[4],
                                       uint64_t desc_b, bool accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-      "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
-      "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "
-      "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, "
-      "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "
-      "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "
-      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "
-      "%122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, "
-      "p, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
-        "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
-        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]),
-        "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
-        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]),
-        "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
-        "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]),
-        "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
-        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
-        "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-        "r"(accumulate ? 1 : 0));
+  if constexpr (kRegisterFormat == kE4M3 && kSharedFormat == kE4M3) {
+    PALLAS_GEMM_FP8_WGMMA_ASM(".e4m3.e4m3");
+  } else if constexpr (kRegisterFormat == kE4M3) {
+    PALLAS_GEMM_FP8_WGMMA_ASM(".e4m3.e5m2");
+  } else if constexpr (kSharedFormat == kE4M3) {
+    PALLAS_GEMM_FP8_WGMMA_ASM(".e5m2.e4m3");
+  } else {
+    PALLAS_GEMM_FP8_WGMMA_ASM(".e5m2.e5m2");
+  }
 }
+#undef PALLAS_GEMM_FP8_WGMMA_ASM
 
 // This thread's part of the 64 x 32 register fragment of B^T for 32-deep K
 // step `step` of a stage, from the N-major B tile (row k at k * 128 bytes,
@@ -220,6 +238,9 @@ __device__ __forceinline__ void BuildFragment(const uint8_t* b_tile,
 
 #endif  // PALLAS_GEMM_FP8_WGMMA
 
+// kAFormat, kBFormat: a's and b's fp8 formats. B^T is the wgmma's register
+// operand and A its shared-memory one.
+template <int kAFormat, int kBFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8NnKernel(const __grid_constant__ Maps maps, Fp8Params p) {
 #if PALLAS_GEMM_FP8_WGMMA
@@ -305,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int step = 0; step < 4; ++step) {
         // 32 bytes further along K in A's swizzled rows: +2 in 16-byte units.
-        Wgmma(acc, fragment[step], desc_a + 2 * step, kb + step > 0);
+        Wgmma<kBFormat, kAFormat>(acc, fragment[step], desc_a + 2 * step,
+                                  kb + step > 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     };
@@ -418,17 +440,36 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
       k8::ByteMap(&maps.b, p.b, p.k, p.n, k8::kBlockK) != CUDA_SUCCESS) {
     return cudaErrorInvalidValue;
   }
-  static bool configured = [] {
-    return cudaFuncSetAttribute(k8::Fp8NnKernel,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                k8::kSmemBytes) == cudaSuccess;
-  }();
-  if (!configured) return cudaErrorInvalidConfiguration;
   const long long tiles = 1LL * pallas_gemm::CeilDiv(p.m, k8::kBlockM) *
                           pallas_gemm::CeilDiv(p.n, k8::kBlockN);
   const int sms = k8::DeviceAttribute(cudaDevAttrMultiProcessorCount);
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
-  k8::Fp8NnKernel<<<grid > 0 ? grid : 1, k8::kThreads, k8::kSmemBytes,
-                    stream>>>(maps, p);
+  // One instantiation per (a, b) format pair, each configured once.
+  auto launch = [&](auto kernel, bool& configured) {
+    if (!configured) {
+      if (cudaFuncSetAttribute(kernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               k8::kSmemBytes) != cudaSuccess) {
+        return cudaErrorInvalidConfiguration;
+      }
+      configured = true;
+    }
+    kernel<<<grid > 0 ? grid : 1, k8::kThreads, k8::kSmemBytes, stream>>>(
+        maps, p);
+    return cudaSuccess;
+  };
+  static bool configured[2][2] = {{false, false}, {false, false}};
+  bool& ready = configured[p.a_e5m2][p.b_e5m2];
+  cudaError_t status;
+  if (!p.a_e5m2 && !p.b_e5m2) {
+    status = launch(k8::Fp8NnKernel<k8::kE4M3, k8::kE4M3>, ready);
+  } else if (!p.a_e5m2) {
+    status = launch(k8::Fp8NnKernel<k8::kE4M3, k8::kE5M2>, ready);
+  } else if (!p.b_e5m2) {
+    status = launch(k8::Fp8NnKernel<k8::kE5M2, k8::kE4M3>, ready);
+  } else {
+    status = launch(k8::Fp8NnKernel<k8::kE5M2, k8::kE5M2>, ready);
+  }
+  if (status != cudaSuccess) return status;
   return cudaGetLastError();
 }

@@ -38,8 +38,8 @@ struct GemmParams {
 };
 
 // ffi/fp8_nn: out (m, n) bf16 = a_scale * b_scale * a @ b, with a (m, k) and
-// b (k, n) float8_e4m3fn, row-major, unbatched; the two scales are one
-// float32 each, in device memory.
+// b (k, n) fp8, row-major, unbatched; the two scales are one float32 each,
+// in device memory.
 struct Fp8Params {
   const void* a;
   const void* b;
@@ -47,6 +47,7 @@ struct Fp8Params {
   const float* b_scale;
   void* out;
   int m, n, k;
+  bool a_e5m2, b_e5m2;  // float8_e5m2 (else float8_e4m3fn)
 };
 
 // A kernel's launcher: enqueues the work on `stream` and returns the launch

@@ -18,7 +18,7 @@ dot, which supports everything:
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
   Hopper, fp8:        ffi/fp8_nn -> mosaic/fp8 -> xla (the dispatch table
                       has no fp8 buckets yet; fp8 problems take this order.
-                      ffi/fp8_nn takes only per-tensor scaled e4m3 with B
+                      ffi/fp8_nn takes only per-tensor scaled fp8 with B
                       stored (k, n), which mosaic/fp8 runs after an XLA
                       transpose of B; it needs nvcc for its first build)
   Hopper, exact fp32: xla (wgmma has no exact-fp32 mode; see the results

@@ -410,15 +410,6 @@ inline CUresult ByteMap(CUtensorMap* map, const void* base, int rows,
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-inline int DeviceAttribute(cudaDeviceAttr attribute) {
-  int device = 0, value = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
-    return 0;
-  }
-  return value;
-}
-
 }  // namespace fp8_nn
 }  // namespace pallas_gemm
 
@@ -431,7 +422,8 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
   if (p.k == 0) {  // an empty sum: zeros
     return cudaMemsetAsync(p.out, 0, 2LL * p.m * p.n, stream);
   }
-  if (k8::DeviceAttribute(cudaDevAttrComputeCapabilityMajor) != 9) {
+  using pallas_gemm::CurrentDeviceAttribute;
+  if (CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) != 9) {
     return cudaErrorNotSupported;
   }
   if (pallas_gemm::TensorMapEncoder() == nullptr) return cudaErrorNotSupported;
@@ -442,7 +434,7 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
   }
   const long long tiles = 1LL * pallas_gemm::CeilDiv(p.m, k8::kBlockM) *
                           pallas_gemm::CeilDiv(p.n, k8::kBlockN);
-  const int sms = k8::DeviceAttribute(cudaDevAttrMultiProcessorCount);
+  const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount);
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
   // One instantiation per (a, b) format pair, each configured once.
   auto launch = [&](auto kernel, bool& configured) {

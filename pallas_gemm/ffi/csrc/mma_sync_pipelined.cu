@@ -734,16 +734,6 @@ cudaError_t MakeTmaMaps(const GemmParams& p, TmaMaps* maps) {
   return cudaSuccess;
 }
 
-// An attribute of the current device, 0 if it cannot be read.
-inline int CurrentDeviceAttribute(cudaDeviceAttr attribute) {
-  int device = 0, value = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
-    return 0;
-  }
-  return value;
-}
-
 // Whether the current device has the TMA (compute capability 9.0+).
 inline bool DeviceHasTma() {
   return CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 9;

@@ -1,5 +1,6 @@
-// The driver's TMA descriptor encoder, shared by the kernels that load with
-// the TMA (mma_sync_pipelined.cu's TMA tilings, fp8_nn_wgmma.cu).
+// Host helpers of the kernels that load with the TMA (mma_sync_pipelined.cu's
+// TMA tilings, fp8_nn_wgmma.cu): the driver's descriptor encoder, and the
+// current device's attributes they size their grids by.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (types only; no libcuda link)
@@ -7,6 +8,17 @@
 #include <cuda_runtime.h>
 
 namespace pallas_gemm {
+
+// An attribute of the current device, 0 if it cannot be read.
+inline int CurrentDeviceAttribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+    return 0;
+  }
+  return value;
+}
+
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point, so the
 // library needs no libcuda at link time; nullptr if the driver lacks it.

@@ -46,7 +46,8 @@ def supports(problem: GemmProblem, device: DeviceInfo) -> str | None:
   for name, dtype in (("a", problem.in_dtype),
                       ("b", problem.b_dtype or problem.in_dtype)):
     if dtype not in FP8_DTYPES:
-      return f"{NAME} takes {' or '.join(FP8_DTYPES)} operands; {name} is {dtype}"
+      return (f"{NAME} takes {' or '.join(FP8_DTYPES)} operands; {name} is "
+              f"{dtype}")
   if problem.transpose_a:
     return f"{NAME} takes A stored (m, k): transpose_a must be False"
   if problem.transpose_b:

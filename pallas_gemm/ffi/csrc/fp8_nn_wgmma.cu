@@ -282,7 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         coords(t, tile_m, tile_n);
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
           const int stage = it % kStages;
-          if (it >= kStages) BarrierWait(&empty[stage], ((it / kStages) - 1) & 1);
+          if (it >= kStages) {
+            BarrierWait(&empty[stage], ((it / kStages) - 1) & 1);
+          }
           uint8_t* a_tile = smem + stage * kStageBytes;
           BarrierExpectBytes(&full[stage], kStageBytes);
           TmaLoad(a_tile, &maps.a, &full[stage], kb * kBlockK,

@@ -9,11 +9,10 @@ that led to it and experiments/results/nvidia_h100/fp8_cuda/ their
 numbers).
 
 What it takes, and `supports()` says which part a problem misses:
-float8_e4m3fn or float8_e5m2 for each operand, A stored (m, k) and B
-stored (k, n), no
-scale or one per tensor for each operand, a bfloat16 output with no
-epilogue, one matrix (no batch), n and k multiples of 16 (TMA row strides),
-an sm_90 GPU, and nvcc to build the CUDA library on first use (see
+float8_e4m3fn or float8_e5m2 for each operand, A stored (m, k) and B stored
+(k, n), no scale or one per tensor for each operand, a bfloat16 output with
+no epilogue, one matrix (no batch), n and k multiples of 16 (TMA row
+strides), an sm_90 GPU, and nvcc to build the CUDA library on first use (see
 `pallas_gemm.ffi.build`). Anything else runs on `mosaic/fp8` or XLA.
 """
 

@@ -16,8 +16,9 @@ CSRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 KERNELS_DEF = CSRC_DIR / "kernels.def"
 
 _ENTRY = re.compile(r"^PALLAS_GEMM_(SGEMM|MMA)\((.*)\)\s*$")
-_FP8_ENTRY = re.compile(r'^PALLAS_GEMM_FP8\((\w+),\s*"((?:[^"\\]|\\.)*)"\)\s*$')
-_SGEMM_ARGS = re.compile(r'^(\w+),\s*(\d+),\s*"((?:[^"\\]|\\.)*)"$')
+_DESCRIPTION = r'"((?:[^"\\]|\\.)*)"'  # a C string literal, captured
+_FP8_ENTRY = re.compile(rf"^PALLAS_GEMM_FP8\((\w+),\s*{_DESCRIPTION}\)\s*$")
+_SGEMM_ARGS = re.compile(rf"^(\w+),\s*(\d+),\s*{_DESCRIPTION}$")
 _MMA_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "stages",
                "pipelined", "tma", "workspace")
 

@@ -73,6 +73,21 @@ inline bool Aligned16(const void* pointer) {
   return (reinterpret_cast<uintptr_t>(pointer) & 15) == 0;
 }
 
+// Whether the (m, k), (k, n) and (m, n) matrices each index with int32.
+inline bool FitsInt32Indexing(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kIntMax = 2147483647;
+  return m * k <= kIntMax && k * n <= kIntMax && m * n <= kIntMax;
+}
+
+// A launcher's status as the handler's result.
+inline ffi::Error LaunchResult(const std::string& who, cudaError_t status) {
+  if (status != cudaSuccess) {
+    return ffi::Error::Internal(who + "launch failed: " +
+                                cudaGetErrorString(status));
+  }
+  return ffi::Error::Success();
+}
+
 // Validates every buffer and launches. Any mismatch becomes an ffi::Error
 // naming the bad argument: a wrong call must never reach the kernel.
 inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
@@ -133,7 +148,6 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
     c_data = c->untyped_data();
     if (!Aligned16(c_data)) return invalid("c is not 16-byte aligned");
   }
-  constexpr int64_t kIntMax = 2147483647;
   if (batch < 1 || batch > 65535) {
     return invalid("batch=" + std::to_string(batch) + " must be in [1, 65535]");
   }
@@ -141,7 +155,7 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
   if (n > 2000000) {
     return invalid("n=" + std::to_string(n) + " must be at most 2000000");
   }
-  if (m * k > kIntMax || k * n > kIntMax || m * n > kIntMax) {
+  if (!FitsInt32Indexing(m, n, k)) {
     return invalid("each matrix must have fewer than 2^31 elements");
   }
   if (k % spec.align_k != 0 || n % spec.align_n != 0) {
@@ -187,12 +201,7 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
       params.workspace_bytes = bytes;
     }
   }
-  cudaError_t status = spec.launch(params, stream);
-  if (status != cudaSuccess) {
-    return ffi::Error::Internal(who + "launch failed: " +
-                                cudaGetErrorString(status));
-  }
-  return ffi::Error::Success();
+  return LaunchResult(who, spec.launch(params, stream));
 }
 
 
@@ -242,8 +251,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
     return invalid("a_scale and b_scale must be one float32 each, got a_scale" +
                    ShapeString(a_scale) + ", b_scale" + ShapeString(b_scale));
   }
-  constexpr int64_t kIntMax = 2147483647;
-  if (m * k > kIntMax || k * n > kIntMax || m * n > kIntMax) {
+  if (!FitsInt32Indexing(m, n, k)) {
     return invalid("each matrix must have fewer than 2^31 elements");
   }
   if (k % 16 != 0 || n % 16 != 0) {
@@ -266,12 +274,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   params.k = static_cast<int>(k);
   params.a_e5m2 = a.element_type() == ffi::DataType::F8E5M2;
   params.b_e5m2 = b.element_type() == ffi::DataType::F8E5M2;
-  const cudaError_t status = launch(params, stream);
-  if (status != cudaSuccess) {
-    return ffi::Error::Internal(who + "launch failed: " +
-                                cudaGetErrorString(status));
-  }
-  return ffi::Error::Success();
+  return LaunchResult(who, launch(params, stream));
 }
 
 }  // namespace pallas_gemm

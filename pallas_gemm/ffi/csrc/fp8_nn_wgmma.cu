@@ -35,7 +35,7 @@
 #include <cstdint>
 
 #include "gemm_params.cuh"
-#include "tensor_map.cuh"
+#include "tma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PALLAS_GEMM_FP8_WGMMA 1
@@ -69,48 +69,6 @@ enum Format : int { kE4M3 = 0, kE5M2 = 1 };
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void BarrierInit(uint64_t* barrier, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(
-                   SmemAddress(barrier)),
-               "r"(count));
-}
-
-__device__ __forceinline__ void BarrierExpectBytes(uint64_t* barrier,
-                                                   int bytes) {
-  asm volatile(
-      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-          SmemAddress(barrier)),
-      "r"(bytes));
-}
-
-__device__ __forceinline__ void BarrierArrive(uint64_t* barrier) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
-      SmemAddress(barrier)));
-}
-
-__device__ __forceinline__ void BarrierWait(uint64_t* barrier, int parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_loop:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_loop;\n"
-      "}\n" ::"r"(SmemAddress(barrier)),
-      "r"(parity));
-}
-
-__device__ __forceinline__ void TmaLoad(void* destination,
-                                        const CUtensorMap* map,
-                                        uint64_t* barrier, int inner,
-                                        int outer) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::"
-      "bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddress(destination)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddress(barrier)),
-      "r"(inner), "r"(outer)
-      : "memory");
 }
 
 // A shared-memory matrix descriptor of a K-major tile with 128-byte
@@ -266,8 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      BarrierInit(&full[s], 1);
-      BarrierInit(&empty[s], kConsumers * 4);  // one arrival per consumer warp
+      MbarrierInit(SmemAddress(&full[s]), 1);
+      // One arrival per consumer warp.
+      MbarrierInit(SmemAddress(&empty[s]), kConsumers * 4);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -283,15 +242,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
           const int stage = it % kStages;
           if (it >= kStages) {
-            BarrierWait(&empty[stage], ((it / kStages) - 1) & 1);
+            MbarrierWait(SmemAddress(&empty[stage]), ((it / kStages) - 1) & 1);
           }
           uint8_t* a_tile = smem + stage * kStageBytes;
-          BarrierExpectBytes(&full[stage], kStageBytes);
-          TmaLoad(a_tile, &maps.a, &full[stage], kb * kBlockK,
-                  tile_m * kBlockM);
+          const uint32_t full_stage = SmemAddress(&full[stage]);
+          MbarrierExpectTx(full_stage, kStageBytes);
+          TmaLoad2d(SmemAddress(a_tile), &maps.a, kb * kBlockK,
+                    tile_m * kBlockM, full_stage);
           // B's box: 128 bytes of N (inner) by 128 rows of K.
-          TmaLoad(a_tile + kATileBytes, &maps.b, &full[stage],
-                  tile_n * kBlockN, kb * kBlockK);
+          TmaLoad2d(SmemAddress(a_tile + kATileBytes), &maps.b,
+                    tile_n * kBlockN, kb * kBlockK, full_stage);
         }
       }
     }
@@ -314,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto stage_of = [&](int kb) { return (it + kb) % kStages; };
     // Waits for K block kb's stage and builds its B^T fragment.
     auto build = [&](int kb, uint32_t (&fragment)[4][4]) {
-      BarrierWait(&full[stage_of(kb)], ((it + kb) / kStages) & 1);
+      MbarrierWait(SmemAddress(&full[stage_of(kb)]), ((it + kb) / kStages) & 1);
       const uint8_t* b_tile = smem + stage_of(kb) * kStageBytes + kATileBytes;
 #pragma unroll
       for (int step = 0; step < 4; ++step) {
@@ -336,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // wgmma.wait_group completes this warp's share only: every consumer
     // warp releases the stage for itself.
     auto release = [&](int kb) {
-      if (lane == 0) BarrierArrive(&empty[stage_of(kb)]);
+      if (lane == 0) MbarrierArrive(SmemAddress(&empty[stage_of(kb)]));
     };
 
     // One K block in flight at the loop's head on every path, its fragment

@@ -58,7 +58,7 @@
 #include <type_traits>
 
 #include "gemm_params.cuh"
-#include "tensor_map.cuh"
+#include "tma.cuh"
 #include "mma_sync_common.cuh"
 #include "sweep.cuh"
 
@@ -138,60 +138,6 @@ struct Tiling {
 struct TmaMaps {
   CUtensorMap a, b;
 };
-
-// The TMA helpers exist only on sm_90+. Launch never runs a TMA tiling on
-// an older GPU, so there their bodies compile to nothing.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define PALLAS_GEMM_HAS_TMA 1
-#else
-#define PALLAS_GEMM_HAS_TMA 0
-#endif
-
-__device__ __forceinline__ void MbarrierInit(uint32_t bar, int count) {
-#if PALLAS_GEMM_HAS_TMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
-               "r"(count));
-#endif
-}
-__device__ __forceinline__ void MbarrierExpectTx(uint32_t bar, int bytes) {
-#if PALLAS_GEMM_HAS_TMA
-  asm volatile(
-      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-      "r"(bytes)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
-#if PALLAS_GEMM_HAS_TMA
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-// Orders this thread's earlier generic-proxy accesses to shared memory
-// before later async-proxy (TMA) ones.
-__device__ __forceinline__ void FenceProxyAsync() {
-#if PALLAS_GEMM_HAS_TMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map,
-                                          int x, int y, int z, uint32_t bar) {
-#if PALLAS_GEMM_HAS_TMA
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile"
-      ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
-      : "memory");
-#endif
-}
 
 // How the grid shares out the output tiles (computed by MakeTailPlan).
 //

@@ -40,8 +40,9 @@ import jax  # noqa: E402
 import pallas_gemm  # noqa: E402
 from pallas_gemm import autotune, dispatch, registry, timing  # noqa: E402
 from pallas_gemm.devices import device_key  # noqa: E402
-from pallas_gemm.problem import Epilogue, GemmProblem  # noqa: E402
+from pallas_gemm.problem import FP8_DTYPES, Epilogue, GemmProblem  # noqa: E402
 
+from experiments.bench import fp8_targets  # noqa: E402
 from experiments.bench.output import git_revision  # noqa: E402
 
 FIELDS = ("batch", "m", "n", "k", "in_dtype", "layout", "epilogue")
@@ -52,9 +53,15 @@ def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
   return max(multiple, int(round(value / multiple)) * multiple)
 
 
-#: The regimes of a training set, in the order they are drawn.
+#: The regimes of a training set, in the order they are drawn (new regimes
+#: go last, so that a seed's earlier problems stay what was measured).
 TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
-                    "transposed", "f16", "tf32", "fused", "unaligned")
+                    "transposed", "f16", "tf32", "fused", "unaligned",
+                    "fp8_decode", "fp8_mid", "fp8_large")
+#: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
+#: unscaled, and one scale per tensor, the form fp8 training and serving
+#: use most. A spec without "scales" is unscaled.
+FP8_TRAINING_SCALINGS = ("none", "tensor")
 
 
 def training_problems(seed: int = 20261123,
@@ -76,10 +83,13 @@ def training_problems(seed: int = 20261123,
   regime = ""
 
   def add(m, n, k, *, batch=1, dtype="bfloat16", layout="NN",
-          epilogue="plain"):
+          epilogue="plain", scales=None):
     if regimes is None or regime in regimes:
-      out.append(dict(batch=batch, m=m, n=n, k=k, in_dtype=dtype,
-                      layout=layout, epilogue=epilogue))
+      spec = dict(batch=batch, m=m, n=n, k=k, in_dtype=dtype,
+                  layout=layout, epilogue=epilogue)
+      if scales is not None:
+        spec["scales"] = scales
+      out.append(spec)
 
   regime = "decode"
   for _ in range(8):
@@ -126,6 +136,18 @@ def training_problems(seed: int = 20261123,
   for _ in range(4):
     add(_log_uniform(rng, 1024, 8192, 1) | 1, _log_uniform(rng, 1024, 8192, 1),
         _log_uniform(rng, 1024, 8192, 1) | 1)
+  # fp8 (e4m3, bf16 out): both weight layouts, unscaled and per-tensor
+  # scales; N and K multiples of 16 (cuBLASLt's fp8 and the TMA need
+  # 16-byte rows), M anything.
+  for regime, count, m_range, nk_range in (
+      ("fp8_decode", 8, (1, 256), (2048, 16384)),
+      ("fp8_mid", 8, (512, 6144), (1024, 8192)),
+      ("fp8_large", 6, (4096, 16384), (4096, 16384))):
+    for _ in range(count):
+      m = _log_uniform(rng, *m_range, 1)
+      n, k = (_log_uniform(rng, *nk_range, 128) for _ in range(2))
+      add(m, n, k, dtype="float8_e4m3fn", layout=rng.choice(("NN", "NT")),
+          scales=rng.choice(FP8_TRAINING_SCALINGS))
   return out
 
 
@@ -133,17 +155,22 @@ def to_problem(spec: dict) -> GemmProblem:
   epilogue = (Epilogue(has_bias=True, activation="gelu")
               if spec["epilogue"] == "bias_gelu" else Epilogue())
   dtype = spec["in_dtype"]
-  return GemmProblem(
-      spec["batch"], spec["m"], spec["n"], spec["k"], dtype,
-      "float32" if epilogue.has_bias else dtype,
+  out_dtype = ("float32" if epilogue.has_bias else
+               "bfloat16" if dtype in FP8_DTYPES else dtype)
+  problem = GemmProblem(
+      spec["batch"], spec["m"], spec["n"], spec["k"], dtype, out_dtype,
       transpose_a=spec["layout"][0] == "T",
       transpose_b=spec["layout"][1] == "T",
       precision="tf32" if dtype == "float32" else "default",
       epilogue=epilogue)
+  return fp8_targets.with_scaling(problem, spec.get("scales", "none"))
 
 
 def spec_id(spec: dict) -> str:
-  return "|".join(str(spec[f]) for f in FIELDS)
+  fields = [str(spec[f]) for f in FIELDS]
+  if spec.get("scales", "none") != "none":
+    fields.append(f"scales={spec['scales']}")
+  return "|".join(fields)
 
 
 def candidates(problem: GemmProblem, device, only=None) -> list[str]:
@@ -175,7 +202,8 @@ def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int,
                 preferred_element_type=problem.out_dtype,
                 activation=problem.epilogue.activation,
                 precision=(jax.lax.Precision.DEFAULT
-                           if problem.precision == "tf32" else None))
+                           if problem.precision == "tf32" else None),
+                **fp8_targets.scaled_kwargs(problem))
   ms = timing.time_over_sets(
       lambda a, b, bias: pallas_gemm.matmul(a, b, bias=bias, **kwargs), sets,
       iterations=iterations, on_gpu=device.is_gpu)
@@ -285,10 +313,17 @@ def main(argv=None) -> int:
               flush=True)
         break
       problem = to_problem(spec)
+      names = candidates(problem, device, only)
+      if names == ["xla"] and candidates(problem, device) != names:
+        # --kernels left out every kernel that runs this problem: xla alone
+        # would win its bucket unopposed and hide those kernels.
+        print(f"[{number}/{len(todo)}] {problem.describe()}: skipped, none "
+              f"of --kernels runs it", flush=True)
+        continue
       row = {"spec": spec, "problem": problem.describe(),
              "device": device.device_kind, "ms": {}, "configs": {},
              "git_sha": git_revision()}
-      for kernel in candidates(problem, device, only):
+      for kernel in names:
         try:
           ms, config = time_kernel(problem, kernel, device, args.iters)
         except Exception as err:  # noqa: BLE001 - a failing kernel loses

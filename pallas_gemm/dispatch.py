@@ -12,8 +12,8 @@ The kernel, when the caller names none (`kernel=None`):
 1. On a GPU with a measured dispatch table (`pallas_gemm/tuned/<gpu>.json`,
    section "dispatch", or the same section of the user's tuning cache), the
    problem's bucket decides. A bucket is the problem's dtypes, layout,
-   precision, epilogue kind and 16-byte alignment, plus its batch, M, N and
-   K on a half-octave grid. Each bucket records the fastest kernel measured
+   precision, epilogue kind, 16-byte alignment and (fp8 only) B's dtype
+   and the scale modes, plus its batch, M, N and K on a half-octave grid. Each bucket records the fastest kernel measured
    for it, `xla` included, and that kernel's speed relative to `xla`.
    - the problem's own bucket, or else the nearest one within
      `NEAREST_BUCKET_DISTANCE` octaves: its winner runs if the problem was
@@ -144,6 +144,17 @@ def alignment(problem: GemmProblem) -> str:
   return "a16" if aligned else "u"
 
 
+def fp8_operands(problem: GemmProblem) -> str:
+  """"" for other inputs; for fp8, "<B's dtype>:<A's scales>/<B's scales>":
+  the scale modes change what each candidate does (XLA scales its f32
+  product in a second pass, a kernel in its epilogue or main loop), so
+  a lead measured with one kind of scales says nothing of another."""
+  if problem.in_dtype not in FP8_DTYPES:
+    return ""
+  return (f"{problem.b_dtype or problem.in_dtype}:"
+          f"{problem.a_scale_mode}/{problem.b_scale_mode}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DispatchKey:
   in_dtype: str
@@ -156,30 +167,40 @@ class DispatchKey:
   m: int
   n: int
   k: int
+  # `fp8_operands`; empty for 16- and 32-bit inputs, and then left out of
+  # the name, so that tables written before fp8 buckets parse unchanged.
+  operands: str = ""
+
+  #: The fields that make a bucket's class: buckets of one class differ
+  #: only in their sizes.
+  CLASS_FIELDS = ("in_dtype", "out_dtype", "layout", "precision", "epilogue",
+                  "align", "operands")
 
   @classmethod
   def for_problem(cls, problem: GemmProblem) -> DispatchKey:
     return cls(problem.in_dtype, problem.out_dtype, problem.layout,
                problem.precision, epilogue_kind(problem), alignment(problem),
                _grid(problem.batch), _bucket_rows(problem.m),
-               _grid(problem.n), _grid(problem.k))
+               _grid(problem.n), _grid(problem.k), fp8_operands(problem))
 
   @property
   def name(self) -> str:
+    operands = f"{self.operands}|" if self.operands else ""
     return (f"{self.in_dtype}|{self.out_dtype}|{self.layout}|"
-            f"{self.precision}|{self.epilogue}|{self.align}|"
+            f"{self.precision}|{self.epilogue}|{self.align}|{operands}"
             f"{self.batch}x{self.m}x{self.n}x{self.k}")
 
   @classmethod
   def parse(cls, name: str) -> DispatchKey:
     *fields, dims = name.split("|")
-    if len(fields) != 6:
+    if len(fields) not in (6, 7):
       raise ValueError(f"dispatch key {name!r} has {len(fields)} fields")
     batch, m, n, k = (int(d) for d in dims.split("x"))
-    return cls(*fields, batch, m, n, k)
+    return cls(*fields[:6], batch, m, n, k, *fields[6:])
 
   def same_class(self, other: DispatchKey) -> bool:
-    return dataclasses.astuple(self)[:6] == dataclasses.astuple(other)[:6]
+    return all(getattr(self, f) == getattr(other, f)
+               for f in self.CLASS_FIELDS)
 
   def distance(self, other: DispatchKey) -> float:
     """Octaves between the two buckets' sizes, summed over the four dims."""

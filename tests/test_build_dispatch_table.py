@@ -21,10 +21,21 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   layouts = {s["layout"] for s in first}
   dtypes = {s["in_dtype"] for s in first}
   assert layouts == {"NN", "NT", "TN"}
-  assert dtypes == {"bfloat16", "float16", "float32"}
+  assert dtypes == {"bfloat16", "float16", "float32", "float8_e4m3fn"}
   assert any(s["batch"] > 1 for s in first)
   assert any(s["m"] <= 128 for s in first)
   assert any(s["epilogue"] != "plain" for s in first)
+  fp8 = [builder.to_problem(s) for s in first
+         if s["in_dtype"] == "float8_e4m3fn"]
+  assert {(p.layout, p.a_scale_mode) for p in fp8} == {
+      ("NN", "none"), ("NN", "tensor"), ("NT", "none"), ("NT", "tensor")}
+  assert all(p.out_dtype == "bfloat16" and p.n % 16 == 0 and p.k % 16 == 0
+             for p in fp8)
+  # Scaled specs have ids of their own; unscaled ones keep the old form.
+  ids = [builder.spec_id(s) for s in first]
+  assert len(set(ids)) == len(ids)
+  assert sum("scales=tensor" in i for i in ids) == sum(
+      p.a_scale_mode == "tensor" for p in fp8)
 
 
 
@@ -114,3 +125,24 @@ def test_the_shipped_rule_holds_out_on_the_committed_measurements():
     assert held_out["losses"] <= 2, (path, held_out)
     assert held_out["min"] >= 0.9, (path, held_out)
     assert held_out["geomean"] >= 1.0, (path, held_out)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="times in interpret mode on the host")
+def test_a_problem_none_of_the_kernels_runs_is_skipped_not_given_to_xla(
+    tmp_path, monkeypatch, capsys):
+  """--kernels naming only kernels that cannot run a problem (fp8 kernels
+  for a bf16 problem here; bf16 ones for the fp8 regimes on a GPU) must
+  not let xla win its bucket unopposed: it is skipped, nothing recorded."""
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  bf16 = dict(batch=1, m=16, n=32, k=32, in_dtype="bfloat16", layout="NN",
+              epilogue="plain")
+  monkeypatch.setattr(builder, "training_problems",
+                      lambda seed, regimes=None: [bf16])
+  out = tmp_path / "out"
+  assert builder.main([f"--out_dir={out}", f"--table={tmp_path / 't.json'}",
+                       "--allow_cpu", "--iters=1",
+                       "--kernels=mosaic/fp8"]) == 0
+  assert "skipped, none of --kernels runs it" in capsys.readouterr().out
+  log = out / "measurements.jsonl"
+  assert not log.exists() or not log.read_text().strip()

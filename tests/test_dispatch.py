@@ -190,6 +190,45 @@ def test_bucket_classes_do_not_mix(cache):
   assert fused.kernel_source == "fallback"
 
 
+def _fp8(m=4096, n=4096, k=4096, scales="tensor", **kwargs):
+  return GemmProblem(1, m, n, k, "float8_e4m3fn", "bfloat16",
+                     a_scale_mode=scales,
+                     b_scale_mode="col" if scales == "row" else scales,
+                     **kwargs)
+
+
+def test_fp8_buckets_are_classed_by_scales_and_old_keys_parse(cache):
+  tensor, unscaled = _fp8(), _fp8(scales="none")
+  key = dispatch.DispatchKey.for_problem(tensor)
+  assert key.name.split("|")[6] == "float8_e4m3fn:tensor/tensor"
+  assert dispatch.DispatchKey.parse(key.name) == key
+  assert not key.same_class(dispatch.DispatchKey.for_problem(unscaled))
+  # A 16-bit key has no scales field: tables written before fp8 buckets
+  # parse to the same keys.
+  bf16 = dispatch.DispatchKey.for_problem(problem())
+  assert bf16.name.count("|") == 6 and bf16.operands == ""
+  assert dispatch.DispatchKey.parse(bf16.name) == bf16
+
+
+def test_fp8_takes_the_table_once_its_class_is_measured(cache):
+  """xla runs an fp8 bucket where it measured faster, the kernel where it
+  won; a class with no bucket (other scales) keeps the fp8 order."""
+  write_table(cache, {
+      _fp8(16, 8192, 8192): {"kernel": "xla", "ratio_to_xla": 1.0},
+      _fp8(8192, 8192, 8192): {"kernel": "mosaic/fp8",
+                               "ratio_to_xla": 1.2},
+  })
+  decode = dispatch.resolve(_fp8(16, 8192, 8192), HOPPER)
+  assert (decode.kernel, decode.kernel_source) == ("xla", "dispatch table")
+  big = dispatch.resolve(_fp8(8192, 8192, 8192), HOPPER)
+  assert (big.kernel, big.kernel_source) == ("mosaic/fp8", "dispatch table")
+  # Unscaled fp8 was not measured: not the tensor-scaled buckets' class,
+  # so the order decides (mosaic/fp8 or ffi/fp8_nn first, never a
+  # fallback to xla for want of a bucket).
+  unscaled = dispatch.resolve(_fp8(16, 8192, 8192, scales="none"), HOPPER)
+  assert unscaled.kernel_source == "order" and unscaled.kernel != "xla"
+
+
 def test_decode_rows_share_a_bucket_but_a_gemv_has_its_own(cache):
   """M = 8 speaks for M = 48 (one streaming row); it does not speak for
   M = 1, where XLA runs a matrix-vector product."""

@@ -10,7 +10,8 @@
 #
 #   build      the CUDA FFI kernels (nvcc)                    BUDGET_build=150
 #   tests      the whole pytest suite, compiled on the GPU    BUDGET_tests=200
-#              (TEST_WORKERS pytest workers share the GPU, default 6)
+#              (TEST_WORKERS pytest workers share the GPU, default 6;
+#              TESTS, space-separated paths, runs only those)
 #   properties the hypothesis suite, "gpu" profile            BUDGET_properties=150
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
 #              other training sets, DISPATCH_REGIMES keeps some of their
@@ -21,7 +22,8 @@
 #   fp8        benchmark: fp8 suite, NT and NN, per-tensor then block-wise
 #              scales, mosaic/fp8 vs XLA's fp8 forms        BUDGET_fp8=200
 #   fp8_nn     not in the default run: benchmark, ffi/fp8_nn against
-#              mosaic/fp8 and XLA, NN per-tensor (FP8_NN_SHAPES)
+#              mosaic/fp8 and XLA, per-tensor, at FP8_NN_SHAPES in
+#              FP8_NN_LAYOUTS (default NN)
 #                                                      BUDGET_fp8_nn=300
 #   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=200
 #   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
@@ -112,7 +114,7 @@ fi
 if wanted tests; then
   stage "the test suite, compiled on the GPU"
   run_budgeted "$(budget tests 200)" "$PY" -m pytest -q -n "${TEST_WORKERS:-6}" -p no:cacheprovider \
-    --timeout=300 tests > "$OUT/pytest_gpu.txt" 2>&1
+    --timeout=300 ${TESTS:-tests} > "$OUT/pytest_gpu.txt" 2>&1
   tail -n 30 "$OUT/pytest_gpu.txt"
 fi
 
@@ -172,7 +174,7 @@ fi
 # transposes B first) and XLA's own NN forms: the fp8 suite plus two short
 # M, where the transpose is the larger share.
 wanted fp8_nn && SUITE=fp8 bench fp8_nn 300 \
-  --dtypes=float8_e4m3fn --layouts=NN --fp8_scaling=tensor \
+  --dtypes=float8_e4m3fn --layouts="${FP8_NN_LAYOUTS:-NN}" --fp8_scaling=tensor \
   --shapes="${FP8_NN_SHAPES:-4096x4096x4096,8192x8192x8192,8192x14336x4096,8192x4096x14336,5000x6144x4096,3000x14336x4096,16384x4096x4096,4096x8192x4096,1024x8192x8192,256x8192x8192}" \
   --kernels=auto,ffi/fp8_nn,mosaic/fp8,xla_scaled --plot=false
 

@@ -662,3 +662,76 @@ def test_ffi_fp8_nn_zero_sizes(shape):
                            preferred_element_type=jnp.bfloat16)
   assert out.shape == (m, n)
   np.testing.assert_array_equal(np.asarray(out, np.float32), 0)
+
+
+# ffi/fp8_nn's K split: short M leaves fewer output tiles than SMs.
+
+def test_ffi_fp8_nn_splits_k_only_where_tiles_are_few():
+  decode = ffi_fp8.heuristic(_nn_problem(m=16, n=4096, k=4096), HOPPER)
+  assert decode.k_splits > 1
+  assert ffi_fp8.check_config(decode, _nn_problem(m=16, n=4096, k=4096),
+                              HOPPER) is None
+  # Enough tiles for the SMs, or too little K to share: no split.
+  for m, n, k in ((4096, 4096, 4096), (16, 4096, 256), (1, 16, 16)):
+    assert ffi_fp8.heuristic(_nn_problem(m=m, n=n, k=k),
+                             HOPPER).k_splits == 1
+  # Partials cost 8 bytes per output element per share: with M = 256 and
+  # K = 2048 they would outweigh a quarter of B's bytes.
+  assert ffi_fp8.heuristic(_nn_problem(m=256, n=2048, k=2048),
+                           HOPPER).k_splits == 1
+  for m in (1, 7, 64, 130, 255):
+    for k in (1040, 4096, 12288):
+      problem = _nn_problem(m=m, n=1024, k=k)
+      config = ffi_fp8.heuristic(problem, HOPPER)
+      assert ffi_fp8.check_config(config, problem, HOPPER) is None
+
+
+def test_ffi_fp8_nn_config_errors_name_the_field():
+  with pytest.raises(ValueError, match="k_splits"):
+    ffi_fp8.Fp8NnConfig(k_splits=0)
+  with pytest.raises(ValueError, match="k_splits"):
+    ffi_fp8.Fp8NnConfig(k_splits=ffi_fp8.MAX_K_SPLITS + 1)
+  # k = 1152 is 9 blocks of 128: 4 shares of 3 would leave the last empty.
+  reason = ffi_fp8.check_config(ffi_fp8.Fp8NnConfig(4),
+                                _nn_problem(m=16, k=1152), HOPPER)
+  assert "k_splits=4" in reason and "use 3" in reason
+
+
+def test_ffi_fp8_nn_gets_its_config_from_the_resolver(toolkit_found):
+  problem = _nn_problem(m=16, n=4096, k=4096)
+  chosen = dispatch.resolve(problem, HOPPER, "ffi/fp8_nn")
+  assert chosen.config == ffi_fp8.heuristic(problem, HOPPER)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="ffi/fp8_nn needs a Hopper GPU")
+@pytest.mark.parametrize("shape,splits", [
+    ((16, 4096, 4096), 2), ((16, 4096, 4096), 8), ((3, 256, 1040), 3),
+    ((200, 400, 1008), 4), ((1, 16, 4096), 16)],
+    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_ffi_fp8_nn_k_splits_match_float64_and_repeat(shape, splits):
+  m, n, k = shape
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="tensor", b_mode="tensor",
+                                  transpose_b=False, a_dtype=E4M3,
+                                  b_dtype=E4M3)
+  config = ffi_fp8.Fp8NnConfig(splits)
+  call = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
+      a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn", config=config,
+      preferred_element_type=jnp.bfloat16))
+  out = call(qa, qb, sa, sb)
+  assert out.dtype == jnp.bfloat16 and out.shape == (m, n)
+  assert relative_error(out, ref) <= tolerance("float8_e4m3fn", "default",
+                                               "bfloat16")
+  np.testing.assert_array_equal(np.asarray(call(qa, qb, sa, sb)),
+                                np.asarray(out))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="ffi/fp8_nn needs a Hopper GPU")
+def test_ffi_fp8_nn_rejects_a_split_that_leaves_a_share_empty():
+  a = jnp.ones((16, 1152), E4M3)
+  b = jnp.ones((1152, 64), E4M3)
+  with pytest.raises(ValueError, match="k_splits=4"):
+    pallas_gemm.matmul(a, b, kernel="ffi/fp8_nn",
+                       config=ffi_fp8.Fp8NnConfig(4),
+                       preferred_element_type=jnp.bfloat16)

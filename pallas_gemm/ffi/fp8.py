@@ -14,20 +14,90 @@ float8_e4m3fn or float8_e5m2 for each operand, A stored (m, k) and B stored
 no epilogue, one matrix (no batch), n and k multiples of 16 (TMA row
 strides), an sm_90 GPU, and nvcc to build the CUDA library on first use (see
 `pallas_gemm.ffi.build`). Anything else runs on `mosaic/fp8` or XLA.
+
+Its config, `Fp8NnConfig`, has one field, `k_splits`. The kernel's output
+tile is 256 rows by 128 columns, so short M (decode) leaves fewer tiles
+than SMs and each busy SM streams its strip of B alone. With k_splits > 1
+every tile's K is cut into that many shares, each run by its own CTA,
+which stores a float32 partial sum; XLA adds the partials in a fixed order
+(the same bits run to run) and rounds to bfloat16. The heuristic
+splits only where tiles are few and the partials' traffic is small next
+to B's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_gemm import registry
+from pallas_gemm.config_fields import checked, in_range, validate
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.ffi import build, kernel_list
-from pallas_gemm.problem import FP8_DTYPES, GemmProblem
+from pallas_gemm.problem import FP8_DTYPES, GemmProblem, cdiv
 
 NAME = "ffi/fp8_nn"
 _TARGET = kernel_list.ffi_target("fp8_nn")
+
+#: The kernel's output tile (rows of out, columns of out) and K block: the
+#: constants of csrc/fp8_nn_wgmma.cu.
+TILE_M, TILE_N, BLOCK_K = 256, 128, 128
+MAX_K_SPLITS = 16
+#: The heuristic gives each K share at least this many K blocks, so that
+#: the ring's fill and the partial store stay small next to a share's loop.
+MIN_BLOCKS_PER_SPLIT = 4
+#: ... and keeps the partials' float32 traffic (written once, read once)
+#: under this fraction of B's bytes.
+MAX_PARTIAL_TRAFFIC = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8NnConfig:
+  """k_splits: shares of K run by separate CTAs (1: none); it must leave no
+  share empty, i.e. equal ceil(k_blocks / ceil(k_blocks / k_splits)) for
+  the problem's 128-deep K blocks (`check_config` says so)."""
+  k_splits: int = checked(1, in_range(1, MAX_K_SPLITS))
+
+  def __post_init__(self):
+    validate(self)
+
+
+def effective_splits(k: int, k_splits: int) -> int:
+  """How many non-empty shares of ceil(k_blocks / k_splits) blocks K makes."""
+  k_blocks = cdiv(k, BLOCK_K)
+  if k_blocks == 0:
+    return 1
+  return cdiv(k_blocks, cdiv(k_blocks, k_splits))
+
+
+def heuristic(problem: GemmProblem, device: DeviceInfo) -> Fp8NnConfig:
+  tiles = cdiv(problem.m, TILE_M) * cdiv(problem.n, TILE_N)
+  k_blocks = cdiv(problem.k, BLOCK_K)
+  sms = max(device.planning_sms, 1)
+  if tiles == 0 or 2 * tiles > sms:
+    return Fp8NnConfig()
+  # Partials: 8 bytes (f32 written and read) per output element per split,
+  # against k bytes of B per output column.
+  by_traffic = int(MAX_PARTIAL_TRAFFIC * problem.k / (8 * max(problem.m, 1)))
+  splits = min(sms // tiles, k_blocks // MIN_BLOCKS_PER_SPLIT, by_traffic,
+               MAX_K_SPLITS)
+  if splits < 2:
+    return Fp8NnConfig()
+  return Fp8NnConfig(effective_splits(problem.k, splits))
+
+
+def check_config(config: Fp8NnConfig, problem: GemmProblem,
+                 device: DeviceInfo) -> str | None:
+  del device
+  if config.k_splits > 1 and effective_splits(
+      problem.k, config.k_splits) != config.k_splits:
+    return (f"k_splits={config.k_splits} leaves a share of k={problem.k} "
+            f"without K blocks of {BLOCK_K} (use "
+            f"{effective_splits(problem.k, config.k_splits)})")
+  return None
 
 
 def _toolkit_problem() -> str | None:
@@ -76,21 +146,39 @@ def _scale(scale):
   return jnp.reshape(scale, (1,)).astype(jnp.float32)
 
 
-def fp8_nn_matmul(a, b, c, bias, *, problem: GemmProblem, config,
-                  interpret: bool, a_scale=None, b_scale=None):
-  del c, bias, config  # supports() admits no epilogue and takes no config
+def fp8_nn_matmul(a, b, c, bias, *, problem: GemmProblem,
+                  config: Fp8NnConfig, interpret: bool, a_scale=None,
+                  b_scale=None):
+  del c, bias  # supports() admits no epilogue
   if interpret:
     raise ValueError(f"{NAME} runs compiled on a GPU only")
+  if not isinstance(config, Fp8NnConfig):
+    raise TypeError(f"config must be an Fp8NnConfig, got "
+                    f"{type(config).__name__}")
+  reason = check_config(config, problem, None)
+  if reason is not None:
+    raise ValueError(f"config={config}: {reason}")
+  splits = config.k_splits if problem.k else 1
   build.load_library()  # first lowering: compile/load and register handlers
-  call = jax.ffi.ffi_call(
-      _TARGET, jax.ShapeDtypeStruct((problem.m, problem.n), jnp.bfloat16))
-  out = call(a[0], b[0], _scale(a_scale), _scale(b_scale))
-  return out[None]
+  operands = (a[0], b[0], _scale(a_scale), _scale(b_scale))
+  if splits == 1:
+    call = jax.ffi.ffi_call(
+        _TARGET, jax.ShapeDtypeStruct((problem.m, problem.n), jnp.bfloat16))
+    return call(*operands, k_splits=np.int32(1))[None]
+  call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(
+      (splits, problem.m, problem.n), jnp.float32))
+  partials = call(*operands, k_splits=np.int32(splits))
+  # An elementwise chain, one fixed order, no atomics: the same bits on
+  # every run.
+  total = partials[0]
+  for share in range(1, splits):
+    total = total + partials[share]
+  return total.astype(jnp.bfloat16)[None]
 
 
 registry.register(registry.KernelEntry(
     name=NAME, fn=fp8_nn_matmul, supports=supports,
-    heuristic=lambda problem, device: None, config_cls=None,
+    heuristic=heuristic, config_cls=Fp8NnConfig, check_config=check_config,
     runs_on_cpu=False, takes_scales=True,
     description=("CUDA fp8 (e4m3/e5m2) GEMM for B stored (k, n): per-tensor "
                  "scales, bf16 out; B^T built in registers, no transpose "

@@ -208,21 +208,28 @@ inline ffi::Error RunGemmFfi(const KernelSpec& spec, cudaStream_t stream,
 using Fp8LaunchFn = cudaError_t (*)(const Fp8Params&, cudaStream_t);
 
 // The fp8 kernels' handler: a (m, k) and b (k, n), each float8_e4m3fn or
-// float8_e5m2, a_scale and b_scale one float32 each, out (m, n) bfloat16.
-// Every mismatch is an ffi::Error naming the argument, before anything is
-// launched.
+// float8_e5m2, a_scale and b_scale one float32 each; out (m, n) bfloat16,
+// or with k_splits > 1 the splits' scaled float32 partial sums
+// (k_splits, m, n), which the caller adds. Every mismatch is an ffi::Error
+// naming the argument, before anything is launched.
 inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
                             cudaStream_t stream, ffi::AnyBuffer a,
                             ffi::AnyBuffer b, ffi::AnyBuffer a_scale,
                             ffi::AnyBuffer b_scale,
-                            ffi::Result<ffi::AnyBuffer> out) {
+                            ffi::Result<ffi::AnyBuffer> out,
+                            int32_t k_splits) {
   const std::string who = std::string("pallas_gemm ffi/") + name + ": ";
   auto invalid = [&](const std::string& message) {
     return ffi::Error::InvalidArgument(who + message);
   };
+  if (k_splits < 1) {
+    return invalid("k_splits=" + std::to_string(k_splits) + " must be >= 1");
+  }
+  const size_t out_rank = k_splits > 1 ? 3 : 2;
   if (a.dimensions().size() != 2 || b.dimensions().size() != 2 ||
-      out->dimensions().size() != 2) {
-    return invalid("a, b and out must be rank 2; got a" + ShapeString(a) +
+      out->dimensions().size() != out_rank) {
+    return invalid("a and b must be rank 2 and out rank " +
+                   std::to_string(out_rank) + "; got a" + ShapeString(a) +
                    ", b" + ShapeString(b) + ", out" + ShapeString(*out));
   }
   const int64_t m = a.dimensions()[0], k = a.dimensions()[1],
@@ -231,9 +238,24 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
     return invalid("b" + ShapeString(b) + " does not match a" +
                    ShapeString(a) + ": b must be (k, n)");
   }
-  if (out->dimensions()[0] != m || out->dimensions()[1] != n) {
-    return invalid("out" + ShapeString(*out) + " must be (m, n) = (" +
+  const auto out_dims = out->dimensions();
+  if (out_dims[out_rank - 2] != m || out_dims[out_rank - 1] != n ||
+      (k_splits > 1 && out_dims[0] != k_splits)) {
+    return invalid("out" + ShapeString(*out) + " must be " +
+                   (k_splits > 1 ? "(k_splits, m, n) = (" +
+                                       std::to_string(k_splits) + ", "
+                                 : std::string("(m, n) = (")) +
                    std::to_string(m) + ", " + std::to_string(n) + ")");
+  }
+  // Each split sums ceil(k_blocks / k_splits) 128-deep K blocks and none
+  // may be left without any.
+  const int64_t k_blocks = (k + 127) / 128;
+  const int64_t share = (k_blocks + k_splits - 1) / k_splits;
+  if (k_splits > 1 &&
+      (k_blocks == 0 || (k_blocks + share - 1) / share != k_splits)) {
+    return invalid("k_splits=" + std::to_string(k_splits) +
+                   " does not cut k=" + std::to_string(k) +
+                   " into that many non-empty shares of 128-deep blocks");
   }
   auto fp8 = [](ffi::DataType t) {
     return t == ffi::DataType::F8E4M3FN || t == ffi::DataType::F8E5M2;
@@ -241,8 +263,11 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   if (!fp8(a.element_type()) || !fp8(b.element_type())) {
     return invalid("a and b must be float8_e4m3fn or float8_e5m2");
   }
-  if (out->element_type() != ffi::DataType::BF16) {
-    return invalid("out must be bfloat16");
+  const ffi::DataType out_type =
+      k_splits > 1 ? ffi::DataType::F32 : ffi::DataType::BF16;
+  if (out->element_type() != out_type) {
+    return invalid(k_splits > 1 ? "out must be float32 (partial sums)"
+                                : "out must be bfloat16");
   }
   if (a_scale.element_type() != ffi::DataType::F32 ||
       a_scale.element_count() != 1 ||
@@ -251,7 +276,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
     return invalid("a_scale and b_scale must be one float32 each, got a_scale" +
                    ShapeString(a_scale) + ", b_scale" + ShapeString(b_scale));
   }
-  if (!FitsInt32Indexing(m, n, k)) {
+  if (!FitsInt32Indexing(m, n, k) || k_splits * m * n >= (int64_t(1) << 31)) {
     return invalid("each matrix must have fewer than 2^31 elements");
   }
   if (k % 16 != 0 || n % 16 != 0) {
@@ -272,6 +297,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   params.m = static_cast<int>(m);
   params.n = static_cast<int>(n);
   params.k = static_cast<int>(k);
+  params.k_splits = k_splits;
   params.a_e5m2 = a.element_type() == ffi::DataType::F8E5M2;
   params.b_e5m2 = b.element_type() == ffi::DataType::F8E5M2;
   return LaunchResult(who, launch(params, stream));
@@ -340,9 +366,9 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   static ::xla::ffi::Error pallas_gemm_ffi_handler_##id##Impl(               \
       cudaStream_t stream, ::xla::ffi::AnyBuffer a, ::xla::ffi::AnyBuffer b, \
       ::xla::ffi::AnyBuffer a_scale, ::xla::ffi::AnyBuffer b_scale,          \
-      ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {                       \
+      ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, int32_t k_splits) {     \
     return ::pallas_gemm::RunFp8Ffi(#id, pallas_gemm_launch_##id, stream, a, \
-                                    b, a_scale, b_scale, out);               \
+                                    b, a_scale, b_scale, out, k_splits);     \
   }                                                                          \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                             \
       pallas_gemm_ffi_handler_##id, pallas_gemm_ffi_handler_##id##Impl,      \
@@ -352,6 +378,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
           .Arg<::xla::ffi::AnyBuffer>()                                      \
           .Arg<::xla::ffi::AnyBuffer>()                                      \
           .Arg<::xla::ffi::AnyBuffer>()                                      \
-          .Ret<::xla::ffi::AnyBuffer>());
+          .Ret<::xla::ffi::AnyBuffer>()                                      \
+          .Attr<int32_t>("k_splits"));
 
 #include "kernels.def"

@@ -25,6 +25,11 @@
 // rows of out^T are two neighbouring columns of out, so the epilogue
 // stores bf16 pairs straight from the accumulators.
 //
+// Short M leaves fewer tiles than SMs, and each tile's CTA streams its
+// strip of B alone. With k_splits > 1 the walk is over K shares of the
+// tiles instead, so that the idle SMs stream B too; each share stores its
+// float32 partial sum, and the caller adds the k_splits partials.
+//
 // Needs sm_90a (wgmma, setmaxnreg); built for any other architecture the
 // kernel traps, and Python never calls it there (ffi/fp8_nn's supports()).
 #include <cuda.h>  // CUtensorMap (types only; no libcuda link)
@@ -212,7 +217,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane_in_group = threadIdx.x % 128;
   const int k_blocks = CeilDiv(p.k, kBlockK);
   const int m_tiles = CeilDiv(p.m, kBlockM), n_tiles = CeilDiv(p.n, kBlockN);
-  const int tiles = m_tiles * n_tiles;
+  // A unit of work is one output tile's share of K: with k_splits > 1 the
+  // k_splits units of a tile each sum `split_blocks` K blocks (the last
+  // what is left, never none: the launcher sees to it) into partials.
+  const int split_blocks = CeilDiv(k_blocks, p.k_splits);
+  const int units = m_tiles * n_tiles * p.k_splits;
+  auto k_range = [&](int unit, int& first_block, int& blocks) {
+    first_block = (unit % p.k_splits) * split_blocks;
+    blocks = min(split_blocks, k_blocks - first_block);
+  };
   // Tile t: groups of kGroupM tile rows, each walked column by column.
   auto coords = [&](int t, int& tile_m, int& tile_n) {
     const int group_tiles = kGroupM * n_tiles;
@@ -235,11 +248,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (lane_in_group == 0) {
-      int it = 0;  // K blocks loaded so far, over all of this CTA's tiles
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int tile_m, tile_n;
-        coords(t, tile_m, tile_n);
-        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      int it = 0;  // K blocks loaded so far, over all of this CTA's units
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        int tile_m, tile_n, first_block, blocks;
+        coords(u / p.k_splits, tile_m, tile_n);
+        k_range(u, first_block, blocks);
+        for (int kb = first_block; kb < first_block + blocks; ++kb, ++it) {
           const int stage = it % kStages;
           if (it >= kStages) {
             MbarrierWait(SmemAddress(&empty[stage]), ((it / kStages) - 1) & 1);
@@ -268,9 +282,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t fragment_even[4][4], fragment_odd[4][4];  // [K step][register]
 
   int it = 0;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int tile_m, tile_n;
-    coords(t, tile_m, tile_n);
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    int tile_m, tile_n, first_block, blocks;
+    coords(u / p.k_splits, tile_m, tile_n);
+    k_range(u, first_block, blocks);
+    // kb below counts this unit's K blocks from 0.
     auto stage_of = [&](int kb) { return (it + kb) % kStages; };
     // Waits for K block kb's stage and builds its B^T fragment.
     auto build = [&](int kb, uint32_t (&fragment)[4][4]) {
@@ -305,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     build(0, fragment_even);
     issue(0, fragment_even);
     for (int kb = 0;;) {
-      if (kb + 1 == k_blocks) {
+      if (kb + 1 == blocks) {
         WgmmaWait<0>();
         release(kb);
         break;
@@ -316,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 0; s < 4; ++s) FenceRegisters(fragment_even[s]);
       release(kb);
       ++kb;
-      if (kb + 1 == k_blocks) {
+      if (kb + 1 == blocks) {
         WgmmaWait<0>();
         release(kb);
         break;
@@ -330,13 +346,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaWait<0>();  // nothing is in flight; for ptxas, as above
     FenceRegisters(acc);
-    it += k_blocks;
+    it += blocks;
 
     // acc[4j + e]: row g (e < 2) or g + 8 of out^T, i.e. out's column
     // `column` or `column + 1`; column 8j + 2 (lane % 4) + e % 2 of out^T,
     // i.e. out's row.
     const int column = tile_n * kBlockN + warp_column + 2 * (lane / 4);
     if (column >= p.n) continue;  // n is even: column + 1 < n too
+    if (p.k_splits > 1) {  // float32 partials, out[split][row][column]
+      float* partials = static_cast<float*>(p.out) +
+                        static_cast<long long>(u % p.k_splits) * p.m * p.n;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int row = tile_m * kBlockM + 8 * j + 2 * (lane % 4) + e;
+          if (row >= p.m) continue;
+          *reinterpret_cast<float2*>(
+              partials + static_cast<long long>(row) * p.n + column) =
+              make_float2(acc[4 * j + e] * scale, acc[4 * j + 2 + e] * scale);
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
 #pragma unroll
@@ -381,8 +413,11 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
     const pallas_gemm::Fp8Params& p, cudaStream_t stream) {
   namespace k8 = pallas_gemm::fp8_nn;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  if (p.k == 0) {  // an empty sum: zeros
-    return cudaMemsetAsync(p.out, 0, 2LL * p.m * p.n, stream);
+  // The handler has checked k_splits: >= 1, and with k > 0 it leaves no
+  // split without K blocks.
+  if (p.k == 0) {  // an empty sum: zeros (bf16 out, or f32 partials)
+    const long long bytes = p.k_splits > 1 ? 4LL * p.k_splits : 2LL;
+    return cudaMemsetAsync(p.out, 0, bytes * p.m * p.n, stream);
   }
   using pallas_gemm::CurrentDeviceAttribute;
   if (CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) != 9) {
@@ -394,10 +429,10 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
       k8::ByteMap(&maps.b, p.b, p.k, p.n, k8::kBlockK) != CUDA_SUCCESS) {
     return cudaErrorInvalidValue;
   }
-  const long long tiles = 1LL * pallas_gemm::CeilDiv(p.m, k8::kBlockM) *
-                          pallas_gemm::CeilDiv(p.n, k8::kBlockN);
+  const long long units = 1LL * pallas_gemm::CeilDiv(p.m, k8::kBlockM) *
+                          pallas_gemm::CeilDiv(p.n, k8::kBlockN) * p.k_splits;
   const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount);
-  const int grid = static_cast<int>(tiles < sms ? tiles : sms);
+  const int grid = static_cast<int>(units < sms ? units : sms);
   // One instantiation per (a, b) format pair, each configured once.
   auto launch = [&](auto kernel, bool& configured) {
     if (!configured) {

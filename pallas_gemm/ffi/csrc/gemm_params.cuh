@@ -45,8 +45,9 @@ struct Fp8Params {
   const void* b;
   const float* a_scale;
   const float* b_scale;
-  void* out;
+  void* out;  // bf16 (m, n); f32 (k_splits, m, n) partials if k_splits > 1
   int m, n, k;
+  int k_splits;  // K shares summed by separate CTAs (1: none)
   bool a_e5m2, b_e5m2;  // float8_e5m2 (else float8_e4m3fn)
 };
 

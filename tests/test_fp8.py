@@ -668,7 +668,8 @@ def test_ffi_fp8_nn_zero_sizes(shape):
 
 def test_ffi_fp8_nn_splits_k_only_where_tiles_are_few():
   decode = ffi_fp8.heuristic(_nn_problem(m=16, n=4096, k=4096), HOPPER)
-  assert decode.k_splits > 1
+  assert decode.k_splits > 1 and decode.tile_m == 64
+  assert ffi_fp8.heuristic(_nn_problem(m=65), HOPPER).tile_m == 256
   assert ffi_fp8.check_config(decode, _nn_problem(m=16, n=4096, k=4096),
                               HOPPER) is None
   # Enough tiles for the SMs, or too little K to share: no split.
@@ -691,6 +692,8 @@ def test_ffi_fp8_nn_config_errors_name_the_field():
     ffi_fp8.Fp8NnConfig(k_splits=0)
   with pytest.raises(ValueError, match="k_splits"):
     ffi_fp8.Fp8NnConfig(k_splits=ffi_fp8.MAX_K_SPLITS + 1)
+  with pytest.raises(ValueError, match="tile_m"):
+    ffi_fp8.Fp8NnConfig(tile_m=128)
   # k = 1152 is 9 blocks of 128: 4 shares of 3 would leave the last empty.
   reason = ffi_fp8.check_config(ffi_fp8.Fp8NnConfig(4),
                                 _nn_problem(m=16, k=1152), HOPPER)
@@ -705,16 +708,18 @@ def test_ffi_fp8_nn_gets_its_config_from_the_resolver(toolkit_found):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="ffi/fp8_nn needs a Hopper GPU")
+@pytest.mark.parametrize("tile_m", [64, 256])
 @pytest.mark.parametrize("shape,splits", [
     ((16, 4096, 4096), 2), ((16, 4096, 4096), 8), ((3, 256, 1040), 3),
-    ((200, 400, 1008), 4), ((1, 16, 4096), 16)],
+    ((200, 400, 1008), 4), ((1, 16, 4096), 16), ((130, 272, 528), 1),
+    ((64, 144, 272), 1)],
     ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
-def test_ffi_fp8_nn_k_splits_match_float64_and_repeat(shape, splits):
+def test_ffi_fp8_nn_k_splits_match_float64_and_repeat(shape, splits, tile_m):
   m, n, k = shape
   qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="tensor", b_mode="tensor",
                                   transpose_b=False, a_dtype=E4M3,
                                   b_dtype=E4M3)
-  config = ffi_fp8.Fp8NnConfig(splits)
+  config = ffi_fp8.Fp8NnConfig(splits, tile_m)
   call = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
       a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn", config=config,
       preferred_element_type=jnp.bfloat16))

@@ -15,14 +15,16 @@ no epilogue, one matrix (no batch), n and k multiples of 16 (TMA row
 strides), an sm_90 GPU, and nvcc to build the CUDA library on first use (see
 `pallas_gemm.ffi.build`). Anything else runs on `mosaic/fp8` or XLA.
 
-Its config, `Fp8NnConfig`, has one field, `k_splits`. The kernel's output
-tile is 256 rows by 128 columns, so short M (decode) leaves fewer tiles
-than SMs and each busy SM streams its strip of B alone. With k_splits > 1
-every tile's K is cut into that many shares, each run by its own CTA,
-which stores a float32 partial sum; XLA adds the partials in a fixed order
-(the same bits run to run) and rounds to bfloat16. The heuristic
-splits only where tiles are few and the partials' traffic is small next
-to B's.
+Its config, `Fp8NnConfig`, is chosen for short M (decode), where the
+256 x 128 output tile wastes tensor time on rows past M and leaves fewer
+tiles than SMs, so that each busy SM streams its strip of B alone:
+  tile_m    rows of out per tile, 256 or 64 (the wgmma's N);
+  k_splits  every tile's K cut into that many shares, each run by its own
+            CTA, which stores a float32 partial sum; XLA adds the partials
+            in a fixed order (the same bits run to run) and rounds to
+            bfloat16.
+The heuristic takes the 64-row tile for M <= 64, and splits only where
+tiles are few and the partials' traffic is small next to B's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import registry
-from pallas_gemm.config_fields import checked, in_range, validate
+from pallas_gemm.config_fields import checked, in_range, one_of, validate
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.ffi import build, kernel_list
 from pallas_gemm.problem import FP8_DTYPES, GemmProblem, cdiv
@@ -42,9 +44,9 @@ from pallas_gemm.problem import FP8_DTYPES, GemmProblem, cdiv
 NAME = "ffi/fp8_nn"
 _TARGET = kernel_list.ffi_target("fp8_nn")
 
-#: The kernel's output tile (rows of out, columns of out) and K block: the
-#: constants of csrc/fp8_nn_wgmma.cu.
-TILE_M, TILE_N, BLOCK_K = 256, 128, 128
+#: The kernel's tile rows (tall, short), columns and K block: the constants
+#: of csrc/fp8_nn_wgmma.cu.
+TALL_ROWS, SHORT_ROWS, TILE_N, BLOCK_K = 256, 64, 128, 128
 MAX_K_SPLITS = 16
 #: The heuristic gives each K share at least this many K blocks, so that
 #: the ring's fill and the partial store stay small next to a share's loop.
@@ -58,8 +60,10 @@ MAX_PARTIAL_TRAFFIC = 0.25
 class Fp8NnConfig:
   """k_splits: shares of K run by separate CTAs (1: none); it must leave no
   share empty, i.e. equal ceil(k_blocks / ceil(k_blocks / k_splits)) for
-  the problem's 128-deep K blocks (`check_config` says so)."""
+  the problem's 128-deep K blocks (`check_config` says so). tile_m: rows
+  of out per tile."""
   k_splits: int = checked(1, in_range(1, MAX_K_SPLITS))
+  tile_m: int = checked(TALL_ROWS, one_of(SHORT_ROWS, TALL_ROWS))
 
   def __post_init__(self):
     validate(self)
@@ -74,19 +78,20 @@ def effective_splits(k: int, k_splits: int) -> int:
 
 
 def heuristic(problem: GemmProblem, device: DeviceInfo) -> Fp8NnConfig:
-  tiles = cdiv(problem.m, TILE_M) * cdiv(problem.n, TILE_N)
+  tile_m = SHORT_ROWS if problem.m <= SHORT_ROWS else TALL_ROWS
+  tiles = cdiv(problem.m, tile_m) * cdiv(problem.n, TILE_N)
   k_blocks = cdiv(problem.k, BLOCK_K)
   sms = max(device.planning_sms, 1)
   if tiles == 0 or 2 * tiles > sms:
-    return Fp8NnConfig()
+    return Fp8NnConfig(tile_m=tile_m)
   # Partials: 8 bytes (f32 written and read) per output element per split,
   # against k bytes of B per output column.
   by_traffic = int(MAX_PARTIAL_TRAFFIC * problem.k / (8 * max(problem.m, 1)))
   splits = min(sms // tiles, k_blocks // MIN_BLOCKS_PER_SPLIT, by_traffic,
                MAX_K_SPLITS)
   if splits < 2:
-    return Fp8NnConfig()
-  return Fp8NnConfig(effective_splits(problem.k, splits))
+    return Fp8NnConfig(tile_m=tile_m)
+  return Fp8NnConfig(effective_splits(problem.k, splits), tile_m)
 
 
 def check_config(config: Fp8NnConfig, problem: GemmProblem,
@@ -164,10 +169,12 @@ def fp8_nn_matmul(a, b, c, bias, *, problem: GemmProblem,
   if splits == 1:
     call = jax.ffi.ffi_call(
         _TARGET, jax.ShapeDtypeStruct((problem.m, problem.n), jnp.bfloat16))
-    return call(*operands, k_splits=np.int32(1))[None]
+    return call(*operands, k_splits=np.int32(1),
+                tile_m=np.int32(config.tile_m))[None]
   call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(
       (splits, problem.m, problem.n), jnp.float32))
-  partials = call(*operands, k_splits=np.int32(splits))
+  partials = call(*operands, k_splits=np.int32(splits),
+                  tile_m=np.int32(config.tile_m))
   # An elementwise chain, one fixed order, no atomics: the same bits on
   # every run.
   total = partials[0]

@@ -217,13 +217,16 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
                             ffi::AnyBuffer b, ffi::AnyBuffer a_scale,
                             ffi::AnyBuffer b_scale,
                             ffi::Result<ffi::AnyBuffer> out,
-                            int32_t k_splits) {
+                            int32_t k_splits, int32_t tile_m) {
   const std::string who = std::string("pallas_gemm ffi/") + name + ": ";
   auto invalid = [&](const std::string& message) {
     return ffi::Error::InvalidArgument(who + message);
   };
   if (k_splits < 1) {
     return invalid("k_splits=" + std::to_string(k_splits) + " must be >= 1");
+  }
+  if (tile_m != 64 && tile_m != 256) {
+    return invalid("tile_m=" + std::to_string(tile_m) + " must be 64 or 256");
   }
   const size_t out_rank = k_splits > 1 ? 3 : 2;
   if (a.dimensions().size() != 2 || b.dimensions().size() != 2 ||
@@ -298,6 +301,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   params.n = static_cast<int>(n);
   params.k = static_cast<int>(k);
   params.k_splits = k_splits;
+  params.tile_m = tile_m;
   params.a_e5m2 = a.element_type() == ffi::DataType::F8E5M2;
   params.b_e5m2 = b.element_type() == ffi::DataType::F8E5M2;
   return LaunchResult(who, launch(params, stream));
@@ -366,9 +370,11 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
   static ::xla::ffi::Error pallas_gemm_ffi_handler_##id##Impl(               \
       cudaStream_t stream, ::xla::ffi::AnyBuffer a, ::xla::ffi::AnyBuffer b, \
       ::xla::ffi::AnyBuffer a_scale, ::xla::ffi::AnyBuffer b_scale,          \
-      ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, int32_t k_splits) {     \
+      ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, int32_t k_splits,       \
+      int32_t tile_m) {                                                      \
     return ::pallas_gemm::RunFp8Ffi(#id, pallas_gemm_launch_##id, stream, a, \
-                                    b, a_scale, b_scale, out, k_splits);     \
+                                    b, a_scale, b_scale, out, k_splits,      \
+                                    tile_m);                                 \
   }                                                                          \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                             \
       pallas_gemm_ffi_handler_##id, pallas_gemm_ffi_handler_##id##Impl,      \
@@ -379,6 +385,7 @@ inline ffi::Error RunFp8Ffi(const char* name, Fp8LaunchFn launch,
           .Arg<::xla::ffi::AnyBuffer>()                                      \
           .Arg<::xla::ffi::AnyBuffer>()                                      \
           .Ret<::xla::ffi::AnyBuffer>()                                      \
-          .Attr<int32_t>("k_splits"));
+          .Attr<int32_t>("k_splits")                                         \
+          .Attr<int32_t>("tile_m"));
 
 #include "kernels.def"

@@ -51,17 +51,23 @@
 namespace pallas_gemm {
 namespace fp8_nn {
 
-constexpr int kBlockM = 256;  // rows of out: the wgmma's N
+// Rows of out per tile, the wgmma's N: 256, or 64 for short M, where a
+// 256-row tile would spend three quarters of its tensor time on rows past
+// M (csrc's one knob; ffi/fp8.py's Fp8NnConfig.tile_m picks it).
+constexpr int kTallRows = 256;
+constexpr int kShortRows = 64;
 constexpr int kBlockN = 128;  // columns of out: 64 per consumer, the wgmma's M
 constexpr int kBlockK = 128;  // bytes of K per stage: the swizzle span
 constexpr int kStages = 4;
 constexpr int kConsumers = 2;
 [[maybe_unused]] constexpr int kGroupM = 8;  // tile rows per group of the walk
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kATileBytes = kBlockM * kBlockK;  // 32 KB, K-major
 constexpr int kBTileBytes = kBlockK * kBlockN;  // 16 KB, N-major
-constexpr int kStageBytes = kATileBytes + kBTileBytes;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
+// A's tile (kRows x 128 bytes, K-major) then B's, per stage.
+__host__ __device__ constexpr int StageBytes(int rows) { return rows * kBlockK + kBTileBytes; }
+__host__ __device__ constexpr int SmemBytes(int rows) {
+  return kStages * StageBytes(rows) + 1024;  // + alignment slack
+}
 
 struct Maps {
   CUtensorMap a, b;
@@ -169,6 +175,42 @@ __device__ __forceinline__ void Wgmma(float (&d)[128], const uint32_t (&a)[4],
 }
 #undef PALLAS_GEMM_FP8_WGMMA_ASM
 
+// The same with 64 rows of B (m64n64k32): the short tile's wgmma.
+#define PALLAS_GEMM_FP8_WGMMA_N64_ASM(TYPES)                                  \
+  asm volatile(                                                               \
+      "{\n"                                                                   \
+      ".reg .pred p;\n"                                                       \
+      "setp.ne.b32 p, %37, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32" TYPES " {"                 \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "\
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "\
+      "%30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n"                      \
+      "}\n"                                                                   \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),           \
+        "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),           \
+        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),      \
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),      \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),      \
+        "+f"(d[30]), "+f"(d[31])                                              \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),              \
+        "r"(accumulate ? 1 : 0));
+
+template <int kRegisterFormat, int kSharedFormat>
+__device__ __forceinline__ void Wgmma(float (&d)[32], const uint32_t (&a)[4],
+                                      uint64_t desc_b, bool accumulate) {
+  if constexpr (kRegisterFormat == kE4M3 && kSharedFormat == kE4M3) {
+    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e4m3.e4m3");
+  } else if constexpr (kRegisterFormat == kE4M3) {
+    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e4m3.e5m2");
+  } else if constexpr (kSharedFormat == kE4M3) {
+    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e5m2.e4m3");
+  } else {
+    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e5m2.e5m2");
+  }
+}
+#undef PALLAS_GEMM_FP8_WGMMA_N64_ASM
+
 // This thread's part of the 64 x 32 register fragment of B^T for 32-deep K
 // step `step` of a stage, from the N-major B tile (row k at k * 128 bytes,
 // its 16-byte chunk c at (c ^ (k % 8)) * 16). `warp_column` is the first of
@@ -202,11 +244,13 @@ __device__ __forceinline__ void BuildFragment(const uint8_t* b_tile,
 #endif  // PALLAS_GEMM_FP8_WGMMA
 
 // kAFormat, kBFormat: a's and b's fp8 formats. B^T is the wgmma's register
-// operand and A its shared-memory one.
-template <int kAFormat, int kBFormat>
+// operand and A its shared-memory one. kBlockM: rows of out per tile.
+template <int kAFormat, int kBFormat, int kBlockM>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8NnKernel(const __grid_constant__ Maps maps, Fp8Params p) {
 #if PALLAS_GEMM_FP8_WGMMA
+  constexpr int kATileBytes = kBlockM * kBlockK;
+  constexpr int kStageBytes = StageBytes(kBlockM);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -278,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_column = consumer * 64 + warp * 16;
   const float scale = p.a_scale[0] * p.b_scale[0];
 
-  float acc[128];  // out^T: 64 rows (columns of out) x 256 (rows of out)
+  float acc[kBlockM / 2];  // out^T: 64 rows (columns of out) x kBlockM
   uint32_t fragment_even[4][4], fragment_odd[4][4];  // [K step][register]
 
   int it = 0;
@@ -357,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* partials = static_cast<float*>(p.out) +
                         static_cast<long long>(u % p.k_splits) * p.m * p.n;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
+      for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int row = tile_m * kBlockM + 8 * j + 2 * (lane % 4) + e;
@@ -370,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       continue;
     }
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int row = tile_m * kBlockM + 8 * j + 2 * (lane % 4) + e;
@@ -404,17 +448,50 @@ inline CUresult ByteMap(CUtensorMap* map, const void* base, int rows,
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+// Launches the kRows-row tile's kernel for p's formats on a persistent grid
+// of at most one CTA per SM.
+template <int kRows>
+cudaError_t LaunchTiles(const Fp8Params& p, cudaStream_t stream) {
+  Maps maps{};
+  if (ByteMap(&maps.a, p.a, p.m, p.k, kRows) != CUDA_SUCCESS ||
+      ByteMap(&maps.b, p.b, p.k, p.n, kBlockK) != CUDA_SUCCESS) {
+    return cudaErrorInvalidValue;
+  }
+  const long long units =
+      1LL * CeilDiv(p.m, kRows) * CeilDiv(p.n, kBlockN) * p.k_splits;
+  const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount);
+  const int grid = static_cast<int>(units < sms ? units : sms);
+  using Kernel = void (*)(const Maps, Fp8Params);
+  // [a is e5m2][b is e5m2]: one instantiation per format pair, each given
+  // its shared memory once.
+  static const Kernel kernels[2][2] = {
+      {Fp8NnKernel<kE4M3, kE4M3, kRows>, Fp8NnKernel<kE4M3, kE5M2, kRows>},
+      {Fp8NnKernel<kE5M2, kE4M3, kRows>, Fp8NnKernel<kE5M2, kE5M2, kRows>}};
+  static bool configured[2][2] = {{false, false}, {false, false}};
+  const Kernel kernel = kernels[p.a_e5m2][p.b_e5m2];
+  bool& ready = configured[p.a_e5m2][p.b_e5m2];
+  if (!ready) {
+    if (cudaFuncSetAttribute(kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SmemBytes(kRows)) != cudaSuccess) {
+      return cudaErrorInvalidConfiguration;
+    }
+    ready = true;
+  }
+  kernel<<<grid > 0 ? grid : 1, kThreads, SmemBytes(kRows), stream>>>(maps,
+                                                                      p);
+  return cudaGetLastError();
+}
+
 }  // namespace fp8_nn
 }  // namespace pallas_gemm
 
-// The handler (ffi_handlers.cu) has checked shapes, dtypes, alignment and
-// that n and k are multiples of 16 (TMA row strides).
+// The handler (ffi_handlers.cu) has checked shapes, dtypes, alignment,
+// that n and k are multiples of 16 (TMA row strides), tile_m and k_splits.
 extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
     const pallas_gemm::Fp8Params& p, cudaStream_t stream) {
   namespace k8 = pallas_gemm::fp8_nn;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  // The handler has checked k_splits: >= 1, and with k > 0 it leaves no
-  // split without K blocks.
   if (p.k == 0) {  // an empty sum: zeros (bf16 out, or f32 partials)
     const long long bytes = p.k_splits > 1 ? 4LL * p.k_splits : 2LL;
     return cudaMemsetAsync(p.out, 0, bytes * p.m * p.n, stream);
@@ -424,41 +501,6 @@ extern "C" cudaError_t pallas_gemm_launch_fp8_nn(
     return cudaErrorNotSupported;
   }
   if (pallas_gemm::TensorMapEncoder() == nullptr) return cudaErrorNotSupported;
-  k8::Maps maps{};
-  if (k8::ByteMap(&maps.a, p.a, p.m, p.k, k8::kBlockM) != CUDA_SUCCESS ||
-      k8::ByteMap(&maps.b, p.b, p.k, p.n, k8::kBlockK) != CUDA_SUCCESS) {
-    return cudaErrorInvalidValue;
-  }
-  const long long units = 1LL * pallas_gemm::CeilDiv(p.m, k8::kBlockM) *
-                          pallas_gemm::CeilDiv(p.n, k8::kBlockN) * p.k_splits;
-  const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount);
-  const int grid = static_cast<int>(units < sms ? units : sms);
-  // One instantiation per (a, b) format pair, each configured once.
-  auto launch = [&](auto kernel, bool& configured) {
-    if (!configured) {
-      if (cudaFuncSetAttribute(kernel,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               k8::kSmemBytes) != cudaSuccess) {
-        return cudaErrorInvalidConfiguration;
-      }
-      configured = true;
-    }
-    kernel<<<grid > 0 ? grid : 1, k8::kThreads, k8::kSmemBytes, stream>>>(
-        maps, p);
-    return cudaSuccess;
-  };
-  static bool configured[2][2] = {{false, false}, {false, false}};
-  bool& ready = configured[p.a_e5m2][p.b_e5m2];
-  cudaError_t status;
-  if (!p.a_e5m2 && !p.b_e5m2) {
-    status = launch(k8::Fp8NnKernel<k8::kE4M3, k8::kE4M3>, ready);
-  } else if (!p.a_e5m2) {
-    status = launch(k8::Fp8NnKernel<k8::kE4M3, k8::kE5M2>, ready);
-  } else if (!p.b_e5m2) {
-    status = launch(k8::Fp8NnKernel<k8::kE5M2, k8::kE4M3>, ready);
-  } else {
-    status = launch(k8::Fp8NnKernel<k8::kE5M2, k8::kE5M2>, ready);
-  }
-  if (status != cudaSuccess) return status;
-  return cudaGetLastError();
+  return p.tile_m == k8::kShortRows ? k8::LaunchTiles<k8::kShortRows>(p, stream)
+                                    : k8::LaunchTiles<k8::kTallRows>(p, stream);
 }

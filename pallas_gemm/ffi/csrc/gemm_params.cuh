@@ -48,6 +48,7 @@ struct Fp8Params {
   void* out;  // bf16 (m, n); f32 (k_splits, m, n) partials if k_splits > 1
   int m, n, k;
   int k_splits;  // K shares summed by separate CTAs (1: none)
+  int tile_m;    // rows of out per tile: 256, or 64 for short M
   bool a_e5m2, b_e5m2;  // float8_e5m2 (else float8_e4m3fn)
 };
 

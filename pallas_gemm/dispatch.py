@@ -23,10 +23,10 @@ The kernel, when the caller names none (`kernel=None`):
      `VETO_BELOW`) in no bucket within `VETO_DISTANCE` and, for a tiled
      kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
      CTA tiles; else `xla` runs;
-   - no bucket near enough: a kernel that won every measured bucket of the
-     problem's class by a wide margin (`class_winner`: e.g. rows that are
-     not 16-byte aligned), else `xla`, the kernel no measurement
-     contradicts.
+   - no bucket near enough: a kernel that beat xla by a wide margin on
+     every problem measured in the problem's class (`class_winner`: e.g.
+     rows that are not 16-byte aligned, fp8 with B stored (k, n)), else
+     `xla`, the kernel no measurement contradicts.
 2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
    `registry.auto_order` whose `supports()` accepts the problem.
 
@@ -251,11 +251,27 @@ def nearest_record(problem: GemmProblem, records: dict[str, dict]):
   return found[0][1], found[0][0]
 
 
+def _worst_ratios(record: dict) -> dict[str, float]:
+  """kernel -> its worst measured speed-up over xla in this bucket: from
+  the per-problem "ratios" the builder keeps for every kernel it timed, or
+  (older tables) the winner's "ratio_to_xla" alone."""
+  ratios = record.get("ratios")
+  if isinstance(ratios, dict) and ratios:
+    return {kernel: min(values) for kernel, values in ratios.items()
+            if isinstance(values, list) and values
+            and all(isinstance(v, (int, float)) for v in values)}
+  if record["kernel"] == "xla":
+    return {}
+  return {record["kernel"]: float(record.get("ratio_to_xla", 1.0))}
+
+
 def class_winner(problem: GemmProblem, records: dict[str, dict]):
-  """(kernel, buckets, worst ratio) when one kernel won every measured
-  bucket of the problem's class by `CLASS_RULE_MARGIN`, else None."""
+  """(kernel, buckets, worst ratio) when one kernel beat xla by
+  `CLASS_RULE_MARGIN` on every problem of every measured bucket of the
+  problem's class (whether or not another kernel beat it there), else
+  None. Of several such kernels, the one whose worst ratio is highest."""
   key = DispatchKey.for_problem(problem)
-  winners, worst = set(), float("inf")
+  worst: dict[str, float] | None = None
   count = 0
   for name, record in records.items():
     try:
@@ -265,12 +281,16 @@ def class_winner(problem: GemmProblem, records: dict[str, dict]):
     if not other.same_class(key) or not _valid_record(record):
       continue
     count += 1
-    winners.add(record["kernel"])
-    worst = min(worst, float(record.get("ratio_to_xla", 1.0)))
-  if (count >= CLASS_RULE_MIN_BUCKETS and len(winners) == 1
-      and "xla" not in winners and worst >= CLASS_RULE_MARGIN):
-    return winners.pop(), count, worst
-  return None
+    bucket = _worst_ratios(record)
+    worst = bucket if worst is None else {
+        kernel: min(ratio, bucket[kernel]) for kernel, ratio in worst.items()
+        if kernel in bucket}
+  if count < CLASS_RULE_MIN_BUCKETS or not worst:
+    return None
+  kernel, ratio = max(worst.items(), key=lambda item: item[1])
+  if kernel == "xla" or ratio < CLASS_RULE_MARGIN:
+    return None
+  return kernel, count, ratio
 
 
 def required_margin(distance: float, kernel: str = "") -> float:
@@ -424,7 +444,7 @@ def _from_table(problem, device, records) -> Resolution:
         return Resolution(
             name, chosen, "class rule", source,
             f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
-            f"won all {count} measured buckets of this class (by "
+            f"beat xla in all {count} measured buckets of this class (by "
             f"{worst:.2f}x or more)")
     return Resolution(
         "xla", None, "fallback", "none",

@@ -16,8 +16,9 @@ dispatch table exists (a CPU, or a GPU without one), ending in XLA's own
 dot, which supports everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
-  Hopper, fp8:        ffi/fp8_nn -> mosaic/fp8 -> xla (the dispatch table
-                      has no fp8 buckets yet; fp8 problems take this order.
+  Hopper, fp8:        ffi/fp8_nn -> mosaic/fp8 -> xla (for the fp8
+                      classes a GPU's dispatch table has not measured: B's
+                      dtype and the scale modes are part of the class.
                       ffi/fp8_nn takes only per-tensor scaled fp8 with B
                       stored (k, n), which mosaic/fp8 runs after an XLA
                       transpose of B; it needs nvcc for its first build)

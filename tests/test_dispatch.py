@@ -180,6 +180,27 @@ def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
 
 
+def test_class_rule_counts_a_kernel_that_beat_xla_where_another_won(cache):
+  """The rule asks that a kernel beat xla everywhere in the class, not that
+  it be each bucket's winner: with another kernel faster in one bucket,
+  the one that beat xla by the margin in all of them still carries."""
+  ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]
+  other = "mosaic/small_m"
+  records = {p: {"kernel": WS, "ratio_to_xla": 1.5,
+                 "ratios": {WS: [1.5], other: [1.2]}} for p in ragged[:2]}
+  records[ragged[2]] = {"kernel": other, "ratio_to_xla": 1.6,
+                        "ratios": {WS: [1.4], other: [1.6]}}
+  write_table(cache, records)
+  far = dispatch.resolve(problem(16385, 20000, 24577), HOPPER)
+  assert (far.kernel, far.kernel_source) == (WS, "class rule")
+  assert "1.40x or more" in far.reason
+  # A bucket where it fell under the margin (a tie with xla) breaks it.
+  write_table(cache, {problem(3000, 100, 301): {
+      "kernel": "xla", "ratio_to_xla": 1.0, "ratios": {WS: [1.05]}}})
+  dispatch.clear_cache()
+  assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
+
+
 def test_bucket_classes_do_not_mix(cache):
   write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
   # Same sizes, another layout: not the same class, so no bucket.

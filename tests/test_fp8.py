@@ -254,7 +254,9 @@ def test_scale_errors_name_the_argument():
 # ------------------------------------------------------ dispatch & explain ---
 
 
-def test_hopper_auto_choice_is_mosaic_fp8():
+def test_hopper_auto_choice_is_mosaic_fp8(isolated_cache):
+  """The fixed order, where the GPU has no measured fp8 buckets (an
+  isolated, empty table here)."""
   for modes in (("none", "none"), ("tensor", "tensor"), ("block", "block")):
     problem = GemmProblem(1, 4096, 4096, 4096, "float8_e4m3fn", "bfloat16",
                           transpose_b=True, a_scale_mode=modes[0],
@@ -599,7 +601,8 @@ def test_ffi_fp8_nn_needs_hopper_and_nvcc(monkeypatch):
   dispatch.clear_cache()
 
 
-def test_hopper_auto_choice_for_nn_per_tensor_is_ffi_fp8_nn(toolkit_found):
+def test_hopper_auto_choice_for_nn_per_tensor_is_ffi_fp8_nn(toolkit_found,
+                                                           isolated_cache):
   for modes in (("none", "none"), ("tensor", "tensor"), ("tensor", "none")):
     problem = _nn_problem(a_scale_mode=modes[0], b_scale_mode=modes[1])
     assert dispatch.resolve(problem, HOPPER).kernel == "ffi/fp8_nn"
@@ -610,7 +613,8 @@ def test_hopper_auto_choice_for_nn_per_tensor_is_ffi_fp8_nn(toolkit_found):
                             HOPPER).kernel == "mosaic/fp8"
 
 
-def test_hopper_auto_choice_without_nvcc_is_mosaic_fp8(monkeypatch):
+def test_hopper_auto_choice_without_nvcc_is_mosaic_fp8(monkeypatch,
+                                                       isolated_cache):
   _toolkit(monkeypatch, "no nvcc")
   assert dispatch.resolve(_nn_problem(), HOPPER).kernel == "mosaic/fp8"
   dispatch.clear_cache()

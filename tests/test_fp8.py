@@ -4,6 +4,8 @@ kernel's Mosaic lowering for the GPU configs (cross-lowered on a CPU)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -157,6 +159,36 @@ def test_xla_every_scale_mode(transpose_b):
                              preferred_element_type=jnp.float32)
     assert out.shape == (m, n) and out.dtype == jnp.float32
     assert relative_error(out, ref) < F32_OUT_BUDGET, (a_mode, b_mode)
+
+
+@pytest.mark.parametrize("transpose_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("modes", [("tensor", "tensor"), ("none", "tensor"),
+                                   ("tensor", "none")], ids="-".join)
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_xla_per_tensor_bf16_output_dequantizes_then_dots(transpose_b, modes,
+                                                          dtype):
+  """The bf16-out per-tensor form (operands widened and scaled, then one
+  dot) against float64, with scales that are not powers of two, one
+  matrix and (through vmap) a batch of them, whose scales differ."""
+  m, n, k = 37, 150, 260
+  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=modes[0], b_mode=modes[1],
+                                  transpose_b=transpose_b, a_dtype=dtype,
+                                  b_dtype=dtype)
+  budget = tolerance(jnp.dtype(dtype).name, "default", "bfloat16")
+  call = functools.partial(pallas_gemm.matmul, kernel="xla",
+                           transpose_b=transpose_b,
+                           preferred_element_type=jnp.bfloat16)
+  out = call(qa, qb, a_scale=sa, b_scale=sb)
+  assert out.dtype == jnp.bfloat16 and out.shape == (m, n)
+  assert relative_error(out, ref) < budget
+  if modes == ("tensor", "tensor"):
+    assert not jnp.any(jnp.isnan(out.astype(jnp.float32)))
+    factors = jnp.asarray([1.0, 0.3], jnp.float32)
+    batched = jax.vmap(lambda f: call(qa, qb, a_scale=sa * f, b_scale=sb))(
+        factors)
+    assert batched.shape == (2, m, n)
+    for i, f in enumerate((1.0, 0.3)):
+      assert relative_error(batched[i], ref * f) < budget, i
 
 
 @pytest.mark.parametrize("dtypes", [(E4M3, E5M2), (E5M2, E5M2), (E5M2, E4M3)],

@@ -23,10 +23,11 @@ The kernel, when the caller names none (`kernel=None`):
      `VETO_BELOW`) in no bucket within `VETO_DISTANCE` and, for a tiled
      kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
      CTA tiles; else `xla` runs;
-   - no bucket near enough: a kernel that beat xla by a wide margin on
-     every problem measured in the problem's class (`class_winner`: e.g.
-     rows that are not 16-byte aligned, fp8 with B stored (k, n)), else
-     `xla`, the kernel no measurement contradicts.
+   - no bucket near enough: a kernel that lost to xla on no problem
+     measured in the problem's class and beat it by a wide margin nearly
+     everywhere there (`class_winner`: e.g. rows that are not 16-byte
+     aligned, fp8 with B stored (k, n)), else `xla`, the kernel no
+     measurement contradicts.
 2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
    `registry.auto_order` whose `supports()` accepts the problem.
 
@@ -77,6 +78,11 @@ VETO_BELOW = 0.99
 #: 16-byte aligned (cuBLAS's slow path), holds between measured sizes too.
 CLASS_RULE_MIN_BUCKETS = 3
 CLASS_RULE_MARGIN = 1.10
+#: ... in at least this share of the class's buckets, with no problem of
+#: the class measured slower than xla (below `VETO_BELOW`; a tie is no
+#: loss): one bucket where a kernel only tied xla does not undo a lead it
+#: showed everywhere else.
+CLASS_RULE_SHARE = 0.9
 #: Buckets are this many steps per octave (2: sizes within a factor of
 #: sqrt(2) share a bucket).
 STEPS_PER_OCTAVE = 2
@@ -266,31 +272,32 @@ def _worst_ratios(record: dict) -> dict[str, float]:
 
 
 def class_winner(problem: GemmProblem, records: dict[str, dict]):
-  """(kernel, buckets, worst ratio) when one kernel beat xla by
-  `CLASS_RULE_MARGIN` on every problem of every measured bucket of the
-  problem's class (whether or not another kernel beat it there), else
-  None. Of several such kernels, the one whose worst ratio is highest."""
+  """(kernel, buckets, share) when one kernel was measured slower than xla
+  (below `VETO_BELOW`) on no problem of any measured bucket of the
+  problem's class and beat xla by `CLASS_RULE_MARGIN` on every problem of
+  at least `CLASS_RULE_SHARE` of those buckets, else None. Of several such
+  kernels, the one with the larger share, then the higher worst ratio."""
   key = DispatchKey.for_problem(problem)
-  worst: dict[str, float] | None = None
-  count = 0
+  buckets = []
   for name, record in records.items():
     try:
       other = DispatchKey.parse(name)
     except ValueError:
       continue
-    if not other.same_class(key) or not _valid_record(record):
-      continue
-    count += 1
-    bucket = _worst_ratios(record)
-    worst = bucket if worst is None else {
-        kernel: min(ratio, bucket[kernel]) for kernel, ratio in worst.items()
-        if kernel in bucket}
-  if count < CLASS_RULE_MIN_BUCKETS or not worst:
+    if other.same_class(key) and _valid_record(record):
+      buckets.append(_worst_ratios(record))
+  if len(buckets) < CLASS_RULE_MIN_BUCKETS:
     return None
-  kernel, ratio = max(worst.items(), key=lambda item: item[1])
-  if kernel == "xla" or ratio < CLASS_RULE_MARGIN:
+  candidates = []
+  for kernel in set.intersection(*(set(b) for b in buckets)) - {"xla"}:
+    ratios = [b[kernel] for b in buckets]
+    share = sum(r >= CLASS_RULE_MARGIN for r in ratios) / len(ratios)
+    if min(ratios) >= VETO_BELOW and share >= CLASS_RULE_SHARE:
+      candidates.append((share, min(ratios), kernel))
+  if not candidates:
     return None
-  return kernel, count, ratio
+  share, _, kernel = max(candidates)
+  return kernel, len(buckets), share
 
 
 def required_margin(distance: float, kernel: str = "") -> float:
@@ -436,7 +443,7 @@ def _from_table(problem, device, records) -> Resolution:
   if record is None:
     rule = class_winner(problem, records)
     if rule is not None:
-      name, count, worst = rule
+      name, count, share = rule
       entry = registry._REGISTRY.get(name)
       if entry is not None and registry.why_unsupported(
           entry, problem, device) is None:
@@ -444,8 +451,8 @@ def _from_table(problem, device, records) -> Resolution:
         return Resolution(
             name, chosen, "class rule", source,
             f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
-            f"beat xla in all {count} measured buckets of this class (by "
-            f"{worst:.2f}x or more)")
+            f"beat xla by {CLASS_RULE_MARGIN}x or more in {share:.0%} of the "
+            f"{count} measured buckets of this class and lost in none")
     return Resolution(
         "xla", None, "fallback", "none",
         f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "

@@ -51,8 +51,10 @@ def xla_matmul(a, b, c, bias, *, problem, config=None, interpret=False,
 
 
 def _xla_fp8(a, b, c, bias, problem, a_scale, b_scale):
-  """Scaled or mixed fp8, explicitly: per-tensor/row/column scales multiply
-  XLA's f32-accumulated fp8 product; block-wise scales dequantize the
+  """Scaled or mixed fp8, explicitly: per-tensor scales with a bfloat16
+  output and no epilogue take `_dequantized_dot`; other per-tensor and
+  row/column scales multiply XLA's f32-accumulated fp8 product; block-wise
+  scales dequantize the
   operands to float32 first (an exact f32 GEMM of the dequantized values:
   correct everywhere, not fast). Mixed e4m3 x e5m2 operands are widened to
   bfloat16, which holds every value of both exactly."""

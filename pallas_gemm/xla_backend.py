@@ -54,10 +54,10 @@ def _xla_fp8(a, b, c, bias, problem, a_scale, b_scale):
   """Scaled or mixed fp8, explicitly: per-tensor scales with a bfloat16
   output and no epilogue take `_dequantized_dot`; other per-tensor and
   row/column scales multiply XLA's f32-accumulated fp8 product; block-wise
-  scales dequantize the
-  operands to float32 first (an exact f32 GEMM of the dequantized values:
-  correct everywhere, not fast). Mixed e4m3 x e5m2 operands are widened to
-  bfloat16, which holds every value of both exactly."""
+  scales dequantize the operands to float32 first (an exact f32 GEMM of
+  the dequantized values: correct everywhere, not fast). Mixed e4m3 x e5m2
+  operands are widened to bfloat16, which holds every value of both
+  exactly."""
   a_mode, b_mode = problem.a_scale_mode, problem.b_scale_mode
   dims = (((1 if problem.transpose_a else 2,),
            (2 if problem.transpose_b else 1,)), ((0,), (0,)))

@@ -23,6 +23,8 @@ The kernel, when the caller names none (`kernel=None`):
      `VETO_BELOW`) in no bucket within `VETO_DISTANCE` and, for a tiled
      kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
      CTA tiles; else `xla` runs;
+   - an fp8 class the table never measured: a sibling GPU's buckets for
+     it (`SIBLING_TABLES`), else the order below;
    - no bucket near enough: a kernel that lost to xla on no problem
      measured in the problem's class and beat it by a wide margin nearly
      everywhere there (`class_winner`: e.g. rows that are not 16-byte
@@ -92,6 +94,14 @@ STEPS_PER_OCTAVE = 2
 #: a matrix-vector product, and a kernel's lead over it at M = 8 does not
 #: carry over (experiments/results/nvidia_h100/wide/NOTES.md).
 STREAMING_ROWS = 64
+
+#: GPUs of one architecture and SM count. An fp8 class that a GPU's own
+#: table never measured is decided by a sibling's buckets for it where the
+#: sibling has some, rather than by the fixed order, which no measurement
+#: backs (the order's `mosaic/fp8` lost to XLA on half the H100's fp8 NT
+#: decode problems).
+SIBLING_TABLES = {"nvidia_h200": ("nvidia_h100",),
+                  "nvidia_h100": ("nvidia_h200",)}
 
 #: Tiled kernels without a split K: with fewer CTA tiles than SMs their
 #: time is one tile's whole K loop while cuBLAS can split K over the idle
@@ -404,11 +414,21 @@ def _resolve(problem, device, kernel, config) -> Resolution:
                       "the caller named the kernel")
   if device.is_gpu and problem.flops > 0:
     records = dispatch_records(device)
-    # fp8 classes were never measured into the table: rather than fall back
-    # to xla for want of a bucket, they take the order (mosaic/fp8 first).
-    if records and not (problem.in_dtype in FP8_DTYPES
-                        and not _class_measured(problem, records)):
+    fp8_unmeasured = (problem.in_dtype in FP8_DTYPES
+                      and not _class_measured(problem, records))
+    if records and not fp8_unmeasured:
       return _from_table(problem, device, records)
+    # An fp8 class this GPU's table never measured: a sibling GPU's buckets
+    # for it if it has some, else the order (not xla for want of a bucket).
+    if fp8_unmeasured:
+      for sibling in SIBLING_TABLES.get(device.key, ()):
+        borrowed = autotune.read_section(autotune.shipped_path(sibling),
+                                         "dispatch")
+        if _class_measured(problem, borrowed):
+          chosen = _from_table(problem, device, borrowed)
+          return dataclasses.replace(chosen, reason=(
+              f"{chosen.reason} (from the {sibling} table: the "
+              f"{device.key} table has no bucket of this fp8 class)"))
   entry = registry.select_kernel(problem, device)
   chosen, source = _config_for(entry, problem, device)
   reason = (f"first kernel of the {_order_name(device)} order "

@@ -17,8 +17,9 @@ dot, which supports everything:
 
   Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
   Hopper, fp8:        ffi/fp8_nn -> mosaic/fp8 -> xla (for the fp8
-                      classes a GPU's dispatch table has not measured: B's
-                      dtype and the scale modes are part of the class.
+                      classes neither a GPU's dispatch table nor its
+                      sibling's has measured: B's dtype and the scale
+                      modes are part of the class.
                       ffi/fp8_nn takes only per-tensor scaled fp8 with B
                       stored (k, n), which mosaic/fp8 runs after an XLA
                       transpose of B; it needs nvcc for its first build)

@@ -262,6 +262,29 @@ def test_fp8_takes_the_table_once_its_class_is_measured(cache):
   assert unscaled.kernel_source == "order" and unscaled.kernel != "xla"
 
 
+def test_an_fp8_class_this_gpu_never_measured_borrows_a_siblings(cache):
+  """The H200's table has no fp8 bucket: an fp8 problem there is decided by
+  the H100's buckets for its class, said so in the reason; without a
+  sibling's bucket either, the fixed order; 16-bit classes never borrow."""
+  write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
+  h100 = cache / "shipped" / "nvidia_h100.json"
+  autotune.update_section(h100, "dispatch", {
+      dispatch.DispatchKey.for_problem(p).name: {
+          "problems": [p.describe()], "kernel": "xla", "ratio_to_xla": 1.0}
+      for p in (_fp8(16, 4096, 4096, transpose_b=True),
+                problem(1024, 1024, 1024))})
+  chosen = dispatch.resolve(_fp8(16, 4096, 4096, transpose_b=True), HOPPER)
+  assert chosen.kernel == "xla"
+  assert "from the nvidia_h100 table" in chosen.reason
+  # A class neither table measured keeps the order.
+  other = dispatch.resolve(_fp8(16, 4096, 4096, scales="none"), HOPPER)
+  assert other.kernel_source == "order"
+  # bf16: this GPU's own table, as before.
+  assert dispatch.resolve(problem(), HOPPER).kernel == WS
+  assert "nvidia_h100" not in dispatch.resolve(problem(1024, 1024, 1024),
+                                               HOPPER).reason
+
+
 def test_decode_rows_share_a_bucket_but_a_gemv_has_its_own(cache):
   """M = 8 speaks for M = 48 (one streaming row); it does not speak for
   M = 1, where XLA runs a matrix-vector product."""

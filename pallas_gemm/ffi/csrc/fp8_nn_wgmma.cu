@@ -64,7 +64,9 @@ constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kBTileBytes = kBlockK * kBlockN;  // 16 KB, N-major
 // A's tile (kRows x 128 bytes, K-major) then B's, per stage.
-__host__ __device__ constexpr int StageBytes(int rows) { return rows * kBlockK + kBTileBytes; }
+__host__ __device__ constexpr int StageBytes(int rows) {
+  return rows * kBlockK + kBTileBytes;
+}
 __host__ __device__ constexpr int SmemBytes(int rows) {
   return kStages * StageBytes(rows) + 1024;  // + alignment slack
 }
@@ -108,6 +110,17 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
+// The first 32 accumulator registers as read-write asm operands, shared by
+// both wgmma shapes' operand lists.
+#define PALLAS_GEMM_ACCUMULATORS_0_31(d)                                  \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),  \
+      "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),         \
+      "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),     \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),     \
+      "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),     \
+      "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),     \
+      "+f"(d[31])
+
 // One m64n256k32 fp8 wgmma: A (64 x 32) from this thread's four registers
 // (laid out as mma.m16n8k32's A operand, per warp), B (256 rows of 32 K)
 // from shared memory; `accumulate` false overwrites d (scale-d = 0). The
@@ -130,48 +143,46 @@ __device__ __forceinline__ void WgmmaWait() {
       "%122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, " \
       "p, 1, 1;\n"                                                            \
       "}\n"                                                                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),           \
-        "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),           \
-        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),      \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),      \
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),      \
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),      \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),      \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]),      \
-        "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),      \
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),      \
-        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),      \
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),      \
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),      \
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]),      \
-        "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),      \
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),      \
-        "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),      \
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]),      \
-        "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),      \
-        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),               \
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),               \
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),               \
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),               \
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),               \
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),               \
+      : PALLAS_GEMM_ACCUMULATORS_0_31(d), "+f"(d[32]), "+f"(d[33]),           \
+        "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]),      \
+        "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),      \
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),      \
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]),      \
+        "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),      \
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]),      \
+        "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]),      \
+        "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),      \
+        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),      \
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),      \
+        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]),      \
+        "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),      \
+        "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),  \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), \
+        "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), \
+        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), \
+        "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), \
         "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),              \
         "r"(accumulate ? 1 : 0));
 
+// ASM(".<register format>.<shared format>") for the formats of the
+// template parameters kRegisterFormat and kSharedFormat.
+#define PALLAS_GEMM_FP8_BY_FORMATS(ASM)                               \
+  if constexpr (kRegisterFormat == kE4M3 && kSharedFormat == kE4M3) { \
+    ASM(".e4m3.e4m3");                                                \
+  } else if constexpr (kRegisterFormat == kE4M3) {                    \
+    ASM(".e4m3.e5m2");                                                \
+  } else if constexpr (kSharedFormat == kE4M3) {                      \
+    ASM(".e5m2.e4m3");                                                \
+  } else {                                                            \
+    ASM(".e5m2.e5m2");                                                \
+  }
+
 template <int kRegisterFormat, int kSharedFormat>
 __device__ __forceinline__ void Wgmma(float (&d)[128], const uint32_t (&a)[4],
                                       uint64_t desc_b, bool accumulate) {
-  if constexpr (kRegisterFormat == kE4M3 && kSharedFormat == kE4M3) {
-    PALLAS_GEMM_FP8_WGMMA_ASM(".e4m3.e4m3");
-  } else if constexpr (kRegisterFormat == kE4M3) {
-    PALLAS_GEMM_FP8_WGMMA_ASM(".e4m3.e5m2");
-  } else if constexpr (kSharedFormat == kE4M3) {
-    PALLAS_GEMM_FP8_WGMMA_ASM(".e5m2.e4m3");
-  } else {
-    PALLAS_GEMM_FP8_WGMMA_ASM(".e5m2.e5m2");
-  }
+  PALLAS_GEMM_FP8_BY_FORMATS(PALLAS_GEMM_FP8_WGMMA_ASM)
 }
 #undef PALLAS_GEMM_FP8_WGMMA_ASM
 
@@ -186,30 +197,18 @@ __device__ __forceinline__ void Wgmma(float (&d)[128], const uint32_t (&a)[4],
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "\
       "%30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n"                      \
       "}\n"                                                                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),           \
-        "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),           \
-        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),      \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),      \
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),      \
-        "+f"(d[30]), "+f"(d[31])                                              \
+      : PALLAS_GEMM_ACCUMULATORS_0_31(d)                                      \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),              \
         "r"(accumulate ? 1 : 0));
 
 template <int kRegisterFormat, int kSharedFormat>
 __device__ __forceinline__ void Wgmma(float (&d)[32], const uint32_t (&a)[4],
                                       uint64_t desc_b, bool accumulate) {
-  if constexpr (kRegisterFormat == kE4M3 && kSharedFormat == kE4M3) {
-    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e4m3.e4m3");
-  } else if constexpr (kRegisterFormat == kE4M3) {
-    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e4m3.e5m2");
-  } else if constexpr (kSharedFormat == kE4M3) {
-    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e5m2.e4m3");
-  } else {
-    PALLAS_GEMM_FP8_WGMMA_N64_ASM(".e5m2.e5m2");
-  }
+  PALLAS_GEMM_FP8_BY_FORMATS(PALLAS_GEMM_FP8_WGMMA_N64_ASM)
 }
 #undef PALLAS_GEMM_FP8_WGMMA_N64_ASM
+#undef PALLAS_GEMM_FP8_BY_FORMATS
+#undef PALLAS_GEMM_ACCUMULATORS_0_31
 
 // This thread's part of the 64 x 32 register fragment of B^T for 32-deep K
 // step `step` of a stage, from the N-major B tile (row k at k * 128 bytes,

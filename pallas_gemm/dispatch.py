@@ -13,8 +13,9 @@ The kernel, when the caller names none (`kernel=None`):
    section "dispatch", or the same section of the user's tuning cache), the
    problem's bucket decides. A bucket is the problem's dtypes, layout,
    precision, epilogue kind, 16-byte alignment and (fp8 only) B's dtype
-   and the scale modes, plus its batch, M, N and K on a half-octave grid. Each bucket records the fastest kernel measured
-   for it, `xla` included, and that kernel's speed relative to `xla`.
+   and the scale modes, plus its batch, M, N and K on a half-octave grid.
+   Each bucket records the fastest kernel measured for it, `xla` included,
+   and that kernel's speed relative to `xla`.
    - the problem's own bucket, or else the nearest one within
      `NEAREST_BUCKET_DISTANCE` octaves: its winner runs if the problem was
      measured itself, or if the winner beat `xla` there by

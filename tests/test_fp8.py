@@ -664,18 +664,22 @@ def test_ffi_fp8_nn_matches_float64(shape, modes):
   _check_ffi_fp8_nn(shape, modes, (E4M3, E4M3))
 
 
-def _check_ffi_fp8_nn(shape, modes, dtypes):
+def _check_ffi_fp8_nn(shape, modes, dtypes, config=None):
+  """Checks ffi/fp8_nn (with `config`, else the resolver's) against
+  float64; returns the jitted call, its operands and its output."""
   m, n, k = shape
   qa, qb, sa, sb, ref = _operands(m, n, k, a_mode=modes[0], b_mode=modes[1],
                                   transpose_b=False, a_dtype=dtypes[0],
                                   b_dtype=dtypes[1])
-  out = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
-      a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn",
-      preferred_element_type=jnp.bfloat16))(qa, qb, sa, sb)
+  call = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
+      a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn", config=config,
+      preferred_element_type=jnp.bfloat16))
+  out = call(qa, qb, sa, sb)
   assert out.dtype == jnp.bfloat16 and out.shape == (m, n)
   budget = max(tolerance(jnp.dtype(d).name, "default", "bfloat16")
                for d in dtypes)
   assert relative_error(out, ref) <= budget
+  return call, (qa, qb, sa, sb), out
 
 
 @pytest.mark.gpu
@@ -751,20 +755,10 @@ def test_ffi_fp8_nn_gets_its_config_from_the_resolver(toolkit_found):
     ((64, 144, 272), 1)],
     ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
 def test_ffi_fp8_nn_k_splits_match_float64_and_repeat(shape, splits, tile_m):
-  m, n, k = shape
-  qa, qb, sa, sb, ref = _operands(m, n, k, a_mode="tensor", b_mode="tensor",
-                                  transpose_b=False, a_dtype=E4M3,
-                                  b_dtype=E4M3)
-  config = ffi_fp8.Fp8NnConfig(splits, tile_m)
-  call = jax.jit(lambda a, b, sa, sb: pallas_gemm.matmul(
-      a, b, a_scale=sa, b_scale=sb, kernel="ffi/fp8_nn", config=config,
-      preferred_element_type=jnp.bfloat16))
-  out = call(qa, qb, sa, sb)
-  assert out.dtype == jnp.bfloat16 and out.shape == (m, n)
-  assert relative_error(out, ref) <= tolerance("float8_e4m3fn", "default",
-                                               "bfloat16")
-  np.testing.assert_array_equal(np.asarray(call(qa, qb, sa, sb)),
-                                np.asarray(out))
+  call, operands, out = _check_ffi_fp8_nn(
+      shape, ("tensor", "tensor"), (E4M3, E4M3),
+      config=ffi_fp8.Fp8NnConfig(splits, tile_m))
+  np.testing.assert_array_equal(np.asarray(call(*operands)), np.asarray(out))
 
 
 @pytest.mark.gpu

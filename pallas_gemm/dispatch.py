@@ -99,8 +99,8 @@ STREAMING_ROWS = 64
 #: GPUs of one architecture and SM count. An fp8 class that a GPU's own
 #: table never measured is decided by a sibling's buckets for it where the
 #: sibling has some, rather than by the fixed order, which no measurement
-#: backs (the order's `mosaic/fp8` lost to XLA on half the H100's fp8 NT
-#: decode problems).
+#: backs (experiments/results/nvidia_h200/dispatch/README.md, last
+#: section).
 SIBLING_TABLES = {"nvidia_h200": ("nvidia_h100",),
                   "nvidia_h100": ("nvidia_h200",)}
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
-from pallas_gemm.ragged_dot import configs, mosaic, mosaic_schedule
+from pallas_gemm.ragged_dot import arg_specs, configs, mosaic, mosaic_schedule
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
 from pallas_gemm.mosaic_backend import tma
@@ -218,6 +218,51 @@ def test_contracting(case):
                 or case is CONTRACTING_CASES[-2])
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
+
+
+#: `RaggedConfig.zero_drip`: the producer stores the empty groups' zero
+#: tiles through a cursor of its own, a few boxes after each load.
+_DRIP = dataclasses.replace(SMALL, zeros_by_producer=True)
+ZERO_DRIP_CASES = [
+    # One box per load: more zero boxes than the CTA has loads, so the
+    # cursor crosses tiles between loads and stores the rest at the end.
+    (200, 128, 128, [0, 180, 0, 0, 20], 3, "bfloat16", "bfloat16",
+     dataclasses.replace(_DRIP, zero_drip=1)),
+    # No empty group: the cursor starts past the CTA's last tile.
+    (200, 128, 64, [50, 100, 50], 0, "bfloat16", "float32",
+     dataclasses.replace(_DRIP, zero_drip=2)),
+    # Every token in one group of eight, f16 out; a budget larger than the
+    # CTA's zero boxes stores them all after its first load.
+    (128, 192, 128, [0, 0, 0, 0, 0, 0, 128, 0], 0, "float16", "float16",
+     dataclasses.replace(_DRIP, zero_drip=16)),
+    # Turns at whole tiles, a cut group walked largest first (its unused
+    # pieces are neither stored nor zeroed by the cursor).
+    (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "float32",
+     dataclasses.replace(_DRIP, ping_pong=True, largest_first=True,
+                         piece_rows=64, stages=3, zero_drip=3)),
+    # 2-CTA clusters: each CTA's cursor stores its own column strips.
+    (150, 128, 192, [30, 0, 70, 0], 2, "bfloat16", "bfloat16",
+     dataclasses.replace(_DRIP, cluster_columns=True, zero_drip=2)),
+]
+
+
+@pytest.mark.parametrize("case", ZERO_DRIP_CASES,
+                         ids=lambda c: f"m{c[0]}_g{len(c[3])}_drip"
+                         f"{c[7].zero_drip}")
+def test_contracting_zero_drip(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype, config = case
+  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
+                          out_dtype)
+  got, _ = _run(problem, sizes, row_offset=offset, config=config,
+                detect_races=case is ZERO_DRIP_CASES[0])
+  empty = [g for g, size in enumerate(sizes) if size == 0]
+  assert np.all(got[empty] == 0)
+
+
+def test_zero_drip_needs_zeros_by_producer():
+  # (which "rows" mode refuses, so zero_drip needs no check of its own there)
+  with pytest.raises(ValueError, match="zero_drip=2 needs zeros_by_producer"):
+    RaggedConfig(tile_m=64, tile_n=64, zero_drip=2)
 
 
 @pytest.mark.parametrize("mode", ["rows", "contracting"])
@@ -465,6 +510,20 @@ def test_ping_pong_lowers_for_cuda(tile, cluster):
             if c.ping_pong and (c.tile_m, c.tile_n) == tile][0]
   config = dataclasses.replace(config, cluster_columns=cluster)
   assert config.cta_tile("contracting") == tile
+  _lower_for_cuda(problem, config)
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3_up", "qwen3_30b_a3b_up"])
+def test_zero_drip_lowers_for_cuda(case):
+  """The producer's zero cursor (a while loop between its loads) lowers
+  for the GPU at the heuristic's tiles of a weight gradient: the
+  short-reduction tile of DeepSeek-V3 (2-CTA clusters) and Qwen3's
+  turn-taking 128 x 128 tiles."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == f"{case} one_hot drhs"]
+  config = configs._most_stages(dataclasses.replace(
+      configs.heuristic(problem, HOPPER), zeros_by_producer=True,
+      zero_drip=2), problem)
   _lower_for_cuda(problem, config)
 
 

@@ -185,7 +185,17 @@ def drain_ring(ring: Ring, total_steps):
                 None)
 
 
-def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step):
+class SideWork(NamedTuple):
+  """Work the producer interleaves with its loads (`run_producer`): a
+  carry that starts as `init`, `after_load(carry) -> carry` after each load
+  step, and `finish(carry)` once the tiles are walked, before the drain."""
+  init: Any
+  after_load: Any
+  finish: Any
+
+
+def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
+                 side_work: SideWork | None = None):
   """The producer warpgroup of a persistent, warp-specialised kernel.
 
   It gives registers away, walks this CTA's tiles (`coords(linear)` names
@@ -200,11 +210,18 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step):
   handed out by `plgpu.nd_loop` as the consumers' are; or a function of the
   tile giving its traced count (a device-side work list), whose tiles are
   walked by `for_each_tile`, the ring position carried from tile to tile.
+
+  `side_work` (only with a traced step count) runs between the loads.
   """
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
-  def load_tile(tile, first_step, tile_steps):
-    def load_stage(kk, carry):
+  if side_work is not None and not callable(steps):
+    raise ValueError("run_producer's side_work needs a traced step count "
+                     "(steps a function of the tile)")
+  after_load = side_work.after_load if side_work else lambda carry: carry
+
+  def load_tile(tile, first_step, tile_steps, side=None):
+    def load_stage(kk, side):
       kk = index(kk)
       step = first_step + kk
       slot = ring.slot(step)
@@ -214,18 +231,23 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step):
         plgpu.barrier_wait(ring.consumed.at[slot])
 
       load_step(tile, kk, slot)
-      return carry
+      return after_load(side)
 
-    lax.fori_loop(index(0), index(tile_steps), load_stage, None)
+    return lax.fori_loop(index(0), index(tile_steps), load_stage, side)
 
   if callable(steps):
-    def next_tile(linear, first_step):
+    def next_tile(linear, carry):
+      first_step, side = carry
       tile = coords(linear)
       tile_steps = steps(tile)
-      load_tile(tile, first_step, tile_steps)
-      return first_step + tile_steps
+      side = load_tile(tile, first_step, tile_steps, side)
+      return first_step + tile_steps, side
 
-    total_steps = for_each_tile(num_tiles, next_tile, index(0))
+    total_steps, side = for_each_tile(
+        num_tiles, next_tile,
+        (index(0), side_work.init if side_work else None))
+    if side_work is not None:
+      side_work.finish(side)
   else:
     @plgpu.nd_loop((num_tiles,), collective_axes="sm")
     def _tile(info):

@@ -66,6 +66,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                the stores per tile (tile_n / epi_tile_n): otherwise a
                tile's staging slot depends on its number, and a skipped
                tile would have two stores in a row use the same slot.
+    zero_drip  with zeros_by_producer: where some group is empty, the
+               producer stores at most this many ZERO_BOX boxes of its
+               CTA's zero tiles after each of its loads (a cursor over the
+               CTA's tiles, apart from its walk), and the rest after its
+               last load, instead of each tile's zeros when its walk meets
+               them: a CTA's zeros and its long tiles then share the same
+               stretch of time wherever in the walk either lies, so the
+               write bandwidth and the tensor cores work together (0, the
+               default: as the walk meets them; a "contracting"-mode option).
     ping_pong  the two consumer warpgroups take turns at whole tiles of
                tile_m x tile_n (the CTA tile is then the consumer tile)
                instead of splitting one tile: while one stores a finished
@@ -142,6 +151,7 @@ class RaggedConfig:
   largest_first: bool = False
   ping_pong: bool = False
   zeros_by_producer: bool = False
+  zero_drip: int = checked(0, in_range(0, 16))
   short_items: bool = False
   cluster_columns: bool = False
 
@@ -153,6 +163,10 @@ class RaggedConfig:
                        f"tile_n / epi_tile_n = "
                        f"{self.tile_n // self.epi_tile_n} (the consumers skip "
                        f"the zero tiles)")
+    if self.zero_drip and not self.zeros_by_producer:
+      raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
+                       f"zeros_by_producer=True (the producer stores the "
+                       f"zero tiles it spreads over its loads)")
     if self.short_items and not (self.ping_pong and self.tile_m == 128):
       raise ValueError(f"RaggedConfig.short_items needs ping_pong=True and "
                        f"tile_m=128 (a consumer's whole tile, of which a "

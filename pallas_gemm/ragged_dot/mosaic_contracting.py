@@ -27,6 +27,13 @@ With `RaggedConfig.zeros_by_producer`, the producer warpgroup TMA-stores the
 zero tiles of empty groups from one zeroed buffer, and the consumers skip
 those tiles.
 
+With `RaggedConfig.zero_drip` as well, the producer stores those zeros
+through a cursor of its own over the CTA's tiles, a few boxes after each
+load and the rest after its last, rather than when its walk meets them:
+a walk that met them before its long tiles would queue every zero store
+ahead of the loads, one that met them after would leave them to the end,
+and either way the writes and the wgmmas would take turns.
+
 With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
 CTAs walk the same tiles, each computing one of two neighbouring column
 strips, and each multicasts half of the lhs chunk they share into both
@@ -60,9 +67,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
-    Ring, call_kernel, consume_ring, for_each_tile, index, out_staging_smem,
-    ring_smem, run_producer, run_warpgroups, tile_coordinates,
-    warp_specialised_kernel)
+    Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
+    out_staging_smem, ring_smem, run_producer, run_warpgroups,
+    tile_coordinates, tiles_of_this_cta, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, ZERO_BOX,
@@ -72,13 +79,18 @@ from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
-def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
-                      pieces_gmem=None, *, config: RaggedConfig,
-                      k_tiles: int, n_units: int, groups: int):
-  """Walks `groups` output groups; with `pieces_gmem` (RaggedConfig.
-  piece_rows) the first out_gmem.shape[0] of them are the groups' first
-  pieces, stored to out_gmem, and the rest their further pieces, stored to
-  pieces_gmem."""
+def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
+                      config: RaggedConfig, k_tiles: int, n_units: int,
+                      groups: int):
+  """Walks `groups` output groups. `refs`: with RaggedConfig.zero_drip,
+  first `empty_gmem`, (1,) int32, how many groups are empty; then out_gmem;
+  then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
+  out_gmem.shape[0] groups are the groups' first pieces, stored to
+  out_gmem, and the rest their further pieces, stored to pieces_gmem."""
+  empty_gmem = None
+  if config.zero_drip:
+    empty_gmem, *refs = refs
+  out_gmem, pieces_gmem = (*refs, None)[:2]
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]
   epi_n, stages, out_slots = config.epi_tile_n, config.stages, config.out_slots
@@ -160,6 +172,51 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                                       pl.ds(n_idx * tile_n + j * box_n,
                                             box_n)])
 
+  def zero_drip_work(zeros_smem):
+    """The producer's cursor over this CTA's zero tiles (RaggedConfig.
+    zero_drip): (tile number i, box) of the next zero box to store. Each
+    advance visits at most `budget` boxes or non-empty tiles; without an
+    empty group the cursor starts past the CTA's last tile."""
+    box_m, box_n = zeros_smem.shape
+    box_cols = tile_n // box_n
+    boxes = (cta_m // box_m) * box_cols
+    cta = index(lax.axis_index("sm"))
+    num_ctas = index(lax.axis_size("sm"))
+    my_tiles = tiles_of_this_cta(num_tiles)
+
+    def advance(cursor, budget):
+      def more(state):
+        i, _, left = state
+        return (left > 0) & (i < my_tiles)
+
+      def visit(state):
+        i, box, left = state
+        g, k_idx, n_idx, _, _, _, steps = tile_info(cta + i * num_ctas)
+        zero = (steps == 0) & (g < first_pieces)
+
+        @pl.when(zero)
+        def _store():
+          rows = pl.ds(k_idx * cta_m + lax.div(box, index(box_cols)) * box_m,
+                       box_m)
+          cols = pl.ds(n_idx * tile_n + lax.rem(box, index(box_cols)) * box_n,
+                       box_n)
+          plgpu.copy_smem_to_gmem(zeros_smem, out_gmem.at[g, rows, cols])
+
+        box = jnp.where(zero, box + 1, index(boxes))
+        done = box == boxes
+        return (jnp.where(done, i + 1, i), jnp.where(done, index(0), box),
+                left - 1)
+
+      i, box, _ = lax.while_loop(more, visit, (*cursor, budget))
+      return i, box
+
+    start = jnp.where(empty_gmem[0] > 0, index(0), my_tiles)
+    return SideWork(
+        init=(start, index(0)),
+        after_load=lambda cursor: advance(cursor, index(config.zero_drip)),
+        # Every box left, and one visit per non-empty tile.
+        finish=lambda cursor: advance(cursor, my_tiles * (boxes + 1)))
+
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
              zeros_smem=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
@@ -167,7 +224,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
     def producer_tile(linear):
       g, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
-      if zeros_by_producer:
+      if zeros_by_producer and not config.zero_drip:
         @pl.when(steps == 0)
         def _zeros():
           store_zero_tile(zeros_smem, g, k_idx, n_idx)
@@ -185,11 +242,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, out_gmem,
                               dout_smem.at[slot], loaded)
 
     def producer():
+      side_work = None
       if zeros_by_producer:
         zeros_smem[...] = jnp.zeros(zeros_smem.shape, zeros_smem.dtype)
         plgpu.commit_smem()  # visible to the TMA stores that read it
+        if config.zero_drip:
+          side_work = zero_drip_work(zeros_smem)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
-                   coords=producer_tile, load_step=load_step)
+                   coords=producer_tile, load_step=load_step,
+                   side_work=side_work)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -291,6 +352,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk)
+  # A group is empty where its first piece (entry g < groups) has no chunk.
+  empty_groups = jnp.sum(table[schedule.GROUP_CHUNKS, :groups] == 0,
+                         dtype=jnp.int32, keepdims=True)
   if config.largest_first:
     table = schedule.largest_first(table)
   # The kernel sees every piece as a group of its own; the pieces beyond
@@ -310,6 +374,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if pieces > groups:
     out_type = (out_type, jax.ShapeDtypeStruct((pieces - groups, k_out, n_out),
                                                out_type.dtype))
+  operands = [table, lhs, dout] + ([empty_groups] if config.zero_drip
+                                   else [])
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
                         n_units=n_units, groups=pieces),
@@ -319,7 +385,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
       interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
-  out = call_kernel(kernel, [table, lhs, dout], out_type, params)
+  out = call_kernel(kernel, operands, out_type, params)
   if pieces > groups:
     out = merge_pieces(*out, extras, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out

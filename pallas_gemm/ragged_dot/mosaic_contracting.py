@@ -174,9 +174,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
   def zero_drip_work(zeros_smem):
     """The producer's cursor over this CTA's zero tiles (RaggedConfig.
-    zero_drip): (tile number i, box) of the next zero box to store. Each
-    advance visits at most `budget` boxes or non-empty tiles; without an
-    empty group the cursor starts past the CTA's last tile."""
+    zero_drip): the CTA's tile number i, the next box of it, and the tile's
+    (group, K strip, N strip, whether it is a zero tile), read from the
+    table once per tile. Each advance visits at most `budget` boxes or
+    non-empty tiles; without an empty group the cursor starts past the
+    CTA's last tile."""
     box_m, box_n = zeros_smem.shape
     box_cols = tile_n // box_n
     boxes = (cta_m // box_m) * box_cols
@@ -184,15 +186,19 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     num_ctas = index(lax.axis_size("sm"))
     my_tiles = tiles_of_this_cta(num_tiles)
 
+    def read_tile(i):
+      # Past the CTA's last tile the cursor stops; read a valid entry.
+      linear = jnp.minimum(cta + i * num_ctas, num_tiles - 1)
+      g, k_idx, n_idx, _, _, _, steps = tile_info(linear)
+      return g, k_idx, n_idx, (steps == 0) & (g < first_pieces)
+
     def advance(cursor, budget):
       def more(state):
-        i, _, left = state
+        i, left = state[0], state[-1]
         return (left > 0) & (i < my_tiles)
 
       def visit(state):
-        i, box, left = state
-        g, k_idx, n_idx, _, _, _, steps = tile_info(cta + i * num_ctas)
-        zero = (steps == 0) & (g < first_pieces)
+        i, box, g, k_idx, n_idx, zero, left = state
 
         @pl.when(zero)
         def _store():
@@ -203,16 +209,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           plgpu.copy_smem_to_gmem(zeros_smem, out_gmem.at[g, rows, cols])
 
         box = jnp.where(zero, box + 1, index(boxes))
-        done = box == boxes
-        return (jnp.where(done, i + 1, i), jnp.where(done, index(0), box),
-                left - 1)
+        i, box, tile = lax.cond(
+            box == boxes,
+            lambda: (i + 1, index(0), read_tile(i + 1)),
+            lambda: (i, box, (g, k_idx, n_idx, zero)))
+        return (i, box, *tile, left - 1)
 
-      i, box, _ = lax.while_loop(more, visit, (*cursor, budget))
-      return i, box
+      state = lax.while_loop(more, visit, (*cursor, budget))
+      return state[:-1]
 
     start = jnp.where(empty_gmem[0] > 0, index(0), my_tiles)
     return SideWork(
-        init=(start, index(0)),
+        init=(start, index(0), *read_tile(start)),
         after_load=lambda cursor: advance(cursor, index(config.zero_drip)),
         # Every box left, and one visit per non-empty tile.
         finish=lambda cursor: advance(cursor, my_tiles * (boxes + 1)))

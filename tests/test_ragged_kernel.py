@@ -220,6 +220,45 @@ def test_contracting(case):
   assert np.all(got[empty] == 0)
 
 
+#: `RaggedConfig.group_bands`: the bands of row items restart at each group.
+GROUP_BANDS_CASES = [
+    # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no
+    # group before and after them; three column strips.
+    (460, 64, 192, [64, 0, 150, 3, 260], 9, "bfloat16", "float32", False,
+     None, dataclasses.replace(SMALL, group_bands=True)),
+    # rhs read transposed, turns at whole tiles, silu, a band taller than
+    # any group; f16.
+    (300, 128, 128, [40, 130, 0, 70, 1], 0, "float16", "float16", True,
+     "silu", dataclasses.replace(SMALL, group_bands=True, ping_pong=True,
+                                 grid_band=8, stages=3)),
+    # 128-row tiles split between the consumers, one group of every token.
+    (390, 64, 128, [0, 390], 0, "bfloat16", "bfloat16", False, None,
+     dataclasses.replace(SPLIT_ROWS, group_bands=True, out_slots=1)),
+]
+
+
+@pytest.mark.parametrize("case", GROUP_BANDS_CASES,
+                         ids=["bands_of_2", "transposed_turns", "one_group"])
+def test_rows_group_bands(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act, config = case
+  problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
+                          transpose_rhs=transpose, activation=act)
+  _run(problem, sizes, row_offset=offset, config=config,
+       detect_races=case is GROUP_BANDS_CASES[0])
+
+
+def test_group_bands_is_a_rows_mode_option():
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                          "bfloat16")
+  with pytest.raises(ValueError, match="group_bands is a \"rows\""):
+    mosaic.ragged_matmul(
+        jnp.ones(problem.lhs_shape, jnp.bfloat16),
+        jnp.ones(problem.rhs_shape, jnp.bfloat16),
+        jnp.array([32, 32], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, config=dataclasses.replace(SMALL, group_bands=True),
+        interpret=True)
+
+
 #: `RaggedConfig.zero_drip`: the producer stores the empty groups' zero
 #: tiles through a cursor of its own, a few boxes after each load.
 _DRIP = dataclasses.replace(SMALL, zeros_by_producer=True)
@@ -318,7 +357,13 @@ def _checked_row_items(sizes, offset, m, tile_m):
   for g, (s, e) in enumerate(zip(starts, ends)):
     owner[s:e] = g
   covered = np.zeros(m, int)
-  for group, lo, hi in table[:, :count].T:
+  for item, (group, lo, hi, first, items) in enumerate(table[:, :count].T):
+    # Each item names its piece's items, which hold it.
+    assert first <= item < first + items <= count
+    piece = table[:, first:first + items]
+    assert np.all(piece[mosaic_schedule.ITEM_PIECE_FIRST] == first)
+    assert np.all(piece[mosaic_schedule.ITEM_PIECE_ITEMS] == items)
+    assert np.all(piece[mosaic_schedule.ITEM_GROUP] == group)
     tile_row = int(mosaic_schedule.tile_first_row(
         np.int32(lo), row_align=8, lhs_rows=lhs_rows, tile_m=tile_m))
     assert tile_row % 8 == 0 and 0 <= tile_row <= lo < hi
@@ -525,6 +570,15 @@ def test_zero_drip_lowers_for_cuda(case):
       configs.heuristic(problem, HOPPER), zeros_by_producer=True,
       zero_drip=2), problem)
   _lower_for_cuda(problem, config)
+
+
+def test_group_bands_lower_for_cuda():
+  """Bands restarting at each group (the piece's first item and count read
+  from the item table) lower for the GPU at DeepSeek-V3's forward tiles."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == "deepseek_v3_up zipf forward"]
+  _lower_for_cuda(problem, dataclasses.replace(
+      configs.heuristic(problem, HOPPER), group_bands=True, grid_band=8))
 
 
 def test_zeros_by_producer_needs_slots_dividing_a_tiles_stores():

@@ -84,6 +84,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                each SM has two tiles' loads in flight. Needs tile_m *
                tile_n <= 128 * 128 (a whole tile's accumulator in one
                warpgroup's registers), and excludes split_rows.
+    group_bands
+               the bands of `grid_band` row items restart at each group (and
+               at each stretch of rows of no group), so that a band never
+               mixes two experts' weights and a group of many items is
+               walked in bands of grid_band items, whatever the routing: the
+               column strips of an expert's weights are then read once per
+               grid_band of its items (a "rows"-mode option, as
+               "contracting" walks each group's tiles on their own already,
+               and raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -154,6 +163,7 @@ class RaggedConfig:
   zero_drip: int = checked(0, in_range(0, 16))
   short_items: bool = False
   cluster_columns: bool = False
+  group_bands: bool = False
 
   def __post_init__(self):
     validate(self)

@@ -182,10 +182,25 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   assert lhs_rows % row_align == 0 and lhs_rows >= tile_m, lhs_gmem.shape
 
   def tile_info(linear):
-    _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
-                                      n_tiles=n_tiles, band_dim=Dim.M,
-                                      band=config.grid_band)
-    group, row_lo, row_hi = schedule.read_entry(items_gmem, item)
+    if config.group_bands:
+      # The tiles of a piece (a group, or rows of no group) are the
+      # consecutive run of its items times n_tiles, so the item whose
+      # number is linear // n_tiles lies in the tile's piece; the bands
+      # are counted from the piece's first item.
+      some_item = lax.div(index(linear), index(n_tiles))
+      first = items_gmem[schedule.ITEM_PIECE_FIRST, some_item]
+      count = items_gmem[schedule.ITEM_PIECE_ITEMS, some_item]
+      _, item, n_idx = tile_coordinates(
+          index(linear) - first * n_tiles, m_tiles=count, n_tiles=n_tiles,
+          band_dim=Dim.M, band=config.grid_band)
+      item = first + item
+    else:
+      _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
+                                        n_tiles=n_tiles, band_dim=Dim.M,
+                                        band=config.grid_band)
+    group = items_gmem[schedule.ITEM_GROUP, item]
+    row_lo = items_gmem[schedule.ITEM_ROW_LO, item]
+    row_hi = items_gmem[schedule.ITEM_ROW_HI, item]
     tile_row = schedule.tile_first_row(row_lo, row_align=row_align,
                                        lhs_rows=lhs_rows, tile_m=tile_m)
     steps = jnp.where(group >= 0, index(k_iters), index(0))

@@ -25,8 +25,10 @@ import jax.numpy as jnp
 
 from pallas_gemm.problem import cdiv
 
-#: Rows of the "rows"-mode item table.
-ITEM_GROUP, ITEM_ROW_LO, ITEM_ROW_HI = range(3)
+#: Rows of the "rows"-mode item table: the item's group (-1: no group),
+#: its rows [lo, hi), and its piece's first item and item count.
+(ITEM_GROUP, ITEM_ROW_LO, ITEM_ROW_HI, ITEM_PIECE_FIRST,
+ ITEM_PIECE_ITEMS) = range(5)
 #: Rows of the "contracting"-mode group table.
 GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS = range(4)
 #: Rows of the table of pieces beyond the groups' first (`contracting_pieces`).
@@ -70,7 +72,7 @@ def max_row_items(m: int, groups: int, tile_m: int, row_align: int) -> int:
 
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
               row_align: int):
-  """The "rows"-mode item table (3, max_row_items) int32 (see the module
+  """The "rows"-mode item table (5, max_row_items) int32 (see the module
   docstring; rows ITEM_*; group -1 marks rows that belong to no group) and
   the number of valid items, shape (1,). Each item's tile starts at its
   first row rounded down to a multiple of `row_align`."""
@@ -97,7 +99,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   tile_row = first_tile_row[piece] + (item - first_item[piece]) * tile_m
   row_lo = jnp.maximum(lo[piece], tile_row)
   row_hi = jnp.minimum(hi[piece], tile_row + tile_m)
-  table = jnp.stack([piece_group[piece], row_lo, row_hi])
+  table = jnp.stack([piece_group[piece], row_lo, row_hi, first_item[piece],
+                     counts[piece]])
   return table.astype(jnp.int32), num_items.astype(jnp.int32)
 
 

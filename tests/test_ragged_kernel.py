@@ -714,18 +714,23 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
     _lower_for_cuda(problem, config)
 
 
-@pytest.mark.parametrize("groups,rows,band", [
-    (256, 32768, 1),   # one 128-row item per expert: no weight reuse
-    (60, 16384, 3),    # 273 rows: three items per expert
-    (8, 16384, 8),     # 2048 rows: the band's own limit
+@pytest.mark.parametrize("groups,rows,restarts", [
+    (256, 32768, True),   # one 128-row item per expert
+    (60, 16384, True),    # 273 rows: three items per expert
+    (8, 16384, False),    # 2048 rows: more items than the band
 ])
 def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
-                                                           band):
+                                                           restarts):
+  """Where an expert's items are fewer than the band, the bands restart at
+  each group (so a band holds one expert's items, however the tokens are
+  routed), and the band keeps its own height for the groups above the
+  average."""
   problem = RaggedProblem("rows", rows, 7168, 2048, groups, "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
   assert config.tile_m == 128
-  assert config.grid_band == band
+  assert config.group_bands == restarts
+  assert config.grid_band == 8
 
 
 def test_heuristic_weighs_column_padding_and_output_bursts():
@@ -737,10 +742,10 @@ def test_heuristic_weighs_column_padding_and_output_bursts():
                         "bfloat16")
   assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
   assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
-  # 256 rows per expert: two row items share each weight strip.
+  # 256 rows per expert: the bands restart at each group of two items.
   two_items = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16",
                             "bfloat16")
-  assert mosaic.heuristic(two_items, HOPPER).grid_band == 2
+  assert mosaic.heuristic(two_items, HOPPER).group_bands
   # A chunk of rows per expert: the weight gradient is its output write.
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
                       "bfloat16")

@@ -353,13 +353,17 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # strips share the same weight bytes (experiments/results/nvidia_h200/
   # ragged_sweep).
   band = 16 if tile_m == 64 else (4 if tile_n == 64 else 8)
-  if tile_m == 128:
-    # Weight strips are shared only by the row items of one group: a band
-    # taller than a group's items buys no weight reuse, and spreads the
-    # column strips of each item (which share its lhs rows) further apart,
-    # so that lhs is fetched from HBM again (experiments/results/
-    # nvidia_h100/moe_profile/README.md).
-    band = max(1, min(band, math.ceil(rows_per_group / tile_m)))
+  # Weight strips are shared only by the row items of one group: a band
+  # taller than a group's items buys no weight reuse, and spreads the
+  # column strips of each item (which share its lhs rows) further apart,
+  # so that lhs is fetched from HBM again (experiments/results/nvidia_h100/
+  # moe_profile/README.md). Where the average group has fewer items than
+  # the band, the bands restart at each group instead (`group_bands`):
+  # a band then never crosses into the next expert whatever the routing,
+  # and a group far above the average (Zipf) is still walked `band` items
+  # at a time (experiments/results/nvidia_h100/ragged_group_bands).
+  group_bands = (tile_m == 128
+                 and math.ceil(rows_per_group / tile_m) < band)
   if _takes_turns(rows_per_group):
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
@@ -367,13 +371,15 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # per expert and fewer (memory-bound DeepSeek-V3) it measured slower
     # (experiments/results/nvidia_h200/ragged_ping_pong).
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                        grid_band=band, ping_pong=True)
+                        grid_band=band, ping_pong=True,
+                        group_bands=group_bands)
     return _most_stages(base, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best.
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
-                      grid_band=band, split_rows=tile_m == 128)
+                      grid_band=band, split_rows=tile_m == 128,
+                      group_bands=group_bands)
   return _most_stages(base, problem)
 
 

@@ -714,13 +714,13 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
     _lower_for_cuda(problem, config)
 
 
-@pytest.mark.parametrize("groups,rows,restarts", [
-    (256, 32768, True),   # one 128-row item per expert
-    (60, 16384, True),    # 273 rows: three items per expert
-    (8, 16384, False),    # 2048 rows: more items than the band
+@pytest.mark.parametrize("groups,rows,restarts,band", [
+    (256, 32768, True, 8),   # one 128-row item per expert
+    (60, 16384, True, 4),    # 273 rows, three items: turns at 128 x 128
+    (8, 16384, False, 8),    # 2048 rows: more items than the band
 ])
 def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
-                                                           restarts):
+                                                           restarts, band):
   """Where an expert's items are fewer than the band, the bands restart at
   each group (so a band holds one expert's items, however the tokens are
   routed), and the band keeps its own height for the groups above the
@@ -730,7 +730,7 @@ def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
   config = mosaic.heuristic(problem, HOPPER)
   assert config.tile_m == 128
   assert config.group_bands == restarts
-  assert config.grid_band == 8
+  assert config.grid_band == band
 
 
 def test_heuristic_weighs_column_padding_and_output_bursts():

@@ -370,8 +370,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # one consumer's output store overlaps the other's wgmmas. At one item
     # per expert and fewer (memory-bound DeepSeek-V3) it measured slower
     # (experiments/results/nvidia_h200/ragged_ping_pong).
+    # Its 128 x 128 CTA tile is the narrow one: bands of 4, as above.
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                        grid_band=band, ping_pong=True,
+                        grid_band=min(band, 4), ping_pong=True,
                         group_bands=group_bands)
     return _most_stages(base, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)

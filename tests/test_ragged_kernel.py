@@ -237,73 +237,25 @@ GROUP_BANDS_CASES = [
 ]
 
 
-#: `RaggedConfig.fold_by_size`: pieces largest first, the walk folded.
-FOLD_CASES = [
-    # Uneven groups, an empty one, rows of no group before and after, bands
-    # restarting at each group.
-    (460, 64, 192, [64, 0, 150, 3, 260], 9, "bfloat16", "float32", False,
-     None, dataclasses.replace(SMALL, group_bands=True, fold_by_size=True)),
-    # Bands over the whole (sorted) item list, turns at whole tiles, rhs
-    # read transposed, silu; f16.
-    (300, 128, 128, [40, 130, 0, 70, 1], 0, "float16", "float16", True,
-     "silu", dataclasses.replace(SMALL, ping_pong=True, fold_by_size=True,
-                                 stages=3)),
-]
-
-
-@pytest.mark.parametrize("case", GROUP_BANDS_CASES + FOLD_CASES,
-                         ids=["bands_of_2", "transposed_turns", "one_group",
-                              "fold_group_bands", "fold_turns"])
+@pytest.mark.parametrize("case", GROUP_BANDS_CASES,
+                         ids=["bands_of_2", "transposed_turns", "one_group"])
 def test_rows_group_bands(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act, config = case
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
   _run(problem, sizes, row_offset=offset, config=config,
-       detect_races=case in (GROUP_BANDS_CASES[0], FOLD_CASES[0]))
+       detect_races=case is GROUP_BANDS_CASES[0])
 
 
-def test_largest_pieces_first_keeps_each_pieces_items_together():
-  sizes, m, tile_m = [64, 0, 150, 3, 260], 490, 64
-  table, count = mosaic_schedule.row_items(
-      jnp.asarray(sizes, jnp.int32), jnp.asarray([9], jnp.int32), m=m,
-      tile_m=tile_m, row_align=8)
-  moved = np.asarray(mosaic_schedule.largest_pieces_first(table, count))
-  table, count = np.asarray(table), int(np.asarray(count)[0])
-  # The same items (as (group, rows) triples), the pieces by falling item
-  # count, each piece's items consecutive, in row order, and naming their
-  # new first position.
-  assert sorted(map(tuple, moved[:3, :count].T)) == sorted(
-      map(tuple, table[:3, :count].T))
-  np.testing.assert_array_equal(moved[:, count:], table[:, count:])
-  piece_items = moved[mosaic_schedule.ITEM_PIECE_ITEMS, :count]
-  assert np.all(np.diff(piece_items) <= 0)
-  for item in range(count):
-    first = moved[mosaic_schedule.ITEM_PIECE_FIRST, item]
-    items = moved[:, first:first + piece_items[item]]
-    assert first <= item < first + piece_items[item]
-    assert np.all(items[mosaic_schedule.ITEM_GROUP]
-                  == moved[mosaic_schedule.ITEM_GROUP, item])
-    assert np.all(np.diff(items[mosaic_schedule.ITEM_ROW_LO]) > 0)
-
-
-@pytest.mark.parametrize("count", [1, 2, 7, 8])
-def test_fold_is_a_permutation(count):
-  folded = [int(mosaic_schedule.fold(np.int32(i), count))
-            for i in range(count)]
-  assert sorted(folded) == list(range(count))
-  assert folded[:2] == [0, count - 1][:count]
-
-
-@pytest.mark.parametrize("option", ["group_bands", "fold_by_size"])
-def test_rows_walk_options_raise_in_contracting_mode(option):
+def test_group_bands_is_a_rows_mode_option():
   problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
                           "bfloat16")
-  with pytest.raises(ValueError, match=f'{option} is a "rows"'):
+  with pytest.raises(ValueError, match="group_bands is a \"rows\""):
     mosaic.ragged_matmul(
         jnp.ones(problem.lhs_shape, jnp.bfloat16),
         jnp.ones(problem.rhs_shape, jnp.bfloat16),
         jnp.array([32, 32], jnp.int32), jnp.zeros((1,), jnp.int32),
-        problem=problem, config=dataclasses.replace(SMALL, **{option: True}),
+        problem=problem, config=dataclasses.replace(SMALL, group_bands=True),
         interpret=True)
 
 
@@ -626,8 +578,7 @@ def test_group_bands_lower_for_cuda():
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == "deepseek_v3_up zipf forward"]
   _lower_for_cuda(problem, dataclasses.replace(
-      configs.heuristic(problem, HOPPER), group_bands=True, grid_band=8,
-      fold_by_size=True))
+      configs.heuristic(problem, HOPPER), group_bands=True, grid_band=8))
 
 
 def test_zeros_by_producer_needs_slots_dividing_a_tiles_stores():

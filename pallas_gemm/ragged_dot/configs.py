@@ -93,16 +93,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                grid_band of its items (a "rows"-mode option, as
                "contracting" walks each group's tiles on their own already,
                and raises on it).
-    fold_by_size
-               the pieces (groups, and stretches of rows of no group) are
-               walked largest first, and the tile walk is folded: the CTAs'
-               consecutive tiles come alternately from the front of that
-               order (large groups, whose weight strips many row items
-               share: compute-heavy) and from its back (small groups, each
-               streaming its expert's weights for a row item or two), so
-               that with uneven routing the tensor cores and HBM work at the
-               same time instead of in turns (a "rows"-mode option; the
-               contracting kernel raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -174,7 +164,6 @@ class RaggedConfig:
   short_items: bool = False
   cluster_columns: bool = False
   group_bands: bool = False
-  fold_by_size: bool = False
 
   def __post_init__(self):
     validate(self)

@@ -182,10 +182,6 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   assert lhs_rows % row_align == 0 and lhs_rows >= tile_m, lhs_gmem.shape
 
   def tile_info(linear):
-    if config.fold_by_size:
-      # The items come largest piece first: consecutive tiles alternate
-      # between the two ends of that order.
-      linear = schedule.fold(index(linear), num_tiles)
     if config.group_bands:
       # The tiles of a piece (a group, or rows of no group) are the
       # consecutive run of its items times n_tiles, so the item whose
@@ -368,8 +364,6 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   row_align = lhs_row_align(config, problem)
   items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
                                         tile_m=tile_m, row_align=row_align)
-  if config.fold_by_size:
-    items = schedule.largest_pieces_first(items, num_items)
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
                           (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)

@@ -346,11 +346,10 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if config.split_rows:
     raise ValueError("RaggedConfig.split_rows is a \"rows\"-mode option: the "
                      "contracting kernel always splits its K strip")
-  for option in ("group_bands", "fold_by_size"):
-    if getattr(config, option):
-      raise ValueError(f"RaggedConfig.{option} is a \"rows\"-mode option: "
-                       "the contracting kernel walks each group's tiles on "
-                       "their own (largest_first orders them)")
+  if config.group_bands:
+    raise ValueError("RaggedConfig.group_bands is a \"rows\"-mode option: "
+                     "the contracting kernel walks each group's tiles on "
+                     "their own")
   if config.short_items:
     raise ValueError("RaggedConfig.short_items is a \"rows\"-mode option: "
                      "the contracting kernel has no row items")

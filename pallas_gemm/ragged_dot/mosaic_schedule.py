@@ -104,31 +104,6 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   return table.astype(jnp.int32), num_items.astype(jnp.int32)
 
 
-def largest_pieces_first(table, num_items):
-  """A "rows"-mode item table (`row_items`) with its pieces sorted by item
-  count, largest first (ties in row order), each piece's items still
-  consecutive and in order, ITEM_PIECE_FIRST renumbered to the new
-  positions; the entries past `num_items` stay last."""
-  entries = table.shape[1]
-  valid = jnp.arange(entries, dtype=jnp.int32) < num_items[0]
-  key = jnp.where(valid, -table[ITEM_PIECE_ITEMS], 1)
-  order = jnp.argsort(key, stable=True).astype(jnp.int32)
-  position = jnp.zeros((entries,), jnp.int32).at[order].set(
-      jnp.arange(entries, dtype=jnp.int32))
-  moved = table[:, order]
-  first = jnp.where(valid[order], position[moved[ITEM_PIECE_FIRST]],
-                    moved[ITEM_PIECE_FIRST])
-  return moved.at[ITEM_PIECE_FIRST].set(first)
-
-
-def fold(linear, count):
-  """The `linear`-th of `count` positions taken alternately from the front
-  and the back: 0, count - 1, 1, count - 2, ... A permutation of
-  [0, count); works on traced or NumPy ints."""
-  half = linear // 2
-  return jnp.where(linear % 2 == 0, half, count - 1 - half)
-
-
 def _owners(ends_incl, entries):
   """The owner of each of `entries` in a list where owner o holds the
   consecutive entries that end before ends_incl[o]: how many owners end at

@@ -57,7 +57,7 @@ def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
 #: go last, so that a seed's earlier problems stay what was measured).
 TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "transposed", "f16", "tf32", "fused", "unaligned",
-                    "fp8_decode", "fp8_mid", "fp8_large")
+                    "fp8_decode", "fp8_mid", "fp8_large", "decode_wide")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -148,6 +148,13 @@ def training_problems(seed: int = 20261123,
       n, k = (_log_uniform(rng, *nk_range, 128) for _ in range(2))
       add(m, n, k, dtype="float8_e4m3fn", layout=rng.choice(("NN", "NT")),
           scales=rng.choice(FP8_TRAINING_SCALINGS))
+  # Decode beyond "decode"'s N and K: LM heads (vocabularies to 160k
+  # columns) and the down projections of large FFNs (K to 32k), at the
+  # batch sizes of serving, where no bucket lay within an octave.
+  regime = "decode_wide"
+  for _ in range(8):
+    add(rng.choice((1, 2, 4, 8, 16, 32, 48, 64, 96, 128)),
+        _log_uniform(rng, 2048, 163840, 128), _log_uniform(rng, 4096, 32768, 128))
   return out
 
 

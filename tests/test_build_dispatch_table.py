@@ -39,6 +39,27 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
 
 
 
+def test_new_regimes_leave_the_measured_problems_drawn():
+  """Regimes are drawn in TRAINING_REGIMES order and new ones go last, so
+  every problem the committed tables measured is still drawn by some seed
+  (otherwise resuming would measure a different set)."""
+  drawn = {builder.spec_id(s) for seed in range(20261120, 20261135)
+           for s in builder.training_problems(seed)}
+  for gpu in ("nvidia_h100", "nvidia_h200"):
+    log = (autotune.SHIPPED_DIR.parents[1] / "experiments" / "results" / gpu
+           / "dispatch" / "measurements.jsonl")
+    for line in log.read_text().splitlines():
+      assert builder.spec_id(json.loads(line)["spec"]) in drawn, line[:120]
+
+
+def test_decode_wide_reaches_lm_heads_and_long_reductions():
+  specs = [s for seed in range(20261123, 20261127)
+           for s in builder.training_problems(seed, regimes=("decode_wide",))]
+  assert len(specs) == 32 and all(s["m"] <= 128 for s in specs)
+  assert max(s["n"] for s in specs) > 65536
+  assert max(s["k"] for s in specs) > 16384
+
+
 def test_a_regime_of_a_training_set_is_drawn_as_in_the_whole_set():
   whole = builder.training_problems(seed=7)
   decode = builder.training_problems(seed=7, regimes=("decode",))

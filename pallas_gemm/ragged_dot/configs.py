@@ -433,7 +433,12 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               dict(tile_m=64, tile_n=64),
               dict(tile_m=128, tile_n=128, split_rows=True, grid_band=16),
               dict(tile_m=128, tile_n=128, ping_pong=True),
-              dict(tile_m=64, tile_n=256, ping_pong=True)]
+              dict(tile_m=64, tile_n=256, ping_pong=True),
+              # Bands restarting at each group, as the heuristic walks
+              # experts of fewer row items than a band.
+              dict(tile_m=128, tile_n=128, split_rows=True, group_bands=True),
+              dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
+                   grid_band=4)]
   out = []
   for fields in shapes:
     config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)

@@ -286,6 +286,11 @@ def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
 PING_PONG_MAX_ROWS = 512
 
 
+#: Row items per band of the "rows"-mode tile walk (`RaggedConfig.
+#: grid_band`): 64-row tiles, the 128 x 128 CTA tile, the 128 x 256 one.
+SHORT_ROWS_BAND, NARROW_TILE_BAND, WIDE_TILE_BAND = 16, 4, 8
+
+
 def _takes_turns(rows_per_group: float) -> bool:
   """Whether the heuristic has the consumers take turns at whole 128 x 128
   tiles: experts of more than one and at most PING_PONG_MAX_ROWS / 128
@@ -349,10 +354,11 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # row tiles of one (group, column strip) run together, so an expert's
   # weight tile is fetched from HBM once and the other row tiles of the
   # group find it in L2.
-  # A band of 4 suits the narrow 128 x 128 CTA tile: twice as many column
-  # strips share the same weight bytes (experiments/results/nvidia_h200/
-  # ragged_sweep).
-  band = 16 if tile_m == 64 else (4 if tile_n == 64 else 8)
+  # A shorter band suits the narrow 128 x 128 CTA tile: twice as many
+  # column strips share the same weight bytes (experiments/results/
+  # nvidia_h200/ragged_sweep).
+  band = (SHORT_ROWS_BAND if tile_m == 64 else
+          NARROW_TILE_BAND if tile_n == 64 else WIDE_TILE_BAND)
   # Weight strips are shared only by the row items of one group: a band
   # taller than a group's items buys no weight reuse, and spreads the
   # column strips of each item (which share its lhs rows) further apart,
@@ -370,9 +376,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # one consumer's output store overlaps the other's wgmmas. At one item
     # per expert and fewer (memory-bound DeepSeek-V3) it measured slower
     # (experiments/results/nvidia_h200/ragged_ping_pong).
-    # Its 128 x 128 CTA tile is the narrow one: bands of 4, as above.
+    # Its 128 x 128 CTA tile is the narrow one.
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                        grid_band=min(band, 4), ping_pong=True,
+                        grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)
     return _most_stages(base, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)

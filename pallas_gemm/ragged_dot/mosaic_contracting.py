@@ -157,20 +157,26 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       plgpu.copy_smem_to_gmem(staged,
                               pieces_gmem.at[g - first_pieces, rows, cols])
 
+  def store_zero_box(zeros_smem, g, k_idx, n_idx, box_row, box_col):
+    """The producer's store of box (box_row, box_col) of an empty group's
+    output tile, one commit group; never awaited until the end (the buffer
+    stays zero)."""
+    box_m, box_n = zeros_smem.shape
+    plgpu.copy_smem_to_gmem(
+        zeros_smem, out_gmem.at[g, pl.ds(k_idx * cta_m + box_row * box_m,
+                                          box_m),
+                                pl.ds(n_idx * tile_n + box_col * box_n,
+                                      box_n)])
+
   def store_zero_tile(zeros_smem, g, k_idx, n_idx):
-    """The producer's stores of an empty group's output tile, one commit
-    group per box; never awaited until the end (the buffer stays zero)."""
+    """Every box of an empty group's output tile."""
     box_m, box_n = zeros_smem.shape
 
     @pl.when(g < first_pieces)
     def _empty_group():
       for i in range(cta_m // box_m):
         for j in range(tile_n // box_n):
-          plgpu.copy_smem_to_gmem(
-              zeros_smem, out_gmem.at[g, pl.ds(k_idx * cta_m + i * box_m,
-                                                box_m),
-                                      pl.ds(n_idx * tile_n + j * box_n,
-                                            box_n)])
+          store_zero_box(zeros_smem, g, k_idx, n_idx, i, j)
 
   def zero_drip_work(zeros_smem):
     """The producer's cursor over this CTA's zero tiles (RaggedConfig.
@@ -202,11 +208,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
         @pl.when(zero)
         def _store():
-          rows = pl.ds(k_idx * cta_m + lax.div(box, index(box_cols)) * box_m,
-                       box_m)
-          cols = pl.ds(n_idx * tile_n + lax.rem(box, index(box_cols)) * box_n,
-                       box_n)
-          plgpu.copy_smem_to_gmem(zeros_smem, out_gmem.at[g, rows, cols])
+          store_zero_box(zeros_smem, g, k_idx, n_idx,
+                         lax.div(box, index(box_cols)),
+                         lax.rem(box, index(box_cols)))
 
         box = jnp.where(zero, box + 1, index(boxes))
         i, box, tile = lax.cond(
@@ -364,9 +368,11 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk)
-  # A group is empty where its first piece (entry g < groups) has no chunk.
-  empty_groups = jnp.sum(table[schedule.GROUP_CHUNKS, :groups] == 0,
-                         dtype=jnp.int32, keepdims=True)
+  # With zero_drip the kernel also reads how many groups are empty: those
+  # whose first piece (entry g < groups) has no chunk.
+  empty_groups = ([jnp.sum(table[schedule.GROUP_CHUNKS, :groups] == 0,
+                           dtype=jnp.int32, keepdims=True)]
+                  if config.zero_drip else [])
   if config.largest_first:
     table = schedule.largest_first(table)
   # The kernel sees every piece as a group of its own; the pieces beyond
@@ -386,8 +392,6 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if pieces > groups:
     out_type = (out_type, jax.ShapeDtypeStruct((pieces - groups, k_out, n_out),
                                                out_type.dtype))
-  operands = [table, lhs, dout] + ([empty_groups] if config.zero_drip
-                                   else [])
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
                         n_units=n_units, groups=pieces),
@@ -397,7 +401,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
       interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
-  out = call_kernel(kernel, operands, out_type, params)
+  out = call_kernel(kernel, [table, lhs, dout, *empty_groups], out_type,
+                    params)
   if pieces > groups:
     out = merge_pieces(*out, extras, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out

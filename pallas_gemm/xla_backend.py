@@ -66,7 +66,7 @@ def _xla_fp8(a, b, c, bias, problem, a_scale, b_scale):
       and problem.out_dtype == "bfloat16"):
     return _dequantized_dot(a, a_scale if a_mode == "tensor" else None,
                             b, b_scale if b_mode == "tensor" else None,
-                            problem)
+                            problem.batch, dims)
   if "block" in (a_mode, b_mode):
     a32 = fp8.dequantize_operand(a, a_scale, a_mode, operand="a",
                                  transposed=problem.transpose_a)
@@ -86,7 +86,7 @@ def _xla_fp8(a, b, c, bias, problem, a_scale, b_scale):
   return out.astype(problem.out_dtype)
 
 
-def _dequantized_dot(a, a_scale, b, b_scale, problem):
+def _dequantized_dot(a, a_scale, b, b_scale, batch, dims):
   """Per-tensor scales, bfloat16 out: each operand widened to bfloat16
   (exact for e4m3 and e5m2) and multiplied by its scale, then one dot.
 
@@ -106,15 +106,12 @@ def _dequantized_dot(a, a_scale, b, b_scale, problem):
     return x * scale.astype(jnp.bfloat16)[:, None, None]
 
   a_wide, b_wide = widen(a, a_scale), widen(b, b_scale)
-  contract = ((0 if problem.transpose_a else 1,),
-              (1 if problem.transpose_b else 0,))
-  if problem.batch == 1:  # the 2-D dot the rewriter was measured on
+  if batch == 1:  # the 2-D dot the rewriter was measured on: no batch axis
+    contract = tuple(tuple(d - 1 for d in side) for side in dims[0])
     return jax.lax.dot_general(a_wide[0], b_wide[0], (contract, ((), ())),
                                preferred_element_type=jnp.bfloat16)[None]
-  return jax.lax.dot_general(
-      a_wide, b_wide, ((tuple(c + 1 for c in contract[0]),
-                        tuple(c + 1 for c in contract[1])), ((0,), (0,))),
-      preferred_element_type=jnp.bfloat16)
+  return jax.lax.dot_general(a_wide, b_wide, dims,
+                             preferred_element_type=jnp.bfloat16)
 
 
 registry.register(registry.KernelEntry(

@@ -412,14 +412,19 @@ def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
 
 def test_contracting_groups_table():
   table = np.asarray(mosaic_schedule.contracting_groups(
-      jnp.asarray([30, 0, 70, 100], jnp.int32), jnp.asarray([7], jnp.int32),
-      m=150, chunk=64))
+      jnp.asarray([30, 0, 70, 100, 57], jnp.int32),
+      jnp.asarray([7], jnp.int32), m=250, chunk=64, row_align=8))
   np.testing.assert_array_equal(table[mosaic_schedule.GROUP_ROW_LO],
-                                [7, 37, 37, 107])
+                                [7, 37, 37, 107, 207])
   np.testing.assert_array_equal(table[mosaic_schedule.GROUP_ROW_HI],
-                                [37, 37, 107, 150])
+                                [37, 37, 107, 207, 250])
+  # Chunks start at the group's first row rounded down to 8 rows: the 70
+  # rows from 37 take rows 32-159 (two chunks, not the three of 0-191),
+  # and the 43 rows from 207 one chunk from 200 (not two from 192).
+  np.testing.assert_array_equal(table[mosaic_schedule.GROUP_FIRST_ROW],
+                                [0, 32, 32, 104, 200])
   np.testing.assert_array_equal(table[mosaic_schedule.GROUP_CHUNKS],
-                                [1, 0, 2, 2])
+                                [1, 0, 2, 2, 1])
 
 
 def test_config_split_rows_needs_whole_halves():
@@ -446,26 +451,31 @@ def test_rows_rejects_interleave_groups():
 @hypothesis.given(
     sizes=st.lists(st.integers(0, 300), min_size=1, max_size=9),
     offset=st.integers(0, 70), slack=st.integers(0, 90),
-    chunk=st.sampled_from([64, 128]), steps=st.integers(1, 4))
+    chunk=st.sampled_from([64, 128]), steps=st.integers(1, 4),
+    row_align=st.sampled_from([1, 8]))
 def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
-                                                  chunk, steps):
+                                                  chunk, steps, row_align):
   """Every group's rows are covered exactly once by its pieces, each at
-  most piece_rows long; cuts inside a group fall on chunk boundaries; the
-  pieces beyond the first fit in the static bound and name their group and
-  its first such piece."""
+  most piece_rows long; each piece's chunks start on a row_align boundary
+  at most row_align - 1 rows before it and cover it; cuts inside a group
+  fall on whole chunks from the group's first chunk; the pieces beyond the
+  first fit in the static bound and name their group and its first such
+  piece."""
   piece_rows = chunk * steps
   m = offset + sum(sizes) + slack
   table, extras = (np.asarray(a) for a in mosaic_schedule.contracting_pieces(
       jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
-      chunk=chunk, piece_rows=piece_rows))
+      chunk=chunk, row_align=row_align, piece_rows=piece_rows))
   groups = len(sizes)
-  extra_count = mosaic_schedule.max_extra_pieces(m, groups, chunk, piece_rows)
+  extra_count = mosaic_schedule.max_extra_pieces(m, groups, row_align,
+                                                 piece_rows)
   assert table.shape == (4, groups + extra_count)
   assert extras.shape == (3, extra_count)
-  lo, hi, first_chunk, chunks = table
-  assert np.all(first_chunk == lo // chunk)
-  assert np.all(chunks == np.where(hi > lo, (hi - 1) // chunk - lo // chunk
-                                   + 1, 0))
+  lo, hi, first_row, chunks = table
+  assert np.all(first_row % row_align == 0)
+  assert np.all((first_row <= lo) & (lo - first_row < row_align))
+  assert np.all(chunks == np.where(hi > lo, -(-(hi - first_row) // chunk),
+                                   0))
   assert np.all(hi - lo <= piece_rows) and np.all(hi >= lo)
   owner = np.concatenate([np.arange(groups), extras[0]])
   starts, ends = group_bounds(sizes, m, offset)
@@ -475,8 +485,9 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
     assert sum(b - a for a, b in covered) == end - start
     if covered:
       assert covered[0][0] == start and covered[-1][1] == end
-      assert all(a == prev_b and a % chunk == 0 for (_, prev_b), (a, _)
-                 in zip(covered, covered[1:]))
+      first = start // row_align * row_align
+      assert all(a == prev_b and (a - first) % chunk == 0
+                 for (_, prev_b), (a, _) in zip(covered, covered[1:]))
     firsts = [x for x in range(extra_count) if extras[0, x] == g]
     if firsts:  # consecutive, each naming the first
       assert firsts == list(range(firsts[0], firsts[0] + len(firsts)))

@@ -5,11 +5,11 @@
 Output tiles are (group, K strip, N strip) triples, a static count, walked
 group by group and in a banded snake inside each group (or, with
 `RaggedConfig.interleave_groups`, the group index fastest). A tile's reduction
-runs over its group's rows in `tile_k`-row chunks aligned to `tile_k`: the
-first and last chunk of a group may hold rows of its neighbours, which the
-consumers zero in shared memory before the wgmma reads the chunk (each
-consumer masks only the K columns it multiplies, so the two never write the
-same bytes). The number of chunks is runtime data, read from a table
+runs over its group's rows in `tile_k`-row chunks from the group's first
+row, rounded down to the 8 rows where a TMA load may start: the first and
+last chunk of a group may hold rows of its neighbours, which the consumers
+zero in shared memory before the wgmma reads the chunk (each consumer masks
+only the K columns it multiplies, so the two never write the same bytes). The number of chunks is runtime data, read from a table
 computed on the device (`mosaic_schedule.contracting_groups`); a group with
 no rows runs no chunk and stores zeros. The pipeline is the one of
 `mosaic.py`: producer warpgroup + two consumers over a ring whose step
@@ -118,10 +118,10 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       # edge: its loads read zeros and its stores are dropped by the TMA.
       n_idx = n_idx * 2 + lax.axis_index("cluster")
     entry = schedule.read_entry(groups_gmem, g)
-    row_lo, row_hi, first_chunk, steps = entry[:4]
+    row_lo, row_hi, first_row, steps = entry[:4]
     if config.largest_first:  # columns sorted; the output group comes last
       g = entry[4]
-    return g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps
+    return g, k_idx, n_idx, row_lo, row_hi, first_row, steps
 
   first_pieces = out_gmem.shape[0]
   # The consumers may skip a tile only where the staging slots alternate
@@ -234,18 +234,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     ring = Ring(stages, stage_loaded, stage_consumed)
 
     def producer_tile(linear):
-      g, k_idx, n_idx, _, _, first_chunk, steps = tile_info(linear)
+      g, k_idx, n_idx, _, _, first_row, steps = tile_info(linear)
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
       if zeros_by_producer and not config.zero_drip:
         @pl.when(steps == 0)
         def _zeros():
           store_zero_tile(zeros_smem, g, k_idx, n_idx)
       return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
-              first_chunk, owner, steps)
+              first_row, owner, steps)
 
     def load_step(tile, c, slot):
-      k_cols, n_cols, first_chunk, owner, _ = tile
-      rows = pl.ds((first_chunk + c) * chunk, chunk)
+      k_cols, n_cols, first_row, owner, _ = tile
+      rows = pl.ds(first_row + c * chunk, chunk)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
       plgpu.copy_gmem_to_smem(
           lhs_gmem.at[rows, k_cols], lhs_smem.at[slot], loaded,
@@ -288,13 +288,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         return first_step + steps
 
       def compute_and_store(linear, first_step):
-        g, k_idx, n_idx, row_lo, row_hi, first_chunk, steps = tile_info(
+        g, k_idx, n_idx, row_lo, row_hi, first_row, steps = tile_info(
             linear)
 
         def mma_step(at, acc_ref):
           slot, c = at.slot, at.kk
           lhs_part = lhs_smem.at[slot, :, pl.ds(wg_rows, tile_m)]
-          chunk_row0 = (first_chunk + c) * chunk
+          chunk_row0 = first_row + c * chunk
 
           @pl.when((chunk_row0 < row_lo) | (chunk_row0 + chunk > row_hi))
           def _mask_other_groups():
@@ -361,13 +361,17 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   tile_n, chunk = config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]
   in_dtype = problem.in_dtype
+  # A chunk's load starts on a whole row tile of both operands' swizzled
+  # layouts.
+  row_align = max(tma.tma_tiling(cta_m, in_dtype)[0],
+                  tma.tma_tiling(tile_n, in_dtype)[0])
   if config.piece_rows:
     table, extras = schedule.contracting_pieces(
-        group_sizes, row_offset, m=m, chunk=chunk,
+        group_sizes, row_offset, m=m, chunk=chunk, row_align=row_align,
         piece_rows=config.piece_rows)
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
-                                        chunk=chunk)
+                                        chunk=chunk, row_align=row_align)
   # With zero_drip the kernel also reads how many groups are empty: those
   # whose first piece (entry g < groups) has no chunk.
   empty_groups = ([jnp.sum(table[schedule.GROUP_CHUNKS, :groups] == 0,

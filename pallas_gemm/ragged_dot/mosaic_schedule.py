@@ -29,8 +29,9 @@ from pallas_gemm.problem import cdiv
 #: its rows [lo, hi), and its piece's first item and item count.
 (ITEM_GROUP, ITEM_ROW_LO, ITEM_ROW_HI, ITEM_PIECE_FIRST,
  ITEM_PIECE_ITEMS) = range(5)
-#: Rows of the "contracting"-mode group table.
-GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS = range(4)
+#: Rows of the "contracting"-mode group table: the group's rows [lo, hi),
+#: the first row of its first chunk, and its chunk count.
+GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_ROW, GROUP_CHUNKS = range(4)
 #: Rows of the table of pieces beyond the groups' first (`contracting_pieces`).
 EXTRA_GROUP, EXTRA_FIRST, EXTRA_COUNT = range(3)
 
@@ -114,12 +115,18 @@ def _owners(ends_incl, entries):
                  axis=1).astype(jnp.int32)
 
 
-def _chunk_table(lo, hi, chunk: int):
+def _chunk_table(lo, hi, chunk: int, row_align: int):
   """The (4, entries) "contracting"-mode table of row ranges [lo, hi):
-  GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_CHUNK, GROUP_CHUNKS (0 for an
-  empty range)."""
-  chunks = jnp.where(hi > lo, (hi - 1) // chunk - lo // chunk + 1, 0)
-  return jnp.stack([lo, hi, lo // chunk, chunks]).astype(jnp.int32)
+  GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_ROW (lo rounded down to a
+  multiple of `row_align`) and GROUP_CHUNKS, the `chunk`-row chunks from
+  there that cover the range (0 for an empty range). Counted from the
+  group's own first row, a group of s rows takes cdiv(s + up to
+  row_align - 1, chunk) chunks; counted at absolute chunk boundaries, a
+  group that starts or ends mid-chunk took up to one more, a whole chunk of
+  other groups' rows loaded and multiplied as zeros."""
+  first_row = lo // row_align * row_align
+  chunks = jnp.where(hi > lo, (hi - first_row + chunk - 1) // chunk, 0)
+  return jnp.stack([lo, hi, first_row, chunks]).astype(jnp.int32)
 
 
 def tile_first_row(row_lo, *, row_align: int, lhs_rows: int, tile_m: int):
@@ -131,25 +138,31 @@ def tile_first_row(row_lo, *, row_align: int, lhs_rows: int, tile_m: int):
   return jnp.minimum(row_lo // row_align * row_align, lhs_rows - tile_m)
 
 
-def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int):
+def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int,
+                       row_align: int):
   """The "contracting"-mode group table (4, groups) int32: each group's
-  rows [lo, hi), its first `chunk`-row block and how many blocks it
-  touches (0 for an empty group)."""
-  return _chunk_table(*group_rows(group_sizes, row_offset, m), chunk)
+  rows [lo, hi), the first row of its first `chunk`-row chunk (lo rounded
+  down to `row_align`, where a TMA load may start) and how many chunks
+  cover its rows (0 for an empty group)."""
+  return _chunk_table(*group_rows(group_sizes, row_offset, m), chunk,
+                      row_align)
 
 
-def max_extra_pieces(m: int, groups: int, chunk: int, piece_rows: int) -> int:
+def max_extra_pieces(m: int, groups: int, row_align: int,
+                     piece_rows: int) -> int:
   """A bound on the pieces beyond each group's first (`contracting_pieces`).
-  A group of l rows starting d < chunk rows past a chunk boundary has
-  ceil((l + d) / piece_rows) pieces, so at most (l + chunk - 2) //
+  A group of l rows starting d < row_align rows past its first row has
+  ceil((l + d) / piece_rows) pieces, so at most (l + row_align - 2) //
   piece_rows beyond its first; the bound sums that over the groups."""
-  return (m + groups * (chunk - 1)) // piece_rows
+  return (m + groups * (row_align - 1)) // piece_rows
 
 
 def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
-                       piece_rows: int):
+                       row_align: int, piece_rows: int):
   """The "contracting"-mode table of `RaggedConfig.piece_rows`: every group
-  cut at the multiples of `piece_rows` rows past its first chunk boundary.
+  cut at the multiples of `piece_rows` rows past its first row (its start
+  rounded down to `row_align`), so that every piece beyond the first starts
+  on a whole chunk of its own group's rows.
 
   Returns (table, extras):
     table   (4, groups + E) int32, as `contracting_groups`: entry g < groups
@@ -162,9 +175,9 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
             and how many such pieces its group has.
   """
   groups = group_sizes.shape[0]
-  extra_count = max_extra_pieces(m, groups, chunk, piece_rows)
+  extra_count = max_extra_pieces(m, groups, row_align, piece_rows)
   starts, ends = group_rows(group_sizes, row_offset, m)
-  first_cut = starts // chunk * chunk + piece_rows
+  first_cut = starts // row_align * row_align + piece_rows
   first_hi = jnp.minimum(ends, first_cut)
   extra = jnp.where(ends > first_cut,
                     (ends - first_cut + piece_rows - 1) // piece_rows, 0)
@@ -177,7 +190,7 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
                  + (x - first_extra[owner]) * piece_rows, 0)
   hi = jnp.where(used, jnp.minimum(ends[owner], lo + piece_rows), 0)
   table = _chunk_table(jnp.concatenate([starts, lo]),
-                       jnp.concatenate([first_hi, hi]), chunk)
+                       jnp.concatenate([first_hi, hi]), chunk, row_align)
   extras = jnp.stack([jnp.where(used, owner, -1),
                       jnp.where(used, first_extra[owner], 0),
                       jnp.where(used, extra[owner], 0)])

@@ -7,11 +7,14 @@ Each output tile of group g costs ceil(rows_g / chunk) steps plus
 `--store_cost` steps for writing it (a tile's reduction runs over all its
 group's rows); tiles are dealt to the persistent CTAs round-robin in the
 kernel's order (`warp_specialised.for_each_tile`), in the CTA tiles and chunks of the
-heuristic's config. Printed: the busiest
-CTA's load over the mean (1.00 = balanced) for the kernel's group-major
+heuristic's config. With turn-taking consumers (`ping_pong`) a CTA's
+slots alternate between its two consumers, each running its own tiles one
+after another, so the load is that of each consumer. Printed: the busiest
+CTA's (or consumer's) load over the mean (1.00 = balanced) for the kernel's group-major
 order and for three alternatives: groups sorted by size (largest first),
 the kernel's snake deal (`mosaic_schedule.snake_deal`: every other whole
-round of CTAs dealt backwards), and both. No
+round of CTAs, or with ping_pong of the CTAs' consumers, dealt
+backwards), and both. No
 order helps a group that holds every token: only splitting its reduction
 over CTAs does. The last two columns are schedules the kernel does not
 have: each CTA takes a contiguous range of the sorted tiles holding an
@@ -37,14 +40,18 @@ from pallas_gemm.devices import DeviceInfo  # noqa: E402
 from pallas_gemm.ragged_dot import arg_specs, configs, mosaic_schedule  # noqa: E402
 
 
-def busiest_over_mean(costs: np.ndarray, sms: int, snake: bool) -> float:
-  """The busiest CTA's load over the mean when slot s of the round-robin
-  deal (CTA s % sms) runs tile s, or with `snake` the kernel's
-  `mosaic_schedule.snake_deal(s)`."""
+def busiest_over_mean(costs: np.ndarray, sms: int, snake: bool,
+                      consumers: int = 1) -> float:
+  """The busiest worker's load over the mean when slot s of the
+  round-robin deal (CTA s % sms; with `consumers` taking turns, consumer
+  (s // sms) % consumers of it) runs tile s, or with `snake` the kernel's
+  `mosaic_schedule.snake_deal(s)` over rounds of sms x consumers slots."""
   slots = np.arange(len(costs))
-  tiles = mosaic_schedule.snake_deal(slots, sms, len(costs)) if snake else slots
-  load = np.zeros(sms)
-  np.add.at(load, slots % sms, costs[np.asarray(tiles)])
+  tiles = (mosaic_schedule.snake_deal(slots, sms * consumers, len(costs))
+           if snake else slots)
+  load = np.zeros(sms * consumers)
+  np.add.at(load, (slots % sms) * consumers + (slots // sms) % consumers,
+            costs[np.asarray(tiles)])
   return float(load.max() / load.mean())
 
 
@@ -88,7 +95,8 @@ def main(argv=None):
       cost = np.ceil(case.group_sizes() / config.tile_k) + args.store_cost
       orders = {"group-major": np.repeat(cost, tiles_per_group),
                 "sorted": np.repeat(np.sort(cost)[::-1], tiles_per_group)}
-      cells = [busiest_over_mean(orders[order], args.sms, snake)
+      consumers = configs.NUM_CONSUMERS if config.ping_pong else 1
+      cells = [busiest_over_mean(orders[order], args.sms, snake, consumers)
                for order, snake in (("group-major", False), ("sorted", False),
                                     ("group-major", True), ("sorted", True))]
       cells.append(contiguous_busiest_over_mean(orders["sorted"], args.sms))

@@ -49,9 +49,9 @@ consumer's output store then overlaps the other's wgmmas.
 
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,
-and the tiles are dealt to the CTAs in a snake (`mosaic_schedule.
-snake_deal`), so that the long tiles of large groups start first and spread
-evenly over the CTAs.
+and the tiles are dealt to the CTAs (with ping_pong: to the CTAs'
+consumers) in a snake (`mosaic_schedule.snake_deal`), so that the long
+tiles of large groups start first and spread evenly over them.
 """
 
 from __future__ import annotations
@@ -102,8 +102,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
   def tile_info(linear):
     if config.largest_first:
-      linear = schedule.snake_deal(linear, index(lax.axis_size("sm")),
-                                   num_tiles)
+      # With ping_pong a CTA's consecutive slots alternate between its two
+      # consumers, which each run their own tiles one after another: the
+      # snake then turns after every round of the CTAs' consumers (two
+      # rounds of slots), so that the consumer dealt a long tile is dealt a
+      # short one next, rather than the same consumer being dealt the long
+      # tile of every other round.
+      workers = NUM_CONSUMERS if config.ping_pong else 1
+      linear = schedule.snake_deal(
+          linear, index(lax.axis_size("sm")) * workers, num_tiles)
     if config.interleave_groups:
       g = lax.rem(linear, index(groups))
       _, k_idx, n_idx = tile_coordinates(

@@ -725,38 +725,23 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
     _lower_for_cuda(problem, config)
 
 
-@pytest.mark.parametrize("groups,rows,n,restarts,band", [
-    (256, 32768, 2048, True, 8),  # one 128-row item per expert
-    (60, 16384, 1408, True, 4),   # 273 rows, three items: turns at 128 x 128
-    (8, 16384, 2048, False, 8),   # 2048 rows: more items than the band
+@pytest.mark.parametrize("groups,rows,restarts,band", [
+    (256, 32768, True, 8),   # one 128-row item per expert
+    (60, 16384, True, 4),    # 273 rows, three items: turns at 128 x 128
+    (8, 16384, False, 8),    # 2048 rows: more items than the band
 ])
-def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows, n,
+def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
                                                            restarts, band):
   """Where an expert's items are fewer than the band, the bands restart at
   each group (so a band holds one expert's items, however the tokens are
   routed), and the band keeps its own height for the groups above the
   average."""
-  problem = RaggedProblem("rows", rows, 7168, n, groups, "bfloat16",
+  problem = RaggedProblem("rows", rows, 7168, 2048, groups, "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
   assert config.tile_m == 128
   assert config.group_bands == restarts
   assert config.grid_band == band
-
-
-@pytest.mark.parametrize("groups,rows,n,tile", [
-    (60, 16384, 2048, (64, 256)),   # 273 rows: 5 x 64 pad less than 3 x 128
-    (60, 16384, 1408, (128, 128)),  # ... but a 256-column strip would pad
-    (64, 16384, 2048, (128, 128)),  # 256 rows: neither pads
-    (64, 12800, 2048, (128, 128)),  # 200 rows: 4 x 64 and 2 x 128 pad alike
-])
-def test_heuristic_turns_at_64_rows_where_128_row_items_pad(groups, rows, n,
-                                                            tile):
-  problem = RaggedProblem("rows", rows, 2048, n, groups, "bfloat16",
-                          "bfloat16")
-  config = mosaic.heuristic(problem, HOPPER)
-  assert config.ping_pong
-  assert config.cta_tile("rows") == tile
 
 
 def test_heuristic_weighs_column_padding_and_output_bursts():

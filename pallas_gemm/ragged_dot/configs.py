@@ -291,27 +291,6 @@ PING_PONG_MAX_ROWS = 512
 SHORT_ROWS_BAND, NARROW_TILE_BAND, WIDE_TILE_BAND = 16, 4, 8
 
 
-#: The turn-taking consumers' 64 x 256 tile replaces the 128 x 128 one
-#: where its row items pad an average expert's rows to at most this share
-#: of the rows that 128-row items pad them to.
-SHORT_TURNS_PADDING = 0.9
-
-
-def _short_turns_pay(n: int, rows_per_group: float) -> bool:
-  """Whether the turn-taking consumers run 64 x 256 tiles rather than
-  128 x 128 ones in "rows" mode: the two do the same work at the same speed
-  where neither pads (experiments/results/nvidia_h100/ragged_short_turns),
-  and the 64-row item wastes less of a group whose rows end early in its
-  last 128-row item (273 rows: five 64-row items hold 320 rows, three
-  128-row items 384). Only where the 256-column strips pad no more columns
-  than the 128-column ones: a half-empty last strip measured slower even
-  where the padded tile count favoured it."""
-  padded_64 = math.ceil(rows_per_group / 64) * 64
-  padded_128 = math.ceil(rows_per_group / 128) * 128
-  columns_alike = -(-n // 256) * 256 == -(-n // 128) * 128
-  return columns_alike and padded_64 <= SHORT_TURNS_PADDING * padded_128
-
-
 def _takes_turns(rows_per_group: float) -> bool:
   """Whether the heuristic has the consumers take turns at whole 128 x 128
   tiles: experts of more than one and at most PING_PONG_MAX_ROWS / 128
@@ -398,15 +377,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # per expert and fewer (memory-bound DeepSeek-V3) it measured slower
     # (experiments/results/nvidia_h200/ragged_ping_pong).
     # Its 128 x 128 CTA tile is the narrow one.
-    if _short_turns_pay(problem.n, rows_per_group):
-      base = RaggedConfig(
-          tile_m=64, tile_n=256, tile_k=64, epi_tile_n=64,
-          grid_band=WIDE_TILE_BAND, ping_pong=True,
-          group_bands=math.ceil(rows_per_group / 64) < WIDE_TILE_BAND)
-    else:
-      base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                          grid_band=min(band, NARROW_TILE_BAND),
-                          ping_pong=True, group_bands=group_bands)
+    base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
+                        grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
+                        group_bands=group_bands)
     return _most_stages(base, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its

@@ -38,7 +38,10 @@
 #              moe cases RAGGED_CASES (';'-separated labels; with
 #              RAGGED_BASE, fields over the heuristic's for the config
 #              they are compared with), output in
-#              $OUT/ragged_options.txt                BUDGET_ragged_options=200
+#              $OUT/ragged_options.txt; RAGGED_PAIRS, a file of
+#              "case|fields" lines, times each line's option on its case
+#              instead of every option on every case
+#                                                  BUDGET_ragged_options=200
 #   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
 #              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS, each
 #              path.cu or path.cu:NAME=VALUE,... for compile-time knobs),
@@ -195,17 +198,28 @@ if wanted ragged_options; then
   stage "grouped GEMM: config options against the heuristic's"
   # One process per (case, option): each compiles two configs.
   deadline=$(( SECONDS + $(budget ragged_options 200) ))
-  IFS=';' read -r -a ragged_cases <<< "${RAGGED_CASES:-qwen1.5_moe_up even drhs;qwen3_30b_a3b_up zipf drhs;g64_t16384_k2048_n1408 even drhs}"
-  for case in "${ragged_cases[@]}"; do
-    for option in ${RAGGED_OPTIONS:-ping_pong=true}; do
-      [ "$SECONDS" -lt "$deadline" ] || break 2
-      run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
-        --case "$case" --kernel mosaic --versus "$option" --time 20 \
-        ${RAGGED_BASE:+--config "$RAGGED_BASE"} \
-        2>&1 | grep -E "relative error|us \(CUPTI|time =|Error" \
-        | tee -a "$OUT/ragged_options.txt"
+  ragged_pair() {  # ragged_pair CASE FIELDS
+    run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
+      --case "$1" --kernel mosaic --versus "$2" --time 20 \
+      ${RAGGED_BASE:+--config "$RAGGED_BASE"} \
+      2>&1 | grep -E "relative error|us \(CUPTI|time =|Error" \
+      | tee -a "$OUT/ragged_options.txt"
+  }
+  if [ -n "${RAGGED_PAIRS:-}" ]; then
+    while IFS='|' read -r case option; do
+      [ -n "$case" ] || continue
+      [ "$SECONDS" -lt "$deadline" ] || break
+      ragged_pair "$case" "$option"
+    done < "$RAGGED_PAIRS"
+  else
+    IFS=';' read -r -a ragged_cases <<< "${RAGGED_CASES:-qwen1.5_moe_up even drhs;qwen3_30b_a3b_up zipf drhs;g64_t16384_k2048_n1408 even drhs}"
+    for case in "${ragged_cases[@]}"; do
+      for option in ${RAGGED_OPTIONS:-ping_pong=true}; do
+        [ "$SECONDS" -lt "$deadline" ] || break 2
+        ragged_pair "$case" "$option"
+      done
     done
-  done
+  fi
 fi
 
 if wanted smoke; then

@@ -35,8 +35,9 @@ One `RaggedConfig` serves both modes; the fields mean:
                rounded to the output dtype before they are added.
     largest_first
                walk the groups (or pieces) in order of their row counts,
-               largest first, and deal the tiles to the CTAs in a snake, so
-               that uneven groups load the SMs evenly (a "contracting"-mode
+               largest first, and deal the tiles to the CTAs (with
+               ping_pong, to the CTAs' consumers) in a snake, so that
+               uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
     cluster_columns
                two CTAs of a 2-CTA cluster run the neighbouring column

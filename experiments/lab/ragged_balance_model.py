@@ -10,8 +10,8 @@ kernel's order (`warp_specialised.for_each_tile`), in the CTA tiles and chunks o
 heuristic's config. With turn-taking consumers (`ping_pong`) a CTA's
 slots alternate between its two consumers, each running its own tiles one
 after another, so the load is that of each consumer. Printed: the busiest
-CTA's (or consumer's) load over the mean (1.00 = balanced) for the kernel's group-major
-order and for three alternatives: groups sorted by size (largest first),
+CTA's (or consumer's) load over the mean (1.00 = balanced) for the
+kernel's group-major order and for three alternatives: groups sorted by size (largest first),
 the kernel's snake deal (`mosaic_schedule.snake_deal`: every other whole
 round of CTAs, or with ping_pong of the CTAs' consumers, dealt
 backwards), and both. No

@@ -9,8 +9,9 @@ runs over its group's rows in `tile_k`-row chunks from the group's first
 row, rounded down to the 8 rows where a TMA load may start: the first and
 last chunk of a group may hold rows of its neighbours, which the consumers
 zero in shared memory before the wgmma reads the chunk (each consumer masks
-only the K columns it multiplies, so the two never write the same bytes). The number of chunks is runtime data, read from a table
-computed on the device (`mosaic_schedule.contracting_groups`); a group with
+only the K columns it multiplies, so the two never write the same bytes).
+The number of chunks is runtime data, read from a table computed on the
+device (`mosaic_schedule.contracting_groups`); a group with
 no rows runs no chunk and stores zeros. The pipeline is the one of
 `mosaic.py`: producer warpgroup + two consumers over a ring whose step
 counter runs on across tiles.

@@ -6,22 +6,21 @@ what would other tile orders give? A model, no GPU (issue #18).
 Each output tile of group g costs ceil(rows_g / chunk) steps plus
 `--store_cost` steps for writing it (a tile's reduction runs over all its
 group's rows); tiles are dealt to the persistent CTAs round-robin in the
-kernel's order (`warp_specialised.for_each_tile`), in the CTA tiles and chunks of the
-heuristic's config. With turn-taking consumers (`ping_pong`) a CTA's
-slots alternate between its two consumers, each running its own tiles one
-after another, so the load is that of each consumer. Printed: the busiest
-CTA's (or consumer's) load over the mean (1.00 = balanced) for the
-kernel's group-major order and for three alternatives: groups sorted by size (largest first),
-the kernel's snake deal (`mosaic_schedule.snake_deal`: every other whole
-round of CTAs, or with ping_pong of the CTAs' consumers, dealt
-backwards), and both. No
-order helps a group that holds every token: only splitting its reduction
-over CTAs does. The last two columns are schedules the kernel does not
-have: each CTA takes a contiguous range of the sorted tiles holding an
-equal share of the total cost (a cost-balanced deal, stream-K's split at
-tile granularity), and the same after cutting every tile into pieces of at
-most `--piece_steps` steps (each piece paying its own store, the merge not
-counted).
+kernel's order (`warp_specialised.for_each_tile`), in the CTA tiles and
+chunks of the heuristic's config. With turn-taking consumers (`ping_pong`) a
+CTA's slots alternate between its two consumers, each running its own tiles
+one after another, so the load is that of each consumer. Printed: the
+busiest CTA's (or consumer's) load over the mean (1.00 = balanced) for the
+kernel's group-major order and for three alternatives: groups sorted by size
+(largest first), the kernel's snake deal (`mosaic_schedule.snake_deal`:
+every other whole round of CTAs, or with ping_pong of the CTAs' consumers,
+dealt backwards), and both. No order helps a group that holds every token:
+only splitting its reduction over CTAs does. The last two columns are
+schedules the kernel does not have: each CTA takes a contiguous range of the
+sorted tiles holding an equal share of the total cost (a cost-balanced deal,
+stream-K's split at tile granularity), and the same after cutting every tile
+into pieces of at most `--piece_steps` steps (each piece paying its own
+store, the merge not counted).
 """
 
 from __future__ import annotations

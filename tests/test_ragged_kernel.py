@@ -126,6 +126,19 @@ ROWS_CASES = [
      None, RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
                         epi_tile_n=64, grid_band=2, ping_pong=True,
                         short_items=True)),
+    # The epilogue staged swizzled (`swizzled_staging`), its rows stored
+    # through an untiled view of the same bytes: partial stores from every
+    # row of a swizzle atom (a 3-row group, items from rows 30, 33 and 103),
+    # split rows, then turns at whole tiles with short items and rhs read
+    # transposed. The interpreter runs plain staging (it keeps a RefUnion's
+    # views apart); compiled on the GPU these check the swizzled views.
+    (300, 64, 128, [30, 3, 70, 150, 9], 5, "bfloat16", "bfloat16", False,
+     None, dataclasses.replace(SPLIT_ROWS, swizzled_staging=True)),
+    (420, 64, 128, [130, 64, 0, 193, 7], 5, "float16", "float16", True,
+     "gelu", RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
+                          epi_tile_n=64, grid_band=2, ping_pong=True,
+                          short_items=True, out_slots=2,
+                          swizzled_staging=True)),
 ]
 
 
@@ -133,15 +146,16 @@ ROWS_CASES = [
                          ids=["odd_sizes", "transposed_offset_f16", "one_group",
                               "eight_groups", "columns_past_n",
                               "tall_tiles", "short_items_split_rows",
-                              "ping_pong", "ping_pong_short_items"])
+                              "ping_pong", "ping_pong_short_items",
+                              "swizzled_split_rows", "swizzled_ping_pong"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
   _run(problem, sizes, row_offset=offset, config=config,
-       detect_races=case in (ROWS_CASES[0], ROWS_CASES[-3], ROWS_CASES[-2],
-                             ROWS_CASES[-1]))
+       detect_races=case in (ROWS_CASES[0], ROWS_CASES[6], ROWS_CASES[7],
+                             ROWS_CASES[8]))
 
 
 CONTRACTING_CASES = [
@@ -541,6 +555,21 @@ def test_contracting_rejects_split_rows():
         problem=problem, config=SPLIT_ROWS, interpret=True)
 
 
+def test_swizzled_staging_needs_rows_of_one_swizzle_span():
+  """A 64-column staged row of f32 is 256 bytes, wider than a swizzle
+  span, and "contracting" mode stages swizzled tiles already: both raise,
+  naming the option."""
+  swizzled = dataclasses.replace(SMALL, swizzled_staging=True)
+  for mode, out_dtype in (("rows", "float32"), ("contracting", "bfloat16")):
+    problem = RaggedProblem(mode, 64, 64, 64, 2, "bfloat16", out_dtype)
+    with pytest.raises(ValueError, match="swizzled_staging"):
+      mosaic.ragged_matmul(
+          jnp.ones((64, 64), jnp.bfloat16),
+          jnp.ones(problem.rhs_shape, jnp.bfloat16), jnp.asarray([32, 32]),
+          jnp.zeros((1,), jnp.int32), problem=problem, config=swizzled,
+          interpret=True)
+
+
 def _lower_for_cuda(problem, config):
   """Traces the Mosaic kernel at `problem`'s shapes and lowers it for the
   GPU (no GPU needed)."""
@@ -643,6 +672,7 @@ def test_rows_ping_pong_lowers_for_cuda(transpose, short_items):
   config = dataclasses.replace(config, short_items=short_items)
   assert config.cta_tile("rows") == (config.tile_m, config.tile_n)
   _lower_for_cuda(problem, config)
+  _lower_for_cuda(problem, dataclasses.replace(config, swizzled_staging=True))
 
 
 def test_supports():

@@ -94,6 +94,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                grid_band of its items (a "rows"-mode option, as
                "contracting" walks each group's tiles on their own already,
                and raises on it).
+    swizzled_staging
+               the epilogue stages its output tile swizzled, so that the
+               registers' wgmma layout is written without shared-memory
+               bank conflicts; the partial stores of an item's rows, which
+               may start at any row, read it through a second, untiled view
+               of the same bytes (see `mosaic.row_staging_smem`). Needs a
+               staged row of epi_tile_n output elements to be 32, 64 or 128
+               bytes (a "rows"-mode option, as "contracting" stages whole
+               swizzled tiles already, and raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -165,6 +174,7 @@ class RaggedConfig:
   short_items: bool = False
   cluster_columns: bool = False
   group_bands: bool = False
+  swizzled_staging: bool = False
 
   def __post_init__(self):
     validate(self)

@@ -157,7 +157,7 @@ def lhs_row_align(config: RaggedConfig, problem: RaggedProblem) -> int:
 
 def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
-               n_tiles: int):
+               n_tiles: int, swizzled_staging: bool):
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
   cta_n = config.cta_tile("rows")[1]
   epi_n = config.epi_tile_n
@@ -208,6 +208,10 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
   def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
     ring = Ring(stages, stage_loaded, stage_consumed)
+    # The epilogue writes its registers through one view of the staging
+    # buffer and TMA-stores rows through the other (the same bytes).
+    out_written, out_stored = (out_smem if swizzled_staging
+                               else (out_smem, out_smem))
 
     def producer_tile(linear):
       group, tile_row, _, _, n_idx, steps = tile_info(linear)
@@ -310,9 +314,10 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           part = acc[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          staged = out_smem.at[wg, slot, pl.ds(0, rows)]
-          staged[...] = part.astype(out_dtype)
+          out_written.at[wg, slot, pl.ds(0, rows)][...] = part.astype(
+              out_dtype)
           plgpu.commit_smem()
+          staged = out_stored.at[wg, slot, pl.ds(0, rows)]
           col = col0 + ej * epi_n
           # Columns past the output's (a multiple of epi_n) are not stored
           # at all: a store from the un-swizzled staging tile whose window is
@@ -334,11 +339,43 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       **ring_smem(stages, lhs_smem=(lhs_block, in_dtype),
                   rhs_smem=(rhs_block, in_dtype),
                   owners=NUM_CONSUMERS if config.ping_pong else 1),
-      # Un-swizzled: the ladder of partial stores starts at any row.
-      out_smem=plgpu.SMEM((NUM_CONSUMERS, out_slots, cons_m, epi_n),
-                          out_dtype),
+      out_smem=row_staging_smem(swizzled_staging,
+                                (NUM_CONSUMERS, out_slots, cons_m, epi_n),
+                                out_dtype),
       collective_axes="wg",
   )
+
+
+def staging_swizzle(epi_n: int, out_dtype) -> int | None:
+  """The swizzle (bytes) of `RaggedConfig.swizzled_staging`'s staging
+  rows: a row of epi_n elements must be exactly one swizzle span, so that
+  the tiled layout the registers are written in is row after row."""
+  row_bytes = epi_n * jnp.dtype(out_dtype).itemsize
+  return row_bytes if row_bytes in (32, 64, 128) else None
+
+
+def row_staging_smem(swizzled: bool, shape, out_dtype):
+  """The epilogue's staging tiles. The partial stores of a tile's rows
+  start at any row, which a tiled shared-memory layout (8-row tiles) cannot
+  address, so by default the buffer is plain rows, which the registers'
+  wgmma layout writes with bank conflicts (each warp's store spans 8 rows
+  of the same banks). With `swizzled`, two views of one buffer: the
+  registers are written through the tiled and swizzled one (conflict-free),
+  and the TMA stores read rows through a swizzled view without tiling, whose
+  row slices may start anywhere: a tile's row is one swizzle span, so both
+  views put row r at the same bytes, and the TMA unit swizzles by the
+  shared-memory address, as the tiled writes did."""
+  if not swizzled:
+    return plgpu.SMEM(shape, out_dtype)
+  swizzle = staging_swizzle(shape[-1], out_dtype)
+  assert swizzle is not None, (shape, out_dtype)
+  tiling = (8, swizzle // jnp.dtype(out_dtype).itemsize)
+  return plgpu.RefUnion(
+      plgpu.SMEM(shape, out_dtype,
+                 transforms=(plgpu.TilingTransform(tiling),
+                             plgpu.SwizzleTransform(swizzle))),
+      plgpu.SMEM(shape, out_dtype,
+                 transforms=(plgpu.SwizzleTransform(swizzle),)))
 
 
 def _check_operands(lhs, rhs, group_sizes, row_offset, problem):
@@ -375,9 +412,14 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   max_tiles = (schedule.max_row_items(m, problem.groups, tile_m, row_align)
                * n_tiles)
   out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
+  # The interpreter keeps each view of a `plgpu.RefUnion` apart (and its
+  # race detector refuses a read through another view than the write), so
+  # there the staging is plain rows; the GPU tests check the swizzled views.
+  swizzled_staging = config.swizzled_staging and params is None
   kernel = warp_specialised_kernel(
       functools.partial(_rows_body, problem=problem, config=config,
-                        k_iters=k_iters, n_tiles=n_tiles),
+                        k_iters=k_iters, n_tiles=n_tiles,
+                        swizzled_staging=swizzled_staging),
       out_type=out_type, grid=(min(num_ctas_for(params), max_tiles),),
       interpret=params)
   out = call_kernel(kernel, [items, num_items, lhs, rhs], out_type, params)
@@ -431,6 +473,12 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
       if getattr(config, option):
         raise ValueError(f"RaggedConfig.{option} is a \"contracting\"-mode "
                          f"option: \"rows\" {why}")
+  if problem.mode == "rows" and config.swizzled_staging and (
+      staging_swizzle(config.epi_tile_n, out_dtype) is None):
+    raise ValueError(
+        f"RaggedConfig.swizzled_staging needs a staged row of "
+        f"epi_tile_n={config.epi_tile_n} {out_dtype.name} elements to be "
+        f"32, 64 or 128 bytes (one swizzle span)")
   if problem.mode == "contracting":
     from pallas_gemm.ragged_dot import mosaic_contracting
     return mosaic_contracting.contracting_matmul(

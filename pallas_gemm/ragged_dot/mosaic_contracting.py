@@ -365,6 +365,10 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if config.short_items:
     raise ValueError("RaggedConfig.short_items is a \"rows\"-mode option: "
                      "the contracting kernel has no row items")
+  if config.swizzled_staging:
+    raise ValueError("RaggedConfig.swizzled_staging is a \"rows\"-mode "
+                     "option: the contracting kernel stores whole tiles from "
+                     "swizzled staging already")
   m, k, n, groups = problem.m, problem.k, problem.n, problem.groups
   tile_n, chunk = config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]

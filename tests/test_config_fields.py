@@ -44,7 +44,8 @@ _INVALID_FIELDS = {
         "piece_rows": (96, -64, 64.0), "largest_first": (1,),
         "ping_pong": (1,), "zeros_by_producer": (1,), "zero_drip": (-1, 17, 1.0),
         "short_items": (1,),
-        "cluster_columns": (1,), "group_bands": (1,)},
+        "cluster_columns": (1,), "group_bands": (1,),
+        "swizzled_staging": (1,)},
     TritonConfig: {
         "block_k": (24, 32.0), "num_warps": (3,), "split_k": (0,),
         "programs_per_sm": (9,), "k_major": (1,)},

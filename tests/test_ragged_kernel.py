@@ -135,7 +135,7 @@ ROWS_CASES = [
     (300, 64, 128, [30, 3, 70, 150, 9], 5, "bfloat16", "bfloat16", False,
      None, dataclasses.replace(SPLIT_ROWS, swizzled_staging=True)),
     (420, 64, 128, [130, 64, 0, 193, 7], 5, "float16", "float16", True,
-     "gelu", RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
+     "silu", RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           short_items=True, out_slots=2,
                           swizzled_staging=True)),

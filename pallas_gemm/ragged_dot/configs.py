@@ -250,6 +250,15 @@ class RaggedConfig:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
 
 
+def staging_swizzle(epi_tile_n: int, out_dtype) -> int | None:
+  """The swizzle (bytes) of `RaggedConfig.swizzled_staging`'s staging rows,
+  or None where it cannot apply: a staged row of epi_tile_n output elements
+  must be exactly one swizzle span, so that the tiled layout the registers
+  are written in lays the rows one after another."""
+  row_bytes = epi_tile_n * jnp.dtype(out_dtype).itemsize
+  return row_bytes if row_bytes in (32, 64, 128) else None
+
+
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
@@ -381,6 +390,11 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # at a time (experiments/results/nvidia_h100/ragged_group_bands).
   group_bands = (tile_m == 128
                  and math.ceil(rows_per_group / tile_m) < band)
+  # The epilogue's staging tile written without bank conflicts, wherever a
+  # staged row is one swizzle span (16-bit outputs): as fast or faster on
+  # every case measured (experiments/results/nvidia_h100/
+  # ragged_swizzled_staging).
+  swizzled_staging = staging_swizzle(64, problem.out_dtype) is not None
   if _takes_turns(rows_per_group):
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
@@ -390,14 +404,16 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # Its 128 x 128 CTA tile is the narrow one.
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
-                        group_bands=group_bands)
+                        group_bands=group_bands,
+                        swizzled_staging=swizzled_staging)
     return _most_stages(base, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best.
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128,
-                      group_bands=group_bands)
+                      group_bands=group_bands,
+                      swizzled_staging=swizzled_staging)
   return _most_stages(base, problem)
 
 
@@ -456,6 +472,9 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               dict(tile_m=128, tile_n=128, split_rows=True, group_bands=True),
               dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
                    grid_band=4)]
+  if (problem.mode == "rows"
+      and staging_swizzle(64, problem.out_dtype) is not None):
+    shapes = [{**fields, "swizzled_staging": True} for fields in shapes]
   out = []
   for fields in shapes:
     config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)

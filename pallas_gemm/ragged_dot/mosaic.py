@@ -27,8 +27,11 @@ The two consumers split the CTA tile's columns, or with
 `RaggedConfig.split_rows` its two row halves (64 or 128 rows each; each then
 stores only its half's share of the item's rows). A 256-row tile holds a
 whole group of up to 256 rows, so that one CTA reads each of that expert's
-weight tiles. The staged output tile is un-swizzled, as the partial stores
-start at any row; no store reaches past the output's last column.
+weight tiles. The partial stores start at any row, which a tiled
+shared-memory layout cannot address: the staged output tile is plain rows,
+or (`RaggedConfig.swizzled_staging`) swizzled and stored through a second,
+untiled view (`row_staging_smem`). No store reaches past the output's last
+column.
 
 Mode "contracting" lives in `mosaic_contracting.py`.
 """
@@ -346,14 +349,6 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   )
 
 
-def staging_swizzle(epi_n: int, out_dtype) -> int | None:
-  """The swizzle (bytes) of `RaggedConfig.swizzled_staging`'s staging
-  rows: a row of epi_n elements must be exactly one swizzle span, so that
-  the tiled layout the registers are written in is row after row."""
-  row_bytes = epi_n * jnp.dtype(out_dtype).itemsize
-  return row_bytes if row_bytes in (32, 64, 128) else None
-
-
 def row_staging_smem(swizzled: bool, shape, out_dtype):
   """The epilogue's staging tiles. The partial stores of a tile's rows
   start at any row, which a tiled shared-memory layout (8-row tiles) cannot
@@ -367,7 +362,7 @@ def row_staging_smem(swizzled: bool, shape, out_dtype):
   shared-memory address, as the tiled writes did."""
   if not swizzled:
     return plgpu.SMEM(shape, out_dtype)
-  swizzle = staging_swizzle(shape[-1], out_dtype)
+  swizzle = configs.staging_swizzle(shape[-1], out_dtype)
   assert swizzle is not None, (shape, out_dtype)
   tiling = (8, swizzle // jnp.dtype(out_dtype).itemsize)
   return plgpu.RefUnion(
@@ -474,7 +469,7 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
         raise ValueError(f"RaggedConfig.{option} is a \"contracting\"-mode "
                          f"option: \"rows\" {why}")
   if problem.mode == "rows" and config.swizzled_staging and (
-      staging_swizzle(config.epi_tile_n, out_dtype) is None):
+      configs.staging_swizzle(config.epi_tile_n, out_dtype) is None):
     raise ValueError(
         f"RaggedConfig.swizzled_staging needs a staged row of "
         f"epi_tile_n={config.epi_tile_n} {out_dtype.name} elements to be "

@@ -743,6 +743,24 @@ def test_heuristic_prefers_64_rows_for_few_tokens_per_group():
       many, DeviceInfo("cpu", "cpu"))
 
 
+def test_heuristic_stages_16_bit_rows_swizzled():
+  """The "rows" epilogue is staged swizzled wherever a staged row is one
+  swizzle span (16-bit outputs), in every tile shape the heuristic picks;
+  f32 outputs and "contracting" mode keep their staging."""
+  shapes = [(16384, 2048, 1408, 60), (8192, 7168, 2048, 128),
+            (16384, 4096, 14336, 8)]
+  for m, k, n, groups in shapes:
+    for out_dtype, swizzled in (("bfloat16", True), ("float16", True),
+                                ("float32", False)):
+      rows = RaggedProblem("rows", m, k, n, groups, "bfloat16", out_dtype)
+      assert mosaic.heuristic(rows, HOPPER).swizzled_staging is swizzled
+      assert all(c.swizzled_staging is swizzled
+                 for c in configs.candidates(rows))
+    contracting = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
+                                "bfloat16")
+    assert not mosaic.heuristic(contracting, HOPPER).swizzled_staging
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,transpose", [("rows", False), ("rows", True),
                                             ("contracting", False)])

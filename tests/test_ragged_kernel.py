@@ -139,12 +139,6 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           short_items=True, out_slots=2,
                           swizzled_staging=True)),
-    # Half-width (32-column) stores alternating over two slots (64-byte
-    # swizzle spans when staged swizzled), turns at whole tiles.
-    (300, 64, 96, [30, 3, 70, 150, 9], 5, "bfloat16", "bfloat16", False,
-     None, RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
-                        epi_tile_n=32, grid_band=2, ping_pong=True,
-                        out_slots=2, swizzled_staging=True)),
 ]
 
 
@@ -153,8 +147,7 @@ ROWS_CASES = [
                               "eight_groups", "columns_past_n",
                               "tall_tiles", "short_items_split_rows",
                               "ping_pong", "ping_pong_short_items",
-                              "swizzled_split_rows", "swizzled_ping_pong",
-                              "half_width_stores"])
+                              "swizzled_split_rows", "swizzled_ping_pong"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
@@ -222,9 +215,6 @@ CONTRACTING_CASES = [
     # zeros and every piece, used or not.
     (200, 64, 64, [0, 150, 0, 10], 1, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, out_slots=2, piece_rows=64)),
-    # Half-width (32-column) stores from two slots; f16.
-    (190, 64, 96, [40, 0, 120, 30], 0, "float16", "float16",
-     dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, out_slots=2)),
 ]
 
 
@@ -683,11 +673,6 @@ def test_rows_ping_pong_lowers_for_cuda(transpose, short_items):
   assert config.cta_tile("rows") == (config.tile_m, config.tile_n)
   _lower_for_cuda(problem, config)
   _lower_for_cuda(problem, dataclasses.replace(config, swizzled_staging=True))
-  # Two half-width staging slots in the shared memory of one full-width one.
-  half_width = dataclasses.replace(config, swizzled_staging=True,
-                                   epi_tile_n=32, out_slots=2)
-  assert half_width.smem_bytes(problem) == config.smem_bytes(problem)
-  _lower_for_cuda(problem, half_width)
 
 
 def test_supports():

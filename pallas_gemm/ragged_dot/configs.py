@@ -105,10 +105,7 @@ One `RaggedConfig` serves both modes; the fields mean:
                swizzled tiles already, and raises on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
-    epi_tile_n columns of one staged output store (a multiple of 32
-               dividing tile_n). With out_slots=2, epi_tile_n=32 takes the
-               shared memory of one 64-column slot, so a consumer can stage
-               its next store while the last one is read, at no ring stage.
+    epi_tile_n columns of one staged output store (divides tile_n).
     grid_band  tile order: tiles are walked in bands `grid_band` tiles tall
                (along the row items in "rows" mode, along K in
                "contracting"), every other band backwards (a snake), so that
@@ -138,10 +135,6 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 #: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64
-#: The narrowest staged output store, in columns: a 64-byte swizzle span of
-#: 16-bit elements. Half-width stores let two staging slots fit the shared
-#: memory of one full-width slot.
-EPI_TILE_STEP = 32
 MAX_STAGES = 6
 #: Rows of the short-item wgmma of `RaggedConfig.short_items` (wgmma's
 #: row group).
@@ -167,7 +160,8 @@ class RaggedConfig:
       "whole 128-byte swizzle spans, wgmma's N range"))
   tile_k: int = checked(64, one_of(64, 128))
   stages: int = checked(4, in_range(2, 8))
-  epi_tile_n: int = checked(64, multiple_dividing(EPI_TILE_STEP, "tile_n"))
+  epi_tile_n: int = checked(64, multiple_dividing(SWIZZLE_ELEMS_16BIT,
+                                                  "tile_n"))
   grid_band: int = checked(8, at_least(1))
   out_slots: int = checked(1, one_of(1, 2))
   split_rows: bool = False
@@ -460,10 +454,8 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     shapes = [dict(tile_m=128, tile_n=128), dict(tile_m=64, tile_n=128),
               dict(tile_m=128, tile_n=64), dict(tile_m=64, tile_n=256),
               # Turns at whole tiles, at the two shapes whose accumulator
-              # one warpgroup holds; the first also with two half-width
-              # staging slots in the place of one.
+              # one warpgroup holds.
               dict(tile_m=128, tile_n=128, ping_pong=True),
-              dict(tile_m=128, tile_n=128, ping_pong=True, epi_tile_n=32),
               dict(tile_m=64, tile_n=256, epi_tile_n=256, ping_pong=True)]
   else:
     shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
@@ -479,9 +471,7 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               # experts of fewer row items than a band.
               dict(tile_m=128, tile_n=128, split_rows=True, group_bands=True),
               dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
-                   grid_band=4),
-              dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
-                   grid_band=4, epi_tile_n=32)]
+                   grid_band=4)]
   if (problem.mode == "rows"
       and staging_swizzle(64, problem.out_dtype) is not None):
     shapes = [{**fields, "swizzled_staging": True} for fields in shapes]

@@ -100,9 +100,10 @@ One `RaggedConfig` serves both modes; the fields mean:
                bank conflicts; the partial stores of an item's rows, which
                may start at any row, read it through a second, untiled view
                of the same bytes (see `mosaic.row_staging_smem`). Needs a
-               staged row of epi_tile_n output elements to be 32, 64 or 128
-               bytes (a "rows"-mode option, as "contracting" stages whole
-               swizzled tiles already, and raises on it).
+               staged row of epi_tile_n output elements to be 128 bytes
+               (64 columns of a 16-bit output; a "rows"-mode option, as
+               "contracting" stages whole swizzled tiles already, and raises
+               on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -254,9 +255,10 @@ def staging_swizzle(epi_tile_n: int, out_dtype) -> int | None:
   """The swizzle (bytes) of `RaggedConfig.swizzled_staging`'s staging rows,
   or None where it cannot apply: a staged row of epi_tile_n output elements
   must be exactly one swizzle span, so that the tiled layout the registers
-  are written in lays the rows one after another."""
+  are written in lays the rows one after another, and 128 bytes, so that a
+  partial store starting at any row starts on a 128-byte boundary."""
   row_bytes = epi_tile_n * jnp.dtype(out_dtype).itemsize
-  return row_bytes if row_bytes in (32, 64, 128) else None
+  return row_bytes if row_bytes == 128 else None
 
 
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:

@@ -473,7 +473,7 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
     raise ValueError(
         f"RaggedConfig.swizzled_staging needs a staged row of "
         f"epi_tile_n={config.epi_tile_n} {out_dtype.name} elements to be "
-        f"32, 64 or 128 bytes (one swizzle span)")
+        f"128 bytes (one swizzle span)")
   if problem.mode == "contracting":
     from pallas_gemm.ragged_dot import mosaic_contracting
     return mosaic_contracting.contracting_matmul(

@@ -139,6 +139,19 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           short_items=True, out_slots=2,
                           swizzled_staging=True)),
+    # Each consumer's 128 rows staged and stored in 64-row halves
+    # (`epi_tile_m`): items starting and ending in either half, a 3-row
+    # group, short items (one half); turns at whole tiles from one slot,
+    # then the consumers splitting the columns, from two.
+    (300, 64, 128, [30, 3, 70, 150, 9], 5, "bfloat16", "bfloat16", False,
+     "silu", RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
+                          epi_tile_n=64, grid_band=2, ping_pong=True,
+                          short_items=True, out_slots=1, epi_tile_m=64,
+                          swizzled_staging=True)),
+    (300, 64, 200, [100, 0, 66, 130], 0, "bfloat16", "bfloat16", True, None,
+     RaggedConfig(tile_m=128, tile_n=128, tile_k=64, stages=2,
+                  epi_tile_n=64, grid_band=2, out_slots=2, epi_tile_m=64,
+                  swizzled_staging=True)),
 ]
 
 
@@ -147,7 +160,8 @@ ROWS_CASES = [
                               "eight_groups", "columns_past_n",
                               "tall_tiles", "short_items_split_rows",
                               "ping_pong", "ping_pong_short_items",
-                              "swizzled_split_rows", "swizzled_ping_pong"])
+                              "swizzled_split_rows", "swizzled_ping_pong",
+                              "row_halves_ping_pong", "row_halves"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
@@ -570,6 +584,20 @@ def test_swizzled_staging_needs_rows_of_one_swizzle_span():
           interpret=True)
 
 
+def test_row_halves_are_a_rows_mode_option_needing_whole_slot_rounds():
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                          "bfloat16")
+  with pytest.raises(ValueError, match="epi_tile_m"):
+    mosaic.ragged_matmul(
+        jnp.ones((64, 64), jnp.bfloat16), jnp.ones((64, 64), jnp.bfloat16),
+        jnp.asarray([32, 32]), jnp.zeros((1,), jnp.int32), problem=problem,
+        config=dataclasses.replace(SMALL, epi_tile_m=64), interpret=True)
+  # One store per tile row and two slots: a tile's store count would set
+  # its first slot.
+  with pytest.raises(ValueError, match="epi_tile_m=64 needs out_slots=2"):
+    dataclasses.replace(SMALL, epi_tile_m=64, out_slots=2)
+
+
 def _lower_for_cuda(problem, config):
   """Traces the Mosaic kernel at `problem`'s shapes and lowers it for the
   GPU (no GPU needed)."""
@@ -673,6 +701,13 @@ def test_rows_ping_pong_lowers_for_cuda(transpose, short_items):
   assert config.cta_tile("rows") == (config.tile_m, config.tile_n)
   _lower_for_cuda(problem, config)
   _lower_for_cuda(problem, dataclasses.replace(config, swizzled_staging=True))
+  # Two staging slots of 64-row halves in the shared memory of one whole
+  # slot, the ring as deep.
+  halves = dataclasses.replace(config, swizzled_staging=True, epi_tile_m=64,
+                               out_slots=2)
+  assert halves.smem_bytes(problem) == config.smem_bytes(problem)
+  assert (config.out_slots, config.stages) == (1, 6)
+  _lower_for_cuda(problem, halves)
 
 
 def test_supports():

@@ -104,6 +104,12 @@ One `RaggedConfig` serves both modes; the fields mean:
                (64 columns of a 16-bit output; a "rows"-mode option, as
                "contracting" stages whole swizzled tiles already, and raises
                on it).
+    epi_tile_m rows of one staged output store: 0 (the default) stages a
+               consumer's whole rows at once; 64 stages them in 64-row
+               halves, so that two staging slots take the shared memory of
+               one (with out_slots=2 the ring keeps its depth) and the
+               stored rows stay 128 bytes (a "rows"-mode option; needs
+               out_slots dividing tile_n / epi_tile_n).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -176,9 +182,17 @@ class RaggedConfig:
   cluster_columns: bool = False
   group_bands: bool = False
   swizzled_staging: bool = False
+  epi_tile_m: int = checked(0, one_of(0, 64).because(
+      "0 stages a consumer's whole rows; 64 is wgmma's row group"))
 
   def __post_init__(self):
     validate(self)
+    if self.epi_tile_m and not self.slots_divide_stores():
+      raise ValueError(f"RaggedConfig.epi_tile_m={self.epi_tile_m} needs "
+                       f"out_slots={self.out_slots} to divide the stores of "
+                       f"a tile row, tile_n / epi_tile_n = "
+                       f"{self.tile_n // self.epi_tile_n} (a tile's store "
+                       f"count then depends on its rows)")
     if self.zeros_by_producer and not self.slots_divide_stores():
       raise ValueError(f"RaggedConfig.zeros_by_producer needs out_slots="
                        f"{self.out_slots} to divide the stores per tile, "
@@ -235,13 +249,17 @@ class RaggedConfig:
       return self.tile_m // NUM_CONSUMERS, NUM_CONSUMERS * self.tile_n
     return self.tile_m, self.tile_n
 
+  def staged_rows(self, mode: str) -> int:
+    """Rows of one staged output store (`epi_tile_m`, or the consumer's)."""
+    rows = self.consumer_tile(mode)[0]
+    return min(self.epi_tile_m, rows) if self.epi_tile_m else rows
+
   def smem_bytes(self, problem: RaggedProblem) -> int:
     in_size = jnp.dtype(problem.in_dtype).itemsize
     out_size = jnp.dtype(problem.out_dtype).itemsize
     cta_m, cta_n = self.cta_tile(problem.mode)
     stage = (cta_m + cta_n) * self.tile_k * in_size
-    consumer_rows = self.consumer_tile(problem.mode)[0]
-    staging = (NUM_CONSUMERS * self.out_slots * consumer_rows
+    staging = (NUM_CONSUMERS * self.out_slots * self.staged_rows(problem.mode)
                * self.epi_tile_n * out_size)
     zeros = (math.prod(ZERO_BOX) * out_size if self.zeros_by_producer
              else 0)
@@ -473,7 +491,10 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               # experts of fewer row items than a band.
               dict(tile_m=128, tile_n=128, split_rows=True, group_bands=True),
               dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
-                   grid_band=4)]
+                   grid_band=4),
+              # ... also staged in 64-row halves: two slots, as deep a ring.
+              dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
+                   grid_band=4, epi_tile_m=64)]
   if (problem.mode == "rows"
       and staging_swizzle(64, problem.out_dtype) is not None):
     shapes = [{**fields, "swizzled_staging": True} for fields in shapes]

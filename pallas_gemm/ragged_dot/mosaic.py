@@ -39,6 +39,7 @@ Mode "contracting" lives in `mosaic_contracting.py`.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -168,6 +169,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   transpose_rhs = problem.transpose_rhs
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   cons_m, cons_n = config.consumer_tile("rows")
+  epi_m = config.staged_rows("rows")
   out_slots = config.out_slots
   activation = (ACTIVATIONS[problem.activation] if problem.activation
                 else None)
@@ -243,7 +245,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       splits_columns = not (config.split_rows or config.ping_pong)
       wg_cols = wg * tile_n if splits_columns else 0
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
-      stores = cons_n // epi_n
+      stores = cons_n // epi_n  # per staged row block
 
       def mma_step(at, acc_ref, *, rows):
         if transpose_rhs:
@@ -291,8 +293,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         def _idle():
           consume_ring(ring, lambda at: None, first_step=first_step,
                        steps=steps)
-          for _ in range(stores):  # empty groups keep the slot count
-            plgpu.commit_smem_to_gmem_group()
+          for _ in range(cons_m // epi_m * stores):
+            plgpu.commit_smem_to_gmem_group()  # keep the slot count
         return first_step + steps
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
@@ -306,21 +308,29 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         if activation is not None:
           # Rows of no group are zero, also where activation(0) is not.
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
-        # This consumer's share of the item's rows [row_lo, row_hi).
-        row0 = tile_row + wg_rows
-        first_row = jnp.clip(row_lo - row0, 0, rows)
-        num_rows = jnp.clip(row_hi - row0, 0, rows) - first_row
-        col0 = n_idx * cta_n + wg_cols
-        for ej in range(stores):
-          slot = output_slot(linear, ej, stores, out_slots,
-                             ping_pong=config.ping_pong)
-          part = acc[:, ej * epi_n:(ej + 1) * epi_n]
+        block_rows = min(epi_m, rows)
+        blocks = rows // block_rows
+        for ei, ej in itertools.product(range(blocks), range(stores)):
+          if ej == 0:
+            # This consumer's share of the item's rows [row_lo, row_hi) in
+            # its ei-th block of staged rows.
+            row0 = tile_row + wg_rows
+            if ei:
+              row0 = row0 + ei * block_rows
+            first_row = jnp.clip(row_lo - row0, 0, block_rows)
+            num_rows = jnp.clip(row_hi - row0, 0, block_rows) - first_row
+            col0 = n_idx * cta_n + wg_cols
+          slot = output_slot(linear, ei * stores + ej, blocks * stores,
+                             out_slots, ping_pong=config.ping_pong)
+          part = (acc if blocks == 1
+                  else acc[ei * block_rows:(ei + 1) * block_rows])
+          part = part[:, ej * epi_n:(ej + 1) * epi_n]
           # The TMA stores that last read this slot must be done with it.
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          out_written.at[wg, slot, pl.ds(0, rows)][...] = part.astype(
+          out_written.at[wg, slot, pl.ds(0, block_rows)][...] = part.astype(
               out_dtype)
           plgpu.commit_smem()
-          staged = out_stored.at[wg, slot, pl.ds(0, rows)]
+          staged = out_stored.at[wg, slot, pl.ds(0, block_rows)]
           col = col0 + ej * epi_n
           # Columns past the output's (a multiple of epi_n) are not stored
           # at all: a store from the un-swizzled staging tile whose window is
@@ -330,7 +340,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # still commit a bulk group: the slot waits above count them.)
           store_rows(staged, out_gmem, row0=row0, first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
-                     max_rows=rows, cols=pl.ds(col, epi_n))
+                     max_rows=block_rows, cols=pl.ds(col, epi_n))
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -343,7 +353,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                   rhs_smem=(rhs_block, in_dtype),
                   owners=NUM_CONSUMERS if config.ping_pong else 1),
       out_smem=row_staging_smem(swizzled_staging,
-                                (NUM_CONSUMERS, out_slots, cons_m, epi_n),
+                                (NUM_CONSUMERS, out_slots, epi_m, epi_n),
                                 out_dtype),
       collective_axes="wg",
   )

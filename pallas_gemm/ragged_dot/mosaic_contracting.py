@@ -365,6 +365,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if config.short_items:
     raise ValueError("RaggedConfig.short_items is a \"rows\"-mode option: "
                      "the contracting kernel has no row items")
+  if config.epi_tile_m:
+    raise ValueError("RaggedConfig.epi_tile_m is a \"rows\"-mode option: "
+                     "the contracting kernel stages whole tiles")
   if config.swizzled_staging:
     raise ValueError("RaggedConfig.swizzled_staging is a \"rows\"-mode "
                      "option: the contracting kernel stores whole tiles from "

@@ -594,7 +594,7 @@ def test_row_halves_are_a_rows_mode_option_needing_whole_slot_rounds():
         config=dataclasses.replace(SMALL, epi_tile_m=64), interpret=True)
   # One store per tile row and two slots: a tile's store count would set
   # its first slot.
-  with pytest.raises(ValueError, match="epi_tile_m=64 needs out_slots=2"):
+  with pytest.raises(ValueError, match="epi_tile_m needs out_slots=2"):
     dataclasses.replace(SMALL, epi_tile_m=64, out_slots=2)
 
 

@@ -187,18 +187,17 @@ class RaggedConfig:
 
   def __post_init__(self):
     validate(self)
-    if self.epi_tile_m and not self.slots_divide_stores():
-      raise ValueError(f"RaggedConfig.epi_tile_m={self.epi_tile_m} needs "
-                       f"out_slots={self.out_slots} to divide the stores of "
-                       f"a tile row, tile_n / epi_tile_n = "
-                       f"{self.tile_n // self.epi_tile_n} (a tile's store "
-                       f"count then depends on its rows)")
-    if self.zeros_by_producer and not self.slots_divide_stores():
-      raise ValueError(f"RaggedConfig.zeros_by_producer needs out_slots="
-                       f"{self.out_slots} to divide the stores per tile, "
-                       f"tile_n / epi_tile_n = "
-                       f"{self.tile_n // self.epi_tile_n} (the consumers skip "
-                       f"the zero tiles)")
+    # Options under which a tile's first staging slot must not depend on
+    # its number.
+    for option, why in (("zeros_by_producer", "the consumers skip the zero "
+                         "tiles"),
+                        ("epi_tile_m", "a tile's store count then depends "
+                         "on its rows")):
+      if getattr(self, option) and not self.slots_divide_stores():
+        raise ValueError(f"RaggedConfig.{option} needs out_slots="
+                         f"{self.out_slots} to divide the stores of a tile "
+                         f"row, tile_n / epi_tile_n = "
+                         f"{self.tile_n // self.epi_tile_n} ({why})")
     if self.zero_drip and not self.zeros_by_producer:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "

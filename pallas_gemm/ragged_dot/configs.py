@@ -278,6 +278,18 @@ def staging_swizzle(epi_tile_n: int, out_dtype) -> int | None:
   return row_bytes if row_bytes == 128 else None
 
 
+def _swizzled_where_possible(config: RaggedConfig,
+                             problem: RaggedProblem) -> RaggedConfig:
+  """`config` with the "rows" epilogue staged swizzled wherever a staged row
+  is one swizzle span (16-bit outputs): written without bank conflicts, it
+  measured as fast or faster on every case (experiments/results/
+  nvidia_h100/ragged_swizzled_staging)."""
+  if (problem.mode != "rows"
+      or staging_swizzle(config.epi_tile_n, problem.out_dtype) is None):
+    return config
+  return dataclasses.replace(config, swizzled_staging=True)
+
+
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
@@ -409,11 +421,6 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   # at a time (experiments/results/nvidia_h100/ragged_group_bands).
   group_bands = (tile_m == 128
                  and math.ceil(rows_per_group / tile_m) < band)
-  # The epilogue's staging tile written without bank conflicts, wherever a
-  # staged row is one swizzle span (16-bit outputs): as fast or faster on
-  # every case measured (experiments/results/nvidia_h100/
-  # ragged_swizzled_staging).
-  swizzled_staging = staging_swizzle(64, problem.out_dtype) is not None
   if _takes_turns(rows_per_group):
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
@@ -423,17 +430,15 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # Its 128 x 128 CTA tile is the narrow one.
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
-                        group_bands=group_bands,
-                        swizzled_staging=swizzled_staging)
-    return _most_stages(base, problem)
+                        group_bands=group_bands)
+    return _most_stages(_swizzled_where_possible(base, problem), problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best.
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128,
-                      group_bands=group_bands,
-                      swizzled_staging=swizzled_staging)
-  return _most_stages(base, problem)
+                      group_bands=group_bands)
+  return _most_stages(_swizzled_where_possible(base, problem), problem)
 
 
 #: The most pieces `filling_piece_rows` cuts a group into: each costs an
@@ -494,12 +499,10 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               # ... also staged in 64-row halves: two slots, as deep a ring.
               dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
                    grid_band=4, epi_tile_m=64)]
-  if (problem.mode == "rows"
-      and staging_swizzle(64, problem.out_dtype) is not None):
-    shapes = [{**fields, "swizzled_staging": True} for fields in shapes]
   out = []
   for fields in shapes:
-    config = _most_stages(RaggedConfig(**{"grid_band": 8, **fields}), problem)
+    config = _most_stages(_swizzled_where_possible(
+        RaggedConfig(**{"grid_band": 8, **fields}), problem), problem)
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "contracting" and out:

@@ -39,7 +39,6 @@ Mode "contracting" lives in `mosaic_contracting.py`.
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -310,37 +309,37 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
         block_rows = min(epi_m, rows)
         blocks = rows // block_rows
-        for ei, ej in itertools.product(range(blocks), range(stores)):
-          if ej == 0:
-            # This consumer's share of the item's rows [row_lo, row_hi) in
-            # its ei-th block of staged rows.
-            row0 = tile_row + wg_rows
-            if ei:
-              row0 = row0 + ei * block_rows
-            first_row = jnp.clip(row_lo - row0, 0, block_rows)
-            num_rows = jnp.clip(row_hi - row0, 0, block_rows) - first_row
-            col0 = n_idx * cta_n + wg_cols
-          slot = output_slot(linear, ei * stores + ej, blocks * stores,
-                             out_slots, ping_pong=config.ping_pong)
-          part = (acc if blocks == 1
-                  else acc[ei * block_rows:(ei + 1) * block_rows])
-          part = part[:, ej * epi_n:(ej + 1) * epi_n]
-          # The TMA stores that last read this slot must be done with it.
-          plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          out_written.at[wg, slot, pl.ds(0, block_rows)][...] = part.astype(
-              out_dtype)
-          plgpu.commit_smem()
-          staged = out_stored.at[wg, slot, pl.ds(0, block_rows)]
-          col = col0 + ej * epi_n
-          # Columns past the output's (a multiple of epi_n) are not stored
-          # at all: a store from the un-swizzled staging tile whose window is
-          # contiguous in memory (one row, or full-width rows) is issued as
-          # a linear bulk copy, clipped only at the array's end, so a window
-          # right of the last column would land on the next rows. (Zero rows
-          # still commit a bulk group: the slot waits above count them.)
-          store_rows(staged, out_gmem, row0=row0, first_row=first_row,
-                     num_rows=jnp.where(col < n_out, num_rows, 0),
-                     max_rows=block_rows, cols=pl.ds(col, epi_n))
+        for ei in range(blocks):
+          # This consumer's share of the item's rows [row_lo, row_hi) in its
+          # ei-th block of staged rows.
+          row0 = tile_row + wg_rows
+          if ei:
+            row0 = row0 + ei * block_rows
+          first_row = jnp.clip(row_lo - row0, 0, block_rows)
+          num_rows = jnp.clip(row_hi - row0, 0, block_rows) - first_row
+          col0 = n_idx * cta_n + wg_cols
+          block = (acc if blocks == 1
+                   else acc[ei * block_rows:(ei + 1) * block_rows])
+          for ej in range(stores):
+            slot = output_slot(linear, ei * stores + ej, blocks * stores,
+                               out_slots, ping_pong=config.ping_pong)
+            part = block[:, ej * epi_n:(ej + 1) * epi_n]
+            # The TMA stores that last read this slot must be done with it.
+            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+            out_written.at[wg, slot, pl.ds(0, block_rows)][...] = part.astype(
+                out_dtype)
+            plgpu.commit_smem()
+            staged = out_stored.at[wg, slot, pl.ds(0, block_rows)]
+            col = col0 + ej * epi_n
+            # Columns past the output's (a multiple of epi_n) are not stored
+            # at all: a store from the un-swizzled staging tile whose window is
+            # contiguous in memory (one row, or full-width rows) is issued as
+            # a linear bulk copy, clipped only at the array's end, so a window
+            # right of the last column would land on the next rows. (Zero rows
+            # still commit a bulk group: the slot waits above count them.)
+            store_rows(staged, out_gmem, row0=row0, first_row=first_row,
+                       num_rows=jnp.where(col < n_out, num_rows, 0),
+                       max_rows=block_rows, cols=pl.ds(col, epi_n))
 
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -353,25 +353,22 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   )
 
 
+#: The config options only "rows" mode has, and why "contracting" has none.
+_ROWS_OPTIONS = {
+    "split_rows": "always splits its K strip",
+    "group_bands": "walks each group's tiles on their own",
+    "short_items": "has no row items",
+    "epi_tile_m": "stages whole tiles",
+    "swizzled_staging": "stores whole tiles from swizzled staging already",
+}
+
+
 def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                        problem: RaggedProblem, config: RaggedConfig, params):
-  if config.split_rows:
-    raise ValueError("RaggedConfig.split_rows is a \"rows\"-mode option: the "
-                     "contracting kernel always splits its K strip")
-  if config.group_bands:
-    raise ValueError("RaggedConfig.group_bands is a \"rows\"-mode option: "
-                     "the contracting kernel walks each group's tiles on "
-                     "their own")
-  if config.short_items:
-    raise ValueError("RaggedConfig.short_items is a \"rows\"-mode option: "
-                     "the contracting kernel has no row items")
-  if config.epi_tile_m:
-    raise ValueError("RaggedConfig.epi_tile_m is a \"rows\"-mode option: "
-                     "the contracting kernel stages whole tiles")
-  if config.swizzled_staging:
-    raise ValueError("RaggedConfig.swizzled_staging is a \"rows\"-mode "
-                     "option: the contracting kernel stores whole tiles from "
-                     "swizzled staging already")
+  for option, why in _ROWS_OPTIONS.items():
+    if getattr(config, option):
+      raise ValueError(f"RaggedConfig.{option} is a \"rows\"-mode option: "
+                       f"the contracting kernel {why}")
   m, k, n, groups = problem.m, problem.k, problem.n, problem.groups
   tile_n, chunk = config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]

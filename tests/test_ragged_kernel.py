@@ -152,6 +152,20 @@ ROWS_CASES = [
      RaggedConfig(tile_m=128, tile_n=128, tile_k=64, stages=2,
                   epi_tile_n=64, grid_band=2, out_slots=2, epi_tile_m=64,
                   swizzled_staging=True)),
+    # 2-CTA clusters multicasting an item's lhs tile (`cluster_columns`),
+    # three column strips, so the second CTA's last strip lies past the
+    # output: turns at whole tiles, a 3-row group, rhs read transposed,
+    # rows of no group under silu, group bands.
+    (150, 128, 192, [40, 3, 0, 70], 11, "bfloat16", "bfloat16", True,
+     "silu", dataclasses.replace(SMALL, ping_pong=True, stages=3,
+                                 cluster_columns=True, group_bands=True)),
+    # ... the consumers splitting the rows (a short item leaves the second
+    # half idle), then splitting the columns (the last strip ends inside
+    # the first consumer's half); f32 out.
+    (300, 64, 300, [70, 3, 150, 60], 9, "bfloat16", "float32", False, None,
+     dataclasses.replace(SPLIT_ROWS, out_slots=1, cluster_columns=True)),
+    (130, 64, 330, [50, 0, 80], 0, "bfloat16", "bfloat16", False, None,
+     dataclasses.replace(SMALL, cluster_columns=True)),
 ]
 
 
@@ -161,7 +175,9 @@ ROWS_CASES = [
                               "tall_tiles", "short_items_split_rows",
                               "ping_pong", "ping_pong_short_items",
                               "swizzled_split_rows", "swizzled_ping_pong",
-                              "row_halves_ping_pong", "row_halves"])
+                              "row_halves_ping_pong", "row_halves",
+                              "cluster_ping_pong", "cluster_split_rows",
+                              "cluster_split_columns"])
 def test_rows(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = case[:9]
   config = case[9] if len(case) > 9 else SMALL
@@ -169,7 +185,7 @@ def test_rows(case):
                           transpose_rhs=transpose, activation=act)
   _run(problem, sizes, row_offset=offset, config=config,
        detect_races=case in (ROWS_CASES[0], ROWS_CASES[6], ROWS_CASES[7],
-                             ROWS_CASES[8]))
+                             ROWS_CASES[8], ROWS_CASES[13]))
 
 
 CONTRACTING_CASES = [
@@ -708,6 +724,23 @@ def test_rows_ping_pong_lowers_for_cuda(transpose, short_items):
   assert halves.smem_bytes(problem) == config.smem_bytes(problem)
   assert (config.out_slots, config.stages) == (1, 6)
   _lower_for_cuda(problem, halves)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["fwd", "dlhs"])
+def test_rows_clusters_lower_for_cuda(transpose):
+  """2-CTA clusters sharing each item's lhs tile in "rows" mode lower for
+  the GPU at the heuristic's tiles: turn-taking 128 x 128 tiles at
+  Qwen1.5-MoE's shapes (11 column strips forward: an odd count) and the
+  split-rows 128 x 256 tile at DeepSeek-V3's."""
+  for groups, m, k, n in ((60, 16384, 2048, 1408), (256, 32768, 7168, 2048)):
+    if transpose:
+      k, n = n, k
+    problem = RaggedProblem("rows", m, k, n, groups, "bfloat16", "bfloat16",
+                            transpose_rhs=transpose)
+    config = dataclasses.replace(mosaic.heuristic(problem, HOPPER),
+                                 cluster_columns=True)
+    assert config.fits(problem)
+    _lower_for_cuda(problem, config)
 
 
 def test_supports():

@@ -41,12 +41,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                option; "rows" raises on it).
     cluster_columns
                two CTAs of a 2-CTA cluster run the neighbouring column
-               strips of one (group, K strip) in lockstep, and each TMA-
-               multicasts half of the lhs chunk they share into both: a
+               strips of one tile row in lockstep ("contracting": of one
+               (group, K strip); "rows": of one row item), and each TMA-
+               multicasts half of the lhs tile they share into both: a
                quarter less operand traffic from L2 at 128 x 128 tiles,
                where the weight gradient of small experts is bound by L2
-               bandwidth (a "contracting"-mode option; "rows" raises on
-               it).
+               bandwidth, and in "rows" mode the two strips that read the
+               same lhs rows stay together, so that lhs is not fetched
+               from HBM again once the CTAs drift apart (both modes).
     short_items
                with ping_pong in "rows" mode: an item whose rows all lie in
                its tile's first SHORT_ITEM_ROWS (the short last item of a
@@ -498,7 +500,12 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
                    grid_band=4),
               # ... also staged in 64-row halves: two slots, as deep a ring.
               dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
-                   grid_band=4, epi_tile_m=64)]
+                   grid_band=4, epi_tile_m=64),
+              # 2-CTA clusters sharing each item's lhs tile, at both tiles.
+              dict(tile_m=128, tile_n=128, split_rows=True,
+                   cluster_columns=True),
+              dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
+                   grid_band=4, cluster_columns=True)]
   out = []
   for fields in shapes:
     config = _most_stages(_swizzled_where_possible(

@@ -32,6 +32,12 @@ shared-memory layout cannot address: the staged output tile is plain rows,
 or (`RaggedConfig.swizzled_staging`) swizzled and stored through a second,
 untiled view (`row_staging_smem`). No store reaches past the output's last
 column.
+With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
+CTAs walk the same (item, strip pair) tiles, each computing one of the two
+neighbouring column strips, and each multicasts half of the item's lhs
+tile into both CTAs' stage; a stage is released once the consumers of both
+CTAs are done with it. With an odd strip count the second CTA's last strip
+lies past the output: its weight loads read zeros and it stores nothing.
 
 Mode "contracting" lives in `mosaic_contracting.py`.
 """
@@ -160,7 +166,9 @@ def lhs_row_align(config: RaggedConfig, problem: RaggedProblem) -> int:
 
 def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
-               n_tiles: int, swizzled_staging: bool):
+               n_units: int, swizzled_staging: bool):
+  """`n_units`: column strips, or with cluster_columns pairs of them (one
+  per CTA of a cluster)."""
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
   cta_n = config.cta_tile("rows")[1]
   epi_n = config.epi_tile_n
@@ -176,7 +184,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   lhs_block = (tile_m, tile_k)
   rhs_block = (cta_n, tile_k) if transpose_rhs else (tile_k, cta_n)
   num_items = index(num_items_gmem[0])
-  num_tiles = num_items * n_tiles
+  num_tiles = num_items * n_units
   n_out = out_gmem.shape[1]
 
   # Each tile starts on a whole row tile of lhs's swizzled layout, within
@@ -188,20 +196,22 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   def tile_info(linear):
     if config.group_bands:
       # The tiles of a piece (a group, or rows of no group) are the
-      # consecutive run of its items times n_tiles, so the item whose
-      # number is linear // n_tiles lies in the tile's piece; the bands
+      # consecutive run of its items times n_units, so the item whose
+      # number is linear // n_units lies in the tile's piece; the bands
       # are counted from the piece's first item.
-      some_item = lax.div(index(linear), index(n_tiles))
+      some_item = lax.div(index(linear), index(n_units))
       first = items_gmem[schedule.ITEM_PIECE_FIRST, some_item]
       count = items_gmem[schedule.ITEM_PIECE_ITEMS, some_item]
       _, item, n_idx = tile_coordinates(
-          index(linear) - first * n_tiles, m_tiles=count, n_tiles=n_tiles,
+          index(linear) - first * n_units, m_tiles=count, n_tiles=n_units,
           band_dim=Dim.M, band=config.grid_band)
       item = first + item
     else:
       _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
-                                        n_tiles=n_tiles, band_dim=Dim.M,
+                                        n_tiles=n_units, band_dim=Dim.M,
                                         band=config.grid_band)
+    if config.cluster_columns:
+      n_idx = n_idx * 2 + lax.axis_index("cluster")
     group = items_gmem[schedule.ITEM_GROUP, item]
     row_lo = items_gmem[schedule.ITEM_ROW_LO, item]
     row_hi = items_gmem[schedule.ITEM_ROW_HI, item]
@@ -228,8 +238,9 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       weights, rows, cols, owner, _ = tile
       depth = pl.ds(kk * tile_k, tile_k)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
-      plgpu.copy_gmem_to_smem(lhs_gmem.at[rows, depth], lhs_smem.at[slot],
-                              loaded)
+      plgpu.copy_gmem_to_smem(
+          lhs_gmem.at[rows, depth], lhs_smem.at[slot], loaded,
+          collective_axes="cluster" if config.cluster_columns else None)
       plgpu.copy_gmem_to_smem(
           weights.at[cols, depth] if transpose_rhs
           else weights.at[depth, cols],
@@ -254,12 +265,28 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, rows), :],
                     b)
 
+      def idle(first_step, steps):
+        """A tile this consumer does not compute: it only keeps the ring's
+        barriers and its count of output bulk groups in step."""
+        consume_ring(my_ring, lambda at: None, first_step=first_step,
+                     steps=steps)
+        for _ in range(cons_m // epi_m * stores):
+          plgpu.commit_smem_to_gmem_group()  # keep the slot count
+
       def tile(linear, first_step):
         group, tile_row, row_lo, row_hi, n_idx, steps = tile_info(linear)
+        # With clusters and an odd strip count, the second CTA's last strip
+        # lies past the output: its loads still run (the lhs multicast
+        # needs both CTAs), its consumers compute nothing.
+        in_output = (n_idx * cta_n < problem.n if config.cluster_columns
+                     else None)
         if config.ping_pong:
           # Every other tile of the CTA is this consumer's, whole; the
           # others only advance its count of ring steps.
           mine = ping_pong_turn(linear)[0] == wg
+          if in_output is not None:
+            pl.when(mine & ~in_output)(lambda: idle(first_step, steps))
+            mine = mine & in_output
           args = (linear, group, tile_row, row_lo, row_hi, n_idx, steps,
                   first_step)
           if not config.short_items:
@@ -276,6 +303,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # A short item (the last rows of a group) may leave the second
           # half of the tile without a row of its own.
           has_work = row_hi > jnp.maximum(row_lo, tile_row + wg_rows)
+          if in_output is not None:
+            has_work = has_work & in_output
         else:
           # A last column strip that ends inside the first consumer's half
           # leaves the second one no column to compute.
@@ -288,12 +317,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
         # The idle consumer only keeps the ring's barriers in step, and the
         # other one runs alone on the tensor cores.
-        @pl.when(jnp.logical_not(has_work))
-        def _idle():
-          consume_ring(ring, lambda at: None, first_step=first_step,
-                       steps=steps)
-          for _ in range(cons_m // epi_m * stores):
-            plgpu.commit_smem_to_gmem_group()  # keep the slot count
+        pl.when(jnp.logical_not(has_work))(lambda: idle(first_step, steps))
         return first_step + steps
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
@@ -350,7 +374,9 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       scoped,
       **ring_smem(stages, lhs_smem=(lhs_block, in_dtype),
                   rhs_smem=(rhs_block, in_dtype),
-                  owners=NUM_CONSUMERS if config.ping_pong else 1),
+                  owners=NUM_CONSUMERS if config.ping_pong else 1,
+                  cluster_axes=("cluster",) if config.cluster_columns
+                  else None),
       out_smem=row_staging_smem(swizzled_staging,
                                 (NUM_CONSUMERS, out_slots, epi_m, epi_n),
                                 out_dtype),
@@ -411,10 +437,11 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   rhs = tma.pad_to_tiling(rhs, tma.tma_tiling(rhs_box[1], in_dtype), rhs_box)
   m_out = max(cdiv(m, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
-  n_tiles = cdiv(n, cta_n)
+  cluster_size = 2 if config.cluster_columns else 1
+  n_units = cdiv(cdiv(n, cta_n), cluster_size)
   k_iters = cdiv(problem.k, tile_k)
   max_tiles = (schedule.max_row_items(m, problem.groups, tile_m, row_align)
-               * n_tiles)
+               * n_units)
   out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
   # The interpreter keeps each view of a `plgpu.RefUnion` apart (and its
   # race detector refuses a read through another view than the write), so
@@ -422,10 +449,13 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   swizzled_staging = config.swizzled_staging and params is None
   kernel = warp_specialised_kernel(
       functools.partial(_rows_body, problem=problem, config=config,
-                        k_iters=k_iters, n_tiles=n_tiles,
+                        k_iters=k_iters, n_units=n_units,
                         swizzled_staging=swizzled_staging),
-      out_type=out_type, grid=(min(num_ctas_for(params), max_tiles),),
-      interpret=params)
+      out_type=out_type,
+      grid=(max(1, min(num_ctas_for(params) // cluster_size, max_tiles)),),
+      interpret=params,
+      **(dict(cluster=(2,), cluster_names=("cluster",))
+         if config.cluster_columns else {}))
   out = call_kernel(kernel, [items, num_items, lhs, rhs], out_type, params)
   return out[:m, :n] if out.shape != (m, n) else out
 
@@ -448,7 +478,6 @@ _CONTRACTING_OPTIONS = {
     "largest_first": "tiles of one item take equal time",
     "piece_rows": "has no reduction over token rows",
     "zeros_by_producer": "stores the rows of no group with its items",
-    "cluster_columns": "shares no operand between column strips this way",
 }
 
 

@@ -436,7 +436,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     return _most_stages(_swizzled_where_possible(base, problem), problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
-  # best.
+  # best. Neither tile runs as 2-CTA clusters sharing lhs
+  # (`cluster_columns`): slower on both, most with turns
+  # (experiments/results/nvidia_h200/ragged_options).
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128,
                       group_bands=group_bands)

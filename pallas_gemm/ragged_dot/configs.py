@@ -503,11 +503,10 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               # ... also staged in 64-row halves: two slots, as deep a ring.
               dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
                    grid_band=4, epi_tile_m=64),
-              # 2-CTA clusters sharing each item's lhs tile, at both tiles.
+              # 2-CTA clusters sharing each item's lhs tile (the split-rows
+              # tile only: with turns the pairs' lockstep costs more).
               dict(tile_m=128, tile_n=128, split_rows=True,
-                   cluster_columns=True),
-              dict(tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
-                   grid_band=4, cluster_columns=True)]
+                   cluster_columns=True)]
   out = []
   for fields in shapes:
     config = _most_stages(_swizzled_where_possible(

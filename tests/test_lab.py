@@ -91,3 +91,26 @@ def test_config_ab_compares_only_what_differs_and_every_variant_fits():
     assert variants[0][1] == "heuristic"
     assert len(set(configs)) == len(configs) > 1
     assert all(c.fits(problem) for c in configs)
+
+
+def test_dense_via_turns_parses_shapes_and_its_configs_fit():
+  """The batched-products probe: its shape parser names a bad entry, its
+  default shapes are the wide suite's attention-score products, and the
+  turn-taking config it times fits each of them (on an H200's SMs)."""
+  sys.path.insert(0, str(REPO_ROOT))
+  import pytest
+
+  from experiments.lab import dense_via_turns as probe
+  from pallas_gemm.devices import DeviceInfo
+  with pytest.raises(SystemExit, match="12x34"):
+    probe.parse_shapes("12x34")
+  assert probe.parse_shapes("2x64x64x128;4x8x8x64") == [(2, 64, 64, 128),
+                                                        (4, 8, 8, 64)]
+  shapes = probe.default_shapes()
+  assert shapes and all(m == n and k <= 128 for _, m, n, k in shapes)
+  hopper = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
+  for b, m, n, k in shapes:
+    problem = probe.grouped_problem(b, m, n, k)
+    config = probe.parse_config(problem, probe.TURNS, hopper)
+    assert config.ping_pong and config.fits(problem)
+    assert config.cta_tile("rows") == (128, 128)

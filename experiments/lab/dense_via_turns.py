@@ -14,8 +14,10 @@ rows each: lhs is the batch's A as (b * m, k), the weights are B as
   (`RaggedConfig.ping_pong`), so that one's output store overlaps the
   other's wgmmas.
 
-The group sizes are a constant of the jitted call, so XLA folds the
-kernel's work list at compile time and the timed call is the kernel alone.
+The group sizes are a constant of the jitted call, but XLA does not fold
+the kernel's work list from them (on a CPU a few fusions and gathers stay).
+So the timed call includes those few small kernels, as a user's call
+would.
 
     PYTHONPATH=. python3 experiments/lab/dense_via_turns.py \
         [--shapes "32x2944x2944x128;16x1344x1344x128"] \

@@ -160,6 +160,26 @@ _WHOLE_STEPS = Requirement(
     lambda config: f"0 or a positive multiple of tile_k={config.tile_k}")
 
 
+#: The options only one mode has: for each mode, its own options and why
+#: the other mode's kernel has none (read after "the <other> kernel").
+MODE_ONLY_OPTIONS = {
+    "rows": {
+        "split_rows": "always splits its K strip",
+        "group_bands": "walks each group's tiles on their own",
+        "short_items": "has no row items",
+        "epi_tile_m": "stages whole tiles",
+        "swizzled_staging": "stores whole tiles from swizzled staging "
+                            "already",
+    },
+    "contracting": {
+        "interleave_groups": "walks its row items in order",
+        "largest_first": "gives each item's tiles equal work",
+        "piece_rows": "has no reduction over token rows",
+        "zeros_by_producer": "stores the rows of no group with its items",
+    },
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class RaggedConfig:
   tile_m: int = checked(128, one_of(64, 128, 256).because(
@@ -228,6 +248,15 @@ class RaggedConfig:
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
+
+  def check_mode(self, mode: str) -> None:
+    """Raises ValueError naming the first option set here that only the
+    other mode's kernel has (`MODE_ONLY_OPTIONS`)."""
+    other = "contracting" if mode == "rows" else "rows"
+    for option, why in MODE_ONLY_OPTIONS[other].items():
+      if getattr(self, option):
+        raise ValueError(f"RaggedConfig.{option} is a \"{other}\"-mode "
+                         f"option: the \"{mode}\" kernel {why}")
 
   def slots_divide_stores(self, out_slots: int | None = None) -> bool:
     """Whether `out_slots` staging slots (by default the config's) divide a

@@ -472,15 +472,6 @@ def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
   return jnp.where(in_group[:, None], value, 0).astype(problem.out_dtype)
 
 
-#: The config options only "contracting" mode has, and why "rows" has none.
-_CONTRACTING_OPTIONS = {
-    "interleave_groups": "walks its row items in order",
-    "largest_first": "tiles of one item take equal time",
-    "piece_rows": "has no reduction over token rows",
-    "zeros_by_producer": "stores the rows of no group with its items",
-}
-
-
 def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
                   problem: RaggedProblem, config: RaggedConfig,
                   interpret=False):
@@ -501,11 +492,7 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   params = interpret_params(interpret)
   group_sizes = group_sizes.astype(jnp.int32)
   row_offset = row_offset.astype(jnp.int32)
-  if problem.mode == "rows":
-    for option, why in _CONTRACTING_OPTIONS.items():
-      if getattr(config, option):
-        raise ValueError(f"RaggedConfig.{option} is a \"contracting\"-mode "
-                         f"option: \"rows\" {why}")
+  config.check_mode(problem.mode)
   if problem.mode == "rows" and config.swizzled_staging and (
       configs.staging_swizzle(config.epi_tile_n, out_dtype) is None):
     raise ValueError(

@@ -353,22 +353,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   )
 
 
-#: The config options only "rows" mode has, and why "contracting" has none.
-_ROWS_OPTIONS = {
-    "split_rows": "always splits its K strip",
-    "group_bands": "walks each group's tiles on their own",
-    "short_items": "has no row items",
-    "epi_tile_m": "stages whole tiles",
-    "swizzled_staging": "stores whole tiles from swizzled staging already",
-}
-
-
 def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                        problem: RaggedProblem, config: RaggedConfig, params):
-  for option, why in _ROWS_OPTIONS.items():
-    if getattr(config, option):
-      raise ValueError(f"RaggedConfig.{option} is a \"rows\"-mode option: "
-                       f"the contracting kernel {why}")
   m, k, n, groups = problem.m, problem.k, problem.n, problem.groups
   tile_n, chunk = config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]

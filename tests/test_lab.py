@@ -101,6 +101,7 @@ def test_dense_via_turns_parses_shapes_and_its_configs_fit():
   import pytest
 
   from experiments.lab import dense_via_turns as probe
+  from experiments.lab.ragged_profile_case import config_with_fields
   from pallas_gemm.devices import DeviceInfo
   with pytest.raises(SystemExit, match="12x34"):
     probe.parse_shapes("12x34")
@@ -111,6 +112,6 @@ def test_dense_via_turns_parses_shapes_and_its_configs_fit():
   hopper = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 227 * 1024)
   for b, m, n, k in shapes:
     problem = probe.grouped_problem(b, m, n, k)
-    config = probe.parse_config(problem, probe.TURNS, hopper)
+    config = config_with_fields(problem, probe.TURNS, hopper)
     assert config.ping_pong and config.fits(problem)
     assert config.cta_tile("rows") == (128, 128)

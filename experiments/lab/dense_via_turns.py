@@ -36,7 +36,6 @@ On a CPU it runs one tiny shape in interpret mode, checked only.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import pathlib
 import sys
@@ -51,13 +50,14 @@ import numpy as np  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from experiments.bench import timers  # noqa: E402
+from experiments.lab.ragged_profile_case import config_with_fields  # noqa: E402
 from pallas_gemm import numerics, shapes, timing  # noqa: E402
-from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.ragged_dot import configs  # noqa: E402
 from pallas_gemm.ragged_dot.problem import RaggedProblem  # noqa: E402
 
 #: The turn-taking tile the grouped GEMM's heuristic runs for experts of a
-#: few row items; the ring as deep as fits (`configs._most_stages`).
+#: few row items, over its config for the shape (the ring then as deep as
+#: fits: `ragged_profile_case.config_with_fields`).
 TURNS = "ping_pong=true,tile_m=128,tile_n=128,split_rows=false"
 #: The interpret-mode shape on a CPU (BxMxNxK) and its small tile.
 CPU_SHAPE = (2, 80, 128, 64)
@@ -86,23 +86,6 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
 
 def grouped_problem(b: int, m: int, n: int, k: int) -> RaggedProblem:
   return RaggedProblem("rows", b * m, k, n, b, "bfloat16", "bfloat16")
-
-
-def parse_config(problem: RaggedProblem, text: str,
-                 device=None) -> configs.RaggedConfig:
-  """The heuristic's config for `problem` (on `device`, by default this
-  machine's) with `text`'s fields (name=value, ints or true/false)
-  replaced, the ring then as deep as fits unless `stages` is given."""
-  fields = {}
-  for pair in filter(None, text.split(",")):
-    name, _, value = pair.partition("=")
-    lowered = value.strip().lower()
-    fields[name.strip()] = (lowered == "true" if lowered in ("true", "false")
-                            else int(value))
-  config = dataclasses.replace(
-      configs.heuristic(problem, device or device_info()), **fields)
-  return config if "stages" in fields else configs._most_stages(config,
-                                                                problem)
 
 
 def turns_call(b: int, m: int, config: configs.RaggedConfig):
@@ -154,7 +137,7 @@ def run_shape(shape, config_texts, iters: int, on_gpu: bool) -> None:
   sets = operand_sets(b, m, n, k, count)
   tolerance = numerics.tolerance("bfloat16", "default", "bfloat16")
   for text in config_texts:
-    config = parse_config(problem, text)
+    config = config_with_fields(problem, text)
     fn = turns_call(b, m, config)
     error = check(fn, *sets[0])
     verdict = "ok" if error <= tolerance else "WRONG"

@@ -55,10 +55,12 @@ def _at_least_one(text: str) -> int:
   return value
 
 
-def _config(problem, text: str) -> configs.RaggedConfig:
-  """The heuristic's config for `problem` with `text`'s fields replaced
-  (name=value pairs, ints or true/false), the ring then made as deep as
-  fits."""
+def config_with_fields(problem, text: str,
+                       device=None) -> configs.RaggedConfig:
+  """The heuristic's config for `problem` (on `device`, by default this
+  machine's) with `text`'s fields replaced (name=value pairs, ints or
+  true/false), the ring then made as deep as fits unless `stages` is
+  given."""
   fields = {}
   for pair in text.split(","):
     name, _, value = pair.partition("=")
@@ -66,7 +68,7 @@ def _config(problem, text: str) -> configs.RaggedConfig:
     fields[name.strip()] = (lowered == "true" if lowered in ("true", "false")
                             else int(value))
   config = dataclasses.replace(
-      configs.heuristic(problem, device_info()), **fields)
+      configs.heuristic(problem, device or device_info()), **fields)
   if "stages" in fields:
     return config
   return configs._most_stages(config, problem)
@@ -77,7 +79,7 @@ def _call(problem, kernel: str, config_text: str):
   or the Mosaic kernel with `config_text`'s fields over the heuristic's."""
   if not config_text:
     return jax.jit(bench_moe.target_call(kernel, problem)), kernel
-  config = _config(problem, config_text)
+  config = config_with_fields(problem, config_text)
   print(f"config {config_text}: {config}", flush=True)
   numbers = bench_moe._dims(problem)
   return jax.jit(lambda l, r, s: pallas_gemm.ragged_dot_general(

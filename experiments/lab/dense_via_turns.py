@@ -36,7 +36,6 @@ On a CPU it runs one tiny shape in interpret mode, checked only.
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
 import sys
 
@@ -52,6 +51,7 @@ import pallas_gemm  # noqa: E402
 from experiments.bench import timers  # noqa: E402
 from experiments.lab.ragged_profile_case import config_with_fields  # noqa: E402
 from pallas_gemm import numerics, shapes, timing  # noqa: E402
+from pallas_gemm.problem import GemmProblem  # noqa: E402
 from pallas_gemm.ragged_dot import configs  # noqa: E402
 from pallas_gemm.ragged_dot.problem import RaggedProblem  # noqa: E402
 
@@ -130,10 +130,8 @@ def run_shape(shape, config_texts, iters: int, on_gpu: bool) -> None:
   problem = grouped_problem(b, m, n, k)
   label = "x".join(map(str, shape))
   bytes_moved = 2 * b * (m * k + k * n + m * n)
-  count = 1
-  if on_gpu:
-    count = max(1, min(timing.MAX_OPERAND_SETS,
-                       math.ceil(2 * timing.L2_BYTES / bytes_moved)))
+  count = timing.operand_set_count(
+      GemmProblem(b, m, n, k, "bfloat16", "bfloat16"), on_gpu)
   sets = operand_sets(b, m, n, k, count)
   tolerance = numerics.tolerance("bfloat16", "default", "bfloat16")
   for text in config_texts:

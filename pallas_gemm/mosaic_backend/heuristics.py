@@ -1,6 +1,6 @@
 """How the Mosaic kernels' configs are chosen without measuring.
 
-`ws_heuristic` and `small_m_heuristic` are pure functions of the problem and
+`ws_heuristic`, `small_m_heuristic` and `split_k_heuristic` are pure functions of the problem and
 the SM count (the registry's `heuristic`); `ws_candidates` and
 `small_m_candidates` are the autotuner's search spaces. Stored configs and
 the order in which they win are `pallas_gemm.dispatch`'s business.
@@ -13,7 +13,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from pallas_gemm.mosaic_backend.configs import (Dim, MosaicConfig,
-                                                SmallMConfig)
+                                                SmallMConfig, SplitKConfig)
 from pallas_gemm.mosaic_backend.tma import SWIZZLE_BYTES, swizzle_elems
 from pallas_gemm.problem import GemmProblem, cdiv
 
@@ -58,6 +58,18 @@ def cta_waves(problem: GemmProblem, cta_m: int, cta_n: int,
 def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:
   """How many rounds of CTA tiles the persistent grid runs."""
   return cta_waves(problem, config.cta_tile_m, config.cta_tile_n, num_sms)
+
+
+def critical_path(problem: GemmProblem, config: MosaicConfig,
+                  num_sms: int) -> float:
+  """The heuristic's cost of `config` on `problem`: waves of CTA tiles
+  times the CTA tile's area times its slowdown (`CTA_TILE_CHOICES`; a
+  consumer tile not listed there counts as the fastest). With fewer tiles
+  than SMs it is one CTA's work, so a tile half the size costs half."""
+  slowdown = next((s for m, n, s in CTA_TILE_CHOICES
+                   if (m, n) == (config.tile_m, config.tile_n)), 1.0)
+  return (waves(problem, config, num_sms) * config.cta_tile_m
+          * config.cta_tile_n * slowdown)
 
 
 def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
@@ -180,3 +192,85 @@ def small_m_candidates(problem: GemmProblem,
           out.append(config)
   heuristic = small_m_heuristic(problem, num_sms)
   return [heuristic] + [c for c in out if c != heuristic]
+
+
+# ------------------------------------------------------------ mosaic/split_k
+
+#: A Hopper SXM SM's dense 16-bit tensor throughput, flop per microsecond
+#: (989 TFLOP/s over 132 SMs); TF32 runs at half of it.
+SM_FLOPS_PER_US = 989e12 / 132 / 1e6
+#: What one consumer warpgroup keeps of it: it waits on its own wgmmas
+#: where the two-consumer kernels overlap one's wait with the other's work.
+ONE_WARPGROUP_SHARE = 0.6
+#: What one SM's TMA loads draw, bytes per microsecond, when every SM loads
+#: at once (mostly L2 hits: the tiles of one column strip share B).
+SM_LOAD_BYTES_PER_US = 60e3
+#: A CTA's fixed cost, microseconds: filling its ring before the first
+#: wgmma, and storing its tile after the last.
+CTA_FIXED_US = 1.5
+#: The XLA reduction of split-K partials: its launch, microseconds, and the
+#: bandwidth it streams them at, bytes per microsecond.
+REDUCTION_LAUNCH_US = 2.0
+REDUCTION_BYTES_PER_US = 3.0e6
+
+
+def split_k_cost(problem: GemmProblem, config: SplitKConfig,
+                 num_sms: int) -> float:
+  """Modelled time of a `split_k` launch, microseconds: waves of CTAs,
+  each CTA its K share's steps (compute or load, whichever is slower) plus
+  a fixed cost, and with K split, the partials' reduction (written, read
+  back and reduced by XLA). The constants above are rough Hopper figures;
+  only the order of the candidates matters, and measurement (the dispatch
+  table) decides whether the kernel runs at all."""
+  in_size = jnp.dtype(problem.in_dtype).itemsize
+  out_size = jnp.dtype(problem.out_dtype).itemsize
+  k_blocks = cdiv(problem.k, config.tile_k)
+  steps = cdiv(k_blocks, config.k_splits)
+  splits = cdiv(k_blocks, steps)
+  ctas = problem.output_tiles(config.tile_m, config.tile_n) * splits
+  flops_per_step = 2 * config.tile_m * config.tile_n * config.tile_k
+  rate = SM_FLOPS_PER_US * ONE_WARPGROUP_SHARE / (2 if in_size == 4 else 1)
+  load_bytes = (config.tile_m + config.tile_n) * config.tile_k * in_size
+  step_us = max(flops_per_step / rate, load_bytes / SM_LOAD_BYTES_PER_US)
+  cost = cdiv(ctas, max(num_sms, 1)) * (steps * step_us + CTA_FIXED_US)
+  if splits > 1:
+    outputs = problem.batch * problem.m * problem.n
+    cost += REDUCTION_LAUNCH_US + (
+        outputs * (2 * splits * 4 + out_size)) / REDUCTION_BYTES_PER_US
+  return cost
+
+
+#: The k_splits `split_k_heuristic` weighs.
+SPLIT_K_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def split_k_candidates(problem: GemmProblem) -> list[SplitKConfig]:
+  """Every (k_splits, tile_m, tile_n) of the heuristic's grid with the
+  deepest ring that fits, fewer splits and bigger tiles first: the
+  autotuner's search space."""
+  tile_k = swizzle_elems(problem.in_dtype)
+  out = []
+  for k_splits in SPLIT_K_SPLITS:
+    for tile_m, tile_n in ((128, 128), (128, 64), (64, 128), (64, 64)):
+      for stages in (6, 5, 4, 3, 2):
+        config = SplitKConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
+                              max_concurrent_steps=stages, k_splits=k_splits)
+        if config.fits(problem):
+          out.append(config)
+          break
+  return out
+
+
+def split_k_heuristic(problem: GemmProblem, num_sms: int) -> SplitKConfig:
+  """The candidate with the lowest modelled time (`split_k_cost`); ties go
+  to fewer splits, then to bigger tiles (the order of the candidates)."""
+  best = None
+  for config in split_k_candidates(problem):
+    cost = split_k_cost(problem, config, num_sms)
+    if best is None or cost < best[0] * 0.99:
+      best = (cost, config)
+  if best is None:  # nothing fits: the smallest footprint, for its error
+    return SplitKConfig(tile_m=64, tile_n=64,
+                        tile_k=swizzle_elems(problem.in_dtype),
+                        max_concurrent_steps=2)
+  return best[1]

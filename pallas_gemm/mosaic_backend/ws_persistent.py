@@ -226,23 +226,41 @@ def heuristic(problem: GemmProblem, device: DeviceInfo) -> MosaicConfig:
   return heuristics.ws_heuristic(problem, device.planning_sms)
 
 
+#: A stored config whose CTA tiles cost more than this times the
+#: heuristic's (`heuristics.critical_path`) gives way to the heuristic. Its
+#: own tuning won by a few percent; a tile tuned on a bigger shape can
+#: leave half the SMs idle on a smaller one of the nearest bucket.
+STORED_TILE_COST_LIMIT = 1.25
+
+
 def check_config(config: MosaicConfig, problem: GemmProblem,
                  device: DeviceInfo) -> str | None:
   """Why a stored config must not serve this problem.
 
   Besides shared memory, a config tuned for one shape may tile another one
   of its bucket badly: a tile that divides 4096 leaves a nearly empty extra
-  wave at 4097. The heuristic weighs waves, so a stored config that needs
-  more waves of CTA tiles than the heuristic's gives way to it.
+  wave at 4097, and a 256-row tile tuned at 2048 rows makes 20 CTAs at
+  1024x640, where the heuristic's 128-row tile makes 40 of half the work.
+  The heuristic weighs waves and tile sizes, so a stored config that needs
+  more waves of CTA tiles than the heuristic's, or whose critical path is
+  over `STORED_TILE_COST_LIMIT` times the heuristic's, gives way to it.
   """
   if not config.fits(problem):
     return f"needs {config.smem_bytes(problem)} bytes of shared memory"
   sms = device.planning_sms
+  fallback = heuristic(problem, device)
   stored = heuristics.waves(problem, config, sms)
-  fallback = heuristics.waves(problem, heuristic(problem, device), sms)
-  if stored > fallback:
+  fallback_waves = heuristics.waves(problem, fallback, sms)
+  if stored > fallback_waves:
     return (f"makes {stored} waves of CTA tiles where the heuristic makes "
-            f"{fallback}")
+            f"{fallback_waves}")
+  cost = heuristics.critical_path(problem, config, sms)
+  fallback_cost = heuristics.critical_path(problem, fallback, sms)
+  if cost > STORED_TILE_COST_LIMIT * fallback_cost:
+    return (f"its {config.cta_tile_m}x{config.cta_tile_n} CTA tiles make a "
+            f"critical path {cost / fallback_cost:.2f}x the heuristic's "
+            f"{fallback.cta_tile_m}x{fallback.cta_tile_n} tiles' (limit "
+            f"{STORED_TILE_COST_LIMIT}x)")
   return None
 
 

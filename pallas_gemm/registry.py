@@ -15,7 +15,10 @@ registered kernels, their checks, and the fixed order used where no measured
 dispatch table exists (a CPU, or a GPU without one), ending in XLA's own
 dot, which supports everything:
 
-  Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> triton/06_tuned -> xla
+  Hopper (sm_90):     mosaic/small_m -> mosaic/ws_persistent -> mosaic/split_k
+                      -> triton/06_tuned -> xla (mosaic/split_k, for
+                      few-tile problems, runs where a dispatch table
+                      measured it faster: ws_persistent comes first)
   Hopper, fp8:        ffi/fp8_nn -> mosaic/fp8 -> xla (for the fp8
                       classes neither a GPU's dispatch table nor its
                       sibling's has measured: B's dtype and the scale
@@ -82,7 +85,8 @@ _REGISTRY: dict[str, KernelEntry] = {}
 CPU_INTERPRET_FLOP_BUDGET = 2 * 512**3
 
 _AUTO_ORDER = {
-    "hopper": ("mosaic/small_m", "mosaic/ws_persistent", "triton/06_tuned", "xla"),
+    "hopper": ("mosaic/small_m", "mosaic/ws_persistent", "mosaic/split_k",
+               "triton/06_tuned", "xla"),
     "hopper_ieee": ("xla",),
     "hopper_fp8": ("ffi/fp8_nn", "mosaic/fp8", "xla"),
     "gpu": ("triton/05_split_k", "triton/06_tuned", "xla"),

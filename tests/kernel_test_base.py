@@ -108,6 +108,8 @@ class KernelTestBase:
   F32_PRECISION = "highest"
   # The shape the dtype/layout/epilogue tests use: ragged in every dimension.
   PROBE_SHAPE = (37, 45, 71)
+  # The (m, n, k) of each of the batched test's three products.
+  BATCHED_SHAPE = (33, 20, 40)
 
   def _precision(self, dtype):
     return self.F32_PRECISION if dtype == "float32" else None
@@ -138,7 +140,7 @@ class KernelTestBase:
 
   def test_batched(self, kernel):
     dtype = self.DTYPES[0]
-    check_matmul(kernel, (33, 20, 40), dtype, batch=3,
+    check_matmul(kernel, self.BATCHED_SHAPE, dtype, batch=3,
                  precision=self._precision(dtype))
 
   def test_matches_jnp_dot(self, kernel):

@@ -22,8 +22,9 @@ from kernel_test_base import KernelTestBase
 from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import config as cfg
-from pallas_gemm.mosaic_backend import small_m, ws_persistent
-from pallas_gemm.mosaic_backend.config import Dim, MosaicConfig, SmallMConfig
+from pallas_gemm.mosaic_backend import small_m, split_k, ws_persistent
+from pallas_gemm.mosaic_backend.config import (Dim, MosaicConfig, SmallMConfig,
+                                               SplitKConfig)
 from pallas_gemm.problem import Epilogue, GemmProblem
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -38,6 +39,16 @@ class TestMosaic(KernelTestBase):
   # one just past a tile in every dimension.
   SHAPES = ((1, 96, 80), (31, 29, 37), (130, 66, 70))
   DTYPES = ("bfloat16", "float16", "float32")
+
+
+class TestSplitK(KernelTestBase):
+  """`mosaic/split_k` takes only M > 128 (below, `small_m` does): shapes
+  just past a 128-row tile, ragged in every dimension."""
+  KERNELS = ("mosaic/split_k",)
+  SHAPES = ((129, 29, 37), (200, 130, 300))
+  DTYPES = ("bfloat16", "float16", "float32")
+  PROBE_SHAPE = (137, 45, 71)
+  BATCHED_SHAPE = (131, 20, 40)
 
 
 # A small config so that tiny problems still span several CTA tiles, K steps
@@ -140,6 +151,75 @@ def test_small_m_split_k_has_no_races():
                         k_splits=2)
   _run_checked(small_m.small_m_matmul, problem, config, detect_races=True)
   assert not _races_found()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="race detection runs in interpret mode")
+def test_split_k_has_no_races():
+  """Row tiles, column strips and K splits over a 2-stage ring, the last
+  row tile and K share ragged."""
+  problem = GemmProblem(2, 200, 130, 300, "bfloat16", "bfloat16")
+  config = SplitKConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
+                        k_splits=2)
+  _run_checked(split_k.split_k_matmul, problem, config, detect_races=True)
+  assert not _races_found()
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b,epilogue", [
+    (True, False, Epilogue()),
+    (False, True, Epilogue(alpha=0.5, beta=1.0, has_c=True, has_bias=True,
+                           activation="gelu"))])
+def test_split_k_layouts_and_fused_epilogue(transpose_a, transpose_b,
+                                            epilogue):
+  """One split fuses the epilogue into the store; a transposed A is made
+  K-major first."""
+  problem = GemmProblem(1, 136, 72, 96, "float16", "float32",
+                        transpose_a=transpose_a, transpose_b=transpose_b,
+                        epilogue=epilogue,
+                        c_dtype="float32" if epilogue.has_c else None)
+  _run_checked(split_k.split_k_matmul, problem,
+               SplitKConfig(tile_m=128, tile_n=64, max_concurrent_steps=2),
+               detect_races=False)
+
+
+def test_split_k_supports_only_few_tile_problems():
+  few = GemmProblem(1, 640, 320, 880, "bfloat16", "bfloat16")
+  assert split_k.supports(few, HOPPER) is None
+  assert "small_m" in split_k.supports(
+      GemmProblem(1, 64, 320, 880, "bfloat16", "bfloat16"), HOPPER)
+  assert "ws_persistent" in split_k.supports(
+      GemmProblem(1, 4096, 4096, 512, "bfloat16", "bfloat16"), HOPPER)
+  assert "(n, k)" in split_k.supports(
+      GemmProblem(1, 640, 320, 880, "float32", "float32", precision="tf32"),
+      HOPPER)
+  assert "Hopper" in split_k.supports(few, AMPERE)
+
+
+@pytest.mark.parametrize("m,n,k", [(129, 64, 64), (640, 320, 880),
+                                   (240, 192, 14720), (2000, 1000, 300)])
+def test_split_k_heuristic_fits_and_splits_long_k(m, n, k):
+  problem = GemmProblem(1, m, n, k, "bfloat16", "bfloat16")
+  config = cfg.split_k_heuristic(problem, 132)
+  assert config.fits(problem)
+  assert config == cfg.split_k_heuristic(problem, 132)  # deterministic
+  if k >= 8192:  # a few tiles, each with a long K loop: share it out
+    assert config.k_splits > 1
+  # It is the cheapest candidate the model sees.
+  cost = cfg.split_k_cost(problem, config, 132)
+  assert all(cost <= cfg.split_k_cost(problem, other, 132) * 1.0 / 0.99
+             for other in split_k.search_space(problem, HOPPER))
+
+
+def test_split_k_config_is_validated():
+  with pytest.raises(ValueError, match="tile_m"):
+    SplitKConfig(tile_m=96)
+  with pytest.raises(ValueError, match="k_splits"):
+    SplitKConfig(k_splits=0)
+  with pytest.raises(TypeError, match="SplitKConfig"):
+    split_k.split_k_matmul(None, None, None, None,
+                           problem=GemmProblem(1, 200, 64, 64, "bfloat16",
+                                               "bfloat16"),
+                           config=SmallMConfig())
 
 
 def test_ws_persistent_wg_split_along_m_and_batch():
@@ -267,6 +347,18 @@ def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():
   chosen = entry.default_config(odd, HOPPER)
   assert cfg.waves(odd, chosen, 132) == 4
   assert entry.default_config(even, HOPPER).cta_tile_n == 256
+
+
+def test_stored_config_with_a_long_critical_path_gives_way():
+  """A tuned 2048^3 entry (256x128 CTA tiles, one wave there) makes 20
+  CTAs at 1024x640x1152, each twice the work of the heuristic's 40: the
+  heuristic's tiles are used there, while at 2048^3 the entry stays."""
+  tuned = MosaicConfig(tile_m=128, tile_n=128, wg_dimension=Dim.M)
+  small = GemmProblem(1, 1024, 640, 1152, "bfloat16", "bfloat16")
+  home = GemmProblem(1, 2048, 2048, 2048, "bfloat16", "bfloat16")
+  reason = ws_persistent.check_config(tuned, small, HOPPER)
+  assert reason is not None and "critical path" in reason
+  assert ws_persistent.check_config(tuned, home, HOPPER) is None
 
 
 def _check_public_call(problem, kernel, config, a, b, c, bias):

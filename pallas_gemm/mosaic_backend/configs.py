@@ -212,19 +212,61 @@ class SmallMConfig:
     problem = _as_problem(problem)
     if tile_m is None:
       tile_m = small_m_tile_m(problem)
-    in_size = jnp.dtype(problem.in_dtype).itemsize
-    stage = (tile_m + self.tile_n) * self.tile_k * in_size
-    out_size = 4 if self.k_splits > 1 else jnp.dtype(problem.out_dtype).itemsize
-    total = self.max_concurrent_steps * stage + tile_m * self.tile_n * out_size
-    if problem.epilogue.has_c and self.k_splits == 1:
-      total += tile_m * self.tile_n * jnp.dtype(
-          problem.c_dtype or "float32").itemsize
-    if problem.epilogue.has_bias and self.k_splits == 1:
-      total += self.tile_n * 4
-    return total + SMEM_SLACK_BYTES
+    return one_consumer_smem_bytes(problem, tile_m, self)
 
   def fits(self, problem: GemmProblem | str) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitKConfig:
+  """One launch of `mosaic/split_k` (few output tiles, K long enough to
+  share out).
+
+  Each CTA owns one tile_m x tile_n output tile (tile_m 64 or 128, one
+  consumer warpgroup's wgmma rows; tile_n a multiple of 8 up to 256) and a
+  1/k_splits share of K (k_splits >= 1), through a max_concurrent_steps-deep
+  ring (>= 2) of tile_k-deep stages (32, 64, 128 or 256 elements; tile_k
+  and tile_n span whole 128-byte swizzle atoms of the input dtype). With
+  k_splits > 1 the f32 partial tiles are summed by XLA in a fixed order
+  (deterministic). Fields are validated as `MosaicConfig`'s are.
+  """
+
+  tile_m: int = checked(128, one_of(64, 128))
+  tile_n: int = checked(128, WGMMA_TILE_N)
+  tile_k: int = checked(64, one_of(32, 64, 128, 256))
+  max_concurrent_steps: int = checked(4, at_least(2))
+  k_splits: int = checked(1, at_least(1))
+
+  def __post_init__(self):
+    validate(self)
+
+  def smem_bytes(self, problem: GemmProblem | str) -> int:
+    """Shared memory of one CTA. Takes the problem, or only the input
+    dtype as the autotune cache asks."""
+    return one_consumer_smem_bytes(_as_problem(problem), self.tile_m, self)
+
+  def fits(self, problem: GemmProblem | str) -> bool:
+    return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+
+def one_consumer_smem_bytes(problem: GemmProblem, tile_m: int,
+                            config: SmallMConfig | SplitKConfig) -> int:
+  """Shared memory of a CTA of the one-consumer kernels (`small_m`,
+  `split_k`): the ring of A and B stages, the staged output tile (f32
+  partials when K is split), and C and bias when the epilogue is fused."""
+  in_size = jnp.dtype(problem.in_dtype).itemsize
+  stage = (tile_m + config.tile_n) * config.tile_k * in_size
+  split = config.k_splits > 1
+  out_size = 4 if split else jnp.dtype(problem.out_dtype).itemsize
+  total = (config.max_concurrent_steps * stage
+           + tile_m * config.tile_n * out_size)
+  if problem.epilogue.has_c and not split:
+    total += tile_m * config.tile_n * jnp.dtype(
+        problem.c_dtype or "float32").itemsize
+  if problem.epilogue.has_bias and not split:
+    total += config.tile_n * 4
+  return total + SMEM_SLACK_BYTES
 
 
 def small_m_tile_m(problem: GemmProblem) -> int:

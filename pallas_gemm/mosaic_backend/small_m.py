@@ -33,7 +33,8 @@ from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import heuristics, tma
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 hopper_unsupported,
-                                                SmallMConfig, small_m_tile_m)
+                                                SmallMConfig, SplitKConfig,
+                                                small_m_tile_m)
 from pallas_gemm.mosaic_backend.tma import tiled_transforms
 from pallas_gemm.mosaic_backend.warp_specialised import (call_kernel, index,
                                                          interpret_params)
@@ -43,8 +44,9 @@ NAME = "mosaic/small_m"
 MAX_M = 128
 
 
-def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
-                 tile_m: int, rows: int, n_tiles: int, steps_per_split: int,
+def _kernel_body(*refs, problem: GemmProblem,
+                 config: SmallMConfig | SplitKConfig, tile_m: int, rows: int,
+                 m_tiles: int, n_tiles: int, steps_per_split: int,
                  fused_epilogue: bool):
   has_c = problem.epilogue.has_c and fused_epilogue
   has_bias = problem.epilogue.has_bias and fused_epilogue
@@ -62,9 +64,16 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
   strip = lax.axis_index("strip")
   split = lax.axis_index("split")
-  batch_idx = lax.div(strip, index(n_tiles))
   n_idx = lax.rem(strip, index(n_tiles))
+  if m_tiles == 1:
+    batch_idx = lax.div(strip, index(n_tiles))
+    first_row = 0
+  else:  # `split_k`: a strip is one output tile of a column strip
+    row_strip = lax.div(strip, index(n_tiles))
+    batch_idx = lax.div(row_strip, index(m_tiles))
+    first_row = lax.rem(row_strip, index(m_tiles)) * tile_m
   n_slice = pl.ds(n_idx * tile_n, tile_n)
+  out_rows = pl.ds(first_row, tile_m)
   first_block = split * steps_per_split
   # The last split may own fewer K blocks than the others.
   num_steps = jnp.minimum(steps_per_split, k_blocks - first_block)
@@ -75,7 +84,8 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
     def issue(step):
       slot = lax.rem(step, index(stages))
       k_slice = pl.ds((first_block + step) * tile_k, tile_k)
-      plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, pl.ds(0, rows), k_slice],
+      plgpu.copy_gmem_to_smem(a_gmem.at[batch_idx, pl.ds(first_row, rows),
+                                        k_slice],
                               a_smem.at[slot, pl.ds(0, rows)],
                               loaded.at[slot])
       b_src = (b_gmem.at[batch_idx, n_slice, k_slice] if transpose_b
@@ -116,7 +126,7 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
     c_tile = bias_tile = None
     if has_c:
-      plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, pl.ds(0, tile_m), n_slice],
+      plgpu.copy_gmem_to_smem(c_gmem.at[batch_idx, out_rows, n_slice],
                               c_smem, epi_loaded.at[0])
       plgpu.barrier_wait(epi_loaded.at[0])
       c_tile = c_smem[...]
@@ -132,9 +142,9 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
     out_smem[...] = value.astype(out_dtype)
     plgpu.commit_smem()
     if fused_epilogue:
-      dst = out_gmem.at[batch_idx, pl.ds(0, tile_m), n_slice]
+      dst = out_gmem.at[batch_idx, out_rows, n_slice]
     else:
-      dst = out_gmem.at[split, batch_idx, pl.ds(0, tile_m), n_slice]
+      dst = out_gmem.at[split, batch_idx, out_rows, n_slice]
     plgpu.copy_smem_to_gmem(out_smem, dst)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -159,26 +169,44 @@ def _kernel_body(*refs, problem: GemmProblem, config: SmallMConfig,
 
 def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
                    config: SmallMConfig, interpret=False):
-  params = interpret_params(interpret)
   if not isinstance(config, SmallMConfig):
     raise TypeError(
         f"config must be a SmallMConfig, got {type(config).__name__}")
+  return one_consumer_matmul(a, b, c, bias, problem=problem, config=config,
+                             tile_m=small_m_tile_m(problem), row_tiled=False,
+                             interpret=interpret)
+
+
+def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
+                        config: SmallMConfig | SplitKConfig, tile_m: int,
+                        row_tiled: bool, interpret=False):
+  """The launch both one-consumer kernels share. `row_tiled=False`
+  (`small_m`): every CTA multiplies all of A's rows, loading only the real
+  ones. `row_tiled=True` (`split_k`): CTAs also split M into tile_m-row
+  tiles, the last one's rows past M zero-filled by the TMA on load and
+  clipped on store."""
+  params = interpret_params(interpret)
   tma.check_full_swizzle(problem.in_dtype, tile_k=config.tile_k,
                          tile_n=config.tile_n)
-  tile_m = small_m_tile_m(problem)
   if not config.fits(problem):
     raise ValueError(
         f"config={config} needs {config.smem_bytes(problem)} bytes of "
         f"shared memory, more than {HOPPER_SMEM_BYTES}")
   in_dtype = problem.in_dtype
   if problem.transpose_a:
-    # A is at most 128 rows: making it K-major costs next to nothing.
+    # The kernel reads A K-major. For `small_m` A is at most 128 rows, so
+    # this costs next to nothing; for `split_k` it is one copy of A, which
+    # the dispatch table's timings include.
     a = jnp.swapaxes(a, 1, 2)
   tile_n, tile_k = config.tile_n, config.tile_k
-  a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, in_dtype), (0, tile_k))
+  # A box must not be larger than the whole array (see `tma.pad_to_tiling`).
+  a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, in_dtype),
+                        (tile_m if row_tiled else 0, tile_k))
   b_box = (tile_n, tile_k) if problem.transpose_b else (tile_k, tile_n)
   b = tma.pad_to_tiling(b, tma.tma_tiling(b_box[1], in_dtype), b_box)
-  rows = a.shape[1]  # M rounded up to the 8-row TMA tile
+  # `small_m` loads M rounded up to the 8-row TMA tile; `split_k` whole tiles.
+  rows = tile_m if row_tiled else a.shape[1]
+  m_tiles = cdiv(problem.m, tile_m) if row_tiled else 1
   k_iters = cdiv(problem.k, tile_k)
   k_splits = min(config.k_splits, k_iters)
   steps_per_split = cdiv(k_iters, k_splits)
@@ -189,10 +217,11 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   out_dtype = jnp.dtype(problem.out_dtype) if fused_epilogue else jnp.float32
   # Rows stay at M rounded to 8: the TMA store clips the accumulator rows
   # past them (verified on the H200 down to M = 1), which keeps the write
-  # traffic at M rows. Columns get at least one whole box.
+  # traffic at M rows. Columns get at least one whole box, and rows too
+  # when they are tiled.
   m_out, n_out = tma.padded_dims(problem.m, problem.n,
                                  tma.tma_tiling(tile_n, out_dtype),
-                                 (0, tile_n))
+                                 (tile_m if row_tiled else 0, tile_n))
   if fused_epilogue:
     out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out), out_dtype)
   else:
@@ -201,16 +230,17 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
   operands = [a, b]
   if fused_epilogue and problem.epilogue.has_c:
     operands.append(tma.pad_to_tiling(
-        c, tma.tma_tiling(tile_n, c.dtype), (0, tile_n)))
+        c, tma.tma_tiling(tile_n, c.dtype),
+        (tile_m if row_tiled else 0, tile_n)))
   if fused_epilogue and problem.epilogue.has_bias:
     operands.append(tma.pad_vector(bias.astype(jnp.float32), config.tile_n))
   kernel = plgpu.kernel(
       functools.partial(_kernel_body, problem=problem, config=config,
-                        tile_m=tile_m, rows=rows, n_tiles=n_tiles,
-                        steps_per_split=steps_per_split,
+                        tile_m=tile_m, rows=rows, m_tiles=m_tiles,
+                        n_tiles=n_tiles, steps_per_split=steps_per_split,
                         fused_epilogue=fused_epilogue),
       out_type=out_type,
-      grid=(problem.batch * n_tiles, k_splits),
+      grid=(problem.batch * m_tiles * n_tiles, k_splits),
       grid_names=("strip", "split"),
       interpret=params,
   )

@@ -11,7 +11,9 @@ operand sets (CUPTI kernel time, median). Every measurement is appended to
 `<out_dir>/measurements.jsonl` at once, so a run that stops (its budget, the
 device call's limit) is resumed by running the same command again: measured
 problems are skipped. `--chunk=I/N` measures every N-th problem from the
-I-th, so that chunks fit separate device calls.
+I-th, so that chunks fit separate device calls. `--refresh` also measures
+again the problems whose rows are stale (`stale`): a kernel registered
+since, or a config that has changed since.
 
 At the end (and with `--table_only`, from the file alone) the measurements are
 folded into buckets (`dispatch.DispatchKey`): a bucket's winner is the kernel
@@ -217,6 +219,24 @@ def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int,
   return ms, config
 
 
+def stale(row: dict, device, only=None) -> str | None:
+  """Why a measured row no longer says what its problem would run, or
+  None: a candidate kernel it never timed (one registered since), or a
+  kernel whose config, as `dispatch.resolve` gives it now, differs from
+  the one it was timed with (a changed heuristic or tuning entry)."""
+  problem = to_problem(row["spec"])
+  for kernel in candidates(problem, device, only):
+    if kernel not in row["ms"]:
+      return f"{kernel} not timed"
+    recorded = row.get("configs", {}).get(kernel)
+    if recorded is None:
+      continue
+    config = dispatch.resolve(problem, device, kernel).config
+    if autotune.config_to_json(config) != recorded:
+      return f"{kernel}'s config changed"
+  return None
+
+
 def fold(measurements: list[dict], min_gain: float) -> dict[str, dict]:
   """Bucket records from per-problem timings (see the module docstring)."""
   buckets: dict[str, list[dict]] = {}
@@ -265,6 +285,11 @@ def main(argv=None) -> int:
   parser.add_argument("--kernels", default="",
                       help="comma-separated kernels to consider (default: "
                       "the device's automatic order)")
+  parser.add_argument("--refresh", action="store_true",
+                      help="measure again a problem whose row is stale: a "
+                      "candidate kernel it never timed, or a kernel whose "
+                      "config has changed since (the newer row replaces "
+                      "it; the old one stays in the file)")
   parser.add_argument("--table_only", action="store_true",
                       help="measure nothing; rebuild the table from the file")
   parser.add_argument("--allow_cpu", action="store_true",
@@ -308,7 +333,16 @@ def main(argv=None) -> int:
   if not args.table_only:
     if not device.is_gpu and not args.allow_cpu:
       parser.error("measuring needs a GPU (use --table_only on a CPU)")
-    todo = [s for s in specs if spec_id(s) not in done]
+    todo = []
+    for spec in specs:
+      row = done.get(spec_id(spec))
+      if row is None:
+        todo.append(spec)
+        continue
+      why = stale(row, device, only) if args.refresh else None
+      if why:
+        print(f"measuring again {row['problem']}: {why}", flush=True)
+        todo.append(spec)
     if args.limit:
       todo = todo[:args.limit]
     print(f"{len(specs)} problems in chunk {args.chunk}, {len(todo)} to "

@@ -15,7 +15,8 @@
 #   properties the hypothesis suite, "gpu" profile            BUDGET_properties=150
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
 #              other training sets, DISPATCH_REGIMES keeps some of their
-#              regimes, DISPATCH_KERNELS the kernels timed)   BUDGET_dispatch=300
+#              regimes, DISPATCH_KERNELS the kernels timed, DISPATCH_REFRESH=1
+#              measures stale rows again)                   BUDGET_dispatch=300
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
@@ -140,8 +141,8 @@ if wanted dispatch; then
     [ "$left" -gt 20 ] || { echo "dispatch budget spent before seed $seed"; break; }
     run_budgeted "$(( left + 30 ))" "$PY" experiments/build_dispatch_table.py \
       --out_dir="$RESULTS/dispatch" --budget_s="$left" --seed="$seed" \
-      --regimes="${DISPATCH_REGIMES:-}" \
-      --kernels="${DISPATCH_KERNELS:-mosaic/small_m,mosaic/ws_persistent}"
+      --regimes="${DISPATCH_REGIMES:-}" ${DISPATCH_REFRESH:+--refresh} \
+      --kernels="${DISPATCH_KERNELS:-mosaic/small_m,mosaic/ws_persistent,mosaic/split_k}"
   done
 fi
 

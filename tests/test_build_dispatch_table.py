@@ -167,3 +167,30 @@ def test_a_problem_none_of_the_kernels_runs_is_skipped_not_given_to_xla(
   assert "skipped, none of --kernels runs it" in capsys.readouterr().out
   log = out / "measurements.jsonl"
   assert not log.exists() or not log.read_text().strip()
+
+
+def test_a_row_is_stale_when_a_kernel_is_new_or_its_config_changed(
+    tmp_path, monkeypatch):
+  """--refresh measures again a row that lacks a candidate kernel (one
+  registered since it was measured) or recorded another config than the
+  kernel now resolves."""
+  from pallas_gemm.devices import DeviceInfo
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  hopper = DeviceInfo("gpu", "NVIDIA H100 80GB HBM3", (9, 0), 132,
+                      227 * 1024)
+  few_tiles = dict(batch=1, m=640, n=320, k=880, in_dtype="bfloat16",
+                   layout="NN", epilogue="plain")
+  problem = builder.to_problem(few_tiles)
+  names = builder.candidates(problem, hopper)
+  assert "mosaic/split_k" in names
+  configs = {k: None if k == "xla" else autotune.config_to_json(
+      dispatch.resolve(problem, hopper, k).config) for k in names}
+  row = {"spec": few_tiles, "problem": problem.describe(),
+         "ms": {k: 1.0 for k in names}, "configs": configs}
+  assert builder.stale(row, hopper) is None
+  older = dict(row, ms={k: 1.0 for k in names if k != "mosaic/split_k"})
+  assert builder.stale(older, hopper) == "mosaic/split_k not timed"
+  changed = json.loads(json.dumps(row))
+  changed["configs"]["mosaic/ws_persistent"]["tile_n"] = 64
+  assert builder.stale(changed, hopper) == (
+      "mosaic/ws_persistent's config changed")

@@ -1,0 +1,132 @@
+"""Does `mosaic/split_k` beat cuBLAS on few-tile problems, and does its
+cost model pick the right config? (issue 15's `small` and `batched`
+regimes)
+
+The problems are drawn like the dispatch builder's training set, from
+seeds of their own (`--seed`, default 7; not the `wide` suite the dispatch
+is judged on): M 136-2048, N 64-2048, K 64-4096 log-uniform, a third of
+them batched (2-64), each kept if its 128x128 output tiles number fewer
+than the SMs (`split_k.supports`). For each, `xla`, `mosaic/ws_persistent`
+(its resolved config) and `mosaic/split_k` with the heuristic's config and
+the `--alternatives` cheapest other candidates of its cost model are timed
+the builder's way (`build_dispatch_table.time_kernel`: CUPTI kernel time,
+median over operand sets rotated past L2), each checked against float64
+first. One line per problem: xla's time, every kernel's speed-up over it,
+the model's rank of the fastest split_k config.
+
+    PYTHONPATH=. python3 experiments/lab/split_k_probe.py [--count 24] \\
+        [--seed 7] [--alternatives 4] [--max_seconds 200]
+
+On a CPU it checks one tiny problem in interpret mode and times nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import random
+import sys
+import time
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+  sys.path.insert(0, str(_ROOT))
+
+import jax  # noqa: E402
+
+import pallas_gemm  # noqa: E402
+from experiments import build_dispatch_table as builder  # noqa: E402
+from pallas_gemm import numerics, timing  # noqa: E402
+from pallas_gemm.mosaic_backend import heuristics, split_k  # noqa: E402
+from pallas_gemm.problem import GemmProblem  # noqa: E402
+
+
+def draw(seed: int, count: int, device) -> list[GemmProblem]:
+  rng = random.Random(seed)
+
+  def log_uniform(low, high, multiple):
+    value = math.exp(rng.uniform(math.log(low), math.log(high)))
+    return max(multiple, int(round(value / multiple)) * multiple)
+
+  out = []
+  while len(out) < count:
+    batch = rng.choice((1, 1, 2, 4, 8, 16, 32, 64))
+    problem = GemmProblem(batch, log_uniform(136, 2048, 8),
+                          log_uniform(64, 2048, 8), log_uniform(64, 4096, 8),
+                          "bfloat16", "bfloat16")
+    if split_k.supports(problem, device) is None:
+      out.append(problem)
+  return out
+
+
+def check(problem: GemmProblem, kernel: str, config) -> float:
+  a, b, _, _ = timing.random_operands(problem, seed=0)
+  if problem.batch == 1:
+    a, b = a[0], b[0]
+  out = pallas_gemm.matmul(a, b, kernel=kernel, config=config)
+  ref = numerics.reference_matmul(a, b)
+  return numerics.relative_error(out, ref)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--seed", type=int, default=7)
+  parser.add_argument("--count", type=int, default=24)
+  parser.add_argument("--alternatives", type=int, default=4)
+  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--max_seconds", type=float, default=200.0)
+  args = parser.parse_args(argv)
+  if args.count < 1 or args.alternatives < 0:
+    raise SystemExit("--count must be >= 1 and --alternatives >= 0")
+  device = pallas_gemm.device_info()
+  tolerance = numerics.tolerance("bfloat16", "default", "bfloat16")
+  if not device.is_gpu:
+    problem = GemmProblem(1, 136, 72, 200, "bfloat16", "bfloat16")
+    config = split_k.heuristic(problem, device)
+    error = check(problem, split_k.NAME, config)
+    print(f"{problem.describe()} [{config}]: relative error {error:.1e} "
+          f"({'ok' if error <= tolerance else 'WRONG'}); timing needs a GPU")
+    return
+  start = time.perf_counter()
+  problems = draw(args.seed, args.count, device)
+  for number, problem in enumerate(problems, 1):
+    if time.perf_counter() - start > args.max_seconds:
+      print(f"--max_seconds={args.max_seconds:g} spent; "
+            f"{len(problems) - number + 1} problems left", flush=True)
+      break
+    chosen = split_k.heuristic(problem, device)
+    ranked = sorted(heuristics.split_k_candidates(problem),
+                    key=lambda c: heuristics.split_k_cost(
+                        problem, c, device.num_sms))
+    configs = [chosen] + [c for c in ranked if c != chosen][
+        :args.alternatives]
+    xla_ms, _ = builder.time_kernel(problem, "xla", device, args.iters)
+    ws_ms, _ = builder.time_kernel(problem, "mosaic/ws_persistent", device,
+                                   args.iters)
+    results = []
+    for config in configs:
+      error = check(problem, split_k.NAME, config)
+      if not error <= tolerance:
+        print(f"  {problem.describe()} [{config}]: WRONG, relative error "
+              f"{error:.2e}", flush=True)
+        continue
+      ms, _ = builder.time_kernel(problem, split_k.NAME, device, args.iters,
+                                  config)
+      results.append((ms, config))
+    if not results:
+      continue
+    best_ms, best = min(results, key=lambda r: r[0])
+    rank = ranked.index(best) if best in ranked else -1
+    print(f"[{number}/{len(problems)}] {problem.describe()}: xla "
+          f"{xla_ms * 1e3:.1f} us; ws_persistent {xla_ms / ws_ms:.3f}x; "
+          f"split_k heuristic {xla_ms / results[0][0]:.3f}x "
+          f"(tile {chosen.tile_m}x{chosen.tile_n}, splits {chosen.k_splits}, "
+          f"model {heuristics.split_k_cost(problem, chosen, device.num_sms):.1f}"
+          f" us); best {xla_ms / best_ms:.3f}x (tile {best.tile_m}x"
+          f"{best.tile_n}, splits {best.k_splits}, model rank {rank})",
+          flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -229,12 +229,19 @@ def stale(row: dict, device, only=None) -> str | None:
     if kernel not in row["ms"]:
       return f"{kernel} not timed"
     recorded = row.get("configs", {}).get(kernel)
-    if recorded is None:
-      continue
     config = dispatch.resolve(problem, device, kernel).config
-    if autotune.config_to_json(config) != recorded:
+    if recorded is not None and not _same_config(recorded, config):
       return f"{kernel}'s config changed"
   return None
+
+
+def _same_config(recorded: dict, config) -> bool:
+  """Whether a config recorded as JSON is `config`. A field the class has
+  dropped since is ignored; one it has gained counts as its default."""
+  current = autotune.config_to_json(config)
+  defaults = autotune.config_to_json(type(config)())
+  return all(recorded.get(name, defaults.get(name)) == value
+             for name, value in current.items())
 
 
 def fold(measurements: list[dict], min_gain: float) -> dict[str, dict]:

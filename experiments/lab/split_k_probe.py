@@ -33,7 +33,6 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
   sys.path.insert(0, str(_ROOT))
 
-import jax  # noqa: E402
 
 import pallas_gemm  # noqa: E402
 from experiments import build_dispatch_table as builder  # noqa: E402

@@ -59,7 +59,8 @@ def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
 #: go last, so that a seed's earlier problems stay what was measured).
 TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "transposed", "f16", "tf32", "fused", "unaligned",
-                    "fp8_decode", "fp8_mid", "fp8_large", "decode_wide")
+                    "fp8_decode", "fp8_mid", "fp8_large", "decode_wide",
+                    "few_tiles")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -157,6 +158,15 @@ def training_problems(seed: int = 20261123,
   for _ in range(8):
     add(rng.choice((1, 2, 4, 8, 16, 32, 48, 64, 96, 128)),
         _log_uniform(rng, 2048, 163840, 128), _log_uniform(rng, 4096, 32768, 128))
+  # Problems of a few output tiles, below and around "small"'s range (K
+  # down to 64, M down to 64, sizes in 16s), a third of them batched: where
+  # cuBLAS takes 5-15 us for a few microseconds of work and a kernel that
+  # splits K over the idle SMs (`mosaic/split_k`) can win, so that its
+  # buckets are not an octave apart.
+  regime = "few_tiles"
+  for _ in range(12):
+    add(*(_log_uniform(rng, 64, 2048, 16) for _ in range(3)),
+        batch=rng.choice((1, 1, 1, 1, 2, 4, 8, 16, 32, 64)))
   return out
 
 

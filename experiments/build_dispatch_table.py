@@ -229,6 +229,18 @@ def time_kernel(problem: GemmProblem, kernel: str, device, iterations: int,
   return ms, config
 
 
+def read_measurements(path: pathlib.Path) -> list[dict]:
+  """The rows of a measurements file, the latest per problem and device:
+  a row measured again (`--refresh`) replaces the earlier one, which stays
+  in the file as history."""
+  latest = {}
+  for line in path.read_text().splitlines():
+    if line.strip():
+      row = json.loads(line)
+      latest[(row.get("device"), spec_id(row["spec"]))] = row
+  return list(latest.values())
+
+
 def stale(row: dict, device, only=None) -> str | None:
   """Why a measured row no longer says what its problem would run, or
   None: a candidate kernel it never timed (one registered since), or a
@@ -336,11 +348,9 @@ def main(argv=None) -> int:
   device = pallas_gemm.device_info()
   done = {}
   if log_path.exists():
-    for line in log_path.read_text().splitlines():
-      if line.strip():
-        row = json.loads(line)
-        if row.get("device") == device.device_kind or args.table_only:
-          done[spec_id(row["spec"])] = row
+    for row in read_measurements(log_path):
+      if row.get("device") == device.device_kind or args.table_only:
+        done[spec_id(row["spec"])] = row
   regimes = tuple(r.strip() for r in args.regimes.split(",") if r.strip())
   try:
     specs = training_problems(args.seed, regimes or None)[index::count]

@@ -139,8 +139,7 @@ def test_the_shipped_rule_holds_out_on_the_committed_measurements():
   folders = sorted(results.glob("nvidia_h*/dispatch/measurements.jsonl"))
   assert folders
   for path in folders:
-    rows = [json.loads(line) for line in path.read_text().splitlines()
-            if line.strip()]
+    rows = builder.read_measurements(path)
     device = DeviceInfo("gpu", rows[0]["device"], (9, 0), 132, 227 * 1024)
     held_out = summary(hold_out(rows, device, min_gain=1.01))
     assert held_out["losses"] <= 2, (path, held_out)

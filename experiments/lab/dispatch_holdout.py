@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import pathlib
 
 from pallas_gemm import dispatch
 from pallas_gemm.devices import DeviceInfo
 
-from experiments.build_dispatch_table import fold, to_problem
+from experiments.build_dispatch_table import (fold, read_measurements,
+                                               to_problem)
 
 #: The margin grid tried: (nearest-bucket margin, margin per octave).
 MARGIN_GRID = [(1.0, 0.0), (1.01, 0.05), (1.03, 0.14), (1.05, 0.14),
@@ -106,9 +106,7 @@ def main():
                       "others keep the shipped ones)")
   args = parser.parse_args()
   for folder in args.dirs:
-    rows = [json.loads(line) for line in
-            (folder / "measurements.jsonl").read_text().splitlines()
-            if line.strip()]
+    rows = read_measurements(folder / "measurements.jsonl")
     kind = rows[0]["device"]
     device = DeviceInfo("gpu", kind, (9, 0), 132, 227 * 1024)
     which = args.kernel or "every kernel"

@@ -21,9 +21,11 @@ The kernel, when the caller names none (`kernel=None`):
      measured itself, or if the winner beat `xla` there by
      `required_margin(distance, kernel)` (3-10 % within half an octave,
      more further off), lost to `xla` (by more than a tie,
-     `VETO_BELOW`) in no bucket within `VETO_DISTANCE` and, for a tiled
+     `VETO_BELOW`) in no bucket within `VETO_DISTANCE`, for a tiled
      kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
-     CTA tiles; else `xla` runs;
+     CTA tiles and, for a kernel of `PADS_OUTPUT_ROWS`, pays no output
+     padding copy that the bucket's measured problems did not; else `xla`
+     runs;
    - an fp8 class the table never measured: a sibling GPU's buckets for
      it (`SIBLING_TABLES`), else the order below;
    - no bucket near enough: a kernel that lost to xla on no problem
@@ -111,6 +113,16 @@ SIBLING_TABLES = {"nvidia_h200": ("nvidia_h100",),
 #: an aligned shape that was not measured itself, they run only with at
 #: least one wave of tiles.
 NEEDS_A_WAVE = ("mosaic/ws_persistent",)
+
+#: Kernels whose TMA-tiled output needs every row a whole number of
+#: 128-byte swizzle spans (`mosaic_backend/tma.py`): otherwise the output is
+#: padded and sliced back, and B (stored (k, n)) padded too, each one more
+#: copy of a few microseconds, which on a few-microsecond problem decides
+#: the race. A lead measured on shapes that paid no such copy is not
+#: trusted to an unmeasured shape that pays it.
+PADS_OUTPUT_ROWS = ("mosaic/ws_persistent", "mosaic/split_k",
+                    "mosaic/small_m")
+OUTPUT_ROW_SPAN_BYTES = 128
 
 _stats_lock = threading.Lock()
 #: Counters a test reads: how many times a resolution was computed (not
@@ -511,6 +523,15 @@ def _from_table(problem, device, records) -> Resolution:
         f"{name} won {where} but lost to xla in {lost} bucket(s) "
         f"within {VETO_DISTANCE} octaves: an unmeasured shape "
         "between them is not trusted to it")
+  if (not measured and name in PADS_OUTPUT_ROWS
+      and pads_output_rows(problem.n, problem.out_dtype)
+      and _padding_unmeasured(record)):
+    return Resolution(
+        "xla", None, source, "none",
+        f"{name} won {where}, but here its output rows of {problem.n} "
+        f"{problem.out_dtype} are not whole {OUTPUT_ROW_SPAN_BYTES}-byte "
+        "spans: the output is padded and sliced back, a copy that no "
+        "problem measured there paid")
   table_config = None
   measured_config = _measured_config(record, problem)
   if measured_config is not None and entry.config_cls is not None:
@@ -527,6 +548,28 @@ def _from_table(problem, device, records) -> Resolution:
         "does not carry between shapes")
   return Resolution(name, chosen, source, config_source,
                     f"{name} measured {ratio:.3f}x xla in {where}")
+
+
+def pads_output_rows(n: int, out_dtype: str) -> bool:
+  """Whether an output of n columns of `out_dtype` has rows that are not a
+  whole number of swizzle spans (`PADS_OUTPUT_ROWS`)."""
+  return n * itemsize(out_dtype) % OUTPUT_ROW_SPAN_BYTES != 0
+
+
+def _described_columns(description: str) -> tuple[int, str] | None:
+  """(N, output dtype) of a `GemmProblem.describe()` text, or None."""
+  try:
+    dims, dtypes = description.split()[:2]
+    return int(dims.split("x")[-2]), dtypes.split("->")[1]
+  except (ValueError, IndexError):
+    return None
+
+
+def _padding_unmeasured(record: dict) -> bool:
+  """Whether none of the record's measured problems padded its output
+  rows."""
+  columns = [_described_columns(d) for d in record.get("problems", ())]
+  return all(c is not None and not pads_output_rows(*c) for c in columns)
 
 
 def _measured_config(record: dict, problem: GemmProblem):

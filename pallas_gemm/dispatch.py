@@ -67,10 +67,13 @@ NEAREST_BUCKET_DISTANCE = 1.0
 #: fewest held-out losses at the same geomean; experiments/lab/
 #: dispatch_holdout.py, notes in experiments/results/nvidia_h200/dispatch/
 #: README.md): a streaming kernel's lead changes slowly with N and K, a
-#: tiled kernel's jumps with the tile count, so the latter needs more.
+#: tiled kernel's jumps with the tile count, so the latter needs more, and
+#: the few-tile kernel most: there cuBLAS's own time jumps between
+#: neighbouring shapes (experiments/results/nvidia_h100/dispatch/README.md).
 NEAREST_BUCKET_MARGIN = 1.10
 MARGIN_PER_OCTAVE = 0.25
-KERNEL_MARGINS = {"mosaic/small_m": (1.03, 0.14)}
+KERNEL_MARGINS = {"mosaic/small_m": (1.03, 0.14),
+                  "mosaic/split_k": (1.20, 0.25)}
 #: Buckets this close (octaves) that measured the winner slower than xla
 #: veto it for an unmeasured shape.
 VETO_DISTANCE = 1.0

@@ -273,8 +273,10 @@ def heuristic(problem: GemmProblem, device: DeviceInfo) -> SmallMConfig:
   return heuristics.small_m_heuristic(problem, device.planning_sms)
 
 
-def check_config(config: SmallMConfig, problem: GemmProblem,
+def check_config(config: SmallMConfig | SplitKConfig, problem: GemmProblem,
                  device: DeviceInfo) -> str | None:
+  """Why a stored config of a one-consumer kernel (`small_m`, `split_k`)
+  must not serve this problem: only shared memory."""
   del device
   if not config.fits(problem):
     return f"needs {config.smem_bytes(problem)} bytes of shared memory"

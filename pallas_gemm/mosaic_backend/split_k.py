@@ -64,14 +64,6 @@ def heuristic(problem: GemmProblem, device: DeviceInfo) -> SplitKConfig:
   return heuristics.split_k_heuristic(problem, device.planning_sms)
 
 
-def check_config(config: SplitKConfig, problem: GemmProblem,
-                 device: DeviceInfo) -> str | None:
-  del device
-  if not config.fits(problem):
-    return f"needs {config.smem_bytes(problem)} bytes of shared memory"
-  return None
-
-
 def search_space(problem: GemmProblem, device: DeviceInfo):
   del device
   return heuristics.split_k_candidates(problem)
@@ -79,7 +71,7 @@ def search_space(problem: GemmProblem, device: DeviceInfo):
 
 autotune.register_tunable(registry.KernelEntry(
     name=NAME, fn=split_k_matmul, config_cls=SplitKConfig, supports=supports,
-    heuristic=heuristic, check_config=check_config, runs_on_cpu=True,
+    heuristic=heuristic, check_config=small_m.check_config, runs_on_cpu=True,
     description=("few-tile GEMM: output tiles x K splits over the SMs, one "
                  "wgmma warpgroup per CTA, deterministic split-K reduction"),
 ), search_space)

@@ -64,7 +64,6 @@ def _kernel_body(*refs, problem: GemmProblem,
 
   strip = lax.axis_index("strip")
   split = lax.axis_index("split")
-  n_idx = lax.rem(strip, index(n_tiles))
   if m_tiles == 1:
     batch_idx = lax.div(strip, index(n_tiles))
     first_row = 0
@@ -72,6 +71,7 @@ def _kernel_body(*refs, problem: GemmProblem,
     row_strip = lax.div(strip, index(n_tiles))
     batch_idx = lax.div(row_strip, index(m_tiles))
     first_row = lax.rem(row_strip, index(m_tiles)) * tile_m
+  n_idx = lax.rem(strip, index(n_tiles))
   n_slice = pl.ds(n_idx * tile_n, tile_n)
   out_rows = pl.ds(first_row, tile_m)
   first_block = split * steps_per_split

@@ -126,6 +126,24 @@ def test_a_tiled_kernel_needs_a_wave_of_tiles_off_its_measured_shape(cache):
   assert dispatch.resolve(problem(1401, 1216, 1663), HOPPER).kernel == WS
 
 
+def test_a_lead_measured_without_output_padding_is_not_lent_to_a_padded_shape(
+    cache):
+  """split_k won a bucket on a shape whose output rows are whole 128-byte
+  spans (N = 320 bf16). A shape of that bucket with N = 336 pads and
+  slices its output back, a copy no measured problem paid: xla runs. One
+  with N = 384 pays none and keeps the winner."""
+  measured = problem(640, 320, 896)
+  write_table(cache, {measured: {"kernel": "mosaic/split_k",
+                                 "ratio_to_xla": 2.0}})
+  padded = problem(640, 336, 896)
+  assert (dispatch.DispatchKey.for_problem(padded)
+          == dispatch.DispatchKey.for_problem(measured))
+  chosen = dispatch.resolve(padded, HOPPER)
+  assert chosen.kernel == "xla" and "sliced back" in chosen.reason
+  assert dispatch.resolve(problem(640, 384, 896), HOPPER).kernel == (
+      "mosaic/split_k")
+
+
 def test_nearest_bucket_with_margin(cache):
   write_table(cache, {
       problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.10},

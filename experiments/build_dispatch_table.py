@@ -251,8 +251,8 @@ def stale(row: dict, device, only=None) -> str | None:
     if kernel not in row["ms"]:
       return f"{kernel} not timed"
     recorded = row.get("configs", {}).get(kernel)
-    config = dispatch.resolve(problem, device, kernel).config
-    if recorded is not None and not _same_config(recorded, config):
+    if recorded is not None and not _same_config(
+        recorded, dispatch.resolve(problem, device, kernel).config):
       return f"{kernel}'s config changed"
   return None
 

@@ -19,7 +19,7 @@ from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES, Dim,
                                                 MosaicConfig)
 from pallas_gemm.mosaic_backend.fp8_operands import scaling_kind
-from pallas_gemm.mosaic_backend.heuristics import cta_waves
+from pallas_gemm.mosaic_backend.heuristics import wave_cost
 from pallas_gemm.problem import FP8_DTYPES, SCALE_BLOCK, GemmProblem
 
 #: One stage's K extent: 128 fp8 bytes, the full swizzle span, and one
@@ -219,8 +219,8 @@ def deepest_fitting(base: Fp8Config, problem: GemmProblem) -> Fp8Config:
 
 def _cost(problem: GemmProblem, config: Fp8Config, slowdown: float,
           num_sms: int) -> float:
-  cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
-  return cta_waves(problem, cta_m, cta_n, num_sms) * cta_m * cta_n * slowdown
+  return wave_cost(problem, config.cta_tile_m, config.cta_tile_n, slowdown,
+                   num_sms)
 
 
 def heuristic_choices(problem: GemmProblem):

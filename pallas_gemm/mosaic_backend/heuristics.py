@@ -1,8 +1,9 @@
 """How the Mosaic kernels' configs are chosen without measuring.
 
-`ws_heuristic`, `small_m_heuristic` and `split_k_heuristic` are pure functions of the problem and
-the SM count (the registry's `heuristic`); `ws_candidates` and
-`small_m_candidates` are the autotuner's search spaces. Stored configs and
+`ws_heuristic`, `small_m_heuristic` and `split_k_heuristic` are pure
+functions of the problem and the SM count (the registry's `heuristic`);
+`ws_candidates`, `small_m_candidates` and `split_k_candidates` are the
+autotuner's search spaces. Stored configs and
 the order in which they win are `pallas_gemm.dispatch`'s business.
 """
 
@@ -60,6 +61,13 @@ def waves(problem: GemmProblem, config: MosaicConfig, num_sms: int) -> int:
   return cta_waves(problem, config.cta_tile_m, config.cta_tile_n, num_sms)
 
 
+def wave_cost(problem: GemmProblem, cta_m: int, cta_n: int, slowdown: float,
+              num_sms: int) -> float:
+  """What the persistent kernels' heuristics minimise: waves of
+  (cta_m x cta_n) tiles times the tile's area times its slowdown."""
+  return cta_waves(problem, cta_m, cta_n, num_sms) * cta_m * cta_n * slowdown
+
+
 def critical_path(problem: GemmProblem, config: MosaicConfig,
                   num_sms: int) -> float:
   """The heuristic's cost of `config` on `problem`: waves of CTA tiles
@@ -68,8 +76,8 @@ def critical_path(problem: GemmProblem, config: MosaicConfig,
   than SMs it is one CTA's work, so a tile half the size costs half."""
   slowdown = next((s for m, n, s in CTA_TILE_CHOICES
                    if (m, n) == (config.tile_m, config.tile_n)), 1.0)
-  return (waves(problem, config, num_sms) * config.cta_tile_m
-          * config.cta_tile_n * slowdown)
+  return wave_cost(problem, config.cta_tile_m, config.cta_tile_n, slowdown,
+                   num_sms)
 
 
 def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
@@ -87,9 +95,8 @@ def ws_heuristic(problem: GemmProblem, num_sms: int) -> MosaicConfig:
   tile_k = swizzle_elems(problem.in_dtype)
 
   def cost(tile_m, tile_n, slowdown):
-    cta_m = 2 * tile_m  # the consumers split the CTA tile over M
-    return (cta_waves(problem, cta_m, tile_n, num_sms) * cta_m * tile_n
-            * slowdown)
+    # The consumers split the CTA tile over M.
+    return wave_cost(problem, 2 * tile_m, tile_n, slowdown, num_sms)
 
   tile_m, tile_n, _ = min(CTA_TILE_CHOICES, key=lambda c: cost(*c))
   # One 128-byte swizzle span per staged output row: 64 bf16 or 32 f32

@@ -142,10 +142,9 @@ def test_the_shipped_rule_holds_out_on_the_committed_measurements():
     rows = builder.read_measurements(path)
     device = DeviceInfo("gpu", rows[0]["device"], (9, 0), 132, 227 * 1024)
     held_out = summary(hold_out(rows, device, min_gain=1.01))
-    # The few_tiles regime (problems of 2-15 us, where cuBLAS's and the
-    # kernels' times jump between neighbouring shapes: operand padding,
-    # tile counts) holds most of the held-out losses: 7 of the H100's 621
-    # problems, the worst mosaic/small_m at 0.70x on 80x480x384
+    # The few_tiles regime (problems of a few microseconds, where cuBLAS's
+    # and the kernels' times jump between neighbouring shapes: operand
+    # padding, tile counts) holds most of the held-out losses
     # (experiments/results/nvidia_h100/dispatch/README.md, last section).
     assert held_out["losses"] <= max(2, 0.015 * held_out["problems"]), (
         path, held_out)

@@ -199,9 +199,11 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
     # the dispatch table's timings include.
     a = jnp.swapaxes(a, 1, 2)
   tile_n, tile_k = config.tile_n, config.tile_k
-  # A box must not be larger than the whole array (see `tma.pad_to_tiling`).
+  # A box must not be larger than the whole array (see `tma.pad_to_tiling`):
+  # with rows tiled, A, C and the output span at least one tile of rows.
+  min_rows = tile_m if row_tiled else 0
   a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, in_dtype),
-                        (tile_m if row_tiled else 0, tile_k))
+                        (min_rows, tile_k))
   b_box = (tile_n, tile_k) if problem.transpose_b else (tile_k, tile_n)
   b = tma.pad_to_tiling(b, tma.tma_tiling(b_box[1], in_dtype), b_box)
   # `small_m` loads M rounded up to the 8-row TMA tile; `split_k` whole tiles.
@@ -221,7 +223,7 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
   # when they are tiled.
   m_out, n_out = tma.padded_dims(problem.m, problem.n,
                                  tma.tma_tiling(tile_n, out_dtype),
-                                 (tile_m if row_tiled else 0, tile_n))
+                                 (min_rows, tile_n))
   if fused_epilogue:
     out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out), out_dtype)
   else:
@@ -230,8 +232,7 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
   operands = [a, b]
   if fused_epilogue and problem.epilogue.has_c:
     operands.append(tma.pad_to_tiling(
-        c, tma.tma_tiling(tile_n, c.dtype),
-        (tile_m if row_tiled else 0, tile_n)))
+        c, tma.tma_tiling(tile_n, c.dtype), (min_rows, tile_n)))
   if fused_epilogue and problem.epilogue.has_bias:
     operands.append(tma.pad_vector(bias.astype(jnp.float32), config.tile_n))
   kernel = plgpu.kernel(

@@ -60,7 +60,7 @@ def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
 TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "transposed", "f16", "tf32", "fused", "unaligned",
                     "fp8_decode", "fp8_mid", "fp8_large", "decode_wide",
-                    "few_tiles")
+                    "few_tiles", "attention")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -71,8 +71,9 @@ def training_problems(seed: int = 20261123,
                       regimes: tuple[str, ...] | None = None) -> list[dict]:
   """The problems the table is measured on: each regime a user meets
   (decode, small, mid, large, LLM projections, batched, transposed
-  layouts, f16, TF32, fused epilogues, unaligned sizes), sizes drawn
-  log-uniformly so that they fall between any list's round numbers.
+  layouts, f16, TF32, fused epilogues, unaligned sizes, attention's
+  per-head products), sizes drawn log-uniformly so that they fall between
+  any list's round numbers.
 
   `regimes` keeps only those regimes' problems (default: all). Every regime
   is still drawn, so a problem is the same whichever regimes are kept, and a
@@ -167,6 +168,21 @@ def training_problems(seed: int = 20261123,
   for _ in range(12):
     add(*(_log_uniform(rng, 64, 2048, 16) for _ in range(3)),
         batch=rng.choice((1, 1, 1, 1, 2, 4, 8, 16, 32, 64)))
+  # Attention's batched products, one per head: scores (queries x head
+  # dim) against keys, stored (keys, head dim) as models keep them (NT) or
+  # already transposed (NN), and the probabilities times the values
+  # (queries x keys) @ (keys x head dim). "batched" draws all three sizes
+  # freely; these have one side at a head dimension, sequence lengths in
+  # 16s (not just whole tiles) and head counts of real models.
+  regime = "attention"
+  for i in range(12):
+    seq_q, seq_k = (_log_uniform(rng, 128, 4096, 16) for _ in range(2))
+    head = rng.choice((64, 64, 80, 96, 128, 128, 256))
+    heads = rng.choice((4, 8, 12, 16, 24, 32, 40, 64))
+    if i % 2 == 0:
+      add(seq_q, seq_k, head, batch=heads, layout=rng.choice(("NN", "NT")))
+    else:
+      add(seq_q, head, seq_k, batch=heads)
   return out
 
 

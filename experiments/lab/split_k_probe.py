@@ -17,6 +17,11 @@ the model's rank of the fastest split_k config.
     PYTHONPATH=. python3 experiments/lab/split_k_probe.py [--count 24] \\
         [--seed 7] [--alternatives 4] [--max_seconds 200]
 
+`--sweep FILE` times every config of a fixed grid instead (`SWEEP_TILES` x
+`SWEEP_SPLITS`, each with the deepest ring that fits), no ws_persistent,
+and appends one JSON line per problem to FILE: the data
+`split_k_model_fit.py` replays the cost model's choices against.
+
 On a CPU it checks one tiny problem in interpret mode and times nothing.
 """
 
@@ -59,6 +64,59 @@ def draw(seed: int, count: int, device) -> list[GemmProblem]:
   return out
 
 
+#: The grid `--sweep` times on every problem.
+SWEEP_TILES = ((128, 128), (128, 64), (64, 128), (64, 64))
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8)
+
+
+def sweep_grid(problem: GemmProblem) -> list:
+  """The `--sweep` configs that fit: each tile and split count with the
+  deepest ring that fits, as `heuristics.split_k_candidates` builds them."""
+  return [c for c in heuristics.split_k_candidates(problem)
+          if (c.tile_m, c.tile_n) in SWEEP_TILES
+          and c.k_splits in SWEEP_SPLITS]
+
+
+def sweep(problems, device, args, tolerance) -> None:
+  import dataclasses
+  import json
+  start = time.perf_counter()
+  for number, problem in enumerate(problems, 1):
+    if time.perf_counter() - start > args.max_seconds:
+      print(f"--max_seconds={args.max_seconds:g} spent; "
+            f"{len(problems) - number + 1} problems left", flush=True)
+      break
+    chosen = split_k.heuristic(problem, device)
+    error = check(problem, split_k.NAME, chosen)
+    if not error <= tolerance:
+      print(f"  {problem.describe()} [{chosen}]: WRONG, relative error "
+            f"{error:.2e}", flush=True)
+      continue
+    xla_ms, _ = builder.time_kernel(problem, "xla", device, args.iters)
+    timed = []
+    for config in sweep_grid(problem):
+      ms, _ = builder.time_kernel(problem, split_k.NAME, device, args.iters,
+                                  config)
+      timed.append({"config": dataclasses.asdict(config), "us": ms * 1e3})
+    best = min(timed, key=lambda t: t["us"])
+    mine = next(t for t in timed
+                if t["config"] == dataclasses.asdict(chosen)) if any(
+                    t["config"] == dataclasses.asdict(chosen)
+                    for t in timed) else None
+    row = {"problem": problem.describe(), "batch": problem.batch,
+           "m": problem.m, "n": problem.n, "k": problem.k,
+           "device": device.device_kind, "xla_us": xla_ms * 1e3,
+           "heuristic": dataclasses.asdict(chosen), "timed": timed}
+    with open(args.sweep, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    print(f"[{number}/{len(problems)}] {problem.describe()}: xla "
+          f"{xla_ms * 1e3:.1f} us; best {xla_ms * 1e3 / best['us']:.3f}x "
+          f"{best['config']['tile_m']}x{best['config']['tile_n']} "
+          f"splits {best['config']['k_splits']}; heuristic "
+          + (f"{xla_ms * 1e3 / mine['us']:.3f}x" if mine else "off the grid"),
+          flush=True)
+
+
 def check(problem: GemmProblem, kernel: str, config) -> float:
   a, b, _, _ = timing.random_operands(problem, seed=0)
   if problem.batch == 1:
@@ -75,6 +133,9 @@ def main(argv=None):
   parser.add_argument("--alternatives", type=int, default=4)
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--max_seconds", type=float, default=200.0)
+  parser.add_argument("--sweep", default="",
+                      help="time the whole config grid; JSON lines to this "
+                      "file")
   args = parser.parse_args(argv)
   if args.count < 1 or args.alternatives < 0:
     raise SystemExit("--count must be >= 1 and --alternatives >= 0")
@@ -87,8 +148,11 @@ def main(argv=None):
     print(f"{problem.describe()} [{config}]: relative error {error:.1e} "
           f"({'ok' if error <= tolerance else 'WRONG'}); timing needs a GPU")
     return
-  start = time.perf_counter()
   problems = draw(args.seed, args.count, device)
+  if args.sweep:
+    sweep(problems, device, args, tolerance)
+    return
+  start = time.perf_counter()
   for number, problem in enumerate(problems, 1):
     if time.perf_counter() - start > args.max_seconds:
       print(f"--max_seconds={args.max_seconds:g} spent; "

@@ -47,7 +47,7 @@ MAX_M = 128
 def _kernel_body(*refs, problem: GemmProblem,
                  config: SmallMConfig | SplitKConfig, tile_m: int, rows: int,
                  m_tiles: int, n_tiles: int, steps_per_split: int,
-                 fused_epilogue: bool):
+                 fused_epilogue: bool, in_swizzle: int, out_swizzle: int):
   has_c = problem.epilogue.has_c and fused_epilogue
   has_bias = problem.epilogue.has_bias and fused_epilogue
   refs = list(refs)
@@ -152,12 +152,15 @@ def _kernel_body(*refs, problem: GemmProblem,
   pl.run_scoped(
       scoped,
       a_smem=plgpu.SMEM((stages, tile_m, tile_k), in_dtype,
-                        transforms=tiled_transforms(tile_k, in_dtype)),
+                        transforms=tma.swizzled_transforms(in_swizzle,
+                                                           in_dtype)),
       b_smem=plgpu.SMEM((stages, *b_block), in_dtype,
-                        transforms=tiled_transforms(b_block[1], in_dtype)),
+                        transforms=tma.swizzled_transforms(in_swizzle,
+                                                           in_dtype)),
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       out_smem=plgpu.SMEM((tile_m, tile_n), out_dtype,
-                          transforms=tiled_transforms(tile_n, out_dtype)),
+                          transforms=tma.swizzled_transforms(out_swizzle,
+                                                             out_dtype)),
       c_smem=(plgpu.SMEM((tile_m, tile_n), c_dtype,
                          transforms=tiled_transforms(tile_n, c_dtype))
               if has_c else None),
@@ -202,10 +205,15 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
   # A box must not be larger than the whole array (see `tma.pad_to_tiling`):
   # with rows tiled, A, C and the output span at least one tile of rows.
   min_rows = tile_m if row_tiled else 0
-  a = tma.pad_to_tiling(a, tma.tma_tiling(tile_k, in_dtype),
-                        (min_rows, tile_k))
+  # A and B are read with the widest swizzle their rows are whole spans of
+  # (128 bytes for every power-of-two size), so that rows of a 16-element
+  # multiple (32 bytes of bf16) pay no padding copy; the output likewise.
+  b_minor = problem.k if problem.transpose_b else problem.n
+  in_swizzle = tma.widest_swizzle(in_dtype, problem.k, b_minor)
+  in_tiling = tma.swizzled_tiling(in_swizzle, in_dtype)
+  a = tma.pad_to_tiling(a, in_tiling, (min_rows, tile_k))
   b_box = (tile_n, tile_k) if problem.transpose_b else (tile_k, tile_n)
-  b = tma.pad_to_tiling(b, tma.tma_tiling(b_box[1], in_dtype), b_box)
+  b = tma.pad_to_tiling(b, in_tiling, b_box)
   # `small_m` loads M rounded up to the 8-row TMA tile; `split_k` whole tiles.
   rows = tile_m if row_tiled else a.shape[1]
   m_tiles = cdiv(problem.m, tile_m) if row_tiled else 1
@@ -221,8 +229,9 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
   # past them (verified on the H200 down to M = 1), which keeps the write
   # traffic at M rows. Columns get at least one whole box, and rows too
   # when they are tiled.
+  out_swizzle = tma.widest_swizzle(out_dtype, problem.n)
   m_out, n_out = tma.padded_dims(problem.m, problem.n,
-                                 tma.tma_tiling(tile_n, out_dtype),
+                                 tma.swizzled_tiling(out_swizzle, out_dtype),
                                  (min_rows, tile_n))
   if fused_epilogue:
     out_type = jax.ShapeDtypeStruct((problem.batch, m_out, n_out), out_dtype)
@@ -239,7 +248,8 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
       functools.partial(_kernel_body, problem=problem, config=config,
                         tile_m=tile_m, rows=rows, m_tiles=m_tiles,
                         n_tiles=n_tiles, steps_per_split=steps_per_split,
-                        fused_epilogue=fused_epilogue),
+                        fused_epilogue=fused_epilogue, in_swizzle=in_swizzle,
+                        out_swizzle=out_swizzle),
       out_type=out_type,
       grid=(problem.batch * m_tiles * n_tiles, k_splits),
       grid_names=("strip", "split"),

@@ -67,6 +67,35 @@ def tiled_transforms(minor_elems: int, dtype):
   return (plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(swizzle))
 
 
+#: The swizzles wgmma reads operands with (16 bytes, no swizzle at all, it
+#: cannot).
+WGMMA_SWIZZLES = (128, 64, 32)
+
+
+def widest_swizzle(dtype, *minor_dims: int) -> int:
+  """The widest wgmma swizzle (bytes) whose span divides every one of
+  `minor_dims` (elements of `dtype`): arrays whose rows are those dims then
+  need no padding, where the 128-byte swizzle would pad each one (a copy)
+  to whole 128-byte rows. 128 when none divides them all: they are padded
+  as before."""
+  size = jnp.dtype(dtype).itemsize
+  for swizzle in WGMMA_SWIZZLES:
+    if all(d * size % swizzle == 0 for d in minor_dims):
+      return swizzle
+  return SWIZZLE_BYTES
+
+
+def swizzled_tiling(swizzle: int, dtype) -> tuple[int, int]:
+  """The TMA tile (8 rows x one swizzle span) of `swizzle` bytes."""
+  return 8, swizzle // jnp.dtype(dtype).itemsize
+
+
+def swizzled_transforms(swizzle: int, dtype):
+  """Tiling + swizzle for a shared-memory tile read with `swizzle` bytes."""
+  return (plgpu.TilingTransform(swizzled_tiling(swizzle, dtype)),
+          plgpu.SwizzleTransform(swizzle))
+
+
 def pad_to_tiling(x, tiling: tuple[int, int],
                   min_shape: tuple[int, int] = (0, 0)):
   """Zero-pads the last two axes of `x` up to multiples of `tiling`, and to

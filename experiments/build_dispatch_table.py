@@ -335,6 +335,11 @@ def main(argv=None) -> int:
                       "candidate kernel it never timed, or a kernel whose "
                       "config has changed since (the newer row replaces "
                       "it; the old one stays in the file)")
+  parser.add_argument("--refresh_problems", default="",
+                      help="a file of spec ids (one per line, as "
+                      "`spec_id` writes them): measure exactly these "
+                      "problems again, whatever seed drew them, e.g. the "
+                      "ones a kernel change affects")
   parser.add_argument("--table_only", action="store_true",
                       help="measure nothing; rebuild the table from the file")
   parser.add_argument("--allow_cpu", action="store_true",
@@ -372,12 +377,28 @@ def main(argv=None) -> int:
     specs = training_problems(args.seed, regimes or None)[index::count]
   except ValueError as err:
     parser.error(f"--regimes={args.regimes!r}: {err}")
+  forced = set()
+  if args.refresh_problems:
+    listed = [line.strip() for line in
+              pathlib.Path(args.refresh_problems).read_text().splitlines()
+              if line.strip()]
+    unknown = [i for i in listed if i not in done]
+    if unknown:
+      parser.error(f"--refresh_problems: {len(unknown)} ids with no row "
+                   f"measured on {device.device_kind}, e.g. {unknown[0]!r}")
+    forced = set(listed)
+    specs = [done[i]["spec"] for i in listed][index::count]
   start = time.perf_counter()
   if not args.table_only:
     if not device.is_gpu and not args.allow_cpu:
       parser.error("measuring needs a GPU (use --table_only on a CPU)")
     todo = []
     for spec in specs:
+      if spec_id(spec) in forced:
+        # Resuming: a row already measured again at this revision is done.
+        if done[spec_id(spec)].get("git_sha") != git_revision():
+          todo.append(spec)
+        continue
       row = done.get(spec_id(spec))
       if row is None:
         todo.append(spec)

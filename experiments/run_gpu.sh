@@ -16,7 +16,8 @@
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
 #              other training sets, DISPATCH_REGIMES keeps some of their
 #              regimes, DISPATCH_KERNELS the kernels timed, DISPATCH_REFRESH=1
-#              measures stale rows again)                   BUDGET_dispatch=300
+#              measures stale rows again, DISPATCH_REFRESH_PROBLEMS=FILE
+#              the problems listed in FILE)                 BUDGET_dispatch=300
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
@@ -142,6 +143,7 @@ if wanted dispatch; then
     run_budgeted "$(( left + 30 ))" "$PY" experiments/build_dispatch_table.py \
       --out_dir="$RESULTS/dispatch" --budget_s="$left" --seed="$seed" \
       --regimes="${DISPATCH_REGIMES:-}" ${DISPATCH_REFRESH:+--refresh} \
+      ${DISPATCH_REFRESH_PROBLEMS:+--refresh_problems="$DISPATCH_REFRESH_PROBLEMS"} \
       --kernels="${DISPATCH_KERNELS:-mosaic/small_m,mosaic/ws_persistent,mosaic/split_k}"
   done
 fi

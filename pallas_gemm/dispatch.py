@@ -72,7 +72,7 @@ NEAREST_BUCKET_DISTANCE = 1.0
 #: neighbouring shapes (experiments/results/nvidia_h100/dispatch/README.md).
 NEAREST_BUCKET_MARGIN = 1.10
 MARGIN_PER_OCTAVE = 0.25
-KERNEL_MARGINS = {"mosaic/small_m": (1.03, 0.14),
+KERNEL_MARGINS = {"mosaic/small_m": (1.05, 0.14),
                   "mosaic/split_k": (1.20, 0.25)}
 #: Buckets this close (octaves) that measured the winner slower than xla
 #: veto it for an unmeasured shape.

@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from experiments import build_dispatch_table as builder
+import pallas_gemm
 from pallas_gemm import autotune, dispatch
 
 
@@ -198,3 +199,40 @@ def test_a_row_is_stale_when_a_kernel_is_new_or_its_config_changed(
   changed["configs"]["mosaic/ws_persistent"]["tile_n"] = 64
   assert builder.stale(changed, hopper) == (
       "mosaic/ws_persistent's config changed")
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="times in interpret mode on the host")
+def test_refresh_problems_measures_exactly_the_listed_rows_once(
+    tmp_path, monkeypatch, capsys):
+  """--refresh_problems measures the listed rows again whatever seed drew
+  them, once per revision (a rerun resumes), and rejects an id that has no
+  row."""
+  monkeypatch.setenv(autotune.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  monkeypatch.setenv("PALLAS_GEMM_GIT_SHA", "abc123")
+  listed = dict(batch=1, m=16, n=32, k=32, in_dtype="bfloat16", layout="NN",
+                epilogue="plain")
+  other = dict(listed, m=24)
+  out = tmp_path / "out"
+  out.mkdir()
+  log = out / "measurements.jsonl"
+  device = pallas_gemm.device_info().device_kind
+  log.write_text("".join(json.dumps(
+      {"spec": s, "problem": builder.to_problem(s).describe(),
+       "device": device, "ms": {"xla": 1.0}, "configs": {"xla": None},
+       "git_sha": "old"}) + "\n" for s in (listed, other)))
+  ids = tmp_path / "ids.txt"
+  ids.write_text(builder.spec_id(listed) + "\n")
+  args = [f"--out_dir={out}", f"--table={tmp_path / 't.json'}",
+          "--allow_cpu", "--iters=1", "--kernels=triton/06_tuned",
+          f"--refresh_problems={ids}"]
+  assert builder.main(args) == 0
+  rows = [json.loads(line) for line in log.read_text().splitlines()]
+  assert len(rows) == 3 and rows[-1]["spec"] == listed
+  assert rows[-1]["git_sha"] != "old"
+  assert builder.main(args) == 0  # measured at this revision: nothing to do
+  assert len(log.read_text().splitlines()) == 3
+  ids.write_text(builder.spec_id(dict(listed, m=40)) + "\n")
+  with pytest.raises(SystemExit):
+    builder.main(args)
+  assert "no row measured" in capsys.readouterr().err

@@ -122,7 +122,10 @@ NEEDS_A_WAVE = ("mosaic/ws_persistent",)
 #: padded and sliced back, and B (stored (k, n)) padded too, each one more
 #: copy of a few microseconds, which on a few-microsecond problem decides
 #: the race. A lead measured on shapes that paid no such copy is not
-#: trusted to an unmeasured shape that pays it.
+#: trusted to an unmeasured shape that pays it. (The one-consumer kernels
+#: now read and write rows of 32- and 64-byte multiples with a narrower
+#: swizzle instead of padding them: a different path again, and slower
+#: wgmma reads on long K loops, so the rule stays for them.)
 PADS_OUTPUT_ROWS = ("mosaic/ws_persistent", "mosaic/split_k",
                     "mosaic/small_m")
 OUTPUT_ROW_SPAN_BYTES = 128

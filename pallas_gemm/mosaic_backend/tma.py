@@ -12,7 +12,10 @@ multiple (at most 7 rows and one swizzle span minus one column), and a
 padded output is sliced back. Zero padding along K adds nothing; padded
 rows/columns of the output are dropped. Tile-aligned shapes (every
 power-of-two size) pay nothing; other shapes pay one copy of each
-misaligned operand, which the benchmark measures.
+misaligned operand, which the benchmark measures. The one-consumer kernels
+(`small_m`, `split_k`) avoid most of those copies: they read rows of 32- or
+64-byte multiples with that narrower swizzle (`widest_swizzle`), whose
+tile the rows divide.
 """
 
 from __future__ import annotations

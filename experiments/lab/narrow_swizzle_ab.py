@@ -22,11 +22,11 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import pathlib
 import random
 import sys
-import time
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
@@ -34,7 +34,8 @@ if str(_ROOT) not in sys.path:
 
 import pallas_gemm  # noqa: E402
 from experiments import build_dispatch_table as builder  # noqa: E402
-from pallas_gemm import dispatch, numerics, timing  # noqa: E402
+from experiments.lab.split_k_probe import check, within_budget  # noqa: E402
+from pallas_gemm import dispatch, numerics  # noqa: E402
 from pallas_gemm.mosaic_backend import small_m, split_k, tma  # noqa: E402
 from pallas_gemm.problem import GemmProblem  # noqa: E402
 
@@ -49,11 +50,7 @@ def narrow(problem: GemmProblem) -> bool:
 
 def draw(seed: int, count: int, device) -> list[tuple[str, GemmProblem]]:
   rng = random.Random(seed)
-
-  def log_uniform(low, high, multiple):
-    value = math.exp(rng.uniform(math.log(low), math.log(high)))
-    return max(multiple, int(round(value / multiple)) * multiple)
-
+  log_uniform = functools.partial(builder._log_uniform, rng)
   out = []
   while len(out) < count:
     if len(out) % 3 == 2:  # decode
@@ -73,14 +70,6 @@ def draw(seed: int, count: int, device) -> list[tuple[str, GemmProblem]]:
     if supported is None and narrow(problem):
       out.append((kernel, problem))
   return out
-
-
-def check(problem: GemmProblem, kernel: str, config) -> float:
-  a, b, _, _ = timing.random_operands(problem, seed=0)
-  if problem.batch == 1:
-    a, b = a[0], b[0]
-  out = pallas_gemm.matmul(a, b, kernel=kernel, config=config)
-  return numerics.relative_error(out, numerics.reference_matmul(a, b))
 
 
 class _Padded:
@@ -111,13 +100,8 @@ def main(argv=None):
       print(f"{kernel} {problem.describe()}: relative error {error:.1e} "
             f"({'ok' if error <= tolerance else 'WRONG'}); timing needs a GPU")
     return
-  start = time.perf_counter()
   gains = []
-  for number, (kernel, problem) in enumerate(problems, 1):
-    if time.perf_counter() - start > args.max_seconds:
-      print(f"--max_seconds={args.max_seconds:g} spent; "
-            f"{len(problems) - number + 1} problems left", flush=True)
-      break
+  for number, (kernel, problem) in within_budget(problems, args.max_seconds):
     config = dispatch.resolve(problem, device, kernel).config
     error = check(problem, kernel, config)
     if not error <= tolerance:

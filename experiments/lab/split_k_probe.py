@@ -28,7 +28,7 @@ On a CPU it checks one tiny problem in interpret mode and times nothing.
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import pathlib
 import random
 import sys
@@ -48,20 +48,27 @@ from pallas_gemm.problem import GemmProblem  # noqa: E402
 
 def draw(seed: int, count: int, device) -> list[GemmProblem]:
   rng = random.Random(seed)
-
-  def log_uniform(low, high, multiple):
-    value = math.exp(rng.uniform(math.log(low), math.log(high)))
-    return max(multiple, int(round(value / multiple)) * multiple)
-
+  size = functools.partial(builder._log_uniform, rng)
   out = []
   while len(out) < count:
     batch = rng.choice((1, 1, 2, 4, 8, 16, 32, 64))
-    problem = GemmProblem(batch, log_uniform(136, 2048, 8),
-                          log_uniform(64, 2048, 8), log_uniform(64, 4096, 8),
-                          "bfloat16", "bfloat16")
+    problem = GemmProblem(batch, size(136, 2048, 8), size(64, 2048, 8),
+                          size(64, 4096, 8), "bfloat16", "bfloat16")
     if split_k.supports(problem, device) is None:
       out.append(problem)
   return out
+
+
+def within_budget(problems, max_seconds: float):
+  """(number, problem) for each problem until `max_seconds` have passed,
+  then a line saying how many were left."""
+  start = time.perf_counter()
+  for number, problem in enumerate(problems, 1):
+    if time.perf_counter() - start > max_seconds:
+      print(f"--max_seconds={max_seconds:g} spent; "
+            f"{len(problems) - number + 1} problems left", flush=True)
+      return
+    yield number, problem
 
 
 #: The grid `--sweep` times on every problem.
@@ -80,12 +87,7 @@ def sweep_grid(problem: GemmProblem) -> list:
 def sweep(problems, device, args, tolerance) -> None:
   import dataclasses
   import json
-  start = time.perf_counter()
-  for number, problem in enumerate(problems, 1):
-    if time.perf_counter() - start > args.max_seconds:
-      print(f"--max_seconds={args.max_seconds:g} spent; "
-            f"{len(problems) - number + 1} problems left", flush=True)
-      break
+  for number, problem in within_budget(problems, args.max_seconds):
     chosen = split_k.heuristic(problem, device)
     error = check(problem, split_k.NAME, chosen)
     if not error <= tolerance:
@@ -152,12 +154,7 @@ def main(argv=None):
   if args.sweep:
     sweep(problems, device, args, tolerance)
     return
-  start = time.perf_counter()
-  for number, problem in enumerate(problems, 1):
-    if time.perf_counter() - start > args.max_seconds:
-      print(f"--max_seconds={args.max_seconds:g} spent; "
-            f"{len(problems) - number + 1} problems left", flush=True)
-      break
+  for number, problem in within_budget(problems, args.max_seconds):
     chosen = split_k.heuristic(problem, device)
     ranked = sorted(heuristics.split_k_candidates(problem),
                     key=lambda c: heuristics.split_k_cost(

@@ -334,6 +334,41 @@ def test_padding_only_touches_ragged_operands():
   np.testing.assert_array_equal(np.asarray(ragged[0, :, 70:], np.float32), 0)
 
 
+def test_one_consumer_kernels_read_16_element_rows_without_padding(
+    monkeypatch):
+  """Rows of 32- or 64-byte multiples get the widest swizzle they divide
+  (no padding copy); 128-byte rows keep the 128-byte swizzle (the kernel
+  unchanged); rows wgmma cannot read unswizzled (16-byte multiples) stay
+  on the 128-byte swizzle and are padded."""
+  from pallas_gemm import jaxpr_tools
+  from pallas_gemm.mosaic_backend import tma
+  assert tma.widest_swizzle("bfloat16", 4096, 640) == 128
+  assert tma.widest_swizzle("bfloat16", 4096, 288) == 64
+  assert tma.widest_swizzle("bfloat16", 592, 288) == 32
+  assert tma.widest_swizzle("bfloat16", 600) == 128  # 16-byte rows: padded
+  assert tma.widest_swizzle("float32", 8) == 32
+  assert tma.swizzled_tiling(32, "bfloat16") == (8, 16)
+  # Operands jnp.pad would not touch: no pad op in the traced kernel call.
+  problem = GemmProblem(1, 200, 272, 592, "bfloat16", "bfloat16")
+  config = split_k.heuristic(problem, HOPPER)
+  a = jax.ShapeDtypeStruct((1, 200, 592), jnp.bfloat16)
+  b = jax.ShapeDtypeStruct((1, 592, 272), jnp.bfloat16)
+
+  def column_pads():
+    jaxpr = jax.make_jaxpr(functools.partial(
+        split_k.split_k_matmul, c=None, bias=None, problem=problem,
+        config=config, interpret=True))(a, b)
+    return [e for e in jaxpr_tools._equations(jaxpr.jaxpr)
+            if e.primitive.name == "pad"
+            and e.params["padding_config"][2] != (0, 0, 0)]
+
+  assert not column_pads()
+  # The 128-byte swizzle (the path before) pads A's K and B's N.
+  monkeypatch.setattr(tma, "widest_swizzle",
+                      lambda dtype, *dims: tma.SWIZZLE_BYTES)
+  assert len(column_pads()) == 2
+
+
 def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():
   """A tuned 4096^3 entry (128x256 CTA tiles) makes 5 waves at N = 4097;
   the heuristic's 256x128 tiles make 4, so the heuristic is used there,

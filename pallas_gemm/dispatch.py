@@ -125,7 +125,9 @@ NEEDS_A_WAVE = ("mosaic/ws_persistent",)
 #: trusted to an unmeasured shape that pays it. (The one-consumer kernels
 #: now read and write rows of 32- and 64-byte multiples with a narrower
 #: swizzle instead of padding them: a different path again, and slower
-#: wgmma reads on long K loops, so the rule stays for them.)
+#: wgmma reads on long K loops. Without the rule for them, leave-one-out
+#: on the H100 had 7 losses instead of 2: experiments/results/nvidia_h100/
+#: narrow_swizzle/NOTES.md.)
 PADS_OUTPUT_ROWS = ("mosaic/ws_persistent", "mosaic/split_k",
                     "mosaic/small_m")
 OUTPUT_ROW_SPAN_BYTES = 128

@@ -22,6 +22,7 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import pathlib
@@ -43,9 +44,9 @@ from pallas_gemm.problem import GemmProblem  # noqa: E402
 def narrow(problem: GemmProblem) -> bool:
   """Whether some row of the problem's operands or output would be read
   or written with a narrower swizzle than 128 bytes."""
-  b_minor = problem.k if problem.transpose_b else problem.n
-  return (tma.widest_swizzle(problem.in_dtype, problem.k, b_minor) < 128
-          or tma.widest_swizzle(problem.out_dtype, problem.n) < 128)
+  return (small_m.input_swizzle(problem) < tma.SWIZZLE_BYTES
+          or small_m.output_swizzle(problem, problem.out_dtype)
+          < tma.SWIZZLE_BYTES)
 
 
 def draw(seed: int, count: int, device) -> list[tuple[str, GemmProblem]]:
@@ -111,11 +112,7 @@ def main(argv=None):
     xla_ms, _ = builder.time_kernel(problem, "xla", device, args.iters)
     times = {"narrow": [], "padded": []}
     for variant in ("narrow", "padded", "padded", "narrow"):
-      if variant == "padded":
-        with _Padded():
-          ms, _ = builder.time_kernel(problem, kernel, device, args.iters,
-                                      config)
-      else:
+      with _Padded() if variant == "padded" else contextlib.nullcontext():
         ms, _ = builder.time_kernel(problem, kernel, device, args.iters,
                                     config)
       times[variant].append(ms)

@@ -101,14 +101,12 @@ def sweep(problems, device, args, tolerance) -> None:
                                   config)
       timed.append({"config": dataclasses.asdict(config), "us": ms * 1e3})
     best = min(timed, key=lambda t: t["us"])
-    mine = next(t for t in timed
-                if t["config"] == dataclasses.asdict(chosen)) if any(
-                    t["config"] == dataclasses.asdict(chosen)
-                    for t in timed) else None
+    heuristic = dataclasses.asdict(chosen)
+    mine = next((t for t in timed if t["config"] == heuristic), None)
     row = {"problem": problem.describe(), "batch": problem.batch,
            "m": problem.m, "n": problem.n, "k": problem.k,
            "device": device.device_kind, "xla_us": xla_ms * 1e3,
-           "heuristic": dataclasses.asdict(chosen), "timed": timed}
+           "heuristic": heuristic, "timed": timed}
     with open(args.sweep, "a") as f:
       f.write(json.dumps(row) + "\n")
     print(f"[{number}/{len(problems)}] {problem.describe()}: xla "

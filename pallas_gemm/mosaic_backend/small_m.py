@@ -180,6 +180,21 @@ def small_m_matmul(a, b, c, bias, *, problem: GemmProblem,
                              interpret=interpret)
 
 
+def input_swizzle(problem: GemmProblem) -> int:
+  """The swizzle (bytes) the one-consumer kernels read A and B with: the
+  widest one their rows (K, and B's minor dim) are whole spans of, 128 for
+  every power-of-two size, so that rows of a 16-element multiple (32 bytes
+  of bf16) pay no padding copy."""
+  b_minor = problem.k if problem.transpose_b else problem.n
+  return tma.widest_swizzle(problem.in_dtype, problem.k, b_minor)
+
+
+def output_swizzle(problem: GemmProblem, out_dtype) -> int:
+  """The swizzle (bytes) the output tile is stored with, likewise (f32 when
+  K is split)."""
+  return tma.widest_swizzle(out_dtype, problem.n)
+
+
 def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
                         config: SmallMConfig | SplitKConfig, tile_m: int,
                         row_tiled: bool, interpret=False):
@@ -205,11 +220,7 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
   # A box must not be larger than the whole array (see `tma.pad_to_tiling`):
   # with rows tiled, A, C and the output span at least one tile of rows.
   min_rows = tile_m if row_tiled else 0
-  # A and B are read with the widest swizzle their rows are whole spans of
-  # (128 bytes for every power-of-two size), so that rows of a 16-element
-  # multiple (32 bytes of bf16) pay no padding copy; the output likewise.
-  b_minor = problem.k if problem.transpose_b else problem.n
-  in_swizzle = tma.widest_swizzle(in_dtype, problem.k, b_minor)
+  in_swizzle = input_swizzle(problem)
   in_tiling = tma.swizzled_tiling(in_swizzle, in_dtype)
   a = tma.pad_to_tiling(a, in_tiling, (min_rows, tile_k))
   b_box = (tile_n, tile_k) if problem.transpose_b else (tile_k, tile_n)
@@ -229,7 +240,7 @@ def one_consumer_matmul(a, b, c, bias, *, problem: GemmProblem,
   # past them (verified on the H200 down to M = 1), which keeps the write
   # traffic at M rows. Columns get at least one whole box, and rows too
   # when they are tiled.
-  out_swizzle = tma.widest_swizzle(out_dtype, problem.n)
+  out_swizzle = output_swizzle(problem, out_dtype)
   m_out, n_out = tma.padded_dims(problem.m, problem.n,
                                  tma.swizzled_tiling(out_swizzle, out_dtype),
                                  (min_rows, tile_n))

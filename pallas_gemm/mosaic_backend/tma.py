@@ -56,7 +56,7 @@ def tma_tiling(minor_elems: int, dtype) -> tuple[int, int]:
   bits = jnp.dtype(dtype).itemsize * 8
   for swizzle in (128, 64, 32, 16):
     if (minor_elems * bits) % (swizzle * 8) == 0:
-      return 8, swizzle * 8 // bits
+      return swizzled_tiling(swizzle, dtype)
   raise ValueError(
       f"a tile row of {minor_elems} {jnp.dtype(dtype).name} elements is not a "
       "multiple of 16 bytes")
@@ -65,9 +65,8 @@ def tma_tiling(minor_elems: int, dtype) -> tuple[int, int]:
 def tiled_transforms(minor_elems: int, dtype):
   """Tiling + swizzle for a shared-memory tile whose minor dimension holds
   `minor_elems` elements: the widest swizzle that the row allows."""
-  tiling = tma_tiling(minor_elems, dtype)
-  swizzle = tiling[1] * jnp.dtype(dtype).itemsize
-  return (plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(swizzle))
+  swizzle = tma_tiling(minor_elems, dtype)[1] * jnp.dtype(dtype).itemsize
+  return swizzled_transforms(swizzle, dtype)
 
 
 #: The swizzles wgmma reads operands with (16 bytes, no swizzle at all, it

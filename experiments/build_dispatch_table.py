@@ -373,12 +373,16 @@ def main(argv=None) -> int:
       if row.get("device") == device.device_kind or args.table_only:
         done[spec_id(row["spec"])] = row
   regimes = tuple(r.strip() for r in args.regimes.split(",") if r.strip())
-  try:
-    specs = training_problems(args.seed, regimes or None)[index::count]
-  except ValueError as err:
-    parser.error(f"--regimes={args.regimes!r}: {err}")
   forced = set()
-  if args.refresh_problems:
+  if not args.refresh_problems:
+    try:
+      specs = training_problems(args.seed, regimes or None)[index::count]
+    except ValueError as err:
+      parser.error(f"--regimes={args.regimes!r}: {err}")
+  else:
+    if regimes:
+      parser.error("--regimes picks problems from a seed's training set; "
+                   "--refresh_problems lists them itself")
     listed = [line.strip() for line in
               pathlib.Path(args.refresh_problems).read_text().splitlines()
               if line.strip()]
@@ -394,12 +398,12 @@ def main(argv=None) -> int:
       parser.error("measuring needs a GPU (use --table_only on a CPU)")
     todo = []
     for spec in specs:
+      row = done.get(spec_id(spec))
       if spec_id(spec) in forced:
         # Resuming: a row already measured again at this revision is done.
-        if done[spec_id(spec)].get("git_sha") != git_revision():
+        if row.get("git_sha") != git_revision():
           todo.append(spec)
         continue
-      row = done.get(spec_id(spec))
       if row is None:
         todo.append(spec)
         continue

@@ -232,6 +232,9 @@ def test_refresh_problems_measures_exactly_the_listed_rows_once(
   assert rows[-1]["git_sha"] != "old"
   assert builder.main(args) == 0  # measured at this revision: nothing to do
   assert len(log.read_text().splitlines()) == 3
+  with pytest.raises(SystemExit):  # a seed's regimes do not mix with a list
+    builder.main(args + ["--regimes=small"])
+  assert "--refresh_problems lists them itself" in capsys.readouterr().err
   ids.write_text(builder.spec_id(dict(listed, m=40)) + "\n")
   with pytest.raises(SystemExit):
     builder.main(args)

@@ -126,8 +126,8 @@ NEEDS_A_WAVE = ("mosaic/ws_persistent",)
 #: now read and write rows of 32- and 64-byte multiples with a narrower
 #: swizzle instead of padding them: a different path again, and slower
 #: wgmma reads on long K loops. Without the rule for them, leave-one-out
-#: on the H100 had 7 losses instead of 2: experiments/results/nvidia_h100/
-#: narrow_swizzle/NOTES.md.)
+#: on the H100 let several more split_k losses through:
+#: experiments/results/nvidia_h100/narrow_swizzle/NOTES.md.)
 PADS_OUTPUT_ROWS = ("mosaic/ws_persistent", "mosaic/split_k",
                     "mosaic/small_m")
 OUTPUT_ROW_SPAN_BYTES = 128

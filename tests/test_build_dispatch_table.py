@@ -44,7 +44,7 @@ def test_new_regimes_leave_the_measured_problems_drawn():
   """Regimes are drawn in TRAINING_REGIMES order and new ones go last, so
   every problem the committed tables measured is still drawn by some seed
   (otherwise resuming would measure a different set)."""
-  drawn = {builder.spec_id(s) for seed in range(20261120, 20261141)
+  drawn = {builder.spec_id(s) for seed in range(20261120, 20261151)
            for s in builder.training_problems(seed)}
   for gpu in ("nvidia_h100", "nvidia_h200"):
     log = (autotune.SHIPPED_DIR.parents[1] / "experiments" / "results" / gpu

@@ -23,9 +23,11 @@ The kernel, when the caller names none (`kernel=None`):
      more further off), lost to `xla` (by more than a tie,
      `VETO_BELOW`) in no bucket within `VETO_DISTANCE`, for a tiled
      kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
-     CTA tiles and, for a kernel of `PADS_OUTPUT_ROWS`, pays no output
-     padding copy that the bucket's measured problems did not; else `xla`
-     runs;
+     CTA tiles, for a kernel of `PADS_OUTPUT_ROWS`, pays no output
+     padding copy that the bucket's measured problems did not and, for a
+     kernel of `NARROW_SWIZZLE_KERNELS`, takes the slow narrow-swizzle
+     path with tall tiles only where the bucket measured it with the same
+     tile; else `xla` runs;
    - an fp8 class the table never measured: a sibling GPU's buckets for
      it (`SIBLING_TABLES`), else the order below;
    - no bucket near enough: a kernel that lost to xla on no problem
@@ -131,6 +133,17 @@ NEEDS_A_WAVE = ("mosaic/ws_persistent",)
 PADS_OUTPUT_ROWS = ("mosaic/ws_persistent", "mosaic/split_k",
                     "mosaic/small_m")
 OUTPUT_ROW_SPAN_BYTES = 128
+
+#: One-consumer kernels that read rows of 32- or 64-byte multiples through
+#: that narrower swizzle (`small_m.input_swizzle`). With tiles of more than
+#: `NARROW_FAST_TILE_M` rows such a K step takes over twice as long as
+#: through the 128-byte swizzle; with 64-row tiles it costs little
+#: (per-step times of the measured split_k rows:
+#: experiments/results/nvidia_h200/dispatch/README.md, "narrow swizzle,
+#: tall tiles"). So a lead measured on either of the fast paths is not
+#: trusted to an unmeasured shape that takes the slow one.
+NARROW_SWIZZLE_KERNELS = ("mosaic/split_k", "mosaic/small_m")
+NARROW_FAST_TILE_M = 64
 
 _stats_lock = threading.Lock()
 #: Counters a test reads: how many times a resolution was computed (not
@@ -546,6 +559,16 @@ def _from_table(problem, device, records) -> Resolution:
     table_config = autotune.config_from_json(entry.config_cls,
                                              measured_config)
   chosen, config_source = _config_for(entry, problem, device, table_config)
+  tile = _tile(entry, problem, chosen)
+  if (not measured and name in NARROW_SWIZZLE_KERNELS
+      and _narrow_tall_tiles(problem, tile)
+      and not _narrow_tile_measured(record, tile)):
+    return Resolution(
+        "xla", None, source, "none",
+        f"{name} won {where}, but here it would read rows of "
+        f"{_input_swizzle(problem)}-byte swizzle spans with tiles of more "
+        f"than {NARROW_FAST_TILE_M} rows, a slower path than any problem "
+        "measured there took")
   tiles = _cta_tiles(problem, chosen)
   if (not measured and name in NEEDS_A_WAVE and alignment(problem) == "a16"
       and tiles is not None and tiles < device.num_sms):
@@ -578,6 +601,70 @@ def _padding_unmeasured(record: dict) -> bool:
   rows."""
   columns = [_described_columns(d) for d in record.get("problems", ())]
   return all(c is not None and not pads_output_rows(*c) for c in columns)
+
+
+def _input_swizzle(problem: GemmProblem) -> int:
+  from pallas_gemm.mosaic_backend import small_m
+  return small_m.input_swizzle(problem)
+
+
+def _tile(entry, problem: GemmProblem, config) -> tuple[int, int] | None:
+  """(rows, columns) of the one-consumer kernel's wgmma tile under
+  `config` (a config object or its JSON), or None."""
+  if isinstance(config, dict):
+    tile_m, tile_n = config.get("tile_m"), config.get("tile_n")
+  else:
+    tile_m = getattr(config, "tile_m", None)
+    tile_n = getattr(config, "tile_n", None)
+  if tile_m is None and entry.name == "mosaic/small_m":
+    from pallas_gemm.mosaic_backend.configs import small_m_tile_m
+    tile_m = small_m_tile_m(problem)
+  if not isinstance(tile_m, int) or not isinstance(tile_n, int):
+    return None
+  return tile_m, tile_n
+
+
+def _narrow_tall_tiles(problem: GemmProblem, tile) -> bool:
+  """Whether a one-consumer kernel reads `problem`'s operands through a
+  swizzle narrower than 128 bytes with tiles taller than
+  `NARROW_FAST_TILE_M` rows (`NARROW_SWIZZLE_KERNELS`)."""
+  from pallas_gemm.mosaic_backend import tma
+  return (tile is not None and tile[0] > NARROW_FAST_TILE_M
+          and _input_swizzle(problem) < tma.SWIZZLE_BYTES)
+
+
+def _described_problem(description: str) -> GemmProblem | None:
+  """The plain GemmProblem a `GemmProblem.describe()` text names (sizes,
+  dtypes, layout), or None."""
+  try:
+    dims, dtypes, layout = description.split()[:3]
+    sizes = [int(d) for d in dims.split("x")]
+    in_dtype, out_dtype = dtypes.split("->")
+    batch = sizes[0] if len(sizes) == 4 else 1
+    m, n, k = sizes[-3:]
+    return GemmProblem(batch, m, n, k, in_dtype.split("x")[0], out_dtype,
+                       transpose_a=layout[0] == "T",
+                       transpose_b=layout[1] == "T")
+  except (ValueError, IndexError, TypeError):
+    return None
+
+
+def _narrow_tile_measured(record: dict, tile) -> bool:
+  """Whether one of the record's problems was measured on the slow path of
+  `_narrow_tall_tiles` with this very tile (its winner's config per
+  problem, `configs`): a narrow swizzle's cost grows with the tile."""
+  configs = record.get("configs")
+  entry = registry._REGISTRY.get(record.get("kernel"))
+  if not isinstance(configs, dict) or entry is None:
+    return False
+  for description, config in configs.items():
+    problem = _described_problem(description)
+    if problem is None:
+      continue
+    measured_tile = _tile(entry, problem, config)
+    if measured_tile == tile and _narrow_tall_tiles(problem, measured_tile):
+      return True
+  return False
 
 
 def _measured_config(record: dict, problem: GemmProblem):

@@ -144,6 +144,37 @@ def test_a_lead_measured_without_output_padding_is_not_lent_to_a_padded_shape(
       "mosaic/split_k")
 
 
+def test_a_lead_on_fast_reads_is_not_lent_to_a_narrow_swizzle_with_tall_tiles(
+    cache):
+  """split_k won a bucket on 1856x384x640, read through the 128-byte
+  swizzle with 128-row tiles. 1856x384x624 (K rows of 32-byte spans) falls
+  in the same bucket but would take the narrow swizzle with the same tall
+  tiles, a path whose K steps are over twice as slow: xla runs. Once the
+  bucket holds a problem measured on that path with that tile, the lead
+  is lent."""
+  config = {"tile_m": 128, "tile_n": 64, "tile_k": 64,
+            "max_concurrent_steps": 6, "k_splits": 1}
+  fast = problem(1856, 384, 640)
+  write_table(cache, {fast: {"kernel": "mosaic/split_k", "ratio_to_xla": 2.0,
+                             "configs": {fast.describe(): config}}})
+  narrow = problem(1856, 384, 624)
+  assert (dispatch.DispatchKey.for_problem(narrow)
+          == dispatch.DispatchKey.for_problem(fast))
+  chosen = dispatch.resolve(narrow, HOPPER)
+  assert chosen.kernel == "xla" and "32-byte swizzle" in chosen.reason
+  # The same bucket measured on the narrow path with this tile.
+  measured_narrow = problem(1792, 384, 624)
+  key = dispatch.DispatchKey.for_problem(fast).name
+  autotune.update_section(cache / "shipped" / f"{HOPPER.key}.json",
+                          "dispatch", {key: {
+      "kernel": "mosaic/split_k", "ratio_to_xla": 2.0,
+      "problems": [fast.describe(), measured_narrow.describe()],
+      "configs": {fast.describe(): config,
+                  measured_narrow.describe(): config}}})
+  dispatch.clear_cache()
+  assert dispatch.resolve(narrow, HOPPER).kernel == "mosaic/split_k"
+
+
 def test_nearest_bucket_with_margin(cache):
   write_table(cache, {
       problem(8192, 8192, 8192): {"kernel": WS, "ratio_to_xla": 1.10},

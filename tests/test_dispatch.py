@@ -47,6 +47,15 @@ def write_table(tmp_path, records: dict[GemmProblem, dict]):
   return path
 
 
+def assert_xla_in_its_bucket(other: GemmProblem, measured: GemmProblem,
+                             why: str) -> None:
+  """`other` shares `measured`'s bucket, yet resolves to xla for `why`."""
+  assert (dispatch.DispatchKey.for_problem(other)
+          == dispatch.DispatchKey.for_problem(measured))
+  chosen = dispatch.resolve(other, HOPPER)
+  assert chosen.kernel == "xla" and why in chosen.reason, chosen
+
+
 # ---------------------------------------------------------- resolve once ---
 
 
@@ -113,11 +122,8 @@ def test_a_tiled_kernel_needs_a_wave_of_tiles_off_its_measured_shape(cache):
   # The measured shape itself runs its winner.
   assert dispatch.resolve(measured, HOPPER).kernel == WS
   # Another shape of the bucket, under a wave of tiles: xla.
-  other = problem(1408, 1216, 1664)
-  assert (dispatch.DispatchKey.for_problem(other)
-          == dispatch.DispatchKey.for_problem(measured))
-  chosen = dispatch.resolve(other, HOPPER)
-  assert chosen.kernel == "xla" and "less than a wave" in chosen.reason
+  assert_xla_in_its_bucket(problem(1408, 1216, 1664), measured,
+                           "less than a wave")
   # Rows that are not 16-byte aligned are cuBLAS's slow path whatever the
   # tile count: the winner keeps them.
   ragged = problem(1537, 1024, 1537)
@@ -135,11 +141,7 @@ def test_a_lead_measured_without_output_padding_is_not_lent_to_a_padded_shape(
   measured = problem(640, 320, 896)
   write_table(cache, {measured: {"kernel": "mosaic/split_k",
                                  "ratio_to_xla": 2.0}})
-  padded = problem(640, 336, 896)
-  assert (dispatch.DispatchKey.for_problem(padded)
-          == dispatch.DispatchKey.for_problem(measured))
-  chosen = dispatch.resolve(padded, HOPPER)
-  assert chosen.kernel == "xla" and "sliced back" in chosen.reason
+  assert_xla_in_its_bucket(problem(640, 336, 896), measured, "sliced back")
   assert dispatch.resolve(problem(640, 384, 896), HOPPER).kernel == (
       "mosaic/split_k")
 
@@ -158,10 +160,7 @@ def test_a_lead_on_fast_reads_is_not_lent_to_a_narrow_swizzle_with_tall_tiles(
   write_table(cache, {fast: {"kernel": "mosaic/split_k", "ratio_to_xla": 2.0,
                              "configs": {fast.describe(): config}}})
   narrow = problem(1856, 384, 624)
-  assert (dispatch.DispatchKey.for_problem(narrow)
-          == dispatch.DispatchKey.for_problem(fast))
-  chosen = dispatch.resolve(narrow, HOPPER)
-  assert chosen.kernel == "xla" and "32-byte swizzle" in chosen.reason
+  assert_xla_in_its_bucket(narrow, fast, "32-byte swizzle")
   # The same bucket measured on the narrow path with this tile.
   measured_narrow = problem(1792, 384, 624)
   key = dispatch.DispatchKey.for_problem(fast).name

@@ -115,3 +115,21 @@ def test_dense_via_turns_parses_shapes_and_its_configs_fit():
     config = config_with_fields(problem, probe.TURNS, hopper)
     assert config.ping_pong and config.fits(problem)
     assert config.cta_tile("rows") == (128, 128)
+
+
+def test_wide_choices_reads_the_shipped_tables_and_a_run():
+  """The wide suite's picks come from the committed tables alone, and a
+  committed run's own picks read back from its results file: each GPU's
+  run differs from the shipped rule in at most a few problems."""
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab import wide_choices
+
+  for gpu in ("nvidia_h100", "nvidia_h200"):
+    picked = wide_choices.choices(gpu)
+    assert len(picked) == 104
+    assert {r.kernel for r in picked.values()} >= {"xla"}
+    ran = wide_choices.run_picks(
+        REPO_ROOT / "experiments" / "results" / gpu / "wide" / "results.csv")
+    assert len(ran) == 104
+    labels = {wide_choices.shape_label(d) for d in picked}
+    assert labels == set(ran)

@@ -136,12 +136,13 @@ OUTPUT_ROW_SPAN_BYTES = 128
 
 #: One-consumer kernels that read rows of 32- or 64-byte multiples through
 #: that narrower swizzle (`small_m.input_swizzle`). With tiles of more than
-#: `NARROW_FAST_TILE_M` rows such a K step takes over twice as long as
-#: through the 128-byte swizzle; with 64-row tiles it costs little
-#: (per-step times of the measured split_k rows:
-#: experiments/results/nvidia_h200/dispatch/README.md, "narrow swizzle,
-#: tall tiles"). So a lead measured on either of the fast paths is not
-#: trusted to an unmeasured shape that takes the slow one.
+#: `NARROW_FAST_TILE_M` rows such a K step runs at about half the rate it
+#: has through the 128-byte swizzle; with 64-row tiles the narrow swizzle
+#: costs little (per-step times of the measured split_k rows, both GPUs:
+#: experiments/results/nvidia_h200/dispatch/README.md, section "mosaic/
+#: split_k measured on the H200, and narrow swizzles with tall tiles"). So
+#: a lead measured on the fast paths is not trusted to an unmeasured shape
+#: that takes the slow one.
 NARROW_SWIZZLE_KERNELS = ("mosaic/split_k", "mosaic/small_m")
 NARROW_FAST_TILE_M = 64
 
@@ -589,11 +590,8 @@ def pads_output_rows(n: int, out_dtype: str) -> bool:
 
 def _described_columns(description: str) -> tuple[int, str] | None:
   """(N, output dtype) of a `GemmProblem.describe()` text, or None."""
-  try:
-    dims, dtypes = description.split()[:2]
-    return int(dims.split("x")[-2]), dtypes.split("->")[1]
-  except (ValueError, IndexError):
-    return None
+  problem = _described_problem(description)
+  return None if problem is None else (problem.n, problem.out_dtype)
 
 
 def _padding_unmeasured(record: dict) -> bool:

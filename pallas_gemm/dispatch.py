@@ -588,17 +588,12 @@ def pads_output_rows(n: int, out_dtype: str) -> bool:
   return n * itemsize(out_dtype) % OUTPUT_ROW_SPAN_BYTES != 0
 
 
-def _described_columns(description: str) -> tuple[int, str] | None:
-  """(N, output dtype) of a `GemmProblem.describe()` text, or None."""
-  problem = _described_problem(description)
-  return None if problem is None else (problem.n, problem.out_dtype)
-
-
 def _padding_unmeasured(record: dict) -> bool:
   """Whether none of the record's measured problems padded its output
   rows."""
-  columns = [_described_columns(d) for d in record.get("problems", ())]
-  return all(c is not None and not pads_output_rows(*c) for c in columns)
+  measured = [_described_problem(d) for d in record.get("problems", ())]
+  return all(p is not None and not pads_output_rows(p.n, p.out_dtype)
+             for p in measured)
 
 
 def _input_swizzle(problem: GemmProblem) -> int:

@@ -132,8 +132,8 @@ def test_the_shipped_rule_holds_out_on_the_committed_measurements():
   than xla. Not a timing: the measurements are data."""
   import pathlib
 
-  from experiments.lab.dispatch_holdout import hold_out, summary
-  from pallas_gemm.devices import DeviceInfo
+  from experiments.lab.dispatch_holdout import (hold_out, hopper_device,
+                                                summary)
 
   results = pathlib.Path(__file__).resolve().parents[1] / "experiments" / (
       "results")
@@ -141,7 +141,7 @@ def test_the_shipped_rule_holds_out_on_the_committed_measurements():
   assert folders
   for path in folders:
     rows = builder.read_measurements(path)
-    device = DeviceInfo("gpu", rows[0]["device"], (9, 0), 132, 227 * 1024)
+    device = hopper_device(rows[0]["device"])
     held_out = summary(hold_out(rows, device, min_gain=1.01))
     # The few_tiles regime (problems of a few microseconds, where cuBLAS's
     # and the kernels' times jump between neighbouring shapes: operand

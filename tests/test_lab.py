@@ -129,7 +129,7 @@ def test_wide_choices_reads_the_shipped_tables_and_a_run():
     assert len(picked) == 104
     assert {r.kernel for r in picked.values()} >= {"xla"}
     ran = wide_choices.run_picks(
-        REPO_ROOT / "experiments" / "results" / gpu / "wide" / "results.csv")
+        REPO_ROOT / "experiments" / "results" / gpu / "wide" / "results.json")
     assert len(ran) == 104
     labels = {wide_choices.shape_label(d) for d in picked}
     assert labels == set(ran)

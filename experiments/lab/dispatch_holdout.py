@@ -63,6 +63,12 @@ def margins(base: float, per_octave: float, kernel: str | None = None):
     dispatch.KERNEL_MARGINS.update(margins_saved)
 
 
+def hopper_device(device_kind: str) -> DeviceInfo:
+  """The device a table measured on `device_kind` (an H100 or H200: 132 SMs,
+  227 KB of shared memory per block) is resolved for, without that GPU."""
+  return DeviceInfo("gpu", device_kind, (9, 0), 132, 227 * 1024)
+
+
 def hold_out(rows: list[dict], device: DeviceInfo, min_gain: float):
   """[(row, chosen kernel, its measured ratio to xla, how it was chosen)].
 
@@ -125,7 +131,7 @@ def main():
   for folder in args.dirs:
     rows = read_measurements(folder / "measurements.jsonl")
     kind = rows[0]["device"]
-    device = DeviceInfo("gpu", kind, (9, 0), 132, 227 * 1024)
+    device = hopper_device(kind)
     which = args.kernel or "every kernel"
     print(f"## {kind}: {len(rows)} problems, leave-one-out, margins of "
           f"{which}\n")

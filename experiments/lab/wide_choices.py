@@ -9,37 +9,34 @@ to jnp.dot's program (`same_program_as_baseline`) means xla, anything else
 a kernel. Needs no GPU:
 
     PYTHONPATH=. python3 experiments/lab/wide_choices.py nvidia_h100 \
-        [--against experiments/results/nvidia_h100/wide/results.csv]
+        [--against experiments/results/nvidia_h100/wide/results.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import pathlib
 
 from pallas_gemm import autotune, dispatch, shapes
-from pallas_gemm.devices import DeviceInfo
 
 from experiments.bench.cases import parse_dtypes
 from experiments.bench.checks import make_problem
+from experiments.lab.dispatch_holdout import hopper_device
 
-#: The device kind each table describes (the SM count and shared memory of
-#: both Hopper parts).
-DEVICE_KINDS = {"nvidia_h100": "NVIDIA H100 80GB HBM3",
-                "nvidia_h200": "NVIDIA H200"}
+#: The GPUs with a shipped dispatch table.
+GPUS = ("nvidia_h100", "nvidia_h200")
 
 
-def choices(gpu: str, table: dict | None = None) -> dict[str, dispatch.Resolution]:
+def choices(gpu: str) -> dict[str, dispatch.Resolution]:
   """`GemmProblem.describe()` -> the resolution `kernel=None` gets for each
-  wide problem, under `table` (default: the shipped dispatch section)."""
-  if gpu not in DEVICE_KINDS:
-    raise ValueError(f"gpu={gpu!r} is not one of {sorted(DEVICE_KINDS)}")
-  device = DeviceInfo("gpu", DEVICE_KINDS[gpu], (9, 0), 132, 227 * 1024)
-  if table is None:
-    table = autotune.read_section(autotune.shipped_path(gpu), "dispatch")
+  wide problem under the GPU's shipped dispatch table, resolved for the
+  device the table was measured on (its "meta")."""
+  if gpu not in GPUS:
+    raise ValueError(f"gpu={gpu!r} is not one of {GPUS}")
+  path = autotune.shipped_path(gpu)
+  device = hopper_device(autotune.read_section(path, "meta")["device"])
+  table = autotune.read_section(path, "dispatch")
   picked = {}
   for suite_problem in shapes.WIDE:
     case = parse_dtypes([suite_problem.dtype], ("tf32",))[0]
@@ -49,13 +46,11 @@ def choices(gpu: str, table: dict | None = None) -> dict[str, dispatch.Resolutio
   return picked
 
 
-def run_picks(results_csv: pathlib.Path) -> dict[str, bool]:
+def run_picks(results_json: pathlib.Path) -> dict[str, bool]:
   """Shape label -> whether that run's `auto` ran a kernel (not xla)."""
-  text = "".join(line for line in results_csv.read_text().splitlines(True)
-                 if not line.startswith("#"))
-  return {row["shape"]: row["same_program_as_baseline"] != "True"
-          for row in csv.DictReader(io.StringIO(text))
-          if row["kernel"] == "auto"}
+  rows = json.loads(results_json.read_text())["results"]
+  return {row["shape"]: not row["same_program_as_baseline"]
+          for row in rows if row["kernel"] == "auto"}
 
 
 def shape_label(description: str) -> str:
@@ -66,9 +61,9 @@ def shape_label(description: str) -> str:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("gpu", choices=sorted(DEVICE_KINDS))
+  parser.add_argument("gpu", choices=GPUS)
   parser.add_argument("--against", type=pathlib.Path, default=None,
-                      help="a wide run's results.csv to compare with")
+                      help="a wide run's results.json to compare with")
   parser.add_argument("--json", action="store_true",
                       help="print every pick as JSON instead")
   args = parser.parse_args(argv)

@@ -82,6 +82,12 @@ VETO_DISTANCE = 1.0
 #: ... slower meaning below this ratio: within 1 % of xla is a tie (timing
 #: noise, as a bucket's win needs the builder's 1.01), not a loss.
 VETO_BELOW = 0.99
+#: Within the streaming row (M in 2..`STREAMING_ROWS`, one bucket row) a
+#: loss vetoes only for an M within this many octaves of it: a kernel that
+#: loses to XLA's matrix-vector path at M = 2 says little of M = 16, where
+#: the weight is read for more rows (leave-one-out:
+#: experiments/results/nvidia_h100/dispatch/README.md, last section).
+VETO_STREAMING_M_OCTAVES = 1.0
 #: With no bucket within reach, a kernel that won every measured bucket of
 #: the problem's class (at least this many, each by `CLASS_RULE_MARGIN`)
 #: runs anyway: a property of the whole class, such as rows that are not
@@ -361,9 +367,31 @@ def _lost_nearby(kernel: str, problem: GemmProblem, records) -> int:
     if distance > VETO_DISTANCE:
       break
     ratios = record.get("ratios", {}).get(kernel)
-    if isinstance(ratios, list) and ratios and min(ratios) < VETO_BELOW:
+    if not (isinstance(ratios, list) and ratios and min(ratios) < VETO_BELOW):
+      continue
+    described = record.get("problems")
+    if (not _streaming(problem.m) or not isinstance(described, list)
+        or len(described) != len(ratios)
+        or any(_loss_counts_in_stream(problem, description)
+               for description, ratio in zip(described, ratios)
+               if ratio < VETO_BELOW)):
       count += 1
   return count
+
+
+def _streaming(m: int) -> bool:
+  return 1 < m <= STREAMING_ROWS
+
+
+def _loss_counts_in_stream(problem: GemmProblem, description: str) -> bool:
+  """Whether a loss measured on `description` vetoes `problem`, whose M is
+  in the streaming row: only a loss at an M within
+  `VETO_STREAMING_M_OCTAVES` of it (or one whose M is unknown or outside
+  the row) does."""
+  other = _described_problem(description)
+  if other is None or not _streaming(other.m):
+    return True
+  return abs(math.log2(other.m / problem.m)) <= VETO_STREAMING_M_OCTAVES
 
 
 # ------------------------------------------------------------ the configs ---

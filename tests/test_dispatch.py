@@ -216,6 +216,34 @@ def test_a_nearby_loss_vetoes_the_nearest_winner_and_a_tie_does_not(
   assert dispatch.resolve(problem(8192, 8192, 8192), HOPPER).kernel == WS
 
 
+@pytest.mark.parametrize("loss_at_m,m,vetoed", [
+    (2, 16, False),  # three octaves apart in M: no veto
+    (2, 4, True),
+    (32, 16, True),
+    (2, 96, True),  # 96 is outside the streaming row: any loss vetoes
+])
+def test_a_streaming_row_loss_vetoes_only_nearby_rows(cache, loss_at_m, m,
+                                                      vetoed):
+  small_m = "mosaic/small_m"
+  write_table(cache, {
+      problem(64, 7168, 9728): {"kernel": small_m, "ratio_to_xla": 1.15,
+                                "ratios": {small_m: [1.15]}},
+      problem(64, 8576, 10496): {
+          "kernel": "xla", "ratio_to_xla": 1.0,
+          "problems": [problem(64, 8576, 10496).describe(),
+                       problem(loss_at_m, 7552, 10496).describe()],
+          "ratios": {small_m: [1.03, 0.95]}},
+  })
+  assert dispatch.DispatchKey.for_problem(problem(
+      loss_at_m, 7552, 10496)) == dispatch.DispatchKey.for_problem(
+          problem(64, 8576, 10496))
+  chosen = dispatch.resolve(problem(m, 8192, 8192), HOPPER)
+  if vetoed:
+    assert chosen.kernel == "xla" and "lost to xla" in chosen.reason, chosen
+  else:
+    assert chosen.kernel == small_m, chosen.reason
+
+
 def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]
   write_table(cache, {p: {"kernel": WS, "ratio_to_xla": 1.5} for p in ragged})

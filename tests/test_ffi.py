@@ -50,17 +50,24 @@ def _has_nvcc() -> bool:
 # ------------------------------------------------------------ CPU tests ---
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built_library(tmp_path_factory):
   """The library, built once per session: into the normal cache on a GPU,
-  into a temporary cache for sm_90a elsewhere."""
+  into a temporary cache for sm_90a elsewhere. Under pytest-xdist that
+  cache is the run's, shared by its workers: the build's file lock lets
+  one worker compile (on every core) while the others wait and reuse it,
+  instead of each compiling the same sources at once."""
   if not _has_nvcc():
     pytest.skip("nvcc not found: cannot compile the CUDA sources here")
   if ON_GPU:
     build.load_library()
     return build.plan_build()
+  base = tmp_path_factory.getbasetemp()
+  cache = (base.parent / "ffi_shared" if os.environ.get("PYTEST_XDIST_WORKER")
+           else base / "ffi")
+  cache.mkdir(exist_ok=True)
   old = os.environ.get("PALLAS_GEMM_CACHE_DIR")
-  os.environ["PALLAS_GEMM_CACHE_DIR"] = str(tmp_path_factory.mktemp("ffi"))
+  os.environ["PALLAS_GEMM_CACHE_DIR"] = str(cache)
   try:
     return build.compile_library("90a")
   finally:

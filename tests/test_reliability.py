@@ -157,20 +157,6 @@ def test_concurrent_calls_from_threads_are_correct():
   _in_threads(work)
 
 
-@pytest.mark.parametrize("kernel", ["mosaic/ws_persistent", "mosaic/small_m"])
-def test_mosaic_interpret_from_threads_is_serialised_and_correct(kernel):
-  if jax.default_backend() != "cpu":
-    pytest.skip("the interpreter runs on the host")
-
-  def work(seed):
-    a, b = _operands((16 + 8 * (seed % 2), 64), (64, 24 + 8 * seed),
-                     jnp.bfloat16)
-    out = pallas_gemm.matmul(a, b, kernel=kernel)
-    assert numerics.relative_error(out, numerics.reference_matmul(a, b)) < 2e-2
-
-  _in_threads(work)
-
-
 _X64_SCRIPT = """
 import jax, jax.numpy as jnp
 import pallas_gemm

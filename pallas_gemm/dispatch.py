@@ -21,8 +21,9 @@ The kernel, when the caller names none (`kernel=None`):
      measured itself, or if the winner beat `xla` there by
      `required_margin(distance, kernel)` (3-10 % within half an octave,
      more further off), lost to `xla` (by more than a tie,
-     `VETO_BELOW`) in no bucket within `VETO_DISTANCE`, for a tiled
-     kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
+     `VETO_BELOW`) in no bucket within `VETO_DISTANCE` (for an M of the
+     streaming row, at an M within `VETO_STREAMING_M_OCTAVES`), for a
+     tiled kernel of `NEEDS_A_WAVE` on an aligned shape, has at least a wave of
      CTA tiles, for a kernel of `PADS_OUTPUT_ROWS`, pays no output
      padding copy that the bucket's measured problems did not and, for a
      kernel of `NARROW_SWIZZLE_KERNELS`, takes the slow narrow-swizzle
@@ -367,14 +368,8 @@ def _lost_nearby(kernel: str, problem: GemmProblem, records) -> int:
     if distance > VETO_DISTANCE:
       break
     ratios = record.get("ratios", {}).get(kernel)
-    if not (isinstance(ratios, list) and ratios and min(ratios) < VETO_BELOW):
-      continue
-    described = record.get("problems")
-    if (not _streaming(problem.m) or not isinstance(described, list)
-        or len(described) != len(ratios)
-        or any(_loss_counts_in_stream(problem, description)
-               for description, ratio in zip(described, ratios)
-               if ratio < VETO_BELOW)):
+    if (isinstance(ratios, list) and ratios and min(ratios) < VETO_BELOW
+        and _loss_reaches(problem, record.get("problems"), ratios)):
       count += 1
   return count
 
@@ -383,15 +378,22 @@ def _streaming(m: int) -> bool:
   return 1 < m <= STREAMING_ROWS
 
 
-def _loss_counts_in_stream(problem: GemmProblem, description: str) -> bool:
-  """Whether a loss measured on `description` vetoes `problem`, whose M is
-  in the streaming row: only a loss at an M within
-  `VETO_STREAMING_M_OCTAVES` of it (or one whose M is unknown or outside
-  the row) does."""
-  other = _described_problem(description)
-  if other is None or not _streaming(other.m):
+def _loss_reaches(problem: GemmProblem, described, ratios) -> bool:
+  """Whether a bucket's losses (its problems' `ratios` below `VETO_BELOW`)
+  speak for `problem`. Outside the streaming row they all do; inside it,
+  only a loss at an M within `VETO_STREAMING_M_OCTAVES` of the problem's,
+  or one whose M is unknown or outside the row."""
+  if (not _streaming(problem.m) or not isinstance(described, list)
+      or len(described) != len(ratios)):
     return True
-  return abs(math.log2(other.m / problem.m)) <= VETO_STREAMING_M_OCTAVES
+  for description, ratio in zip(described, ratios):
+    if ratio >= VETO_BELOW:
+      continue
+    other = _described_problem(description)
+    if (other is None or not _streaming(other.m)
+        or abs(math.log2(other.m / problem.m)) <= VETO_STREAMING_M_OCTAVES):
+      return True
+  return False
 
 
 # ------------------------------------------------------------ the configs ---

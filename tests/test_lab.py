@@ -124,7 +124,7 @@ def test_wide_choices_reads_the_shipped_tables_and_a_run():
   sys.path.insert(0, str(REPO_ROOT))
   from experiments.lab import wide_choices
 
-  for gpu in ("nvidia_h100", "nvidia_h200"):
+  for gpu in wide_choices.GPUS:
     picked = wide_choices.choices(gpu)
     assert len(picked) == 104
     assert {r.kernel for r in picked.values()} >= {"xla"}

@@ -825,6 +825,23 @@ def test_heuristic_prefers_64_rows_for_few_tokens_per_group():
       many, DeviceInfo("cpu", "cpu"))
 
 
+def test_weight_gradient_walks_narrow_outputs_one_k_strip_at_a_time():
+  """The short-reduction weight-gradient tile (at most 128 rows per
+  expert) walks an output of at most NARROW_OUTPUT_STRIPS column tiles one
+  K strip at a time, a wider one in bands; longer reductions keep their
+  band."""
+  def band(m, k, n, groups):
+    problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
+                            "bfloat16")
+    config = mosaic.heuristic(problem, HOPPER)
+    return config.tile_n, config.grid_band
+
+  assert band(32768, 7168, 2048, 256) == (256, 1)  # 8 column tiles
+  assert band(8192, 7168, 2048, 128) == (256, 1)
+  assert band(32768, 2048, 7168, 256) == (256, 8)  # 28 column tiles
+  assert band(16384, 2048, 1408, 60)[1] == 8  # 273 rows per expert
+
+
 def test_heuristic_stages_16_bit_rows_swizzled():
   """The "rows" epilogue is staged swizzled wherever a staged row is one
   swizzle span (16-bit outputs), in every tile shape the heuristic picks;

@@ -139,6 +139,7 @@ from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 NUM_CONSUMERS,
                                                 SMEM_SLACK_BYTES)
+from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 #: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
@@ -380,6 +381,14 @@ def _takes_turns(rows_per_group: float) -> bool:
   return 128 < rows_per_group <= PING_PONG_MAX_ROWS
 
 
+#: Column tiles of the weight gradient's short-reduction tile (64 x 256 per
+#: consumer) up to which its walk takes one K strip at a time
+#: (`grid_band=1`): it measured faster on outputs 8 tiles wide on both GPUs
+#: and slower on one 28 tiles wide, so the line sits at the widths measured
+#: to gain.
+NARROW_OUTPUT_STRIPS = 8
+
+
 def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
@@ -391,6 +400,12 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # each consumer in one piece (rows of 512 bytes) rather than a deep
     # ring (experiments/results/nvidia_h200/ragged_sweep).
     base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
+    if cdiv(problem.n, base.tile_n) <= NARROW_OUTPUT_STRIPS:
+      # Such tiles only store: with a narrow output, walking each K strip's
+      # few column tiles in turn has the CTAs in flight write whole output
+      # rows side by side (experiments/results/nvidia_h200/ragged_options,
+      # "Store order").
+      base = dataclasses.replace(base, grid_band=1)
   if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over

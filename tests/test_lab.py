@@ -133,3 +133,23 @@ def test_wide_choices_reads_the_shipped_tables_and_a_run():
     assert len(ran) == 104
     labels = {wide_choices.shape_label(d) for d in picked}
     assert labels == set(ran)
+
+
+def test_ragged_padding_bound_counts_rows_as_the_schedule_cuts_them(capsys):
+  sys.path.insert(0, str(REPO_ROOT))
+  import numpy as np
+  from experiments.lab import ragged_padding_bound as bound
+  # 273 rows from row 0: three 128-row items, five 64-row ones. A group
+  # that starts 5 rows past a multiple of 8 is counted from there: 64 rows
+  # at row 5 take two 64-row items.
+  assert bound.padding(np.array([273]), 128) == 384 / 273
+  assert bound.padding(np.array([273]), 64) == 320 / 273
+  assert bound.padding(np.array([3, 0, 61]), 64) == 128 / 64
+  assert bound.padding(np.array([5, 64]), 64) == 192 / 69  # starts at 5
+  results = sorted((REPO_ROOT / "experiments" / "results")
+                   .glob("nvidia_h*/moe_63cd7b1/results.json"))
+  assert results
+  assert bound.main([str(results[0]), "--misses"]) == 0
+  out = capsys.readouterr().out
+  assert "qwen1.5_moe_up even forward" in out
+  assert "items of 64: the bound reaches the target" in out

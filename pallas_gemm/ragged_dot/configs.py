@@ -401,10 +401,10 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # ring (experiments/results/nvidia_h200/ragged_sweep).
     base = dataclasses.replace(base, tile_m=64, tile_n=256, epi_tile_n=256)
     if cdiv(problem.n, base.tile_n) <= NARROW_OUTPUT_STRIPS:
-      # Such tiles only store: with a narrow output, walking each K strip's
-      # few column tiles in turn has the CTAs in flight write whole output
-      # rows side by side (experiments/results/nvidia_h200/ragged_options,
-      # "Store order").
+      # A tile of one or two chunks is mostly its output store: with a
+      # narrow output, walking each K strip's few column tiles in turn has
+      # the CTAs in flight write whole output rows side by side
+      # (experiments/results/nvidia_h200/ragged_options, "Store order").
       base = dataclasses.replace(base, grid_band=1)
   if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as

@@ -153,3 +153,13 @@ def test_ragged_padding_bound_counts_rows_as_the_schedule_cuts_them(capsys):
   out = capsys.readouterr().out
   assert "qwen1.5_moe_up even forward" in out
   assert "items of 64: the bound reaches the target" in out
+
+
+def test_swap_ab_probe_lowers_and_matches_at_token_counts_of_8_rows():
+  """The token rows on wgmma's N side: a tile of 8 and of 24 tokens (not a
+  multiple of 64) lowers for the GPU and matches float64 in interpret
+  mode."""
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab import swap_ab_probe
+  for tokens in (8, 24):
+    assert swap_ab_probe.probe(tokens) < 1e-2

@@ -293,13 +293,12 @@ def run_case(case, args, iters, on_gpu, bandwidth, dense_ms):
       continue
     tolerance = numerics.tolerance(problem.in_dtype, "default", problem.out_dtype)
     target = roofline_target(case.distribution, case.direction)
+    fraction = (roofline / ms) if roofline else None
     row.update(status="ok", time_ms=ms, tflops=problem.flops / (ms * 1e-3) / 1e12,
-               roofline_fraction=(roofline / ms) if roofline else None,
-               roofline_target=target,
-               meets_target=(roofline / ms >= target) if roofline else None,
+               roofline_fraction=fraction, roofline_target=target,
+               meets_target=None if fraction is None else fraction >= target,
                rel_error=error, tolerance=tolerance,
                correct=None if error is None else bool(error <= tolerance))
-    fraction = row["roofline_fraction"]
     print(f"  {case.label:48s} {name:8s} {ms * 1e3:10.1f} us "
           f"{row['tflops']:8.1f} TFLOP/s  roofline "
           f"{'n/a' if fraction is None else f'{fraction:.2f}'}  err "

@@ -34,6 +34,7 @@ import pathlib
 import statistics
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -41,7 +42,8 @@ if str(_ROOT) not in sys.path:
   sys.path.insert(0, str(_ROOT))
 
 from experiments.bench_moe import roofline_target  # noqa: E402
-from pallas_gemm.ragged_dot import arg_specs  # noqa: E402
+from experiments.lab.ragged_profile_case import find_case  # noqa: E402
+from pallas_gemm.ragged_dot import mosaic_schedule as schedule  # noqa: E402
 
 #: Rows where a TMA load of the token rows may start.
 ROW_ALIGN = 8
@@ -55,18 +57,15 @@ GRANULARITIES = {
 
 def padding(sizes: np.ndarray, rows: int) -> float:
   """Token rows run / token rows: each non-empty group from its first row
-  rounded down to ROW_ALIGN, in whole units of `rows`."""
-  starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-  lead = starts % ROW_ALIGN
-  units = np.where(sizes > 0, -(-(sizes + lead) // rows), 0)
-  return float(units.sum() * rows / max(sizes.sum(), 1))
-
-
-def find_case(label: str) -> arg_specs.MoeCase:
-  for case in arg_specs.cases():
-    if case.label == label:
-      return case
-  raise SystemExit(f"{label!r} is not a case of the moe suite")
+  rounded down to ROW_ALIGN, in whole units of `rows`, counted by the
+  kernels' own schedule (`mosaic_schedule.contracting_groups`, whose
+  chunks the "rows" items match: cdiv(size + up to ROW_ALIGN - 1, rows))."""
+  total = int(np.sum(sizes))
+  table = schedule.contracting_groups(
+      jnp.asarray(sizes, jnp.int32), jnp.zeros((1,), jnp.int32), m=total,
+      chunk=rows, row_align=ROW_ALIGN)
+  units = int(jnp.sum(table[schedule.GROUP_CHUNKS]))
+  return units * rows / max(total, 1)
 
 
 def bounds(results: dict):

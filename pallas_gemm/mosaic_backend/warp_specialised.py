@@ -295,19 +295,43 @@ def consume_ring(ring: Ring, mma_step, *, first_step, steps, accumulators=(),
   return pl.run_scoped(run, *accumulators) if accumulators else run()
 
 
-def run_warpgroups(producer, consumer):
-  """Runs `producer()` on the producer warpgroup (the last one) and
+#: Registers of one SM's register file per thread of a 128-thread
+#: warpgroup: what the warpgroups' `set_max_registers` counts share.
+REGISTERS_PER_WARPGROUP_THREAD = 65536 // 128
+
+
+def consumer_registers(side_warpgroups: int = 0) -> int:
+  """Registers per consumer thread where the producer and
+  `side_warpgroups` more warpgroups keep PRODUCER_REGISTERS each: the most
+  that fit, a multiple of 8 (`setmaxnreg`), at most CONSUMER_REGISTERS."""
+  spare = (REGISTERS_PER_WARPGROUP_THREAD
+           - (1 + side_warpgroups) * PRODUCER_REGISTERS)
+  return min(CONSUMER_REGISTERS, spare // NUM_CONSUMERS // 8 * 8)
+
+
+def run_warpgroups(producer, consumer, side=None):
+  """Runs `producer()` on the producer warpgroup (index NUM_CONSUMERS) and
   `consumer(wg)` on consumer warpgroup wg, which first takes the registers
-  the producer gives away."""
+  the producer gives away. With `side`, `side()` runs on one more
+  warpgroup (the last; the kernel must have it, see
+  `warp_specialised_kernel`'s `side_warpgroups`), which gives registers
+  away as the producer does."""
   wg = lax.axis_index("wg")
 
   @pl.when(wg == NUM_CONSUMERS)
   def _producer():
     producer()
 
+  if side is not None:
+    @pl.when(wg == NUM_CONSUMERS + 1)
+    def _side():
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+      side()
+
   @pl.when(wg < NUM_CONSUMERS)
   def _consumer():
-    plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    plgpu.set_max_registers(consumer_registers(0 if side is None else 1),
+                            action="increase")
     consumer(wg)
 
 
@@ -355,9 +379,13 @@ def out_staging_smem(out_slots: int, epi_tile, dtype):
 
 def warp_specialised_kernel(body, *, out_type, grid, interpret,
                             warpgroup_semantics: bool = False,
-                            approx_math: bool = False, **cluster):
+                            approx_math: bool = False,
+                            side_warpgroups: int = 0, **cluster):
   """`plgpu.kernel` of a persistent grid of CTAs (axis "sm"), each of a
-  producer and NUM_CONSUMERS consumer warpgroups (axis "wg")."""
+  producer and NUM_CONSUMERS consumer warpgroups (axis "wg"), and
+  `side_warpgroups` (0 or 1) more for `run_warpgroups`' `side`."""
+  if side_warpgroups not in (0, 1):
+    raise ValueError(f"side_warpgroups={side_warpgroups} must be 0 or 1")
   semantics = (plgpu.LoweringSemantics.Warpgroup if warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   return plgpu.kernel(
@@ -365,7 +393,7 @@ def warp_specialised_kernel(body, *, out_type, grid, interpret,
       out_type=out_type,
       grid=grid,
       grid_names=("sm",),
-      num_threads=NUM_CONSUMERS + 1,
+      num_threads=NUM_CONSUMERS + 1 + side_warpgroups,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=semantics,
                                            approx_math=approx_math),

@@ -362,33 +362,33 @@ def test_zero_drip_needs_zeros_by_producer():
     RaggedConfig(tile_m=64, tile_n=64, zero_drip=2)
 
 
-#: `RaggedConfig.zero_warpgroup`: a fourth warpgroup stores the empty
+#: `RaggedConfig.zero_warp`: the producer's second warp stores the empty
 #: groups' outputs in 64-row bands dealt over the CTAs.
-_ZERO_WG = dataclasses.replace(SMALL, zero_warpgroup=2)
+_ZERO_WARP = dataclasses.replace(SMALL, zero_warp=2)
 ZERO_WARPGROUP_CASES = [
     # Most tokens in one group; more bands than CTAs, two boxes per band.
     (200, 128, 128, [0, 180, 0, 0, 20], 3, "bfloat16", "bfloat16",
-     _ZERO_WG),
+     _ZERO_WARP),
     # No empty group: the warpgroup stores nothing.
     (200, 128, 64, [50, 100, 50], 0, "bfloat16", "float32",
-     dataclasses.replace(_ZERO_WG, zero_warpgroup=1)),
+     dataclasses.replace(_ZERO_WARP, zero_warp=1)),
     # Every token in one group of eight, K=72: each group's second band
     # reaches past the output's rows (the TMA drops them); f16, 16 in
     # flight.
     (128, 72, 128, [0, 0, 0, 0, 0, 0, 128, 0], 0, "float16", "float16",
-     dataclasses.replace(_ZERO_WG, zero_warpgroup=16)),
+     dataclasses.replace(_ZERO_WARP, zero_warp=16)),
     # Turns at whole tiles, a cut group walked largest first: the unused
     # pieces are skipped, only whole groups are zeroed.
     (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "float32",
-     dataclasses.replace(_ZERO_WG, ping_pong=True, largest_first=True,
+     dataclasses.replace(_ZERO_WARP, ping_pong=True, largest_first=True,
                          piece_rows=64, stages=3)),
 ]
 
 
 @pytest.mark.parametrize("case", ZERO_WARPGROUP_CASES,
                          ids=lambda c: f"m{c[0]}_g{len(c[3])}_k{c[1]}_depth"
-                         f"{c[7].zero_warpgroup}")
-def test_contracting_zero_warpgroup(case):
+                         f"{c[7].zero_warp}")
+def test_contracting_zero_warp(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, config = case
   problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
                           out_dtype)
@@ -398,14 +398,14 @@ def test_contracting_zero_warpgroup(case):
   assert np.all(got[empty] == 0)
 
 
-def test_zero_warpgroup_excludes_the_other_zero_stores_and_clusters():
+def test_zero_warp_excludes_the_other_zero_stores_and_clusters():
   for other in ("zeros_by_producer", "cluster_columns"):
     with pytest.raises(ValueError,
-                       match=f"zero_warpgroup=2 excludes {other}=True"):
-      RaggedConfig(tile_m=64, tile_n=64, zero_warpgroup=2, **{other: True})
-  with pytest.raises(ValueError, match="zero_warpgroup needs out_slots=2"):
+                       match=f"zero_warp=2 excludes {other}=True"):
+      RaggedConfig(tile_m=64, tile_n=64, zero_warp=2, **{other: True})
+  with pytest.raises(ValueError, match="zero_warp needs out_slots=2"):
     RaggedConfig(tile_m=64, tile_n=64, epi_tile_n=64, out_slots=2,
-                 zero_warpgroup=2)
+                 zero_warp=2)
 
 
 @pytest.mark.parametrize("mode", ["rows", "contracting"])
@@ -718,15 +718,15 @@ def test_zero_drip_lowers_for_cuda(case):
 
 @pytest.mark.parametrize("case", ["deepseek_v3_up", "qwen3_30b_a3b_up",
                                   "g64_t16384_k2048_n1408"])
-def test_zero_warpgroup_lowers_for_cuda(case):
-  """The fourth warpgroup (its registers given away, the consumers' taken
-  down to fit) lowers for the GPU at the heuristic's weight-gradient tiles:
-  the short-reduction tile, the turn-taking 128 x 128 one and the split
+def test_zero_warp_lowers_for_cuda(case):
+  """The producer warpgroup forked into a loading warp and a zero-storing
+  one lowers for the GPU at the heuristic's weight-gradient tiles: the
+  short-reduction tile, the turn-taking 128 x 128 one and the split
   128 x 128 one."""
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == f"{case} one_hot drhs"]
   config = configs._most_stages(dataclasses.replace(
-      configs.heuristic(problem, HOPPER), zero_warpgroup=4), problem)
+      configs.heuristic(problem, HOPPER), zero_warp=4), problem)
   _lower_for_cuda(problem, config)
 
 

@@ -194,8 +194,13 @@ class SideWork(NamedTuple):
   finish: Any
 
 
+#: The producer warpgroup's warps: the first issues the loads; with
+#: `run_producer`'s `beside`, the second runs that work.
+LOADING_WARP, BESIDE_WARP = 0, 1
+
+
 def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
-                 side_work: SideWork | None = None):
+                 side_work: SideWork | None = None, beside=None):
   """The producer warpgroup of a persistent, warp-specialised kernel.
 
   It gives registers away, walks this CTA's tiles (`coords(linear)` names
@@ -212,9 +217,33 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
   walked by `for_each_tile`, the ring position carried from tile to tile.
 
   `side_work` (only with a traced step count) runs between the loads.
+
+  With `beside`, the warpgroup forks into its warps: the first
+  (LOADING_WARP) walks the tiles as above, and the second (BESIDE_WARP)
+  runs `beside()` meanwhile, so that neither waits for the other (work
+  that may issue TMA copies of its own, but must touch only scalars and
+  refs).
   """
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+  if beside is not None:
+    @plgpu.warp_map
+    def _warps(warp):
+      @pl.when(warp == LOADING_WARP)
+      def _load():
+        _producer_walk(ring, num_tiles=num_tiles, steps=steps, coords=coords,
+                       load_step=load_step, side_work=side_work)
 
+      @pl.when(warp == BESIDE_WARP)
+      def _beside():
+        beside()
+    return
+  _producer_walk(ring, num_tiles=num_tiles, steps=steps, coords=coords,
+                 load_step=load_step, side_work=side_work)
+
+
+def _producer_walk(ring: Ring, *, num_tiles, steps, coords, load_step,
+                   side_work: SideWork | None):
+  """`run_producer`'s loads: the CTA's tiles, then the drain."""
   if side_work is not None and not callable(steps):
     raise ValueError("run_producer's side_work needs a traced step count "
                      "(steps a function of the tile)")
@@ -295,43 +324,19 @@ def consume_ring(ring: Ring, mma_step, *, first_step, steps, accumulators=(),
   return pl.run_scoped(run, *accumulators) if accumulators else run()
 
 
-#: Registers of one SM's register file per thread of a 128-thread
-#: warpgroup: what the warpgroups' `set_max_registers` counts share.
-REGISTERS_PER_WARPGROUP_THREAD = 65536 // 128
-
-
-def consumer_registers(side_warpgroups: int = 0) -> int:
-  """Registers per consumer thread where the producer and
-  `side_warpgroups` more warpgroups keep PRODUCER_REGISTERS each: the most
-  that fit, a multiple of 8 (`setmaxnreg`), at most CONSUMER_REGISTERS."""
-  spare = (REGISTERS_PER_WARPGROUP_THREAD
-           - (1 + side_warpgroups) * PRODUCER_REGISTERS)
-  return min(CONSUMER_REGISTERS, spare // NUM_CONSUMERS // 8 * 8)
-
-
-def run_warpgroups(producer, consumer, side=None):
-  """Runs `producer()` on the producer warpgroup (index NUM_CONSUMERS) and
+def run_warpgroups(producer, consumer):
+  """Runs `producer()` on the producer warpgroup (the last one) and
   `consumer(wg)` on consumer warpgroup wg, which first takes the registers
-  the producer gives away. With `side`, `side()` runs on one more
-  warpgroup (the last; the kernel must have it, see
-  `warp_specialised_kernel`'s `side_warpgroups`), which gives registers
-  away as the producer does."""
+  the producer gives away."""
   wg = lax.axis_index("wg")
 
   @pl.when(wg == NUM_CONSUMERS)
   def _producer():
     producer()
 
-  if side is not None:
-    @pl.when(wg == NUM_CONSUMERS + 1)
-    def _side():
-      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-      side()
-
   @pl.when(wg < NUM_CONSUMERS)
   def _consumer():
-    plgpu.set_max_registers(consumer_registers(0 if side is None else 1),
-                            action="increase")
+    plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
     consumer(wg)
 
 
@@ -379,13 +384,9 @@ def out_staging_smem(out_slots: int, epi_tile, dtype):
 
 def warp_specialised_kernel(body, *, out_type, grid, interpret,
                             warpgroup_semantics: bool = False,
-                            approx_math: bool = False,
-                            side_warpgroups: int = 0, **cluster):
+                            approx_math: bool = False, **cluster):
   """`plgpu.kernel` of a persistent grid of CTAs (axis "sm"), each of a
-  producer and NUM_CONSUMERS consumer warpgroups (axis "wg"), and
-  `side_warpgroups` (0 or 1) more for `run_warpgroups`' `side`."""
-  if side_warpgroups not in (0, 1):
-    raise ValueError(f"side_warpgroups={side_warpgroups} must be 0 or 1")
+  producer and NUM_CONSUMERS consumer warpgroups (axis "wg")."""
   semantics = (plgpu.LoweringSemantics.Warpgroup if warpgroup_semantics
                else plgpu.LoweringSemantics.Lane)
   return plgpu.kernel(
@@ -393,7 +394,7 @@ def warp_specialised_kernel(body, *, out_type, grid, interpret,
       out_type=out_type,
       grid=grid,
       grid_names=("sm",),
-      num_threads=NUM_CONSUMERS + 1 + side_warpgroups,
+      num_threads=NUM_CONSUMERS + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=semantics,
                                            approx_math=approx_math),

@@ -35,8 +35,9 @@ a walk that met them before its long tiles would queue every zero store
 ahead of the loads, one that met them after would leave them to the end,
 and either way the writes and the wgmmas would take turns.
 
-With `RaggedConfig.zero_warpgroup`, a fourth warpgroup stores the empty
-groups' outputs from one zeroed buffer, 64-row bands of whole output rows
+With `RaggedConfig.zero_warp`, the producer warpgroup's second warp stores
+the empty groups' outputs from one zeroed buffer while its first warp
+loads, 64-row bands of whole output rows
 dealt round-robin over the CTAs, with a bounded number of stores in
 flight, and the consumers skip those tiles: the writes then run beside the
 consumers' wgmmas and the producer's loads, whichever CTAs the tiles with
@@ -91,13 +92,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                       config: RaggedConfig, k_tiles: int, n_units: int,
                       groups: int):
   """Walks `groups` output groups. `refs`: with RaggedConfig.zero_drip or
-  zero_warpgroup, first `empty_gmem` (`mosaic_schedule.empty_groups`: how
+  zero_warp, first `empty_gmem` (`mosaic_schedule.empty_groups`: how
   many groups are empty, then which); then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
   empty_gmem = None
-  if config.zero_drip or config.zero_warpgroup:
+  if config.zero_drip or config.zero_warp:
     empty_gmem, *refs = refs
   out_gmem, pieces_gmem = (*refs, None)[:2]
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
@@ -145,11 +146,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # skipped tile would have two stores in a row use the same slot (then the
   # unused pieces are stored as zeros; zeros_by_producer requires it).
   can_skip = config.slots_divide_stores()
-  # With `zeros_by_producer` (or `zero_warpgroup`) the producer (or a
-  # warpgroup of its own) stores the zero output tiles of empty groups from
-  # a zeroed buffer, and the consumers skip those tiles.
+  # With `zeros_by_producer` (or `zero_warp`) the producer (or its second
+  # warp) stores the zero output tiles of empty groups from a zeroed
+  # buffer, and the consumers skip those tiles.
   zeros_by_producer = config.zeros_by_producer
-  zeros_elsewhere = zeros_by_producer or bool(config.zero_warpgroup)
+  zeros_elsewhere = zeros_by_producer or bool(config.zero_warp)
   assert can_skip or not zeros_elsewhere  # RaggedConfig checks it
 
   # Whether the consumers skip some tiles: those of pieces beyond a group's
@@ -247,19 +248,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         # Every box left, and one visit per non-empty tile.
         finish=lambda cursor: advance(cursor, my_tiles * (boxes + 1)))
 
-  def zero_warpgroup_work(zeros_smem):
-    """The zero warpgroup (RaggedConfig.zero_warpgroup): every empty
+  def zero_warp_work(zeros_smem):
+    """The producer's second warp (RaggedConfig.zero_warp): every empty
     group's output as bands of the buffer's rows across the whole output
     width, band b of all the empty groups' bands to CTA b mod the CTA
     count, so that the CTAs in flight write neighbouring bands. Before
-    each store it waits until at most zero_warpgroup - 1 of its earlier
-    stores are still to read the buffer: the stores then queue beside the
-    producer's loads instead of ahead of them."""
+    each store it waits until at most zero_warp - 1 of its earlier stores
+    are still to read the buffer: the stores then queue beside the first
+    warp's loads instead of ahead of them. The buffer is zeroed before the
+    warps fork."""
     box_m, box_n = zeros_smem.shape
     k_out, n_out = out_gmem.shape[1:]
     bands_per_group, boxes_per_band = cdiv(k_out, box_m), cdiv(n_out, box_n)
-    zeros_smem[...] = jnp.zeros(zeros_smem.shape, zeros_smem.dtype)
-    plgpu.commit_smem()  # visible to the TMA stores that read it
     cta = index(lax.axis_index("sm"))
     num_ctas = index(lax.axis_size("sm"))
 
@@ -269,7 +269,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       rows = pl.ds(lax.rem(b, index(bands_per_group)) * box_m, box_m)
 
       def box(j, carry):
-        plgpu.wait_smem_to_gmem(config.zero_warpgroup - 1,
+        plgpu.wait_smem_to_gmem(config.zero_warp - 1,
                                 wait_read_only=True)
         plgpu.copy_smem_to_gmem(zeros_smem,
                                 out_gmem.at[g, rows, pl.ds(j * box_n, box_n)])
@@ -306,15 +306,17 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                               dout_smem.at[slot], loaded)
 
     def producer():
-      side_work = None
-      if zeros_by_producer:
+      side_work = beside = None
+      if zeros_elsewhere:
         zeros_smem[...] = jnp.zeros(zeros_smem.shape, zeros_smem.dtype)
         plgpu.commit_smem()  # visible to the TMA stores that read it
         if config.zero_drip:
           side_work = zero_drip_work(zeros_smem)
+        if config.zero_warp:
+          beside = functools.partial(zero_warp_work, zeros_smem)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
-                   side_work=side_work)
+                   side_work=side_work, beside=beside)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -381,9 +383,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    run_warpgroups(producer, consumer,
-                   side=(lambda: zero_warpgroup_work(zeros_smem))
-                   if config.zero_warpgroup else None)
+    run_warpgroups(producer, consumer)
 
   pl.run_scoped(
       scoped,
@@ -416,10 +416,10 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)
-  # With zero_drip or zero_warpgroup the kernel also reads which groups are
+  # With zero_drip or zero_warp the kernel also reads which groups are
   # empty: those whose first piece (entry g < groups) has no chunk.
   empty_groups = ([schedule.empty_groups(table, groups)]
-                  if config.zero_drip or config.zero_warpgroup else [])
+                  if config.zero_drip or config.zero_warp else [])
   if config.largest_first:
     table = schedule.largest_first(table)
   # The kernel sees every piece as a group of its own; the pieces beyond
@@ -445,7 +445,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
       out_type=out_type,
       grid=(max(1, min(num_ctas_for(params) // cluster_size,
                        pieces * k_tiles * n_units)),),
-      interpret=params, side_warpgroups=1 if config.zero_warpgroup else 0,
+      interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
   out = call_kernel(kernel, [table, lhs, dout, *empty_groups], out_type,

@@ -362,52 +362,6 @@ def test_zero_drip_needs_zeros_by_producer():
     RaggedConfig(tile_m=64, tile_n=64, zero_drip=2)
 
 
-#: `RaggedConfig.zero_warp`: the producer's second warp stores the empty
-#: groups' outputs in 64-row bands dealt over the CTAs.
-_ZERO_WARP = dataclasses.replace(SMALL, zero_warp=2)
-ZERO_WARPGROUP_CASES = [
-    # Most tokens in one group; more bands than CTAs, two boxes per band.
-    (200, 128, 128, [0, 180, 0, 0, 20], 3, "bfloat16", "bfloat16",
-     _ZERO_WARP),
-    # No empty group: the warpgroup stores nothing.
-    (200, 128, 64, [50, 100, 50], 0, "bfloat16", "float32",
-     dataclasses.replace(_ZERO_WARP, zero_warp=1)),
-    # Every token in one group of eight, K=72: each group's second band
-    # reaches past the output's rows (the TMA drops them); f16, 16 in
-    # flight.
-    (128, 72, 128, [0, 0, 0, 0, 0, 0, 128, 0], 0, "float16", "float16",
-     dataclasses.replace(_ZERO_WARP, zero_warp=16)),
-    # Turns at whole tiles, a cut group walked largest first: the unused
-    # pieces are skipped, only whole groups are zeroed.
-    (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "float32",
-     dataclasses.replace(_ZERO_WARP, ping_pong=True, largest_first=True,
-                         piece_rows=64, stages=3)),
-]
-
-
-@pytest.mark.parametrize("case", ZERO_WARPGROUP_CASES,
-                         ids=lambda c: f"m{c[0]}_g{len(c[3])}_k{c[1]}_depth"
-                         f"{c[7].zero_warp}")
-def test_contracting_zero_warp(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype, config = case
-  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
-                          out_dtype)
-  got, _ = _run(problem, sizes, row_offset=offset, config=config,
-                detect_races=case is ZERO_WARPGROUP_CASES[0])
-  empty = [g for g, size in enumerate(sizes) if size == 0]
-  assert np.all(got[empty] == 0)
-
-
-def test_zero_warp_excludes_the_other_zero_stores_and_clusters():
-  for other in ("zeros_by_producer", "cluster_columns"):
-    with pytest.raises(ValueError,
-                       match=f"zero_warp=2 excludes {other}=True"):
-      RaggedConfig(tile_m=64, tile_n=64, zero_warp=2, **{other: True})
-  with pytest.raises(ValueError, match="zero_warp needs out_slots=2"):
-    RaggedConfig(tile_m=64, tile_n=64, epi_tile_n=64, out_slots=2,
-                 zero_warp=2)
-
-
 @pytest.mark.parametrize("mode", ["rows", "contracting"])
 def test_zero_tokens(mode):
   problem = RaggedProblem(mode, 0, 64, 64, 3, "bfloat16", "float32")
@@ -713,20 +667,6 @@ def test_zero_drip_lowers_for_cuda(case):
   config = configs._most_stages(dataclasses.replace(
       configs.heuristic(problem, HOPPER), zeros_by_producer=True,
       zero_drip=2), problem)
-  _lower_for_cuda(problem, config)
-
-
-@pytest.mark.parametrize("case", ["deepseek_v3_up", "qwen3_30b_a3b_up",
-                                  "g64_t16384_k2048_n1408"])
-def test_zero_warp_lowers_for_cuda(case):
-  """The producer warpgroup forked into a loading warp and a zero-storing
-  one lowers for the GPU at the heuristic's weight-gradient tiles: the
-  short-reduction tile, the turn-taking 128 x 128 one and the split
-  128 x 128 one."""
-  (problem,) = [c.problem for c in arg_specs.cases()
-                if c.label == f"{case} one_hot drhs"]
-  config = configs._most_stages(dataclasses.replace(
-      configs.heuristic(problem, HOPPER), zero_warp=4), problem)
   _lower_for_cuda(problem, config)
 
 

@@ -194,13 +194,8 @@ class SideWork(NamedTuple):
   finish: Any
 
 
-#: The producer warpgroup's warps: the first issues the loads; with
-#: `run_producer`'s `beside`, the second runs that work.
-LOADING_WARP, BESIDE_WARP = 0, 1
-
-
 def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
-                 side_work: SideWork | None = None, beside=None):
+                 side_work: SideWork | None = None):
   """The producer warpgroup of a persistent, warp-specialised kernel.
 
   It gives registers away, walks this CTA's tiles (`coords(linear)` names
@@ -217,33 +212,9 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
   walked by `for_each_tile`, the ring position carried from tile to tile.
 
   `side_work` (only with a traced step count) runs between the loads.
-
-  With `beside`, the warpgroup forks into its warps: the first
-  (LOADING_WARP) walks the tiles as above, and the second (BESIDE_WARP)
-  runs `beside()` meanwhile, so that neither waits for the other (work
-  that may issue TMA copies of its own, but must touch only scalars and
-  refs).
   """
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-  if beside is not None:
-    @plgpu.warp_map
-    def _warps(warp):
-      @pl.when(warp == LOADING_WARP)
-      def _load():
-        _producer_walk(ring, num_tiles=num_tiles, steps=steps, coords=coords,
-                       load_step=load_step, side_work=side_work)
 
-      @pl.when(warp == BESIDE_WARP)
-      def _beside():
-        beside()
-    return
-  _producer_walk(ring, num_tiles=num_tiles, steps=steps, coords=coords,
-                 load_step=load_step, side_work=side_work)
-
-
-def _producer_walk(ring: Ring, *, num_tiles, steps, coords, load_step,
-                   side_work: SideWork | None):
-  """`run_producer`'s loads: the CTA's tiles, then the drain."""
   if side_work is not None and not callable(steps):
     raise ValueError("run_producer's side_work needs a traced step count "
                      "(steps a function of the tile)")

@@ -78,18 +78,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                stretch of time wherever in the walk either lies, so the
                write bandwidth and the tensor cores work together (0, the
                default: as the walk meets them; a "contracting"-mode option).
-    zero_warp  with a positive value, the producer warpgroup's second warp
-               stores the zero output of every empty group (TMA stores of
-               one zeroed ZERO_BOX buffer, at most this many in flight)
-               while its first warp loads, and the consumers skip those
-               tiles: the zeros are dealt over every CTA as 64-row bands of
-               whole output rows, apart from the tiles' walk, so that their
-               writes overlap the wgmmas and the loads wherever the tiles
-               with rows lie, which the producer's own stores
-               (zeros_by_producer, zero_drip) could not do. 0, the default:
-               the consumers store the zeros as they meet the tiles (a
-               "contracting"-mode option; excludes zeros_by_producer and
-               cluster_columns).
     ping_pong  the two consumer warpgroups take turns at whole tiles of
                tile_m x tile_n (the CTA tile is then the consumer tile)
                instead of splitting one tile: while one stores a finished
@@ -189,7 +177,6 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
-        "zero_warp": "stores the rows of no group with its items",
     },
 }
 
@@ -214,7 +201,6 @@ class RaggedConfig:
   ping_pong: bool = False
   zeros_by_producer: bool = False
   zero_drip: int = checked(0, in_range(0, 16))
-  zero_warp: int = checked(0, in_range(0, 16))
   short_items: bool = False
   cluster_columns: bool = False
   group_bands: bool = False
@@ -228,8 +214,6 @@ class RaggedConfig:
     # its number.
     for option, why in (("zeros_by_producer", "the consumers skip the zero "
                          "tiles"),
-                        ("zero_warp", "the consumers skip the zero "
-                         "tiles"),
                         ("epi_tile_m", "a tile's store count then depends "
                          "on its rows")):
       if getattr(self, option) and not self.slots_divide_stores():
@@ -241,15 +225,6 @@ class RaggedConfig:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "
                        f"zero tiles it spreads over its loads)")
-    if self.zero_warp:
-      for other, why in (("zeros_by_producer", "one warpgroup stores the "
-                          "zeros"),
-                         ("cluster_columns", "both CTAs of a cluster would "
-                          "store the same zeros")):
-        if getattr(self, other):
-          raise ValueError(f"RaggedConfig.zero_warp="
-                           f"{self.zero_warp} excludes {other}=True "
-                           f"({why})")
     if self.short_items and not (self.ping_pong and self.tile_m == 128):
       raise ValueError(f"RaggedConfig.short_items needs ping_pong=True and "
                        f"tile_m=128 (a consumer's whole tile, of which a "
@@ -317,8 +292,8 @@ class RaggedConfig:
     stage = (cta_m + cta_n) * self.tile_k * in_size
     staging = (NUM_CONSUMERS * self.out_slots * self.staged_rows(problem.mode)
                * self.epi_tile_n * out_size)
-    zeros = (math.prod(ZERO_BOX) * out_size
-             if self.zeros_by_producer or self.zero_warp else 0)
+    zeros = (math.prod(ZERO_BOX) * out_size if self.zeros_by_producer
+             else 0)
     return self.stages * stage + staging + zeros + SMEM_SLACK_BYTES
 
   def fits(self, problem: RaggedProblem) -> bool:
@@ -350,10 +325,9 @@ def _swizzled_where_possible(config: RaggedConfig,
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
-  # zeros_by_producer and zero_warp need the slots to divide a tile's
-  # stores.
+  # zeros_by_producer needs the slots to divide a tile's stores.
   slot_counts = [slots for slots in (2, 1)
-                 if not (config.zeros_by_producer or config.zero_warp)
+                 if not config.zeros_by_producer
                  or config.slots_divide_stores(slots)]
   for stages in range(MAX_STAGES, 1, -1):
     for slots in slot_counts:

@@ -35,14 +35,6 @@ a walk that met them before its long tiles would queue every zero store
 ahead of the loads, one that met them after would leave them to the end,
 and either way the writes and the wgmmas would take turns.
 
-With `RaggedConfig.zero_warp`, the producer warpgroup's second warp stores
-the empty groups' outputs from one zeroed buffer while its first warp
-loads, 64-row bands of whole output rows
-dealt round-robin over the CTAs, with a bounded number of stores in
-flight, and the consumers skip those tiles: the writes then run beside the
-consumers' wgmmas and the producer's loads, whichever CTAs the tiles with
-rows went to.
-
 With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
 CTAs walk the same tiles, each computing one of two neighbouring column
 strips, and each multicasts half of the lhs chunk they share into both
@@ -91,14 +83,13 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                       config: RaggedConfig, k_tiles: int, n_units: int,
                       groups: int):
-  """Walks `groups` output groups. `refs`: with RaggedConfig.zero_drip or
-  zero_warp, first `empty_gmem` (`mosaic_schedule.empty_groups`: how
-  many groups are empty, then which); then out_gmem;
+  """Walks `groups` output groups. `refs`: with RaggedConfig.zero_drip,
+  first `empty_gmem`, (1,) int32, how many groups are empty; then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
   empty_gmem = None
-  if config.zero_drip or config.zero_warp:
+  if config.zero_drip:
     empty_gmem, *refs = refs
   out_gmem, pieces_gmem = (*refs, None)[:2]
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
@@ -146,23 +137,21 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # skipped tile would have two stores in a row use the same slot (then the
   # unused pieces are stored as zeros; zeros_by_producer requires it).
   can_skip = config.slots_divide_stores()
-  # With `zeros_by_producer` (or `zero_warp`) the producer (or its second
-  # warp) stores the zero output tiles of empty groups from a zeroed
-  # buffer, and the consumers skip those tiles.
+  # With `zeros_by_producer` the producer stores the zero output tiles of
+  # empty groups from a zeroed buffer, and the consumers skip those tiles.
   zeros_by_producer = config.zeros_by_producer
-  zeros_elsewhere = zeros_by_producer or bool(config.zero_warp)
-  assert can_skip or not zeros_elsewhere  # RaggedConfig checks it
+  assert can_skip or not zeros_by_producer  # RaggedConfig checks it
 
   # Whether the consumers skip some tiles: those of pieces beyond a group's
   # first that got no rows (`merge_pieces` never reads them), and with
   # zeros_by_producer the empty groups' zero tiles.
-  skips_tiles = can_skip and (zeros_elsewhere or pieces_gmem is not None)
+  skips_tiles = can_skip and (zeros_by_producer or pieces_gmem is not None)
 
   def consumers_run(g, steps):
     """Whether the consumers compute and store this tile (see
     skips_tiles)."""
     empty = steps == 0
-    if zeros_elsewhere:
+    if zeros_by_producer:
       return ~empty
     return ~(empty & (g >= first_pieces))
 
@@ -248,39 +237,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         # Every box left, and one visit per non-empty tile.
         finish=lambda cursor: advance(cursor, my_tiles * (boxes + 1)))
 
-  def zero_warp_work(zeros_smem):
-    """The producer's second warp (RaggedConfig.zero_warp): every empty
-    group's output as bands of the buffer's rows across the whole output
-    width, band b of all the empty groups' bands to CTA b mod the CTA
-    count, so that the CTAs in flight write neighbouring bands. Before
-    each store it waits until at most zero_warp - 1 of its earlier stores
-    are still to read the buffer: the stores then queue beside the first
-    warp's loads instead of ahead of them. The buffer is zeroed before the
-    warps fork."""
-    box_m, box_n = zeros_smem.shape
-    k_out, n_out = out_gmem.shape[1:]
-    bands_per_group, boxes_per_band = cdiv(k_out, box_m), cdiv(n_out, box_n)
-    cta = index(lax.axis_index("sm"))
-    num_ctas = index(lax.axis_size("sm"))
-
-    def band(i, carry):
-      b = cta + i * num_ctas
-      g = empty_gmem[1 + lax.div(b, index(bands_per_group))]
-      rows = pl.ds(lax.rem(b, index(bands_per_group)) * box_m, box_m)
-
-      def box(j, carry):
-        plgpu.wait_smem_to_gmem(config.zero_warp - 1,
-                                wait_read_only=True)
-        plgpu.copy_smem_to_gmem(zeros_smem,
-                                out_gmem.at[g, rows, pl.ds(j * box_n, box_n)])
-        return carry
-
-      return lax.fori_loop(index(0), index(boxes_per_band), box, carry)
-
-    bands = empty_gmem[0] * bands_per_group
-    lax.fori_loop(index(0), tiles_of_this_cta(bands), band, None)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
              zeros_smem=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
@@ -306,17 +262,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                               dout_smem.at[slot], loaded)
 
     def producer():
-      side_work = beside = None
-      if zeros_elsewhere:
+      side_work = None
+      if zeros_by_producer:
         zeros_smem[...] = jnp.zeros(zeros_smem.shape, zeros_smem.dtype)
         plgpu.commit_smem()  # visible to the TMA stores that read it
         if config.zero_drip:
           side_work = zero_drip_work(zeros_smem)
-        if config.zero_warp:
-          beside = functools.partial(zero_warp_work, zeros_smem)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
-                   side_work=side_work, beside=beside)
+                   side_work=side_work)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -394,7 +348,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                   else None),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       **({"zeros_smem": plgpu.SMEM(ZERO_BOX, out_dtype)}
-         if zeros_elsewhere else {}),
+         if zeros_by_producer else {}),
       collective_axes="wg",
   )
 
@@ -416,10 +370,11 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)
-  # With zero_drip or zero_warp the kernel also reads which groups are
-  # empty: those whose first piece (entry g < groups) has no chunk.
-  empty_groups = ([schedule.empty_groups(table, groups)]
-                  if config.zero_drip or config.zero_warp else [])
+  # With zero_drip the kernel also reads how many groups are empty: those
+  # whose first piece (entry g < groups) has no chunk.
+  empty_groups = ([jnp.sum(table[schedule.GROUP_CHUNKS, :groups] == 0,
+                           dtype=jnp.int32, keepdims=True)]
+                  if config.zero_drip else [])
   if config.largest_first:
     table = schedule.largest_first(table)
   # The kernel sees every piece as a group of its own; the pieces beyond

@@ -148,16 +148,6 @@ def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int,
                       row_align)
 
 
-def empty_groups(table, groups: int):
-  """(1 + groups,) int32 from a "contracting"-mode table whose first
-  `groups` entries are the groups (or their first pieces): how many groups
-  have no chunk, then their indices in order (the rest padding)."""
-  empty = table[GROUP_CHUNKS, :groups] == 0
-  order = jnp.argsort(jnp.where(empty, 0, 1), stable=True)
-  count = jnp.sum(empty, dtype=jnp.int32, keepdims=True)
-  return jnp.concatenate([count, order.astype(jnp.int32)])
-
-
 def max_extra_pieces(m: int, groups: int, row_align: int,
                      piece_rows: int) -> int:
   """A bound on the pieces beyond each group's first (`contracting_pieces`).

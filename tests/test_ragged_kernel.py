@@ -670,17 +670,6 @@ def test_zero_drip_lowers_for_cuda(case):
   _lower_for_cuda(problem, config)
 
 
-@pytest.mark.parametrize("case", ["qwen1.5_moe_up even forward",
-                                  "qwen1.5_moe_up even dlhs"])
-def test_short_items_lower_for_cuda(case):
-  """Short items, whose loads fetch 64 lhs rows into the first half of the
-  stage, lower for the GPU at Qwen1.5-MoE's turn-taking tiles (rhs read
-  in place and transposed)."""
-  (problem,) = [c.problem for c in arg_specs.cases() if c.label == case]
-  _lower_for_cuda(problem, dataclasses.replace(
-      configs.heuristic(problem, HOPPER), short_items=True))
-
-
 def test_group_bands_lower_for_cuda():
   """Bands restarting at each group (the piece's first item and count read
   from the item table) lower for the GPU at DeepSeek-V3's forward tiles."""

@@ -53,10 +53,8 @@ One `RaggedConfig` serves both modes; the fields mean:
                with ping_pong in "rows" mode: an item whose rows all lie in
                its tile's first SHORT_ITEM_ROWS (the short last item of a
                group whose size is not a multiple of tile_m) runs one
-               64-row wgmma per step instead of the tile's two, and (but
-               with cluster_columns) its loads fetch only those 64 lhs
-               rows, so that the rows past the group's end cost no
-               tensor-core time and no operand traffic (needs
+               64-row wgmma per step instead of the tile's two, so that the
+               rows past the group's end cost no tensor-core time (needs
                ping_pong and tile_m=128; a "rows"-mode option, as
                "contracting" has no row items, and raises there).
     zeros_by_producer

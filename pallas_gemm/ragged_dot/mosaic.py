@@ -227,34 +227,20 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     out_written, out_stored = (out_smem if swizzled_staging
                                else (out_smem, out_smem))
 
-    # With short_items, a short item's loads fetch only the lhs rows its
-    # 64-row wgmma reads (not with clusters, whose lhs load is shared).
-    trims_loads = config.short_items and not config.cluster_columns
-
     def producer_tile(linear):
-      group, tile_row, _, row_hi, n_idx, steps = tile_info(linear)
+      group, tile_row, _, _, n_idx, steps = tile_info(linear)
       weights = rhs_gmem.at[jnp.maximum(group, 0)]
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
-      short = (row_hi - tile_row <= SHORT_ITEM_ROWS) if trims_loads else None
-      return (weights, tile_row, pl.ds(n_idx * cta_n, cta_n), owner, short,
-              steps)
+      return (weights, pl.ds(tile_row, tile_m),
+              pl.ds(n_idx * cta_n, cta_n), owner, steps)
 
     def load_step(tile, kk, slot):
-      weights, tile_row, cols, owner, short, _ = tile
+      weights, rows, cols, owner, _ = tile
       depth = pl.ds(kk * tile_k, tile_k)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
-
-      def load_lhs(rows):
-        plgpu.copy_gmem_to_smem(
-            lhs_gmem.at[pl.ds(tile_row, rows), depth],
-            lhs_smem.at[slot, pl.ds(0, rows)], loaded,
-            collective_axes="cluster" if config.cluster_columns else None)
-
-      if trims_loads:
-        pl.when(short)(lambda: load_lhs(SHORT_ITEM_ROWS))
-        pl.when(~short)(lambda: load_lhs(tile_m))
-      else:
-        load_lhs(tile_m)
+      plgpu.copy_gmem_to_smem(
+          lhs_gmem.at[rows, depth], lhs_smem.at[slot], loaded,
+          collective_axes="cluster" if config.cluster_columns else None)
       plgpu.copy_gmem_to_smem(
           weights.at[cols, depth] if transpose_rhs
           else weights.at[depth, cols],

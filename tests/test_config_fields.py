@@ -43,7 +43,7 @@ _INVALID_FIELDS = {
         "out_slots": (3,), "interleave_groups": (1,),
         "piece_rows": (96, -64, 64.0), "largest_first": (1,),
         "ping_pong": (1,), "zeros_by_producer": (1,), "zero_drip": (-1, 17, 1.0),
-        "short_items": (1,), "ring_per_consumer": (1,),
+        "short_items": (1,),
         "cluster_columns": (1,), "group_bands": (1,),
         "swizzled_staging": (1,), "epi_tile_m": (32, 128, 64.0)},
     TritonConfig: {

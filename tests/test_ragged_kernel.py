@@ -278,54 +278,6 @@ def test_contracting(case):
   assert np.all(got[empty] == 0)
 
 
-#: `RaggedConfig.ring_per_consumer`: turn-taking consumers with a ring each,
-#: loaded by a warp each.
-_OWN_RINGS = dataclasses.replace(SMALL, ping_pong=True, ring_per_consumer=True,
-                                 stages=4)
-RING_PER_CONSUMER_CASES = [
-    # Tiles of 1, 3 and 0 chunks and an odd tile count per CTA; two staging
-    # slots over an odd number of stores per tile.
-    (230, 192, 192, [60, 130, 0, 33], 5, "bfloat16", "float32",
-     dataclasses.replace(_OWN_RINGS, out_slots=2)),
-    # One group of most tokens (long tiles beside short and empty ones).
-    (300, 64, 128, [0, 260, 0, 30, 10], 0, "bfloat16", "bfloat16",
-     _OWN_RINGS),
-    # Cut into pieces and walked largest first; six stages, three each.
-    (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "float32",
-     dataclasses.replace(_OWN_RINGS, largest_first=True, piece_rows=64,
-                         stages=6)),
-]
-
-
-@pytest.mark.parametrize("case", RING_PER_CONSUMER_CASES,
-                         ids=["odd_tiles", "one_big_group", "pieces"])
-def test_contracting_ring_per_consumer(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype, config = case
-  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
-                          out_dtype)
-  got, _ = _run(problem, sizes, row_offset=offset, config=config,
-                detect_races=case is not RING_PER_CONSUMER_CASES[2])
-  empty = [g for g, size in enumerate(sizes) if size == 0]
-  assert np.all(got[empty] == 0)
-
-
-def test_ring_per_consumer_needs_turns_and_two_stages_each():
-  with pytest.raises(ValueError, match="ring_per_consumer needs ping_pong"):
-    RaggedConfig(tile_m=64, tile_n=64, ring_per_consumer=True)
-  for stages in (3, 2):
-    with pytest.raises(ValueError, match=f"got stages={stages}"):
-      RaggedConfig(tile_m=64, tile_n=64, ping_pong=True, stages=stages,
-                   ring_per_consumer=True)
-  with pytest.raises(ValueError, match="excludes cluster_columns"):
-    RaggedConfig(tile_m=64, tile_n=64, ping_pong=True, stages=4,
-                 ring_per_consumer=True, cluster_columns=True)
-  problem = RaggedProblem("contracting", 16384, 2048, 1408, 60, "bfloat16",
-                          "bfloat16")
-  deepest = configs._most_stages(dataclasses.replace(
-      configs.heuristic(problem, HOPPER), ring_per_consumer=True), problem)
-  assert deepest.stages % 2 == 0 and deepest.fits(problem)
-
-
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
     # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no
@@ -716,16 +668,6 @@ def test_zero_drip_lowers_for_cuda(case):
       configs.heuristic(problem, HOPPER), zeros_by_producer=True,
       zero_drip=2), problem)
   _lower_for_cuda(problem, config)
-
-
-@pytest.mark.parametrize("case", ["qwen3_30b_a3b_up zipf drhs",
-                                  "qwen1.5_moe_up zipf drhs"])
-def test_ring_per_consumer_lowers_for_cuda(case):
-  """A ring per turn-taking consumer, each loaded by one of the producer's
-  warps, lowers for the GPU at the heuristic's weight-gradient tiles."""
-  (problem,) = [c.problem for c in arg_specs.cases() if c.label == case]
-  _lower_for_cuda(problem, configs._most_stages(dataclasses.replace(
-      configs.heuristic(problem, HOPPER), ring_per_consumer=True), problem))
 
 
 def test_group_bands_lower_for_cuda():

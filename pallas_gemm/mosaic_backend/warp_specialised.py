@@ -12,7 +12,6 @@ the next tile while the consumers run this one's epilogue.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any, NamedTuple
 
@@ -129,24 +128,16 @@ class Ring(NamedTuple):
   whole tiles of its own: `ring_smem(owners=NUM_CONSUMERS)`) has one set of
   `loaded` barriers per consumer, so that each consumer waits only on the
   loads of its own tiles and its barrier phases stay in step; `owner`
-  picks the set (barrier owner * stages + slot).
-
-  A ring may also be a part of the shared memory's stages: the `stages`
-  from stage `first_stage` on (each consumer's own part of one set of
-  stages, walked on its own)."""
+  picks the set (barrier owner * stages + slot)."""
   stages: int
   loaded: Any
   consumed: Any
   owner: Any = 0
-  first_stage: Any = 0
 
   def slot(self, step):
     """The stage of ring step `step` (the step counter runs on across
     tiles)."""
-    slot = lax.rem(step, index(self.stages))
-    if isinstance(self.first_stage, int) and self.first_stage == 0:
-      return slot
-    return index(self.first_stage) + slot
+    return lax.rem(step, index(self.stages))
 
   def loaded_barrier(self, slot):
     """The barrier that fires when stage `slot`'s loads for this ring's
@@ -173,21 +164,13 @@ def tiles_of_this_cta(num_tiles):
   return lax.div(jnp.maximum(num_tiles - cta + num_ctas - 1, 0), num_ctas)
 
 
-def for_each_tile(num_tiles, body, carry, *, turn: int = 0, turns: int = 1):
+def for_each_tile(num_tiles, body, carry):
   """Runs `body(linear_tile, carry)` over this CTA's share of `num_tiles`
-  (a traced count) handed out round-robin; returns the final carry. With
-  `turns`, only over the CTA's tiles turn, turn + turns, ... (counted in
-  the CTA's own order: those of one consumer of turn-taking ones)."""
+  (a traced count) handed out round-robin; returns the final carry."""
   cta = index(lax.axis_index("sm"))
   num_ctas = index(lax.axis_size("sm"))
-  if turns == 1:
-    return lax.fori_loop(index(0), tiles_of_this_cta(num_tiles),
-                         lambda i, c: body(cta + i * num_ctas, c), carry)
-  mine = lax.div(jnp.maximum(tiles_of_this_cta(num_tiles) - turn
-                             + turns - 1, 0), index(turns))
-  return lax.fori_loop(
-      index(0), mine,
-      lambda i, c: body(cta + (turn + i * turns) * num_ctas, c), carry)
+  return lax.fori_loop(index(0), tiles_of_this_cta(num_tiles),
+                       lambda i, c: body(cta + i * num_ctas, c), carry)
 
 
 def drain_ring(ring: Ring, total_steps):
@@ -212,8 +195,7 @@ class SideWork(NamedTuple):
 
 
 def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
-                 side_work: SideWork | None = None,
-                 turn_rings: tuple[Ring, ...] | None = None):
+                 side_work: SideWork | None = None):
   """The producer warpgroup of a persistent, warp-specialised kernel.
 
   It gives registers away, walks this CTA's tiles (`coords(linear)` names
@@ -230,39 +212,12 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
   walked by `for_each_tile`, the ring position carried from tile to tile.
 
   `side_work` (only with a traced step count) runs between the loads.
-
-  With `turn_rings` (a ring per consumer of turn-taking tiles, each a part
-  of the stages; only with a traced step count and no side work), the
-  warpgroup forks into its warps: warp w walks the CTA's tiles w, w + n,
-  ... (n rings) into ring w on its own, so that a long tile of one
-  consumer does not hold back the loads of the other's.
   """
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
   if side_work is not None and not callable(steps):
     raise ValueError("run_producer's side_work needs a traced step count "
                      "(steps a function of the tile)")
-  if turn_rings is None:
-    _walk_tiles(ring, num_tiles=num_tiles, steps=steps, coords=coords,
-                load_step=load_step, side_work=side_work)
-    return
-  if side_work is not None or not callable(steps):
-    raise ValueError("run_producer's turn_rings need a traced step count "
-                     "and no side_work")
-
-  @plgpu.warp_map
-  def _warps(warp):
-    for turn, turn_ring in enumerate(turn_rings):
-      pl.when(warp == turn)(functools.partial(
-          _walk_tiles, turn_ring, num_tiles=num_tiles, steps=steps,
-          coords=coords, load_step=load_step, side_work=None, turn=turn,
-          turns=len(turn_rings)))
-
-
-def _walk_tiles(ring: Ring, *, num_tiles, steps, coords, load_step,
-                side_work: SideWork | None, turn: int = 0, turns: int = 1):
-  """`run_producer`'s loads of the CTA's tiles turn, turn + turns, ...
-  into `ring`, then its drain."""
   after_load = side_work.after_load if side_work else lambda carry: carry
 
   def load_tile(tile, first_step, tile_steps, side=None):
@@ -290,8 +245,7 @@ def _walk_tiles(ring: Ring, *, num_tiles, steps, coords, load_step,
 
     total_steps, side = for_each_tile(
         num_tiles, next_tile,
-        (index(0), side_work.init if side_work else None), turn=turn,
-        turns=turns)
+        (index(0), side_work.init if side_work else None))
     if side_work is not None:
       side_work.finish(side)
   else:

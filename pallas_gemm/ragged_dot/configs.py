@@ -87,16 +87,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                each SM has two tiles' loads in flight. Needs tile_m *
                tile_n <= 128 * 128 (a whole tile's accumulator in one
                warpgroup's registers), and excludes split_rows.
-    ring_per_consumer
-               with ping_pong: each consumer has its own half of the ring's
-               stages, and the producer loads the two consumers' tiles
-               side by side, a step of each in turn, instead of one tile
-               after the other: where tiles differ in length (uneven
-               groups' reductions), a consumer no longer waits for the
-               other's long tile to be loaded before its own short one can
-               start (a "contracting"-mode option; needs an even number of
-               stages, at least 4; excludes cluster_columns and
-               zeros_by_producer).
     group_bands
                the bands of `grid_band` row items restart at each group (and
                at each stretch of rows of no group), so that a band never
@@ -187,7 +177,6 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
-        "ring_per_consumer": "loads its turn-taking tiles in order",
     },
 }
 
@@ -210,7 +199,6 @@ class RaggedConfig:
   piece_rows: int = checked(0, _WHOLE_STEPS)
   largest_first: bool = False
   ping_pong: bool = False
-  ring_per_consumer: bool = False
   zeros_by_producer: bool = False
   zero_drip: int = checked(0, in_range(0, 16))
   short_items: bool = False
@@ -237,20 +225,6 @@ class RaggedConfig:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "
                        f"zero tiles it spreads over its loads)")
-    if self.ring_per_consumer:
-      if not self.ping_pong:
-        raise ValueError("RaggedConfig.ring_per_consumer needs "
-                         "ping_pong=True (each consumer runs tiles of its "
-                         "own)")
-      if self.stages % 2 or self.stages < 4:
-        raise ValueError(f"RaggedConfig.ring_per_consumer needs an even "
-                         f"number of stages, at least 4 (two per consumer), "
-                         f"got stages={self.stages}")
-      for other in ("cluster_columns", "zeros_by_producer"):
-        if getattr(self, other):
-          raise ValueError(f"RaggedConfig.ring_per_consumer excludes "
-                           f"{other}=True (its producer walks the tiles "
-                           f"alone)")
     if self.short_items and not (self.ping_pong and self.tile_m == 128):
       raise ValueError(f"RaggedConfig.short_items needs ping_pong=True and "
                        f"tile_m=128 (a consumer's whole tile, of which a "
@@ -356,8 +330,6 @@ def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
                  if not config.zeros_by_producer
                  or config.slots_divide_stores(slots)]
   for stages in range(MAX_STAGES, 1, -1):
-    if config.ring_per_consumer and (stages % 2 or stages < 4):
-      continue  # two whole halves of at least two stages
     for slots in slot_counts:
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
       if candidate.fits(problem):

@@ -48,12 +48,6 @@ per consumer (`warp_specialised.Ring`), and each consumer walks every tile
 of its CTA to keep the ring's step count, computing only its own. A
 consumer's output store then overlaps the other's wgmmas.
 
-With `RaggedConfig.ring_per_consumer` as well, each consumer has its own
-half of the ring's stages, and the producer warpgroup's first two warps
-each load one consumer's tiles into that half: a long tile of one
-consumer then no longer holds back the loads of the other's tiles behind
-it, as one ring filled in tile order does.
-
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,
 and the tiles are dealt to the CTAs (with ping_pong: to the CTAs'
@@ -246,18 +240,10 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
              zeros_smem=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
-    # With ring_per_consumer, consumer w's ring is the w-th half of the
-    # stages, its `loaded` barriers those of the stages' own numbers.
-    turn_rings = (tuple(Ring(stages // NUM_CONSUMERS, stage_loaded,
-                             stage_consumed,
-                             first_stage=w * (stages // NUM_CONSUMERS))
-                        for w in range(NUM_CONSUMERS))
-                  if config.ring_per_consumer else None)
 
     def producer_tile(linear):
       g, k_idx, n_idx, _, _, first_row, steps = tile_info(linear)
-      owner = (ping_pong_turn(linear)[0]
-               if config.ping_pong and not config.ring_per_consumer else 0)
+      owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
       if zeros_by_producer and not config.zero_drip:
         @pl.when(steps == 0)
         def _zeros():
@@ -284,16 +270,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           side_work = zero_drip_work(zeros_smem)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
-                   side_work=side_work, turn_rings=turn_rings)
+                   side_work=side_work)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def consumer(wg):
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
-      if config.ring_per_consumer:
-        my_ring = turn_rings[0]._replace(
-            first_stage=wg * (stages // NUM_CONSUMERS))
 
       def tile(linear, first_step):
         if not (config.ping_pong or skips_tiles):
@@ -301,13 +284,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         info = tile_info(linear)
         steps = info[-1]
         runs = None
-        if config.ping_pong and not config.ring_per_consumer:
+        if config.ping_pong:
           runs = ping_pong_turn(linear)[0] == wg
         if skips_tiles:
           kept = consumers_run(info[0], steps)
           runs = kept if runs is None else runs & kept
-        if runs is None:  # ring_per_consumer walks only this one's tiles
-          return compute_and_store(linear, first_step)
 
         @pl.when(runs)
         def _run():
@@ -353,11 +334,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
             store_piece(out_smem.at[wg, slot], g, rows, cols)
         return first_step + steps
 
-      if config.ring_per_consumer:
-        for_each_tile(num_tiles, tile, index(0), turn=wg,
-                      turns=NUM_CONSUMERS)
-      else:
-        for_each_tile(num_tiles, tile, index(0))
+      for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     run_warpgroups(producer, consumer)

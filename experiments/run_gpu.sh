@@ -44,6 +44,13 @@
 #              "case|fields" lines, times each line's option on its case
 #              instead of every option on every case
 #                                                  BUDGET_ragged_options=200
+#   ragged_ncu not in the default run: Nsight Compute on the grouped GEMM's
+#              kernel for the moe cases RAGGED_NCU_CASES (';'-separated
+#              labels), with the heuristic's config (or RAGGED_BASE's
+#              fields over it): speed of light, compute and memory
+#              workload, warp stalls, and each SM's active cycles (min,
+#              average, max: the balance between SMs), one report per case
+#              in $OUT/ncu_<case>.txt                  BUDGET_ragged_ncu=200
 #   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
 #              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS, each
 #              path.cu or path.cu:NAME=VALUE,... for compile-time knobs),
@@ -205,7 +212,7 @@ if wanted ragged_options; then
     run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
       --case "$1" --kernel mosaic --versus "$2" --time 20 \
       ${RAGGED_BASE:+--config "$RAGGED_BASE"} \
-      2>&1 | grep -E "relative error|us \(CUPTI|time =|Error" \
+      2>&1 | grep -E "relative error|us \(CUPTI|time =|Error|ptxas|error:" \
       | tee -a "$OUT/ragged_options.txt"
   }
   if [ -n "${RAGGED_PAIRS:-}" ]; then
@@ -223,6 +230,26 @@ if wanted ragged_options; then
       done
     done
   fi
+fi
+
+if wanted ragged_ncu; then
+  stage "grouped GEMM: Nsight Compute per moe case"
+  deadline=$(( SECONDS + $(budget ragged_ncu 200) ))
+  IFS=';' read -r -a ncu_cases <<< "${RAGGED_NCU_CASES:-qwen3_30b_a3b_up even drhs;qwen3_30b_a3b_up zipf drhs}"
+  for case in "${ncu_cases[@]}"; do
+    left=$(( deadline - SECONDS ))
+    [ "$left" -gt 10 ] || break
+    report="$OUT/ncu_${case// /_}.txt"
+    # The second launch of the Mosaic kernel: the first one compiles.
+    run_budgeted "$left" ncu --clock-control none -k regex:mosaic_gpu -s 1 -c 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --metrics sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max \
+      "$PY" experiments/lab/ragged_profile_case.py --case "$case" --kernel mosaic \
+      ${RAGGED_BASE:+--config "$RAGGED_BASE"} > "$report" 2>&1
+    echo "== $case"
+    grep -E "Duration|sm__cycles|L2 Cache Throughput|DRAM Throughput|highest-utilized|Stall|Error|error:|failed to run" "$report" | head -n 20
+  done
 fi
 
 if wanted smoke; then

@@ -49,8 +49,10 @@
 #              labels), with the heuristic's config (or RAGGED_BASE's
 #              fields over it): speed of light, compute and memory
 #              workload, warp stalls, and each SM's active cycles (min,
-#              average, max: the balance between SMs), one report per case
-#              in $OUT/ncu_<case>.txt                  BUDGET_ragged_ncu=200
+#              average, max: the balance between SMs), as
+#              experiments/lab/ncu_common.sh profiles (details page, SASS
+#              digest), packed into $OUT/ragged_ncu.tar.gz
+#                                                      BUDGET_ragged_ncu=200
 #   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
 #              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS, each
 #              path.cu or path.cu:NAME=VALUE,... for compile-time knobs),
@@ -235,21 +237,25 @@ fi
 if wanted ragged_ncu; then
   stage "grouped GEMM: Nsight Compute per moe case"
   deadline=$(( SECONDS + $(budget ragged_ncu 200) ))
+  # ncu_common.sh's profile per case, plus each SM's active cycles; its
+  # reports are packed into one file (the device returns only a few).
+  export PY DIR="${WORK:-/tmp/pallas_gemm_ragged_ncu}"
+  export NCU_METRICS=sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max
+  rm -rf "$DIR" && mkdir -p "$DIR"
   IFS=';' read -r -a ncu_cases <<< "${RAGGED_NCU_CASES:-qwen3_30b_a3b_up even drhs;qwen3_30b_a3b_up zipf drhs}"
   for case in "${ncu_cases[@]}"; do
     left=$(( deadline - SECONDS ))
     [ "$left" -gt 10 ] || break
-    report="$OUT/ncu_${case// /_}.txt"
-    # The second launch of the Mosaic kernel: the first one compiles.
-    run_budgeted "$left" ncu --clock-control none -k regex:mosaic_gpu -s 1 -c 1 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --metrics sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max \
-      "$PY" experiments/lab/ragged_profile_case.py --case "$case" --kernel mosaic \
-      ${RAGGED_BASE:+--config "$RAGGED_BASE"} > "$report" 2>&1
     echo "== $case"
-    grep -E "Duration|sm__cycles|L2 Cache Throughput|DRAM Throughput|highest-utilized|Stall|Error|error:|failed to run" "$report" | head -n 20
+    # The second launch of the Mosaic kernel: the first one compiles.
+    run_budgeted "$left" bash -c '. experiments/lab/ncu_common.sh && ncu_profile "$@"' _ \
+      "ncu_${case// /_}" mosaic_gpu 1 \
+      "Duration|sm__cycles|L2 Cache Throughput|DRAM Throughput|highest-utilized|Stall|Error|error:" \
+      "$PY" experiments/lab/ragged_profile_case.py --case "$case" --kernel mosaic \
+      ${RAGGED_BASE:+--config "$RAGGED_BASE"}
   done
+  tar -C "$DIR" -czf "$OUT/ragged_ncu.tar.gz" --exclude='*.ncu-rep' .
+  cp "$DIR/digest.txt" "$OUT/ragged_ncu_digest.txt" 2>/dev/null || true
 fi
 
 if wanted smoke; then

@@ -1,4 +1,4 @@
-# Sourced by triton_ncu.sh and mosaic_ncu.sh: one Nsight Compute profile per
+# Sourced by triton_ncu.sh, mosaic_ncu.sh and run_gpu.sh's ragged_ncu stage: one Nsight Compute profile per
 # case, its text pages and SASS digest. Needs PY and DIR set; sets NCU.
 #
 #   ncu_header   prints the git sha, ncu, GPU, driver and jax versions
@@ -9,7 +9,8 @@
 # launches (clocks left alone), writes $DIR/NAME.txt (details page),
 # $DIR/NAME.sass.csv.gz (SASS with counters) and appends the digest to
 # $DIR/digest.txt; prints the details lines matching SUMMARY_REGEX and the
-# digest's head.
+# digest's head. With NCU_METRICS set (comma-separated metric names), those
+# metrics are collected too, and listed on the details page.
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 
 ncu_header() {
@@ -27,6 +28,7 @@ ncu_profile() {
     --section ComputeWorkloadAnalysis --section InstructionStats \
     --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section SourceCounters \
+    ${NCU_METRICS:+--metrics "$NCU_METRICS"} \
     --import-source no -o "$DIR/$name" -f "$@"
   echo "exit $?"
   "$NCU" -i "$DIR/$name.ncu-rep" --page details > "$DIR/$name.txt" 2>&1

@@ -43,10 +43,13 @@ if str(_ROOT) not in sys.path:
 
 from experiments.bench_moe import roofline_target  # noqa: E402
 from experiments.lab.ragged_profile_case import find_case  # noqa: E402
+from pallas_gemm.mosaic_backend import tma  # noqa: E402
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule  # noqa: E402
+from pallas_gemm.ragged_dot.configs import SWIZZLE_ELEMS_16BIT  # noqa: E402
 
-#: Rows where a TMA load of the token rows may start.
-ROW_ALIGN = 8
+#: Rows where a TMA load of the token rows may start: one row tile of the
+#: suite's bfloat16 operands in shared memory (`mosaic.lhs_row_align`).
+ROW_ALIGN = tma.tma_tiling(SWIZZLE_ELEMS_16BIT, jnp.bfloat16)[0]
 #: Granularities per direction: name, rows.
 GRANULARITIES = {
     "forward": (("items of 128", 128), ("items of 64", 64), ("steps of 8", 8)),
@@ -101,10 +104,11 @@ def main(argv=None) -> int:
         f"{results['metadata']['git'][:7]}: padding (rows run / token "
         f"rows) and the best fraction of the roofline it leaves, against "
         f"the measured fraction and the target\n")
+  columns = len(GRANULARITIES["forward"])
   print("| case | measured | target | " + " | ".join(
       f"{name}: padding, bound" for name, _ in GRANULARITIES["forward"])
         + " |")
-  print("|---|---|---|---|---|---|")
+  print("|---" * (3 + columns) + "|")
   reachable = {}
   for r, rows in bounds(results):
     bar = roofline_target(r["distribution"], r["direction"])
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
       continue
     cells = [f"{pad:.2f}, {best:.2f}" for _, pad, best in rows]
     if r["direction"] == "drhs":
-      cells = ["(chunks of 64) " + cells[0], "", ""]
+      cells = [f"({rows[0][0]}) {cells[0]}"] + [""] * (columns - 1)
     print(f"| {r['case']} | {r['roofline_fraction']:.2f} | {bar:.2f} | "
           + " | ".join(cells) + " |")
   print()

@@ -166,6 +166,22 @@ ROWS_CASES = [
      dataclasses.replace(SPLIT_ROWS, out_slots=1, cluster_columns=True)),
     (130, 64, 330, [50, 0, 80], 0, "bfloat16", "bfloat16", False, None,
      dataclasses.replace(SMALL, cluster_columns=True)),
+    # Token rows as wgmma's N (`swap_ab`), each item at the narrowest of
+    # the widths 64, 32, 16, 8 that holds its rows: items of 1, 9, 17, 33
+    # and 64 rows (and some reaching past their start's 8-row tile), an
+    # empty group, rows of no group under silu (zeros), the last items held
+    # back to lhs's last 64 rows (their rows at an offset, the full width);
+    # the consumers splitting the columns, the second one idle on the last
+    # strip; rhs read transposed.
+    (300, 128, 192, [1, 9, 0, 17, 33, 64, 100, 40], 3, "bfloat16",
+     "bfloat16", True, "silu",
+     dataclasses.replace(SMALL, swap_ab=True, swizzled_staging=True)),
+    # ... the consumers taking turns at whole 128-token tiles (widths 128,
+    # 64, 32, 16), f16, two staging slots.
+    (420, 64, 128, [130, 64, 0, 193, 7, 1], 5, "float16", "float16", False,
+     None, RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
+                        epi_tile_n=64, grid_band=2, ping_pong=True,
+                        out_slots=2, swizzled_staging=True, swap_ab=True)),
 ]
 
 
@@ -173,11 +189,13 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "columns_past_n", "tall_tiles", "short_items_split_rows",
             "ping_pong", "ping_pong_short_items", "swizzled_split_rows",
             "swizzled_ping_pong", "row_halves_ping_pong", "row_halves",
-            "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns"]
+            "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns",
+            "swap_ab_split_columns", "swap_ab_ping_pong"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
-                     "ping_pong_short_items", "cluster_ping_pong"}
+                     "ping_pong_short_items", "cluster_ping_pong",
+                     "swap_ab_split_columns"}
 
 
 def _named(ids, cases):
@@ -706,6 +724,44 @@ def test_short_items_need_whole_128_row_consumer_tiles():
                          jnp.asarray([30, 34], jnp.int32),
                          jnp.zeros((1,), jnp.int32), problem=problem,
                          config=config, interpret=True)
+
+
+def test_swap_ab_options():
+  with pytest.raises(ValueError, match="swap_ab needs swizzled_staging"):
+    RaggedConfig(tile_m=128, tile_n=64, swap_ab=True)
+  for option in ("split_rows", "short_items", "cluster_columns"):
+    fields = dict(tile_m=128, tile_n=64, swap_ab=True, swizzled_staging=True,
+                  ping_pong=option == "short_items", **{option: True})
+    with pytest.raises(ValueError, match=f"swap_ab excludes {option}"):
+      RaggedConfig(**fields)
+  with pytest.raises(ValueError, match="swap_ab needs a consumer accumulator"):
+    RaggedConfig(tile_m=128, tile_n=256, swap_ab=True, swizzled_staging=True)
+  assert configs.swap_ab_widths(128) == (128, 64, 32, 16)
+  assert configs.swap_ab_widths(64) == (64, 32, 16, 8)
+  # A 32-bit output has no swizzled staging, which swap_ab needs.
+  problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match="swizzled_staging needs a staged row"):
+    mosaic.ragged_matmul(
+        jnp.ones((64, 64), jnp.bfloat16), jnp.ones((2, 64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=problem, interpret=True,
+        config=dataclasses.replace(SMALL, swap_ab=True,
+                                   swizzled_staging=True))
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["fwd", "dlhs"])
+def test_rows_swap_ab_lowers_for_cuda(transpose):
+  """Token rows as wgmma's N at Qwen1.5-MoE's shapes lower for the GPU:
+  turn-taking 128 x 128 tiles and 128-token tiles whose consumers split
+  256 columns."""
+  k, n = (1408, 2048) if transpose else (2048, 1408)
+  problem = RaggedProblem("rows", 16384, k, n, 60, "bfloat16", "bfloat16",
+                          transpose_rhs=transpose)
+  base = mosaic.heuristic(problem, HOPPER)
+  for fields in (dict(ping_pong=True), dict(ping_pong=False, split_rows=False,
+                                            tile_n=128)):
+    _lower_for_cuda(problem, configs._most_stages(dataclasses.replace(
+        base, swap_ab=True, swizzled_staging=True, **fields), problem))
 
 
 def test_ping_pong_needs_one_warpgroup_tile():

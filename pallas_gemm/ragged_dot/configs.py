@@ -106,6 +106,19 @@ One `RaggedConfig` serves both modes; the fields mean:
                (64 columns of a 16-bit output; a "rows"-mode option, as
                "contracting" stages whole swizzled tiles already, and raises
                on it).
+    swap_ab    compute each tile transposed, out^T = rhs[g]^T x lhs^T, so
+               that the token rows are wgmma's N (steps of 8 rows) instead
+               of its M (groups of 64): an item runs the narrowest of the
+               static token widths of `swap_ab_widths` (tile_m, tile_m / 2, ...,
+               at least 8) that holds its rows, so a group's short last
+               item multiplies a few dozen rows instead of a whole tile.
+               The accumulator is (tile_n columns, tokens), written to the
+               staging tile through a transposed view. Experts whose token
+               count is not a multiple of 128 (Qwen-MoE's 273) run up to
+               1.4x fewer tensor-core rows (a "rows"-mode option; needs a
+               consumer accumulator tile_n x tile_m of at most 128 x 128
+               f32 and swizzled_staging, so a 16-bit output, and excludes
+               split_rows, short_items, cluster_columns and epi_tile_m).
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -153,6 +166,19 @@ SHORT_ITEM_ROWS = 64
 #: output (rows, columns), stored as often as an empty tile needs; it
 #: divides every CTA tile.
 ZERO_BOX = (64, 64)
+#: The narrowest token width of `RaggedConfig.swap_ab` (wgmma's N step).
+SWAP_AB_MIN_WIDTH = 8
+
+
+def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
+  """The static token widths of a `RaggedConfig.swap_ab` tile, widest
+  first: tile_m halved down to SWAP_AB_MIN_WIDTH or four widths, whichever
+  comes first. Each is a copy of the main loop and epilogue, so the list
+  stays short; an item runs the narrowest that holds its rows."""
+  widths = [tile_m]
+  while len(widths) < 4 and widths[-1] // 2 >= SWAP_AB_MIN_WIDTH:
+    widths.append(widths[-1] // 2)
+  return tuple(widths)
 
 #: Pieces of whole reduction steps, so that the cuts inside a group need no
 #: masking.
@@ -171,6 +197,7 @@ MODE_ONLY_OPTIONS = {
         "epi_tile_m": "stages whole tiles",
         "swizzled_staging": "stores whole tiles from swizzled staging "
                             "already",
+        "swap_ab": "multiplies whole chunks of token rows",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -207,6 +234,7 @@ class RaggedConfig:
   swizzled_staging: bool = False
   epi_tile_m: int = checked(0, one_of(0, 64).because(
       "0 stages a consumer's whole rows; 64 is wgmma's row group"))
+  swap_ab: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -246,6 +274,23 @@ class RaggedConfig:
     if self.ping_pong and self.split_rows:
       raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
                        "other: with ping_pong each consumer runs whole tiles")
+    if self.swap_ab:
+      if self.tile_m * self.tile_n > 128 * 128:
+        raise ValueError(f"RaggedConfig.swap_ab needs a consumer accumulator "
+                         f"tile_n x tile_m of at most 128 x 128 f32 (one "
+                         f"warpgroup's registers), got tile_m={self.tile_m}, "
+                         f"tile_n={self.tile_n}")
+      if not self.swizzled_staging:
+        raise ValueError("RaggedConfig.swap_ab needs swizzled_staging=True: "
+                         "Mosaic writes the transposed accumulator only "
+                         "through a swizzled staging tile (16-bit outputs)")
+      for option in ("split_rows", "short_items", "cluster_columns",
+                     "epi_tile_m"):
+        if getattr(self, option):
+          raise ValueError(f"RaggedConfig.swap_ab excludes {option}: the "
+                           f"transposed tile's token rows are wgmma's N, "
+                           f"which swap_ab narrows to each item's rows "
+                           f"itself")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")

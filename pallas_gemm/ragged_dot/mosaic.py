@@ -258,6 +258,15 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       stores = cons_n // epi_n  # per staged row block
 
       def mma_step(at, acc_ref, *, rows):
+        if config.swap_ab:
+          # acc (columns, tokens) += rhs^T (columns, depth) x lhs^T (depth,
+          # tokens): the item's first `rows` token rows are wgmma's N.
+          if transpose_rhs:
+            a = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :]
+          else:
+            a = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)].T
+          plgpu.wgmma(acc_ref, a, lhs_smem.at[at.slot, pl.ds(0, rows), :].T)
+          return
         if transpose_rhs:
           b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
         else:
@@ -289,6 +298,9 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             mine = mine & in_output
           args = (linear, group, tile_row, row_lo, row_hi, n_idx, steps,
                   first_step)
+          if config.swap_ab:
+            swapped_compute_and_store(mine, *args)
+            return first_step + steps
           if not config.short_items:
             pl.when(mine)(lambda: compute_and_store(*args))
             return first_step + steps
@@ -310,15 +322,61 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # leaves the second one no column to compute.
           has_work = n_idx * cta_n + wg_cols < problem.n
 
-        @pl.when(has_work)
-        def _compute():
-          compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
-                            steps, first_step)
+        if config.swap_ab:
+          swapped_compute_and_store(has_work, linear, group, tile_row, row_lo,
+                                    row_hi, n_idx, steps, first_step)
+        else:
+          @pl.when(has_work)
+          def _compute():
+            compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
+                              steps, first_step)
 
         # The idle consumer only keeps the ring's barriers in step, and the
         # other one runs alone on the tensor cores.
         pl.when(jnp.logical_not(has_work))(lambda: idle(first_step, steps))
         return first_step + steps
+
+      def swapped_compute_and_store(runs, linear, group, tile_row, row_lo,
+                                    row_hi, n_idx, steps, first_step):
+        """With swap_ab, where `runs`: the tile at the narrowest of the
+        static token widths that holds the item's rows (they end `needed`
+        rows into the tile), each width its own copy of the loop."""
+        needed = row_hi - tile_row
+        widths = configs.swap_ab_widths(cons_m)
+        for width, narrower in zip(widths, (*widths[1:], 0)):
+          fits = (needed > narrower) & (needed <= width)
+          pl.when(runs & fits)(functools.partial(
+              swapped_tile, linear, group, tile_row, row_lo, row_hi, n_idx,
+              steps, first_step, width))
+
+      def swapped_tile(linear, group, tile_row, row_lo, row_hi, n_idx, steps,
+                       first_step, width):
+        """swap_ab: multiplies the tile's first `width` token rows into an
+        accumulator (columns, tokens), then stores the item's rows of it
+        through transposed views of the staging tile."""
+        (acc,) = consume_ring(
+            my_ring, functools.partial(mma_step, rows=width),
+            first_step=first_step, steps=steps,
+            accumulators=[plgpu.ACC((cons_n, width), jnp.float32)])
+        if activation is not None:
+          acc = activation(acc) * (group >= 0).astype(jnp.float32)
+        first_row = jnp.clip(row_lo - tile_row, 0, width)
+        num_rows = jnp.clip(row_hi - tile_row, 0, width) - first_row
+        col0 = n_idx * cta_n + wg_cols
+        for ej in range(stores):
+          slot = output_slot(linear, ej, stores, out_slots,
+                             ping_pong=config.ping_pong)
+          part = acc[ej * epi_n:(ej + 1) * epi_n]  # (columns, tokens)
+          plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+          out_written.at[wg, slot, pl.ds(0, width)].T[...] = part.astype(
+              out_dtype)
+          plgpu.commit_smem()
+          col = col0 + ej * epi_n
+          # As in compute_and_store: no store right of the last column.
+          store_rows(out_stored.at[wg, slot, pl.ds(0, width)], out_gmem,
+                     row0=tile_row, first_row=first_row,
+                     num_rows=jnp.where(col < n_out, num_rows, 0),
+                     max_rows=width, cols=pl.ds(col, epi_n))
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
                             steps, first_step, rows=cons_m):

@@ -166,18 +166,19 @@ ROWS_CASES = [
      dataclasses.replace(SPLIT_ROWS, out_slots=1, cluster_columns=True)),
     (130, 64, 330, [50, 0, 80], 0, "bfloat16", "bfloat16", False, None,
      dataclasses.replace(SMALL, cluster_columns=True)),
-    # Token rows as wgmma's N (`swap_ab`), each item at the narrowest of
-    # the widths 64, 32, 16, 8 that holds its rows: items of 1, 9, 17, 33
-    # and 64 rows (and some reaching past their start's 8-row tile), an
-    # empty group, rows of no group under silu (zeros), the last items held
-    # back to lhs's last 64 rows (their rows at an offset, the full width);
-    # the consumers splitting the columns, the second one idle on the last
-    # strip; rhs read transposed.
+    # Token rows as wgmma's N (`swap_ab`), each group cut into equal items
+    # (100 rows: two of 56), each run at the narrowest multiple of 8 that
+    # holds its rows: items of 1, 9, 17, 33 and 64 rows (some reaching past
+    # their start's 8-row tile), an empty group, rows of no group under
+    # silu (zeros), the last items held back to lhs's last 64 rows (their
+    # rows at an offset, the full width); the consumers splitting the
+    # columns, the second one idle on the last strip; rhs read transposed.
     (300, 128, 192, [1, 9, 0, 17, 33, 64, 100, 40], 3, "bfloat16",
      "bfloat16", True, "silu",
      dataclasses.replace(SMALL, swap_ab=True, swizzled_staging=True)),
-    # ... the consumers taking turns at whole 128-token tiles (widths 128,
-    # 64, 32, 16), f16, two staging slots.
+    # ... the consumers taking turns at whole 128-token tiles (widths in
+    # steps of 16: a 193-row group is two items of 104), f16, two staging
+    # slots.
     (420, 64, 128, [130, 64, 0, 193, 7, 1], 5, "float16", "float16", False,
      None, RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
                         epi_tile_n=64, grid_band=2, ping_pong=True,
@@ -413,18 +414,20 @@ def test_rows_zero_k_applies_activation_to_group_rows():
   np.testing.assert_array_equal(np.asarray(out), want)
 
 
-def _checked_row_items(sizes, offset, m, tile_m):
+def _checked_row_items(sizes, offset, m, tile_m, balanced=False):
   """The "rows" work list, checked for what the compiled kernel relies on
   and the interpreter does not check: every item's tile starts on a
   multiple of 8 rows (Mosaic divides a TMA load's start by the swizzled
   tile's 8 rows), lies inside lhs as padded and holds the item's rows; the
   items cover every row once, with its own group, and fit the static
-  table. Returns (item count, owner group of each row)."""
+  table. With `balanced` (`RaggedConfig.swap_ab`), a piece's items are
+  as many and equally long, a multiple of 8 rows. Returns (item count,
+  owner group of each row)."""
   items = jax.jit(mosaic_schedule.row_items,
-                  static_argnames=("m", "tile_m", "row_align"))
+                  static_argnames=("m", "tile_m", "row_align", "balanced"))
   table, count = items(jnp.asarray(sizes, jnp.int32),
                        jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
-                       row_align=8)
+                       row_align=8, balanced=balanced)
   table, count = np.asarray(table), int(np.asarray(count)[0])
   assert count <= table.shape[1]
   lhs_rows = tma.padded_dims(m, 64, (8, 64), (tile_m, 64))[0]
@@ -444,6 +447,10 @@ def _checked_row_items(sizes, offset, m, tile_m):
         np.int32(lo), row_align=8, lhs_rows=lhs_rows, tile_m=tile_m))
     assert tile_row % 8 == 0 and 0 <= tile_row <= lo < hi
     assert hi <= tile_row + tile_m <= lhs_rows
+    if balanced and item > first:  # the same stride from the piece's start
+      start = int(piece[mosaic_schedule.ITEM_ROW_LO, 0]) // 8 * 8
+      stride = int(piece[mosaic_schedule.ITEM_ROW_LO, 1]) - start
+      assert stride % 8 == 0 and lo == start + (item - first) * stride
     assert np.all(owner[lo:hi] == group)
     covered[lo:hi] += 1
   np.testing.assert_array_equal(covered, 1)
@@ -483,7 +490,9 @@ def _group_layouts(draw):
 @hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
 @hypothesis.given(_group_layouts())
 def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
-  _checked_row_items(*layout)
+  count = _checked_row_items(*layout)[0]
+  # Balanced items are as many.
+  assert _checked_row_items(*layout, balanced=True)[0] == count
 
 
 def test_contracting_groups_table():
@@ -736,8 +745,8 @@ def test_swap_ab_options():
       RaggedConfig(**fields)
   with pytest.raises(ValueError, match="swap_ab needs a consumer accumulator"):
     RaggedConfig(tile_m=128, tile_n=256, swap_ab=True, swizzled_staging=True)
-  assert configs.swap_ab_widths(128) == (128, 64, 32, 16)
-  assert configs.swap_ab_widths(64) == (64, 32, 16, 8)
+  assert configs.swap_ab_widths(128) == (128, 112, 96, 80, 64, 48, 32, 16)
+  assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
   # A 32-bit output has no swizzled staging, which swap_ab needs.
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match="swizzled_staging needs a staged row"):

@@ -170,15 +170,18 @@ ZERO_BOX = (64, 64)
 SWAP_AB_MIN_WIDTH = 8
 
 
+#: How many static token widths a `RaggedConfig.swap_ab` tile has.
+SWAP_AB_WIDTHS = 8
+
+
 def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
   """The static token widths of a `RaggedConfig.swap_ab` tile, widest
-  first: tile_m halved down to SWAP_AB_MIN_WIDTH or four widths, whichever
-  comes first. Each is a copy of the main loop and epilogue, so the list
-  stays short; an item runs the narrowest that holds its rows."""
-  widths = [tile_m]
-  while len(widths) < 4 and widths[-1] // 2 >= SWAP_AB_MIN_WIDTH:
-    widths.append(widths[-1] // 2)
-  return tuple(widths)
+  first: the multiples of tile_m / SWAP_AB_WIDTHS (at least
+  SWAP_AB_MIN_WIDTH) up to tile_m. Each is a copy of the main loop, the
+  epilogue and the producer's lhs load, so the list stays short; an item
+  runs the narrowest that holds its rows."""
+  step = max(tile_m // SWAP_AB_WIDTHS, SWAP_AB_MIN_WIDTH)
+  return tuple(range(tile_m, 0, -step))
 
 #: Pieces of whole reduction steps, so that the cuts inside a group need no
 #: masking.

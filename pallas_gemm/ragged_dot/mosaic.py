@@ -220,6 +220,13 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     steps = jnp.where(group >= 0, index(k_iters), index(0))
     return group, tile_row, row_lo, row_hi, n_idx, steps
 
+  def swap_widths(needed):
+    """With swap_ab: (width, whether it is the narrowest static token width
+    that holds a tile's `needed` rows) for each width; exactly one holds."""
+    widths = configs.swap_ab_widths(tile_m)
+    return [(width, (needed > narrower) & (needed <= width))
+            for width, narrower in zip(widths, (*widths[1:], 0))]
+
   def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
     ring = Ring(stages, stage_loaded, stage_consumed)
     # The epilogue writes its registers through one view of the staging
@@ -228,19 +235,28 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                                else (out_smem, out_smem))
 
     def producer_tile(linear):
-      group, tile_row, _, _, n_idx, steps = tile_info(linear)
+      group, tile_row, _, row_hi, n_idx, steps = tile_info(linear)
       weights = rhs_gmem.at[jnp.maximum(group, 0)]
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
-      return (weights, pl.ds(tile_row, tile_m),
+      return (weights, tile_row, row_hi - tile_row,
               pl.ds(n_idx * cta_n, cta_n), owner, steps)
 
     def load_step(tile, kk, slot):
-      weights, rows, cols, owner, _ = tile
+      weights, tile_row, needed, cols, owner, _ = tile
       depth = pl.ds(kk * tile_k, tile_k)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
-      plgpu.copy_gmem_to_smem(
-          lhs_gmem.at[rows, depth], lhs_smem.at[slot], loaded,
-          collective_axes="cluster" if config.cluster_columns else None)
+      if config.swap_ab:
+        # Only the rows the consumers' width multiplies.
+        for width, fits in swap_widths(needed):
+          pl.when(fits)(functools.partial(
+              plgpu.copy_gmem_to_smem,
+              lhs_gmem.at[pl.ds(tile_row, width), depth],
+              lhs_smem.at[slot, pl.ds(0, width)], loaded))
+      else:
+        plgpu.copy_gmem_to_smem(
+            lhs_gmem.at[pl.ds(tile_row, tile_m), depth], lhs_smem.at[slot],
+            loaded,
+            collective_axes="cluster" if config.cluster_columns else None)
       plgpu.copy_gmem_to_smem(
           weights.at[cols, depth] if transpose_rhs
           else weights.at[depth, cols],
@@ -341,10 +357,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         """With swap_ab, where `runs`: the tile at the narrowest of the
         static token widths that holds the item's rows (they end `needed`
         rows into the tile), each width its own copy of the loop."""
-        needed = row_hi - tile_row
-        widths = configs.swap_ab_widths(cons_m)
-        for width, narrower in zip(widths, (*widths[1:], 0)):
-          fits = (needed > narrower) & (needed <= width)
+        for width, fits in swap_widths(row_hi - tile_row):
           pl.when(runs & fits)(functools.partial(
               swapped_tile, linear, group, tile_row, row_lo, row_hi, n_idx,
               steps, first_step, width))
@@ -373,10 +386,12 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           plgpu.commit_smem()
           col = col0 + ej * epi_n
           # As in compute_and_store: no store right of the last column.
-          store_rows(out_stored.at[wg, slot, pl.ds(0, width)], out_gmem,
+          # The ladder of power-of-two stores spans the whole staging tile
+          # (tile_m rows), of which the item's lie in the first `width`.
+          store_rows(out_stored.at[wg, slot], out_gmem,
                      row0=tile_row, first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
-                     max_rows=width, cols=pl.ds(col, epi_n))
+                     max_rows=cons_m, cols=pl.ds(col, epi_n))
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
                             steps, first_step, rows=cons_m):
@@ -488,7 +503,8 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
   items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
-                                        tile_m=tile_m, row_align=row_align)
+                                        tile_m=tile_m, row_align=row_align,
+                                        balanced=config.swap_ab)
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
                           (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)

@@ -72,11 +72,18 @@ def max_row_items(m: int, groups: int, tile_m: int, row_align: int) -> int:
 
 
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
-              row_align: int):
+              row_align: int, balanced: bool = False):
   """The "rows"-mode item table (5, max_row_items) int32 (see the module
   docstring; rows ITEM_*; group -1 marks rows that belong to no group) and
   the number of valid items, shape (1,). Each item's tile starts at its
-  first row rounded down to a multiple of `row_align`."""
+  first row rounded down to a multiple of `row_align`.
+
+  With `balanced`, a piece's items (as many as with tile_m rows each) are
+  all equally long, a whole number of `row_align` rows: a group of 273 rows
+  is three items of 96 rather than 128, 128 and 17, for kernels that run an
+  item at a width near its rows (`RaggedConfig.swap_ab`), where a short
+  last item would still load the expert's whole weight strip for a few
+  rows."""
   if tile_m % row_align:
     raise ValueError(f"tile_m={tile_m} must be a multiple of "
                      f"row_align={row_align}")
@@ -91,15 +98,20 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
                                  jnp.full((1,), -1, jnp.int32)])
   first_tile_row = lo // row_align * row_align
   counts = jnp.where(hi > lo, (hi - first_tile_row + tile_m - 1) // tile_m, 0)
+  stride = jnp.full_like(counts, tile_m)
+  if balanced:
+    per_item = -(-(hi - first_tile_row) // jnp.maximum(counts, 1))
+    stride = -(-per_item // row_align) * row_align
   ends_incl = inclusive_sum(counts.astype(jnp.int32))
   first_item = ends_incl - counts
   num_items = ends_incl[-1:]
   item = jnp.arange(max_row_items(m, groups, tile_m, row_align),
                     dtype=jnp.int32)
   piece = jnp.minimum(_owners(ends_incl, item), groups + 1)
-  tile_row = first_tile_row[piece] + (item - first_item[piece]) * tile_m
+  tile_row = (first_tile_row[piece]
+              + (item - first_item[piece]) * stride[piece])
   row_lo = jnp.maximum(lo[piece], tile_row)
-  row_hi = jnp.minimum(hi[piece], tile_row + tile_m)
+  row_hi = jnp.minimum(hi[piece], tile_row + stride[piece])
   table = jnp.stack([piece_group[piece], row_lo, row_hi, first_item[piece],
                      counts[piece]])
   return table.astype(jnp.int32), num_items.astype(jnp.int32)

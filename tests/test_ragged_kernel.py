@@ -183,6 +183,13 @@ ROWS_CASES = [
      None, RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
                         epi_tile_n=64, grid_band=2, ping_pong=True,
                         out_slots=2, swizzled_staging=True, swap_ab=True)),
+    # ... the consumers splitting each 256-row item's tokens (`split_rows`):
+    # a 300-row group is two items of 152 (the second consumer's share 24
+    # rows), a 129-row one two of 72 (the second consumer idle), a group
+    # of 3 rows; rhs read transposed, silu. One staging slot: race-checked
+    # (see short_items_split_rows).
+    (560, 64, 128, [300, 0, 129, 3, 70], 6, "bfloat16", "bfloat16", True,
+     "silu", dataclasses.replace(TALL, swap_ab=True, swizzled_staging=True)),
 ]
 
 
@@ -191,12 +198,13 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "ping_pong", "ping_pong_short_items", "swizzled_split_rows",
             "swizzled_ping_pong", "row_halves_ping_pong", "row_halves",
             "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns",
-            "swap_ab_split_columns", "swap_ab_ping_pong"]
+            "swap_ab_split_columns", "swap_ab_ping_pong",
+            "swap_ab_split_rows"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
                      "ping_pong_short_items", "cluster_ping_pong",
-                     "swap_ab_split_columns"}
+                     "swap_ab_split_columns", "swap_ab_split_rows"}
 
 
 def _named(ids, cases):
@@ -738,7 +746,7 @@ def test_short_items_need_whole_128_row_consumer_tiles():
 def test_swap_ab_options():
   with pytest.raises(ValueError, match="swap_ab needs swizzled_staging"):
     RaggedConfig(tile_m=128, tile_n=64, swap_ab=True)
-  for option in ("split_rows", "short_items", "cluster_columns"):
+  for option in ("short_items", "cluster_columns"):
     fields = dict(tile_m=128, tile_n=64, swap_ab=True, swizzled_staging=True,
                   ping_pong=option == "short_items", **{option: True})
     with pytest.raises(ValueError, match=f"swap_ab excludes {option}"):
@@ -768,7 +776,9 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
                           transpose_rhs=transpose)
   base = mosaic.heuristic(problem, HOPPER)
   for fields in (dict(ping_pong=True), dict(ping_pong=False, split_rows=False,
-                                            tile_n=128)):
+                                            tile_n=128),
+                 dict(ping_pong=False, split_rows=True, tile_m=256,
+                      tile_n=64)):
     _lower_for_cuda(problem, configs._most_stages(dataclasses.replace(
         base, swap_ab=True, swizzled_staging=True, **fields), problem))
 

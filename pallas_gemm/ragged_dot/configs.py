@@ -112,13 +112,17 @@ One `RaggedConfig` serves both modes; the fields mean:
                static token widths of `swap_ab_widths` (tile_m, tile_m / 2, ...,
                at least 8) that holds its rows, so a group's short last
                item multiplies a few dozen rows instead of a whole tile.
-               The accumulator is (tile_n columns, tokens), written to the
-               staging tile through a transposed view. Experts whose token
-               count is not a multiple of 128 (Qwen-MoE's 273) run up to
-               1.4x fewer tensor-core rows (a "rows"-mode option; needs a
-               consumer accumulator tile_n x tile_m of at most 128 x 128
-               f32 and swizzled_staging, so a 16-bit output, and excludes
-               split_rows, short_items, cluster_columns and epi_tile_m).
+               Each group is cut into equally long items (as many as with
+               tile_m rows each), so a group of 273 rows is three items of
+               96 rows, not 128, 128 and 17. The accumulator is (columns,
+               tokens), written to the staging tile through a transposed
+               view. With split_rows the consumers split the item's tokens
+               (the first tile_m / 2 rows, then the rest), sharing the
+               weight strip: at tile_m=256 a 273-row group is two items of
+               144 rows, each loading the weights once. A "rows"-mode
+               option; needs a consumer accumulator of at most 128 x 128
+               f32 and swizzled_staging (so a 16-bit output), and excludes
+               short_items, cluster_columns and epi_tile_m.
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -278,7 +282,7 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
                        "other: with ping_pong each consumer runs whole tiles")
     if self.swap_ab:
-      if self.tile_m * self.tile_n > 128 * 128:
+      if self.tile_m * self.tile_n > 128 * 128 and not self.split_rows:
         raise ValueError(f"RaggedConfig.swap_ab needs a consumer accumulator "
                          f"tile_n x tile_m of at most 128 x 128 f32 (one "
                          f"warpgroup's registers), got tile_m={self.tile_m}, "
@@ -287,8 +291,7 @@ class RaggedConfig:
         raise ValueError("RaggedConfig.swap_ab needs swizzled_staging=True: "
                          "Mosaic writes the transposed accumulator only "
                          "through a swizzled staging tile (16-bit outputs)")
-      for option in ("split_rows", "short_items", "cluster_columns",
-                     "epi_tile_m"):
+      for option in ("short_items", "cluster_columns", "epi_tile_m"):
         if getattr(self, option):
           raise ValueError(f"RaggedConfig.swap_ab excludes {option}: the "
                            f"transposed tile's token rows are wgmma's N, "

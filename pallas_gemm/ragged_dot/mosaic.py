@@ -220,12 +220,18 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     steps = jnp.where(group >= 0, index(k_iters), index(0))
     return group, tile_row, row_lo, row_hi, n_idx, steps
 
+  # With swap_ab: the first token row of each consumer's share of a tile
+  # (with split_rows each consumer owns cons_m of the tile's rows).
+  swap_token_offsets = ((0, cons_m) if config.split_rows else (0,))
+
   def swap_widths(needed):
     """With swap_ab: (width, whether it is the narrowest static token width
-    that holds a tile's `needed` rows) for each width; exactly one holds."""
-    widths = configs.swap_ab_widths(tile_m)
+    that holds `needed` rows of a consumer's share, at most cons_m) for each
+    width; exactly one holds (the narrowest also for needed <= 0)."""
+    needed = jnp.minimum(needed, cons_m)
+    widths = configs.swap_ab_widths(cons_m)
     return [(width, (needed > narrower) & (needed <= width))
-            for width, narrower in zip(widths, (*widths[1:], 0))]
+            for width, narrower in zip(widths, (*widths[1:], -tile_m))]
 
   def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
     ring = Ring(stages, stage_loaded, stage_consumed)
@@ -246,12 +252,15 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       depth = pl.ds(kk * tile_k, tile_k)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
       if config.swap_ab:
-        # Only the rows the consumers' width multiplies.
-        for width, fits in swap_widths(needed):
-          pl.when(fits)(functools.partial(
-              plgpu.copy_gmem_to_smem,
-              lhs_gmem.at[pl.ds(tile_row, width), depth],
-              lhs_smem.at[slot, pl.ds(0, width)], loaded))
+        # Only the rows each consumer's width multiplies. With split_rows,
+        # each consumer's share is its own copy, also when it holds no row
+        # (then the narrowest: the stage's arrival count is static).
+        for wg_rows in swap_token_offsets:
+          for width, fits in swap_widths(needed - wg_rows):
+            pl.when(fits)(functools.partial(
+                plgpu.copy_gmem_to_smem,
+                lhs_gmem.at[pl.ds(tile_row + wg_rows, width), depth],
+                lhs_smem.at[slot, pl.ds(wg_rows, width)], loaded))
       else:
         plgpu.copy_gmem_to_smem(
             lhs_gmem.at[pl.ds(tile_row, tile_m), depth], lhs_smem.at[slot],
@@ -281,7 +290,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             a = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :]
           else:
             a = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)].T
-          plgpu.wgmma(acc_ref, a, lhs_smem.at[at.slot, pl.ds(0, rows), :].T)
+          plgpu.wgmma(acc_ref, a,
+                      lhs_smem.at[at.slot, pl.ds(wg_rows, rows), :].T)
           return
         if transpose_rhs:
           b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
@@ -357,7 +367,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         """With swap_ab, where `runs`: the tile at the narrowest of the
         static token widths that holds the item's rows (they end `needed`
         rows into the tile), each width its own copy of the loop."""
-        for width, fits in swap_widths(row_hi - tile_row):
+        for width, fits in swap_widths(row_hi - tile_row - wg_rows):
           pl.when(runs & fits)(functools.partial(
               swapped_tile, linear, group, tile_row, row_lo, row_hi, n_idx,
               steps, first_step, width))
@@ -373,8 +383,9 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             accumulators=[plgpu.ACC((cons_n, width), jnp.float32)])
         if activation is not None:
           acc = activation(acc) * (group >= 0).astype(jnp.float32)
-        first_row = jnp.clip(row_lo - tile_row, 0, width)
-        num_rows = jnp.clip(row_hi - tile_row, 0, width) - first_row
+        row0 = tile_row + wg_rows
+        first_row = jnp.clip(row_lo - row0, 0, width)
+        num_rows = jnp.clip(row_hi - row0, 0, width) - first_row
         col0 = n_idx * cta_n + wg_cols
         for ej in range(stores):
           slot = output_slot(linear, ej, stores, out_slots,
@@ -389,7 +400,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           # The ladder of power-of-two stores spans the whole staging tile
           # (tile_m rows), of which the item's lie in the first `width`.
           store_rows(out_stored.at[wg, slot], out_gmem,
-                     row0=tile_row, first_row=first_row,
+                     row0=row0, first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
                      max_rows=cons_m, cols=pl.ds(col, epi_n))
 
@@ -447,6 +458,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       scoped,
       **ring_smem(stages, lhs_smem=(lhs_block, in_dtype),
                   rhs_smem=(rhs_block, in_dtype),
+                  # swap_ab with split_rows: an lhs copy per consumer.
+                  loads=3 if config.swap_ab and config.split_rows else None,
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
                   cluster_axes=("cluster",) if config.cluster_columns
                   else None),

@@ -826,8 +826,12 @@ def test_rows_clusters_lower_for_cuda(transpose):
       k, n = n, k
     problem = RaggedProblem("rows", m, k, n, groups, "bfloat16", "bfloat16",
                             transpose_rhs=transpose)
-    config = dataclasses.replace(mosaic.heuristic(problem, HOPPER),
-                                 cluster_columns=True)
+    config = mosaic.heuristic(problem, HOPPER)
+    if config.swap_ab:  # the heuristic's tiles before swap_ab
+      config = dataclasses.replace(
+          config, swap_ab=False,
+          **(dict(tile_m=128, tile_n=128) if config.split_rows else {}))
+    config = dataclasses.replace(config, cluster_columns=True)
     assert config.fits(problem)
     _lower_for_cuda(problem, config)
 
@@ -947,13 +951,13 @@ def test_sweep_candidates_lower_for_cuda(mode, transpose):
     _lower_for_cuda(problem, config)
 
 
-@pytest.mark.parametrize("groups,rows,restarts,band", [
-    (256, 32768, True, 8),   # one 128-row item per expert
-    (60, 16384, True, 4),    # 273 rows, three items: turns at 128 x 128
-    (8, 16384, False, 8),    # 2048 rows: more items than the band
+@pytest.mark.parametrize("groups,rows,tile_m,restarts,band", [
+    (256, 32768, 256, True, 8),  # 128 rows: one transposed 256-token item
+    (60, 16384, 128, True, 4),   # 273 rows, three items: turns at 128 x 128
+    (8, 16384, 128, False, 8),   # 2048 rows: more items than the band
 ])
-def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
-                                                           restarts, band):
+def test_heuristic_band_spans_at_most_one_groups_row_items(
+    groups, rows, tile_m, restarts, band):
   """Where an expert's items are fewer than the band, the bands restart at
   each group (so a band holds one expert's items, however the tokens are
   routed), and the band keeps its own height for the groups above the
@@ -961,20 +965,26 @@ def test_heuristic_band_spans_at_most_one_groups_row_items(groups, rows,
   problem = RaggedProblem("rows", rows, 7168, 2048, groups, "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
-  assert config.tile_m == 128
+  assert config.tile_m == tile_m
   assert config.group_bands == restarts
   assert config.grid_band == band
 
 
 def test_heuristic_weighs_column_padding_and_output_bursts():
-  # One 128-row item per expert (split tiles): N = 11 x 128, where
-  # 256-wide tiles would compute a twelfth strip of padding, and N = 8 x 256.
+  # One 128-row item per expert (split tiles, f32 out: no swap_ab):
+  # N = 11 x 128, where 256-wide tiles would compute a twelfth strip of
+  # padding, and N = 8 x 256.
   padded = RaggedProblem("rows", 16384, 2048, 1408, 128, "bfloat16",
-                         "bfloat16")
+                         "float32")
   exact = RaggedProblem("rows", 32768, 7168, 2048, 256, "bfloat16",
-                        "bfloat16")
+                        "float32")
   assert mosaic.heuristic(padded, HOPPER).cta_tile("rows") == (128, 128)
   assert mosaic.heuristic(exact, HOPPER).cta_tile("rows") == (128, 256)
+  # With a 16-bit output, both run the transposed 256-token items.
+  for problem in (padded, exact):
+    tall = mosaic.heuristic(
+        dataclasses.replace(problem, out_dtype="bfloat16"), HOPPER)
+    assert tall.swap_ab and tall.cta_tile("rows") == (256, 128)
   # 256 rows per expert: the bands restart at each group of two items.
   two_items = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16",
                             "bfloat16")
@@ -1011,6 +1021,12 @@ def test_heuristic_takes_turns_where_measured_faster():
     assert config.ping_pong == want, groups
     if want:
       assert config.cta_tile("rows") == (128, 128) and config.fits(rows)
+      # ... transposed (token rows as wgmma's N) where the output is 16-bit.
+      assert config.swap_ab
+      f32 = dataclasses.replace(rows, out_dtype="float32")
+      assert not mosaic.heuristic(f32, HOPPER).swap_ab
+  many = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
+  assert not mosaic.heuristic(many, HOPPER).swap_ab
 
 
 def test_merge_pieces_adds_each_cut_groups_pieces_in_place():

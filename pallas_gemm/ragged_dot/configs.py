@@ -373,6 +373,16 @@ def _swizzled_where_possible(config: RaggedConfig,
   return dataclasses.replace(config, swizzled_staging=True)
 
 
+def _swapped_where_possible(config: RaggedConfig,
+                            problem: RaggedProblem) -> RaggedConfig:
+  """`config` with token rows as wgmma's N (`swap_ab`) where its staging is
+  swizzled (16-bit outputs), which swap_ab needs; otherwise unchanged."""
+  config = _swizzled_where_possible(config, problem)
+  if not config.swizzled_staging:
+    return config
+  return dataclasses.replace(config, swap_ab=True)
+
+
 def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
   no stage (the main loop's latency hiding matters more)."""
@@ -423,6 +433,12 @@ PING_PONG_MAX_ROWS = 512
 #: Row items per band of the "rows"-mode tile walk (`RaggedConfig.
 #: grid_band`): 64-row tiles, the 128 x 128 CTA tile, the 128 x 256 one.
 SHORT_ROWS_BAND, NARROW_TILE_BAND, WIDE_TILE_BAND = 16, 4, 8
+
+
+#: Token rows per expert up to which "rows" mode (above 96, where its
+#: tiles are 128 rows) runs the transposed 256-token tile (`swap_ab`,
+#: `split_rows`).
+SWAP_AB_TALL_MAX_ROWS = 128
 
 
 def _takes_turns(rows_per_group: float) -> bool:
@@ -525,10 +541,27 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # per expert and fewer (memory-bound DeepSeek-V3) it measured slower
     # (experiments/results/nvidia_h200/ragged_ping_pong).
     # Its 128 x 128 CTA tile is the narrow one.
+    # The tokens are wgmma's N (`swap_ab`), each group cut into equal
+    # items near a multiple of 8 rows: 273-row experts (Qwen1.5-MoE) ran
+    # 3-4 % faster on even and Zipf routings, 256-row ones as fast, and one
+    # expert holding every token (no padding to save) 3 % slower, on the
+    # H100 (experiments/results/nvidia_h100/ragged_swap_ab).
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)
-    return _most_stages(_swizzled_where_possible(base, problem), problem)
+    return _most_stages(_swapped_where_possible(base, problem), problem)
+  if tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS:
+    # About one 128-row item per expert (DeepSeek-V3): 256-token items,
+    # transposed, whose consumers split the tokens (the second idle where a
+    # group has at most 128) and share the weight strip: with uneven
+    # routings a group's rows are one item at a width near them, where
+    # 128-row items padded each group's last (experiments/results/
+    # nvidia_h100/ragged_swap_ab).
+    tall = _swapped_where_possible(RaggedConfig(
+        tile_m=256, tile_n=64, tile_k=64, epi_tile_n=64, grid_band=band,
+        split_rows=True, group_bands=True), problem)
+    if tall.swap_ab:
+      return _most_stages(tall, problem)
   # A 128-row tile is split into two 64-row halves, one 64 x (2 * tile_n)
   # wgmma each per step, as the dense `mosaic/ws_persistent` does at its
   # best. Neither tile runs as 2-CTA clusters sharing lhs

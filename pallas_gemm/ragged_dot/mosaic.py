@@ -32,6 +32,12 @@ shared-memory layout cannot address: the staged output tile is plain rows,
 or (`RaggedConfig.swizzled_staging`) swizzled and stored through a second,
 untiled view (`row_staging_smem`). No store reaches past the output's last
 column.
+With `RaggedConfig.swap_ab`, each tile is computed transposed, acc
+(columns, tokens) = rhs[g]^T lhs^T, so that the token rows are wgmma's N:
+each group is cut into equally long items (`row_items(balanced=True)`),
+and an item runs, loads and stores at the narrowest of a few static token
+widths (`configs.swap_ab_widths`) that holds its rows; the accumulator
+reaches the staging tile through a transposed view of it.
 With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
 CTAs walk the same (item, strip pair) tiles, each computing one of the two
 neighbouring column strips, and each multicasts half of the item's lhs

@@ -378,17 +378,25 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
               swapped_tile, linear, group, tile_row, row_lo, row_hi, n_idx,
               steps, first_step, width))
 
+      def multiply(group, steps, first_step, *, rows, acc_shape):
+        """The tile's product over its first `rows` token rows, in an f32
+        accumulator of `acc_shape`, then the activation."""
+        (acc,) = consume_ring(
+            my_ring, functools.partial(mma_step, rows=rows),
+            first_step=first_step, steps=steps,
+            accumulators=[plgpu.ACC(acc_shape, jnp.float32)])
+        if activation is not None:
+          # Rows of no group are zero, also where activation(0) is not.
+          acc = activation(acc) * (group >= 0).astype(jnp.float32)
+        return acc
+
       def swapped_tile(linear, group, tile_row, row_lo, row_hi, n_idx, steps,
                        first_step, width):
         """swap_ab: multiplies the tile's first `width` token rows into an
         accumulator (columns, tokens), then stores the item's rows of it
         through transposed views of the staging tile."""
-        (acc,) = consume_ring(
-            my_ring, functools.partial(mma_step, rows=width),
-            first_step=first_step, steps=steps,
-            accumulators=[plgpu.ACC((cons_n, width), jnp.float32)])
-        if activation is not None:
-          acc = activation(acc) * (group >= 0).astype(jnp.float32)
+        acc = multiply(group, steps, first_step, rows=width,
+                       acc_shape=(cons_n, width))
         row0 = tile_row + wg_rows
         first_row = jnp.clip(row_lo - row0, 0, width)
         num_rows = jnp.clip(row_hi - row0, 0, width) - first_row
@@ -414,13 +422,8 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                             steps, first_step, rows=cons_m):
         """Multiplies and stores the first `rows` rows of this consumer's
         tile (all cons_m, or the SHORT_ITEM_ROWS holding a short item)."""
-        (acc,) = consume_ring(
-            my_ring, functools.partial(mma_step, rows=rows),
-            first_step=first_step, steps=steps,
-            accumulators=[plgpu.ACC((rows, cons_n), jnp.float32)])
-        if activation is not None:
-          # Rows of no group are zero, also where activation(0) is not.
-          acc = activation(acc) * (group >= 0).astype(jnp.float32)
+        acc = multiply(group, steps, first_step, rows=rows,
+                       acc_shape=(rows, cons_n))
         block_rows = min(epi_m, rows)
         blocks = rows // block_rows
         for ei in range(blocks):

@@ -1,5 +1,6 @@
-# Sourced by triton_ncu.sh, mosaic_ncu.sh and run_gpu.sh's ragged_ncu stage: one Nsight Compute profile per
-# case, its text pages and SASS digest. Needs PY and DIR set; sets NCU.
+# Sourced by triton_ncu.sh, mosaic_ncu.sh and run_gpu.sh's ragged_ncu
+# stage: one Nsight Compute profile per case, its text pages and SASS
+# digest. Needs PY and DIR set; sets NCU.
 #
 #   ncu_header   prints the git sha, ncu, GPU, driver and jax versions
 #

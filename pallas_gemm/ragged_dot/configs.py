@@ -109,10 +109,9 @@ One `RaggedConfig` serves both modes; the fields mean:
     swap_ab    compute each tile transposed, out^T = rhs[g]^T x lhs^T, so
                that the token rows are wgmma's N (steps of 8 rows) instead
                of its M (groups of 64): an item runs the narrowest of the
-               static token widths of `swap_ab_widths` (tile_m, tile_m / 2, ...,
-               at least 8) that holds its rows, so a group's short last
-               item multiplies a few dozen rows instead of a whole tile.
-               Each group is cut into equally long items (as many as with
+               static token widths of `swap_ab_widths` (multiples of an
+               eighth of a consumer's tokens, at least 8) that holds its
+               rows. Each group is cut into equally long items (as many as with
                tile_m rows each), so a group of 273 rows is three items of
                96 rows, not 128, 128 and 17. The accumulator is (columns,
                tokens), written to the staging tile through a transposed
@@ -172,8 +171,6 @@ SHORT_ITEM_ROWS = 64
 ZERO_BOX = (64, 64)
 #: The narrowest token width of `RaggedConfig.swap_ab` (wgmma's N step).
 SWAP_AB_MIN_WIDTH = 8
-
-
 #: How many static token widths a `RaggedConfig.swap_ab` tile has.
 SWAP_AB_WIDTHS = 8
 
@@ -186,6 +183,7 @@ def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
   runs the narrowest that holds its rows."""
   step = max(tile_m // SWAP_AB_WIDTHS, SWAP_AB_MIN_WIDTH)
   return tuple(range(tile_m, 0, -step))
+
 
 #: Pieces of whole reduction steps, so that the cuts inside a group need no
 #: masking.
@@ -542,10 +540,11 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
     # (experiments/results/nvidia_h200/ragged_ping_pong).
     # Its 128 x 128 CTA tile is the narrow one.
     # The tokens are wgmma's N (`swap_ab`), each group cut into equal
-    # items near a multiple of 8 rows: 273-row experts (Qwen1.5-MoE) ran
-    # 3-4 % faster on even and Zipf routings, 256-row ones as fast, and one
-    # expert holding every token (no padding to save) 3 % slower, on the
-    # H100 (experiments/results/nvidia_h100/ragged_swap_ab).
+    # items near a multiple of 8 rows: faster where experts' sizes are not
+    # multiples of 128 (Qwen1.5-MoE, even and Zipf routings), as fast at
+    # 256 rows, slightly slower where one expert holds every token and
+    # nothing is padded (H100: experiments/results/nvidia_h100/
+    # ragged_swap_ab).
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)

@@ -307,11 +307,10 @@ def test_contracting(case):
 
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
-    # Groups of 1, 3 and 5 items in bands of 2, walked in rounds
-    # (band_rounds), an empty group, rows of no group before and after
-    # them; three column strips.
+    # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no
+    # group before and after them; three column strips.
     (460, 64, 192, [64, 0, 150, 3, 260], 9, "bfloat16", "float32", False,
-     None, dataclasses.replace(SMALL, group_bands=True, band_rounds=True)),
+     None, dataclasses.replace(SMALL, group_bands=True)),
     # rhs read transposed, turns at whole tiles, silu, a band taller than
     # any group; f16.
     (300, 128, 128, [40, 130, 0, 70, 1], 0, "float16", "float16", True,
@@ -324,8 +323,7 @@ GROUP_BANDS_CASES = [
 
 
 @pytest.mark.parametrize("case", GROUP_BANDS_CASES,
-                         ids=["rounds_of_bands_of_2", "transposed_turns",
-                              "one_group"])
+                         ids=["bands_of_2", "transposed_turns", "one_group"])
 def test_rows_group_bands(case):
   m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act, config = case
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
@@ -424,25 +422,20 @@ def test_rows_zero_k_applies_activation_to_group_rows():
   np.testing.assert_array_equal(np.asarray(out), want)
 
 
-def _checked_row_items(sizes, offset, m, tile_m, balanced=False,
-                       band_rounds=0):
+def _checked_row_items(sizes, offset, m, tile_m, balanced=False):
   """The "rows" work list, checked for what the compiled kernel relies on
   and the interpreter does not check: every item's tile starts on a
   multiple of 8 rows (Mosaic divides a TMA load's start by the swizzled
   tile's 8 rows), lies inside lhs as padded and holds the item's rows; the
   items cover every row once, with its own group, and fit the static
   table. With `balanced` (`RaggedConfig.swap_ab`), a piece's items are
-  as many and equally long, a multiple of 8 rows. With `band_rounds`
-  (`RaggedConfig.band_rounds`), the "pieces" the table names are bands of
-  at most that many items, listed in rounds. Returns (item count, owner
-  group of each row)."""
+  as many and equally long, a multiple of 8 rows. Returns (item count,
+  owner group of each row)."""
   items = jax.jit(mosaic_schedule.row_items,
-                  static_argnames=("m", "tile_m", "row_align", "balanced",
-                                   "band_rounds"))
+                  static_argnames=("m", "tile_m", "row_align", "balanced"))
   table, count = items(jnp.asarray(sizes, jnp.int32),
                        jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
-                       row_align=8, balanced=balanced,
-                       band_rounds=band_rounds)
+                       row_align=8, balanced=balanced)
   table, count = np.asarray(table), int(np.asarray(count)[0])
   assert count <= table.shape[1]
   lhs_rows = tma.padded_dims(m, 64, (8, 64), (tile_m, 64))[0]
@@ -469,25 +462,7 @@ def _checked_row_items(sizes, offset, m, tile_m, balanced=False,
     assert np.all(owner[lo:hi] == group)
     covered[lo:hi] += 1
   np.testing.assert_array_equal(covered, 1)
-  if band_rounds:
-    _check_band_rounds(table[:, :count], band_rounds, starts[0])
   return count, owner
-
-
-def _check_band_rounds(table, band, groups_start):
-  """The bands of a `band_rounds` table: each at most `band` items, listed
-  by round (how many bands of its piece come before it), and within a
-  round in row order. The rows of no group before `groups_start` and those
-  after the groups are two pieces."""
-  rounds, last = {}, (-1, -1)
-  for first in np.unique(table[mosaic_schedule.ITEM_PIECE_FIRST]):
-    group, lo, _, _, items = table[:, first]
-    assert 1 <= items <= band
-    piece = group if group >= 0 else ("no group", lo < groups_start)
-    this_round = rounds.get(piece, 0)
-    rounds[piece] = this_round + 1
-    assert (this_round, lo) > last, (table, first)
-    last = (this_round, lo)
 
 
 @pytest.mark.parametrize("sizes,offset,m,tile_m", [
@@ -504,27 +479,6 @@ def test_row_items_cover_every_row_once(sizes, offset, m, tile_m):
   bounds = np.flatnonzero(np.diff(owner, prepend=-2, append=-3))
   assert count == sum(-(-(int(hi) - int(lo) // 8 * 8) // tile_m)
                       for lo, hi in zip(bounds[:-1], bounds[1:]))
-
-
-def test_band_rounds_list_every_groups_first_bands_first():
-  # Groups of 5, 1 and 11 items of 64 rows, rows of no group before and
-  # after, in rounds of bands of 2 items.
-  count, _ = _checked_row_items([300, 0, 20, 700], 3, 1100, 64,
-                                balanced=True, band_rounds=2)
-  table = np.asarray(jax.jit(
-      mosaic_schedule.row_items,
-      static_argnames=("m", "tile_m", "row_align", "balanced",
-                       "band_rounds"))(
-          jnp.asarray([300, 0, 20, 700], jnp.int32),
-          jnp.asarray([3], jnp.int32), m=1100, tile_m=64, row_align=8,
-          balanced=True, band_rounds=2)[0])
-  groups = table[mosaic_schedule.ITEM_GROUP, :count]
-  # Round 1: the 3 rows of no group, two items of group 0, group 2, two of
-  # group 3, the last 77 rows (2 items from row 1016); then the rest two
-  # by two.
-  np.testing.assert_array_equal(
-      groups, [-1, 0, 0, 2, 3, 3, -1, -1, 0, 0, 3, 3, 0, 3, 3, 3, 3, 3, 3,
-               3])
 
 
 @st.composite
@@ -545,10 +499,8 @@ def _group_layouts(draw):
 @hypothesis.given(_group_layouts())
 def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
   count = _checked_row_items(*layout)[0]
-  # Balanced items are as many (listed in rounds of 2 at one tile size).
-  assert _checked_row_items(*layout, balanced=True,
-                            band_rounds=2 if layout[-1] == 128 else 0
-                            )[0] == count
+  # Balanced items are as many.
+  assert _checked_row_items(*layout, balanced=True)[0] == count
 
 
 def test_contracting_groups_table():

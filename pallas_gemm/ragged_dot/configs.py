@@ -96,17 +96,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                grid_band of its items (a "rows"-mode option, as
                "contracting" walks each group's tiles on their own already,
                and raises on it).
-    band_rounds
-               with group_bands: the bands are walked in rounds, the first
-               band of every group (in row order), then the second band of
-               every group that has one, and so on, instead of each
-               group's bands one after another. With uneven group sizes
-               the tiles in flight then mix small groups' bands (a weight
-               strip read for few rows: memory-bound) with large groups'
-               (compute-bound), so that the HBM traffic and the tensor
-               cores overlap rather than take turns; a large group's
-               weights are read once per band rather than once (a
-               "rows"-mode option).
     swizzled_staging
                the epilogue stages its output tile swizzled, so that the
                registers' wgmma layout is written without shared-memory
@@ -209,7 +198,6 @@ MODE_ONLY_OPTIONS = {
     "rows": {
         "split_rows": "always splits its K strip",
         "group_bands": "walks each group's tiles on their own",
-        "band_rounds": "walks each group's tiles on their own",
         "short_items": "has no row items",
         "epi_tile_m": "stages whole tiles",
         "swizzled_staging": "stores whole tiles from swizzled staging "
@@ -248,7 +236,6 @@ class RaggedConfig:
   short_items: bool = False
   cluster_columns: bool = False
   group_bands: bool = False
-  band_rounds: bool = False
   swizzled_staging: bool = False
   epi_tile_m: int = checked(0, one_of(0, 64).because(
       "0 stages a consumer's whole rows; 64 is wgmma's row group"))
@@ -308,9 +295,6 @@ class RaggedConfig:
                            f"transposed tile's token rows are wgmma's N, "
                            f"which swap_ab narrows to each item's rows "
                            f"itself")
-    if self.band_rounds and not self.group_bands:
-      raise ValueError("RaggedConfig.band_rounds needs group_bands=True "
-                       "(it walks the bands that restart at each group)")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")

@@ -526,10 +526,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   row_align = lhs_row_align(config, problem)
   items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
                                         tile_m=tile_m, row_align=row_align,
-                                        balanced=config.swap_ab,
-                                        band_rounds=(config.grid_band
-                                                     if config.band_rounds
-                                                     else 0))
+                                        balanced=config.swap_ab)
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
                           (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)

@@ -72,7 +72,7 @@ def max_row_items(m: int, groups: int, tile_m: int, row_align: int) -> int:
 
 
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
-              row_align: int, balanced: bool = False, band_rounds: int = 0):
+              row_align: int, balanced: bool = False):
   """The "rows"-mode item table (5, max_row_items) int32 (see the module
   docstring; rows ITEM_*; group -1 marks rows that belong to no group) and
   the number of valid items, shape (1,). Each item's tile starts at its
@@ -83,17 +83,7 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   is three items of 96 rather than 128, 128 and 17, for kernels that run an
   item at a width near its rows (`RaggedConfig.swap_ab`), where a short
   last item would still load the expert's whole weight strip for a few
-  rows.
-
-  With `band_rounds` = b > 0 (`RaggedConfig.band_rounds`), the items are
-  listed in rounds: the first b items of every piece, in row order, then
-  the next b of every piece that has more, and so on; each such band of at
-  most b items stands as a piece of its own (ITEM_PIECE_FIRST and
-  ITEM_PIECE_ITEMS name the band), so a walk by pieces runs each band
-  whole. Where groups differ in size, the tiles in flight at any time then
-  mix the first bands of small groups (each a weight strip read for few
-  rows: memory-bound) with bands of large ones (compute-bound), instead of
-  a large group's bands filling the GPU on their own."""
+  rows."""
   if tile_m % row_align:
     raise ValueError(f"tile_m={tile_m} must be a multiple of "
                      f"row_align={row_align}")
@@ -123,39 +113,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   row_lo = jnp.maximum(lo[piece], tile_row)
   row_hi = jnp.minimum(hi[piece], tile_row + stride[piece])
   table = jnp.stack([piece_group[piece], row_lo, row_hi, first_item[piece],
-                     counts[piece]]).astype(jnp.int32)
-  if band_rounds:
-    table = _in_band_rounds(table, item, piece, counts.astype(jnp.int32),
-                            first_item.astype(jnp.int32), num_items,
-                            band_rounds)
-  return table, num_items.astype(jnp.int32)
-
-
-def _in_band_rounds(table, item, piece, counts, first_item, num_items,
-                    band: int):
-  """`row_items`' table re-listed in rounds of `band` items per piece (see
-  its `band_rounds`): item i of its piece p lies in band j = i // band,
-  which is listed after every piece's first j bands (sum over pieces of
-  min(count, j * band) items) and after band j of the pieces before p.
-  Entries past the valid items keep their places."""
-  within = item - first_item[piece]
-  done = within // band * band  # the piece's items in earlier rounds
-  earlier_rounds = jnp.sum(jnp.minimum(counts[None, :], done[:, None]),
-                           axis=1)
-  pieces = jnp.arange(counts.shape[0], dtype=jnp.int32)
-  this_round = jnp.clip(counts[None, :] - done[:, None], 0, band)
-  earlier_pieces = jnp.sum(
-      jnp.where(pieces[None, :] < piece[:, None], this_round, 0), axis=1)
-  band_first = (earlier_rounds + earlier_pieces).astype(jnp.int32)
-  band_items = jnp.minimum(counts[piece] - done, band).astype(jnp.int32)
-  valid = item < num_items[0]
-  position = jnp.where(valid, band_first + within - done, item)
-  table = table.at[ITEM_PIECE_FIRST].set(
-      jnp.where(valid, band_first, table[ITEM_PIECE_FIRST]))
-  table = table.at[ITEM_PIECE_ITEMS].set(
-      jnp.where(valid, band_items, table[ITEM_PIECE_ITEMS]))
-  return jnp.zeros_like(table).at[:, position].set(
-      table, unique_indices=True)
+                     counts[piece]])
+  return table.astype(jnp.int32), num_items.astype(jnp.int32)
 
 
 def _owners(ends_incl, entries):

@@ -435,8 +435,14 @@ SHORT_ROWS_BAND, NARROW_TILE_BAND, WIDE_TILE_BAND = 16, 4, 8
 
 #: Token rows per expert up to which "rows" mode (above 96, where its
 #: tiles are 128 rows) runs the transposed 256-token tile (`swap_ab`,
-#: `split_rows`).
+#: `split_rows`) ...
 SWAP_AB_TALL_MAX_ROWS = 128
+#: ... on these GPUs (`DeviceInfo.key`) only: the tile measured faster than
+#: the 128-row split tile on the H100 and slower on the H200, on the same
+#: DeepSeek-V3 cases (experiments/results/nvidia_h100/ragged_swap_ab and
+#: nvidia_h200/ragged_swap_ab). Elsewhere the 128-row tile, the long-
+#: standing default, stays.
+SWAP_AB_TALL_DEVICES = ("nvidia_h100",)
 
 
 def _takes_turns(rows_per_group: float) -> bool:
@@ -549,13 +555,14 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)
     return _most_stages(_swapped_where_possible(base, problem), problem)
-  if tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS:
+  if (tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
+      and device.key in SWAP_AB_TALL_DEVICES):
     # About one 128-row item per expert (DeepSeek-V3): 256-token items,
     # transposed, whose consumers split the tokens (the second idle where a
     # group has at most 128) and share the weight strip: with uneven
     # routings a group's rows are one item at a width near them, where
     # 128-row items padded each group's last (experiments/results/
-    # nvidia_h100/ragged_swap_ab).
+    # nvidia_h100/ragged_swap_ab). On the GPUs of SWAP_AB_TALL_DEVICES only.
     tall = _swapped_where_possible(RaggedConfig(
         tile_m=256, tile_n=64, tile_k=64, epi_tile_n=64, grid_band=band,
         split_rows=True, group_bands=True), problem)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
+import statistics
 import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,6 +36,7 @@ import jax  # noqa: E402
 import pallas_gemm  # noqa: E402
 from experiments import bench_moe  # noqa: E402
 from experiments.bench import timers  # noqa: E402
+from pallas_gemm import timing  # noqa: E402
 from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
@@ -101,6 +103,15 @@ def _medians_us(calls, args, iterations: int):
   return [t.median_us for t in timed]
 
 
+def _kernel_medians_us(fn, args, iterations: int):
+  """[(kernel name, median µs)] of the kernels one call of `fn` launches,
+  in launch order."""
+  _, samples = timing.cupti_samples_ms(fn, args, iterations=iterations,
+                                       per_kernel=True)
+  return [(name, 1e3 * statistics.median(call[i][1] for call in samples))
+          for i, (name, _) in enumerate(samples[0])]
+
+
 #: The command line: (flag, argparse keywords).
 OPTIONS = (
     ("--case", dict(default="qwen1.5_moe_up even forward")),
@@ -112,6 +123,9 @@ OPTIONS = (
     ("--versus", dict(default="", help=(
         "a second set of RaggedConfig fields over the heuristic's, checked "
         "too and, with --time, timed interleaved with the first"))),
+    ("--breakdown", dict(type=int, default=0, metavar="ITERS", help=(
+        "also print each kernel's CUPTI median over ITERS calls (the "
+        "work-list ops, the grouped GEMM, a piece merge); GPU only"))),
     ("--time", dict(type=int, default=0, metavar="ITERS", help=(
         "also print the CUPTI median of ITERS calls, every kernel a call "
         "launches (the work list, the grouped GEMM, a piece merge); GPU "
@@ -142,6 +156,11 @@ def main(argv=None):
     error = bench_moe.check_error(problem, *operands, out)
     print(f"{label}: {name}, {args.calls} calls, relative error "
           f"{error:.1e}", flush=True)
+  if args.breakdown and on_gpu:
+    for fn, name in calls:
+      for kernel, us in _kernel_medians_us(fn, operands, args.breakdown):
+        print(f"{label}: {name}: kernel {kernel}: {us:.2f} us (CUPTI "
+              f"median)", flush=True)
   if args.time and on_gpu:
     medians = _medians_us([fn for fn, _ in calls], operands, args.time)
     for (_, name), us in zip(calls, medians):

@@ -433,11 +433,14 @@ def _checked_row_items(sizes, offset, m, tile_m, balanced=False):
   owner group of each row)."""
   items = jax.jit(mosaic_schedule.row_items,
                   static_argnames=("m", "tile_m", "row_align", "balanced"))
-  table, count = items(jnp.asarray(sizes, jnp.int32),
-                       jnp.asarray([offset], jnp.int32), m=m, tile_m=tile_m,
-                       row_align=8, balanced=balanced)
-  table, count = np.asarray(table), int(np.asarray(count)[0])
+  table = np.asarray(items(jnp.asarray(sizes, jnp.int32),
+                           jnp.asarray([offset], jnp.int32), m=m,
+                           tile_m=tile_m, row_align=8, balanced=balanced))
+  count = int(mosaic_schedule.item_count(table))
+  # The count sits in an extra last column; the entries past it are zeros.
+  table = table[:, :-1]
   assert count <= table.shape[1]
+  assert not np.any(table[:, count:])
   lhs_rows = tma.padded_dims(m, 64, (8, 64), (tile_m, 64))[0]
   starts, ends = group_bounds(sizes, m, offset)
   owner = np.full(m, -1)
@@ -540,7 +543,7 @@ def test_rows_rejects_interleave_groups():
         interpret=True)
 
 
-@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
 @hypothesis.given(
     sizes=st.lists(st.integers(0, 300), min_size=1, max_size=9),
     offset=st.integers(0, 70), slack=st.integers(0, 90),

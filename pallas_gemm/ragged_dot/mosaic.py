@@ -170,7 +170,7 @@ def lhs_row_align(config: RaggedConfig, problem: RaggedProblem) -> int:
   return tma.tma_tiling(config.tile_k, problem.in_dtype)[0]
 
 
-def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
+def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
                n_units: int, swizzled_staging: bool):
   """`n_units`: column strips, or with cluster_columns pairs of them (one
@@ -189,7 +189,7 @@ def _rows_body(items_gmem, num_items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
   lhs_block = (tile_m, tile_k)
   rhs_block = (cta_n, tile_k) if transpose_rhs else (tile_k, cta_n)
-  num_items = index(num_items_gmem[0])
+  num_items = index(schedule.item_count(items_gmem))
   num_tiles = num_items * n_units
   n_out = out_gmem.shape[1]
 
@@ -524,9 +524,8 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   cta_n = config.cta_tile("rows")[1]
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
-  items, num_items = schedule.row_items(group_sizes, row_offset, m=m,
-                                        tile_m=tile_m, row_align=row_align,
-                                        balanced=config.swap_ab)
+  items = schedule.row_items(group_sizes, row_offset, m=m, tile_m=tile_m,
+                             row_align=row_align, balanced=config.swap_ab)
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
                           (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)
@@ -552,7 +551,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
       interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
-  out = call_kernel(kernel, [items, num_items, lhs, rhs], out_type, params)
+  out = call_kernel(kernel, [items, lhs, rhs], out_type, params)
   return out[:m, :n] if out.shape != (m, n) else out
 
 

@@ -73,10 +73,11 @@ def max_row_items(m: int, groups: int, tile_m: int, row_align: int) -> int:
 
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
               row_align: int, balanced: bool = False):
-  """The "rows"-mode item table (5, max_row_items) int32 (see the module
-  docstring; rows ITEM_*; group -1 marks rows that belong to no group) and
-  the number of valid items, shape (1,). Each item's tile starts at its
-  first row rounded down to a multiple of `row_align`.
+  """The "rows"-mode item table (5, max_row_items + 1) int32 (see the
+  module docstring; rows ITEM_*; group -1 marks rows that belong to no
+  group): the items in its first columns, zeros past the valid ones, and
+  the number of valid items in its last column (`item_count`). Each item's
+  tile starts at its first row rounded down to a multiple of `row_align`.
 
   With `balanced`, a piece's items (as many as with tile_m rows each) are
   all equally long, a whole number of `row_align` rows: a group of 273 rows
@@ -102,19 +103,32 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   if balanced:
     per_item = -(-(hi - first_tile_row) // jnp.maximum(counts, 1))
     stride = -(-per_item // row_align) * row_align
-  ends_incl = inclusive_sum(counts.astype(jnp.int32))
+  counts = counts.astype(jnp.int32)
+  ends_incl = inclusive_sum(counts)
   first_item = ends_incl - counts
-  num_items = ends_incl[-1:]
-  item = jnp.arange(max_row_items(m, groups, tile_m, row_align),
-                    dtype=jnp.int32)
-  piece = jnp.minimum(_owners(ends_incl, item), groups + 1)
-  tile_row = (first_tile_row[piece]
-              + (item - first_item[piece]) * stride[piece])
-  row_lo = jnp.maximum(lo[piece], tile_row)
-  row_hi = jnp.minimum(hi[piece], tile_row + stride[piece])
-  table = jnp.stack([piece_group[piece], row_lo, row_hi, first_item[piece],
-                     counts[piece]])
-  return table.astype(jnp.int32), num_items.astype(jnp.int32)
+  # Every entry as one masked sum over the pieces (the piece that holds the
+  # item contributes its values, the others zero), the item count in the
+  # extra last column: one reduction, so XLA computes the whole table in
+  # one kernel, where gathering each piece's values after finding it took
+  # three (the search, the gathers, a copy of the count).
+  max_items = max_row_items(m, groups, tile_m, row_align)
+  item = jnp.arange(max_items + 1, dtype=jnp.int32)[:, None]
+  holds = (first_item <= item) & (item < ends_incl) & (item < max_items)
+  tile_row = first_tile_row + (item - first_item) * stride
+  count_column = jnp.where(item == max_items, counts, 0)
+  entries = jnp.stack([
+      jnp.where(holds, piece_group, count_column),
+      jnp.where(holds, jnp.maximum(lo, tile_row), 0),
+      jnp.where(holds, jnp.minimum(hi, tile_row + stride), 0),
+      jnp.where(holds, first_item, 0),
+      jnp.where(holds, counts, 0)])
+  return jnp.sum(entries, axis=2, dtype=jnp.int32)
+
+
+def item_count(table):
+  """The number of valid items of a `row_items` table (a traced array, a
+  NumPy array, or inside a kernel a ref)."""
+  return table[ITEM_GROUP, table.shape[1] - 1]
 
 
 def _owners(ends_incl, entries):

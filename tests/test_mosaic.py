@@ -453,7 +453,7 @@ def test_compiled_kernels_trace_under_x64(kernel):
 
 
 def test_interpret_calls_from_threads_are_serialised():
-  """The Mosaic GPU interpreter is not thread-safe: eight threads, each
+  """The Mosaic GPU interpreter is not thread-safe: four threads, each
   calling both kernels on its own small problem, all get correct results."""
   failures = []
 
@@ -469,7 +469,7 @@ def test_interpret_calls_from_threads_are_serialised():
     except Exception as error:  # reported below, with the thread's index
       failures.append((index, repr(error)))
 
-  threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+  threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
   for thread in threads:
     thread.start()
   for thread in threads:

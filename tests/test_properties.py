@@ -30,7 +30,7 @@ from pallas_gemm.problem import Epilogue  # noqa: E402
 warnings.filterwarnings("ignore", category=DeprecationWarning,
                         message=".*[Tt]riton.*")
 
-settings.register_profile("ci", max_examples=30, deadline=None,
+settings.register_profile("ci", max_examples=20, deadline=None,
                           derandomize=True, print_blob=True)
 settings.register_profile("gpu", max_examples=60, deadline=None,
                           derandomize=True, print_blob=True)

@@ -108,9 +108,9 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   first_item = ends_incl - counts
   # Every entry as one masked sum over the pieces (the piece that holds the
   # item contributes its values, the others zero), the item count in the
-  # extra last column: one reduction, so XLA computes the whole table in
-  # one kernel, where gathering each piece's values after finding it took
-  # three (the search, the gathers, a copy of the count).
+  # extra last column: one reduction, which XLA runs as one kernel, where
+  # finding each item's piece and then gathering its values took three
+  # (the search, the gathers, a copy of the count).
   max_items = max_row_items(m, groups, tile_m, row_align)
   item = jnp.arange(max_items + 1, dtype=jnp.int32)[:, None]
   holds = (first_item <= item) & (item < ends_incl) & (item < max_items)

@@ -6,8 +6,9 @@ grad), and compares `pallas_gemm.matmul` with a float64 NumPy reference
 within the tolerances of `pallas_gemm.numerics`.
 
 Profiles (select with HYPOTHESIS_PROFILE): "ci" (the default: a fixed,
-derandomized set that runs in a few minutes on two cores) and "gpu" (more
-examples, for the GPU script).
+derandomized set that runs in a few minutes on two cores), "x64" (fewer,
+for CI's second pass under jax_enable_x64) and "gpu" (more examples, for
+the GPU script).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ warnings.filterwarnings("ignore", category=DeprecationWarning,
                         message=".*[Tt]riton.*")
 
 settings.register_profile("ci", max_examples=20, deadline=None,
+                          derandomize=True, print_blob=True)
+#: CI's second pass (jax_enable_x64): a check that x64 mode changes no
+#: result, over fewer examples than the main pass searches.
+settings.register_profile("x64", max_examples=10, deadline=None,
                           derandomize=True, print_blob=True)
 settings.register_profile("gpu", max_examples=60, deadline=None,
                           derandomize=True, print_blob=True)

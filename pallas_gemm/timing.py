@@ -96,6 +96,19 @@ def cupti_samples_ms(fn, args, *, iterations: int, per_kernel: bool = False,
   return out, samples
 
 
+def kernel_medians_us(fn, args, *, iterations: int):
+  """[(kernel name, median µs)] of the kernels one call of `fn(*args)`
+  launches, in launch order, over `iterations` calls under CUPTI. Raises
+  RuntimeError when the calls launched different kernel counts."""
+  _, calls = cupti_samples_ms(fn, args, iterations=iterations,
+                              per_kernel=True)
+  launches = len(calls[0])
+  if any(len(call) != launches for call in calls):
+    raise RuntimeError("the calls launched different kernel counts")
+  return [(calls[0][i][0], 1e3 * statistics.median(c[i][1] for c in calls))
+          for i in range(launches)]
+
+
 def device_memory_bytes() -> int:
   """The default device's memory that JAX may allocate, in bytes; 0 where
   the backend does not say."""

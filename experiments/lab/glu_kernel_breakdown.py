@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -37,17 +36,6 @@ from pallas_gemm.shapes import parse_shapes  # noqa: E402
 TARGETS = ("mosaic", "xla")
 
 
-def breakdown(fn, args, iters):
-  """[(kernel name, median µs)] in launch order."""
-  _, calls = timing.cupti_samples_ms(fn, args, iterations=iters,
-                                     per_kernel=True)
-  launches = len(calls[0])
-  if any(len(call) != launches for call in calls):
-    raise RuntimeError("the calls launched different kernel counts")
-  return [(calls[0][i][0], 1e3 * statistics.median(c[i][1] for c in calls))
-          for i in range(launches)]
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--shapes", default="8192x11008x4096,4096x11008x4096")
@@ -64,7 +52,8 @@ def main(argv=None):
     for name in TARGETS:
       fn = jax.jit(_timed_fn(_forward_fn(name, "silu", False), "fwd+bwd"))
       if on_gpu:
-        kernels = breakdown(fn, operands, args.iters)
+        kernels = timing.kernel_medians_us(fn, operands,
+                                           iterations=args.iters)
       else:
         jax.block_until_ready(fn(*operands))
         kernels = []

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
-import statistics
 import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -103,15 +102,6 @@ def _medians_us(calls, args, iterations: int):
   return [t.median_us for t in timed]
 
 
-def _kernel_medians_us(fn, args, iterations: int):
-  """[(kernel name, median µs)] of the kernels one call of `fn` launches,
-  in launch order."""
-  _, samples = timing.cupti_samples_ms(fn, args, iterations=iterations,
-                                       per_kernel=True)
-  return [(name, 1e3 * statistics.median(call[i][1] for call in samples))
-          for i, (name, _) in enumerate(samples[0])]
-
-
 #: The command line: (flag, argparse keywords).
 OPTIONS = (
     ("--case", dict(default="qwen1.5_moe_up even forward")),
@@ -158,7 +148,8 @@ def main(argv=None):
           f"{error:.1e}", flush=True)
   if args.breakdown and on_gpu:
     for fn, name in calls:
-      for kernel, us in _kernel_medians_us(fn, operands, args.breakdown):
+      for kernel, us in timing.kernel_medians_us(
+          fn, operands, iterations=args.breakdown):
         print(f"{label}: {name}: kernel {kernel}: {us:.2f} us (CUPTI "
               f"median)", flush=True)
   if args.time and on_gpu:

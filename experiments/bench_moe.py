@@ -8,6 +8,13 @@ layer x group-size distribution x forward/dlhs/drhs) and every target:
   xla      jax.lax.ragged_dot_general itself
   dense    jnp.dot of an (m, k) x (k, n) product: the same flops, no groups
   tokamax  tokamax.ragged_dot_general, when tokamax is importable
+  batched  XLA's dense products for a routing known in advance, to show
+           what the vendor library reaches on the same work: the even
+           routing as a batched jnp.einsum, every group ceil(m / groups)
+           rows (its roofline fraction scales the case's roofline by its
+           flops over the case's, at most 1 % more); the one-hot weight
+           gradient as one jnp.dot written into a zeroed (groups, k, n)
+           output. Not run on the other cases
 
 it reports the CUPTI median kernel time (pallas_gemm/timing.py, rotated
 operand sets), TFLOP/s, the roofline time and the fraction of it reached,
@@ -45,7 +52,7 @@ from pallas_gemm.ragged_dot import arg_specs, implementations  # noqa: E402
 from pallas_gemm.ragged_dot.problem import group_bounds  # noqa: E402
 from experiments.bench import output  # noqa: E402
 
-TARGETS = ("auto", "mosaic", "xla", "dense", "tokamax")
+TARGETS = ("auto", "mosaic", "xla", "dense", "tokamax", "batched")
 _ROWS = jax.lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
 _ROWS_T = jax.lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), (0,), (0,))
 _CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
@@ -129,6 +136,54 @@ def target_call(name, problem):
     return lambda l, r, s: tokamax.ragged_dot_general(
         l, r, s, numbers, preferred_element_type=out_dtype)
   raise ValueError(name)
+
+
+def batched_rows(problem) -> int:
+  """Rows per group of the `batched` target: the even routing's largest."""
+  return -(-problem.m // max(problem.groups, 1))
+
+
+def batched_applies(distribution, direction) -> bool:
+  """Whether the `batched` target has a product for this routing."""
+  return distribution == "even" or (distribution == "one_hot"
+                                    and direction == "drhs")
+
+
+def batched_shapes(problem, distribution):
+  """(lhs, rhs) shapes of the `batched` target's operands."""
+  if distribution == "one_hot":
+    return problem.lhs_shape, problem.rhs_shape
+  g, r = problem.groups, batched_rows(problem)
+  if problem.mode == "contracting":
+    return (g, r, problem.k), (g, r, problem.n)
+  return (g, r, problem.k), problem.rhs_shape
+
+
+@functools.lru_cache(maxsize=None)
+def batched_call(problem, distribution):
+  """fn(lhs, rhs) of the `batched` target: one batched product per group
+  (even), or the one group's product in a zeroed output (one-hot drhs)."""
+  out_dtype = jnp.dtype(problem.out_dtype)
+  if distribution == "one_hot":
+    return lambda l, r: jnp.zeros(problem.out_shape, out_dtype).at[0].set(
+        jnp.dot(l.T, r, preferred_element_type=out_dtype))
+  spec = ("grk,grn->gkn" if problem.mode == "contracting" else
+          "grk,gnk->grn" if problem.transpose_rhs else "grk,gkn->grn")
+  return lambda l, r: jnp.einsum(spec, l, r, preferred_element_type=out_dtype)
+
+
+def batched_error(problem, distribution, lhs, rhs, out) -> float:
+  """Relative error of the first group's product against float64 (columns
+  subsampled for big shapes)."""
+  f64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+  if distribution == "one_hot":
+    cols = slice(0, _CHECKED_ROWS)
+    return numerics.relative_error(
+        f64(out[0][:, cols]), f64(lhs).T @ f64(rhs[:, cols]))
+  a, b = f64(lhs[0]), f64(rhs[0])
+  ref = (a.T @ b if problem.mode == "contracting" else
+         a @ (b.T if problem.transpose_rhs else b))
+  return numerics.relative_error(f64(out[0]), ref)
 
 
 def operand_sets(problem, group_sizes, count, seed):
@@ -262,6 +317,9 @@ def run_case(case, args, iters, on_gpu, bandwidth, dense_ms):
   roofline = max(x for x in (roof_compute, roof_memory, 0.0) if x is not None)
   results = []
   for name in args.kernels:
+    if name == "batched" and not batched_applies(case.distribution,
+                                                 case.direction):
+      continue  # documented: no vendor product for this routing
     row = dict(case=case.label, layer=case.layer.name,
                distribution=case.distribution, direction=case.direction,
                kernel=name, m=problem.m, k=problem.k, n=problem.n,
@@ -272,6 +330,12 @@ def run_case(case, args, iters, on_gpu, bandwidth, dense_ms):
     try:
       if name == "dense":
         ms, error = dense_ms[dense_key], None
+      elif name == "batched":
+        ms, error, work = time_batched(problem, case.distribution, on_gpu,
+                                       iters, args.seed)
+        row.update(flops=work, batched_rows=batched_rows(problem),
+                   roofline_ms=(roofline * work / problem.flops
+                                if roofline and problem.flops else None))
       else:
         if name == "mosaic" or name == "auto":
           chosen = pallas_gemm.ragged_dot.explain(
@@ -293,8 +357,8 @@ def run_case(case, args, iters, on_gpu, bandwidth, dense_ms):
       continue
     tolerance = numerics.tolerance(problem.in_dtype, "default", problem.out_dtype)
     target = roofline_target(case.distribution, case.direction)
-    fraction = (roofline / ms) if roofline else None
-    row.update(status="ok", time_ms=ms, tflops=problem.flops / (ms * 1e-3) / 1e12,
+    fraction = (row["roofline_ms"] / ms) if row["roofline_ms"] else None
+    row.update(status="ok", time_ms=ms, tflops=row["flops"] / (ms * 1e-3) / 1e12,
                roofline_fraction=fraction, roofline_target=target,
                meets_target=None if fraction is None else fraction >= target,
                rel_error=error, tolerance=tolerance,
@@ -315,6 +379,27 @@ def roofline_target(distribution: str, direction: str) -> float:
   if direction == "forward" and distribution != "zipf":
     return 0.85
   return 0.75
+
+
+def time_batched(problem, distribution, on_gpu, iters, seed):
+  """(ms, relative error, flops) of the `batched` target."""
+  lhs_shape, rhs_shape = batched_shapes(problem, distribution)
+  key = jax.random.key(seed + 2)
+  count = set_count(problem, on_gpu)
+  sets = [(numerics.random_normal(jax.random.fold_in(key, 2 * i), lhs_shape,
+                                  problem.in_dtype),
+           numerics.random_normal(jax.random.fold_in(key, 2 * i + 1),
+                                  rhs_shape, problem.in_dtype))
+          for i in range(count)]
+  call = batched_call(problem, distribution)
+  out = jax.block_until_ready(jax.jit(call)(*sets[0]))
+  error = batched_error(problem, distribution, *sets[0], out)
+  del out
+  ms = timing.time_over_sets(call, sets, iterations=iters, on_gpu=on_gpu)
+  rows = (problem.m if distribution == "one_hot"
+          else problem.groups * batched_rows(problem))
+  work = 2 * rows * problem.k * problem.n
+  return ms, error, work
 
 
 def time_dense(problem, on_gpu, iters, seed):

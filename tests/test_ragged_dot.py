@@ -488,13 +488,18 @@ def test_bench_moe_smoke(tmp_path):
   from experiments import bench_moe
   status = bench_moe.main([
       "--suite=moe_small", "--shapes=small_g1", "--distributions=even,one_hot",
-      "--directions=forward,drhs", "--kernels=auto,xla,dense,mosaic",
+      "--directions=forward,drhs", "--kernels=auto,xla,dense,mosaic,batched",
       "--iters=1", f"--output_dir={tmp_path}"])
   results = json.loads((tmp_path / "results.json").read_text())
   assert status == 0 and results["metadata"]["complete"]
   ok = [r for r in results["results"] if r["status"] == "ok"]
-  assert {r["kernel"] for r in ok} >= {"auto", "xla", "dense"}
+  assert {r["kernel"] for r in ok} >= {"auto", "xla", "dense", "batched"}
   assert all(r["correct"] in (True, None) for r in ok)
+  # The vendor's products exist for the even routing and the one-hot weight
+  # gradient only.
+  assert {(r["distribution"], r["direction"]) for r in ok
+          if r["kernel"] == "batched"} == {
+              ("even", "forward"), ("even", "drhs"), ("one_hot", "drhs")}
   readme = (tmp_path / "README.md").read_text()
   assert "| small_g1 even forward | auto |" in readme
   # Each timed case carries issue 18's bar, and the README counts them.

@@ -389,6 +389,54 @@ def test_zero_drip_needs_zeros_by_producer():
     RaggedConfig(tile_m=64, tile_n=64, zero_drip=2)
 
 
+#: `RaggedConfig.short_tile_lookahead`: while loading a tile of at most L
+#: reduction chunks the producer keeps at most L ring steps in flight.
+LOOKAHEAD_CASES = [
+    # Tiles of 1 to 4 chunks on a ring of 4: short and long tiles in turn,
+    # the cap changing from tile to tile; an empty group; rows of no group.
+    (400, 64, 128, [64, 0, 130, 20, 180], 3, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, stages=4, short_tile_lookahead=2)),
+    # A cap of 3 on a ring of 4, turns at whole tiles, producer-stored zeros
+    # dripped between the loads.
+    (300, 128, 64, [0, 150, 10, 0, 140], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, stages=4, short_tile_lookahead=3,
+                         ping_pong=True, zeros_by_producer=True,
+                         zero_drip=2)),
+    # 2-CTA clusters (a stage is released by both CTAs' consumers).
+    (200, 64, 192, [70, 0, 60, 70], 1, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, stages=3, short_tile_lookahead=2,
+                         cluster_columns=True)),
+]
+
+
+@pytest.mark.parametrize("case", LOOKAHEAD_CASES,
+                         ids=["ring4_cap2", "turns_drip_cap3", "clusters"])
+def test_contracting_short_tile_lookahead(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype, config = case
+  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
+                          out_dtype)
+  got, _ = _run(problem, sizes, row_offset=offset, config=config,
+                detect_races=case is LOOKAHEAD_CASES[0])
+  empty = [g for g, size in enumerate(sizes) if size == 0]
+  assert np.all(got[empty] == 0)
+
+
+@pytest.mark.parametrize("lookahead, stages", [(1, 4), (3, 3), (5, 4)])
+def test_short_tile_lookahead_bounds(lookahead, stages):
+  with pytest.raises(ValueError, match="short_tile_lookahead"):
+    dataclasses.replace(SMALL, stages=stages, short_tile_lookahead=lookahead)
+
+
+def test_short_tile_lookahead_lowers_for_cuda():
+  """The capped producer (a while loop of releases before each load) lowers
+  for the GPU at the heuristic's short-reduction tile of DeepSeek-V3."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == "deepseek_v3_up even drhs"]
+  config = configs.heuristic(problem, HOPPER)
+  assert config.stages >= 3
+  _lower_for_cuda(problem, dataclasses.replace(config, short_tile_lookahead=2))
+
+
 @pytest.mark.parametrize("mode", ["rows", "contracting"])
 def test_zero_tokens(mode):
   problem = RaggedProblem(mode, 0, 64, 64, 3, "bfloat16", "float32")

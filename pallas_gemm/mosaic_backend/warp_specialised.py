@@ -195,7 +195,7 @@ class SideWork(NamedTuple):
 
 
 def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
-                 side_work: SideWork | None = None):
+                 side_work: SideWork | None = None, lookahead=None):
   """The producer warpgroup of a persistent, warp-specialised kernel.
 
   It gives registers away, walks this CTA's tiles (`coords(linear)` names
@@ -212,42 +212,68 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
   walked by `for_each_tile`, the ring position carried from tile to tile.
 
   `side_work` (only with a traced step count) runs between the loads.
+
+  `lookahead(tile)` (only with a traced step count), a traced count of at
+  least 2, caps the ring steps this tile's loads keep in flight (loaded and
+  not yet released) below the ring's depth: before loading step s the
+  producer awaits the release of every step up to s - lookahead. It keeps
+  a count of the steps whose release it has awaited, so that each release
+  is awaited once, in order, whatever the caps of consecutive tiles (a
+  cap of 1 would wait for a release that needs the step being loaded).
   """
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
-  if side_work is not None and not callable(steps):
-    raise ValueError("run_producer's side_work needs a traced step count "
-                     "(steps a function of the tile)")
+  if (side_work is not None or lookahead is not None) and not callable(steps):
+    raise ValueError("run_producer's side_work and lookahead need a traced "
+                     "step count (steps a function of the tile)")
   after_load = side_work.after_load if side_work else lambda carry: carry
 
-  def load_tile(tile, first_step, tile_steps, side=None):
-    def load_stage(kk, side):
+  def await_release(step):
+    plgpu.barrier_wait(ring.consumed.at[ring.slot(step)])
+    return step + 1
+
+  def load_tile(tile, first_step, tile_steps, side=None, awaited=None):
+    limit = None if lookahead is None else lookahead(tile)
+
+    def load_stage(kk, carry):
+      side, awaited = carry
       kk = index(kk)
       step = first_step + kk
       slot = ring.slot(step)
-
-      @pl.when(step >= ring.stages)
-      def _wait_free():
-        plgpu.barrier_wait(ring.consumed.at[slot])
+      if limit is None:
+        @pl.when(step >= ring.stages)
+        def _wait_free():
+          plgpu.barrier_wait(ring.consumed.at[slot])
+      else:
+        # Every step up to step - limit released (step - stages among them:
+        # this step's stage is free).
+        awaited = lax.while_loop(lambda w: w <= step - limit, await_release,
+                                 awaited)
 
       load_step(tile, kk, slot)
-      return after_load(side)
+      return after_load(side), awaited
 
-    return lax.fori_loop(index(0), index(tile_steps), load_stage, side)
+    return lax.fori_loop(index(0), index(tile_steps), load_stage,
+                         (side, awaited))
 
   if callable(steps):
     def next_tile(linear, carry):
-      first_step, side = carry
+      first_step, side, awaited = carry
       tile = coords(linear)
       tile_steps = steps(tile)
-      side = load_tile(tile, first_step, tile_steps, side)
-      return first_step + tile_steps, side
+      side, awaited = load_tile(tile, first_step, tile_steps, side, awaited)
+      return first_step + tile_steps, side, awaited
 
-    total_steps, side = for_each_tile(
+    total_steps, side, awaited = for_each_tile(
         num_tiles, next_tile,
-        (index(0), side_work.init if side_work else None))
+        (index(0), side_work.init if side_work else None,
+         None if lookahead is None else index(0)))
     if side_work is not None:
       side_work.finish(side)
+    if lookahead is not None:
+      # The drain: the releases not yet awaited.
+      lax.while_loop(lambda w: w < total_steps, await_release, awaited)
+      return
   else:
     @plgpu.nd_loop((num_tiles,), collective_axes="sm")
     def _tile(info):

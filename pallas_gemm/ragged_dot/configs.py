@@ -209,6 +209,7 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
+        "short_tile_lookahead": "keeps its whole ring in flight",
     },
 }
 
@@ -240,9 +241,17 @@ class RaggedConfig:
   epi_tile_m: int = checked(0, one_of(0, 64).because(
       "0 stages a consumer's whole rows; 64 is wgmma's row group"))
   swap_ab: bool = False
+  short_tile_lookahead: int = checked(0, in_range(0, 8))
 
   def __post_init__(self):
     validate(self)
+    if self.short_tile_lookahead and not (
+        2 <= self.short_tile_lookahead < self.stages):
+      raise ValueError(
+          f"RaggedConfig.short_tile_lookahead={self.short_tile_lookahead} "
+          f"must be 0 (off) or from 2 (a step is released once the next "
+          f"one is loaded) to stages - 1 = {self.stages - 1} (fewer steps in "
+          f"flight than the ring holds)")
     # Options under which a tile's first staging slot must not depend on
     # its number.
     for option, why in (("zeros_by_producer", "the consumers skip the zero "

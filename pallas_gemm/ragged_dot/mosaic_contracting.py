@@ -48,6 +48,11 @@ per consumer (`warp_specialised.Ring`), and each consumer walks every tile
 of its CTA to keep the ring's step count, computing only its own. A
 consumer's output store then overlaps the other's wgmmas.
 
+With `RaggedConfig.short_tile_lookahead` = L, the producer keeps at most L
+ring steps loaded and not yet released while it loads a tile of at most L
+steps (a whole short reduction), rather than running a whole ring ahead
+into the next tiles; longer tiles use the whole ring.
+
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,
 and the tiles are dealt to the CTAs (with ping_pong: to the CTAs'
@@ -268,9 +273,16 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         plgpu.commit_smem()  # visible to the TMA stores that read it
         if config.zero_drip:
           side_work = zero_drip_work(zeros_smem)
+      lookahead = None
+      if config.short_tile_lookahead:
+        short = config.short_tile_lookahead
+        # A tile of at most `short` steps keeps at most that many in flight;
+        # a longer one, the whole ring.
+        lookahead = lambda tile: jnp.where(
+            tile_steps(tile) <= short, index(short), index(stages))
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
-                   side_work=side_work)
+                   side_work=side_work, lookahead=lookahead)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

@@ -972,6 +972,29 @@ def test_weight_gradient_walks_narrow_outputs_one_k_strip_at_a_time():
   assert band(16384, 2048, 1408, 60)[1] == 8  # 273 rows per expert
 
 
+def test_short_reduction_tile_caps_the_producers_lookahead():
+  """The short-reduction weight-gradient tile keeps SHORT_TILE_LOOKAHEAD ring
+  steps in flight on a deeper ring; longer reductions keep the whole ring,
+  and a ring no deeper than the cap drops it rather than fail."""
+  def config(m, k, n, groups, in_dtype="bfloat16"):
+    problem = RaggedProblem("contracting", m, k, n, groups, in_dtype,
+                            in_dtype)
+    return mosaic.heuristic(problem, HOPPER)
+
+  short = config(32768, 2048, 7168, 256)  # 128 rows per expert
+  assert short.short_tile_lookahead == configs.SHORT_TILE_LOOKAHEAD
+  assert short.stages > short.short_tile_lookahead
+  assert config(16384, 2048, 1408, 60).short_tile_lookahead == 0
+  assert config(16384, 4096, 14336, 8).short_tile_lookahead == 0
+  # A ring of two stages only (float32 operands): the cap is dropped.
+  problem = RaggedProblem("contracting", 2048, 1024, 1024, 32, "float32",
+                          "float32")
+  capped = dataclasses.replace(SMALL, tile_n=256, epi_tile_n=256, stages=3,
+                               short_tile_lookahead=2)
+  deepest = configs._most_stages(capped, problem)
+  assert (deepest.stages, deepest.short_tile_lookahead) == (2, 0)
+
+
 def test_heuristic_stages_16_bit_rows_swizzled():
   """The "rows" epilogue is staged swizzled wherever a staged row is one
   swizzle span (16-bit outputs), in every tile shape the heuristic picks;

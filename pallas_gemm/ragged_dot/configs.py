@@ -397,12 +397,14 @@ def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
   slot_counts = [slots for slots in (2, 1)
                  if not config.zeros_by_producer
                  or config.slots_divide_stores(slots)]
-  for stages in range(MAX_STAGES, 1, -1):
+  # A capped lookahead needs a deeper ring than its cap.
+  for stages in range(MAX_STAGES, max(1, config.short_tile_lookahead), -1):
     for slots in slot_counts:
       candidate = dataclasses.replace(config, stages=stages, out_slots=slots)
       if candidate.fits(problem):
         return candidate
-  return dataclasses.replace(config, stages=2, out_slots=1)
+  return dataclasses.replace(config, stages=2, out_slots=1,
+                             short_tile_lookahead=0)
 
 
 #: Output-element throughput of a 128 x 128 CTA tile relative to a
@@ -469,6 +471,17 @@ def _takes_turns(rows_per_group: float) -> bool:
 NARROW_OUTPUT_STRIPS = 8
 
 
+#: Ring steps the producer keeps in flight while it loads a weight-gradient
+#: tile of at most that many reduction chunks (`RaggedConfig.
+#: short_tile_lookahead`), set on the short-reduction tile: a producer that
+#: runs the whole ring ahead into the next tiles adds loads in flight to the
+#: output stores that bound these tiles; capped, the even routing of
+#: DeepSeek-V3's up projection ran as fast as on a two-stage ring, while the
+#: long tiles of uneven routings keep the whole ring (experiments/results/
+#: nvidia_h100/ragged_options, "Producer lookahead").
+SHORT_TILE_LOOKAHEAD = 2
+
+
 def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
@@ -486,6 +499,7 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
       # the CTAs in flight write whole output rows side by side
       # (experiments/results/nvidia_h200/ragged_options, "Store order").
       base = dataclasses.replace(base, grid_band=1)
+    base = dataclasses.replace(base, short_tile_lookahead=SHORT_TILE_LOOKAHEAD)
   if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import functools
 
-import collections
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -77,18 +75,12 @@ def matmul_breakdown(m, k, n, iters):
     fn = jax.jit(functools.partial(
         pallas_gemm.matmul, transpose_b=layout == "NT", kernel="mosaic/fp8",
         preferred_element_type=jnp.bfloat16))
-    _, samples = timing.cupti_samples_ms(
+    medians = timing.kernel_medians_us(
         lambda a, b, fn=fn: fn(a, b, a_scale=sa, b_scale=sb), (qa, b),
-        iterations=iters, per_kernel=True)
-    per_kernel = collections.defaultdict(list)
-    for call in samples:
-      for name, ms in call:
-        per_kernel[name].append(ms)
-    total = sum(statistics.median(v) for v in per_kernel.values())
-    parts = ", ".join(f"{name[:40]} {statistics.median(v) * 1e3:.1f} us"
-                      for name, v in per_kernel.items())
-    print(f"{m}x{n}x{k} {layout}: {total * 1e3:.1f} us = {parts}",
-          flush=True)
+        iterations=iters)
+    total = sum(us for _, us in medians)
+    parts = ", ".join(f"{name[:40]} {us:.1f} us" for name, us in medians)
+    print(f"{m}x{n}x{k} {layout}: {total:.1f} us = {parts}", flush=True)
 
 
 def main():

@@ -292,15 +292,22 @@ CONTRACTING_CASES = [
 @pytest.mark.parametrize("case", CONTRACTING_CASES,
                          ids=lambda c: f"m{c[0]}_g{len(c[3])}_off{c[4]}")
 def test_contracting(case):
+  _run_contracting(case, detect_races=case is CONTRACTING_CASES[0]
+                   or case is CONTRACTING_CASES[-7]
+                   or case is CONTRACTING_CASES[-4]
+                   or case is CONTRACTING_CASES[-2])
+
+
+def _run_contracting(case, *, detect_races):
+  """Checks a weight-gradient case (m, k, n, sizes, row_offset, in_dtype,
+  out_dtype[, config]) against float64; empty groups must be exactly
+  zero."""
   m, k, n, sizes, offset, in_dtype, out_dtype = case[:7]
   config = case[7] if len(case) > 7 else SMALL
   problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
                           out_dtype)
   got, _ = _run(problem, sizes, row_offset=offset, config=config,
-                detect_races=case is CONTRACTING_CASES[0]
-                or case is CONTRACTING_CASES[-7]
-                or case is CONTRACTING_CASES[-4]
-                or case is CONTRACTING_CASES[-2])
+                detect_races=detect_races)
   empty = [g for g, size in enumerate(sizes) if size == 0]
   assert np.all(got[empty] == 0)
 
@@ -374,13 +381,7 @@ ZERO_DRIP_CASES = [
                          ids=lambda c: f"m{c[0]}_g{len(c[3])}_drip"
                          f"{c[7].zero_drip}")
 def test_contracting_zero_drip(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype, config = case
-  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
-                          out_dtype)
-  got, _ = _run(problem, sizes, row_offset=offset, config=config,
-                detect_races=case is ZERO_DRIP_CASES[0])
-  empty = [g for g, size in enumerate(sizes) if size == 0]
-  assert np.all(got[empty] == 0)
+  _run_contracting(case, detect_races=case is ZERO_DRIP_CASES[0])
 
 
 def test_zero_drip_needs_zeros_by_producer():
@@ -412,13 +413,7 @@ LOOKAHEAD_CASES = [
 @pytest.mark.parametrize("case", LOOKAHEAD_CASES,
                          ids=["ring4_cap2", "turns_drip_cap3", "clusters"])
 def test_contracting_short_tile_lookahead(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype, config = case
-  problem = RaggedProblem("contracting", m, k, n, len(sizes), in_dtype,
-                          out_dtype)
-  got, _ = _run(problem, sizes, row_offset=offset, config=config,
-                detect_races=case is LOOKAHEAD_CASES[0])
-  empty = [g for g, size in enumerate(sizes) if size == 0]
-  assert np.all(got[empty] == 0)
+  _run_contracting(case, detect_races=case is LOOKAHEAD_CASES[0])
 
 
 @pytest.mark.parametrize("lookahead, stages", [(1, 4), (3, 3), (5, 4)])

@@ -28,7 +28,11 @@
 #              FP8_NN_LAYOUTS (default NN)
 #                                                      BUDGET_fp8_nn=300
 #   glu        experiments/bench_glu.py, when it exists       BUDGET_glu=200
-#   moe        experiments/bench_moe.py, when it exists       BUDGET_moe=200
+#   moe        experiments/bench_moe.py, when it exists: the targets
+#              MOE_KERNELS (default auto,xla,tokamax; `batched` adds XLA's
+#              dense products for a routing known in advance), MOE_ARGS
+#              passed on (e.g. "--distributions=even,one_hot --shapes=qwen")
+#                                                         BUDGET_moe=200
 #   smoke      not in the default run: every experiments/lab/gpu_smoke_*.py
 #              (a new kernel compiled, checked and timed against XLA),
 #              output in $OUT/smoke_<name>.txt            BUDGET_smoke=150 each
@@ -201,8 +205,11 @@ if wanted glu && [ -f experiments/bench_glu.py ]; then
 fi
 if wanted moe && [ -f experiments/bench_moe.py ]; then
   stage "benchmark: mixture-of-experts grouped GEMM"
+  # MOE_ARGS is split into words on purpose: several flags in one variable.
+  # shellcheck disable=SC2086
   run_budgeted "$(budget moe 200)" "$PY" experiments/bench_moe.py \
-    --max_seconds="$(( $(budget moe 200) - 30 ))" --kernels=auto,xla,tokamax \
+    --max_seconds="$(( $(budget moe 200) - 30 ))" \
+    --kernels="${MOE_KERNELS:-auto,xla,tokamax}" ${MOE_ARGS:-} \
     --output_dir="$RESULTS/moe"
 fi
 

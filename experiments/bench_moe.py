@@ -381,16 +381,20 @@ def roofline_target(distribution: str, direction: str) -> float:
   return 0.75
 
 
+def _normal_pairs(key, lhs_shape, rhs_shape, dtype, count):
+  """`count` (lhs, rhs) operand sets of normal values drawn from `key`."""
+  return [(numerics.random_normal(jax.random.fold_in(key, 2 * i), lhs_shape,
+                                  dtype),
+           numerics.random_normal(jax.random.fold_in(key, 2 * i + 1),
+                                  rhs_shape, dtype))
+          for i in range(count)]
+
+
 def time_batched(problem, distribution, on_gpu, iters, seed):
   """(ms, relative error, flops) of the `batched` target."""
-  lhs_shape, rhs_shape = batched_shapes(problem, distribution)
-  key = jax.random.key(seed + 2)
-  count = set_count(problem, on_gpu)
-  sets = [(numerics.random_normal(jax.random.fold_in(key, 2 * i), lhs_shape,
-                                  problem.in_dtype),
-           numerics.random_normal(jax.random.fold_in(key, 2 * i + 1),
-                                  rhs_shape, problem.in_dtype))
-          for i in range(count)]
+  sets = _normal_pairs(jax.random.key(seed + 2),
+                       *batched_shapes(problem, distribution),
+                       problem.in_dtype, set_count(problem, on_gpu))
   call = batched_call(problem, distribution)
   out = jax.block_until_ready(jax.jit(call)(*sets[0]))
   error = batched_error(problem, distribution, *sets[0], out)
@@ -404,13 +408,9 @@ def time_batched(problem, distribution, on_gpu, iters, seed):
 
 def time_dense(problem, on_gpu, iters, seed):
   """ms of jnp.dot (m, k) x (k, n): the compute roof at these flops."""
-  count = set_count(problem, on_gpu)
-  key = jax.random.key(seed + 1)
-  sets = [(numerics.random_normal(jax.random.fold_in(key, 2 * i),
-                                  (problem.m, problem.k), problem.in_dtype),
-           numerics.random_normal(jax.random.fold_in(key, 2 * i + 1),
-                                  (problem.k, problem.n), problem.in_dtype))
-          for i in range(count)]
+  sets = _normal_pairs(jax.random.key(seed + 1), (problem.m, problem.k),
+                       (problem.k, problem.n), problem.in_dtype,
+                       set_count(problem, on_gpu))
   out_dtype = jnp.dtype(problem.out_dtype)
   return timing.time_over_sets(
       lambda a, b: jnp.dot(a, b, preferred_element_type=out_dtype), sets,

@@ -173,16 +173,20 @@ def for_each_tile(num_tiles, body, carry):
                        lambda i, c: body(cta + i * num_ctas, c), carry)
 
 
-def drain_ring(ring: Ring, total_steps):
-  """The producer's last act: await the final `stages` releases of the
-  ring, which no later load waited for, so that no barrier is left with an
-  unobserved phase. `total_steps` counts the ring steps this CTA ran."""
+def drain_ring(ring: Ring, total_steps, awaited=None):
+  """The producer's last act: await the releases of the ring that no later
+  load waited for, so that no barrier is left with an unobserved phase.
+  `total_steps` counts the ring steps this CTA ran; `awaited`, the steps
+  whose release the producer has awaited (by default all but the final
+  `stages`)."""
+  if awaited is None:
+    awaited = jnp.maximum(total_steps - ring.stages, 0)
+
   def drain(step, carry):
     plgpu.barrier_wait(ring.consumed.at[ring.slot(step)])
     return carry
 
-  lax.fori_loop(jnp.maximum(total_steps - ring.stages, 0), total_steps, drain,
-                None)
+  lax.fori_loop(awaited, total_steps, drain, None)
 
 
 class SideWork(NamedTuple):
@@ -270,17 +274,14 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
          None if lookahead is None else index(0)))
     if side_work is not None:
       side_work.finish(side)
-    if lookahead is not None:
-      # The drain: the releases not yet awaited.
-      lax.while_loop(lambda w: w < total_steps, await_release, awaited)
-      return
   else:
     @plgpu.nd_loop((num_tiles,), collective_axes="sm")
     def _tile(info):
       load_tile(coords(info.index[0]), info.local_index * steps, steps)
 
     total_steps = tiles_of_this_cta(index(num_tiles)) * steps
-  drain_ring(ring, total_steps)
+    awaited = None
+  drain_ring(ring, total_steps, awaited)
 
 
 def consume_ring(ring: Ring, mma_step, *, first_step, steps, accumulators=(),

@@ -25,6 +25,20 @@ from pallas_gemm.primitive import problem_from_shapes
 from pallas_gemm.problem import Epilogue, normalize_precision
 
 
+def lower_for_cuda(fn, *args):
+  """`jax.jit(fn)` traced at `args` (ShapeDtypeStructs) and lowered for
+  CUDA on a machine without a GPU: under an abstract H100, from which
+  Pallas-Triton kernels learn the compute capability they lower for
+  (Mosaic kernels do not ask)."""
+  device = jax.sharding.AbstractDevice(
+      device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+  mesh = jax.sharding.AbstractMesh(
+      (1,), ("lowering",), axis_types=(jax.sharding.AxisType.Auto,),
+      abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
 def make_operands(shape, dtype, *, layout="NN", batch=None, key=None):
   m, n, k = shape
   key = key if key is not None else numerics.fresh_key()

@@ -24,6 +24,7 @@ import pytest
 import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
+from kernel_test_base import lower_for_cuda
 from pallas_gemm.ragged_dot import (RaggedProblem, arg_specs, explain,
                                     implementations, ragged_dot,
                                     ragged_dot_general, reference, xla)
@@ -472,13 +473,12 @@ def test_lowers_for_cuda_through_the_primitive(monkeypatch, layer, direction,
   problem = arg_specs.MoeCase(layer, "even", direction).problem
   numbers = (CONTRACTING if problem.mode == "contracting"
              else ROWS_T if problem.transpose_rhs else ROWS)
-  f = jax.jit(lambda l, r, s: ragged_dot_general(l, r, s, numbers,
-                                                 kernel=kernel))
   try:
-    f.trace(jax.ShapeDtypeStruct(problem.lhs_shape, jnp.bfloat16),
-            jax.ShapeDtypeStruct(problem.rhs_shape, jnp.bfloat16),
-            jax.ShapeDtypeStruct((problem.groups,), jnp.int32)
-            ).lower(lowering_platforms=("cuda",))
+    lower_for_cuda(
+        lambda l, r, s: ragged_dot_general(l, r, s, numbers, kernel=kernel),
+        jax.ShapeDtypeStruct(problem.lhs_shape, jnp.bfloat16),
+        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.bfloat16),
+        jax.ShapeDtypeStruct((problem.groups,), jnp.int32))
   finally:
     implementations.clear_cache()
 

@@ -24,9 +24,11 @@ from hypothesis import strategies as st  # noqa: E402
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.ragged_dot import arg_specs, configs, mosaic, mosaic_schedule
+from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
 from pallas_gemm.mosaic_backend import tma
+from kernel_test_base import lower_for_cuda
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -190,6 +192,13 @@ ROWS_CASES = [
     # (see short_items_split_rows).
     (560, 64, 128, [300, 0, 129, 3, 70], 6, "bfloat16", "bfloat16", True,
      "silu", dataclasses.replace(TALL, swap_ab=True, swizzled_staging=True)),
+    # The item table built by the Pallas-Triton work-list kernel (run by
+    # the interpreter here): balanced items (swap_ab), an empty group, rows
+    # of no group before and after the groups.
+    (300, 128, 192, [1, 9, 0, 17, 33, 64, 100, 40], 3, "bfloat16",
+     "bfloat16", True, "silu",
+     dataclasses.replace(SMALL, swap_ab=True, swizzled_staging=True,
+                         work_list_kernel=True)),
 ]
 
 
@@ -199,7 +208,7 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swizzled_ping_pong", "row_halves_ping_pong", "row_halves",
             "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns",
             "swap_ab_split_columns", "swap_ab_ping_pong",
-            "swap_ab_split_rows"]
+            "swap_ab_split_rows", "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
@@ -549,6 +558,68 @@ def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
   assert _checked_row_items(*layout, balanced=True)[0] == count
 
 
+def _work_list_kernel_table(sizes, offset, m, tile_m, balanced):
+  return np.asarray(work_list_kernel.row_items(
+      jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
+      tile_m=tile_m, row_align=8, balanced=balanced, interpret=True))
+
+
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
+@hypothesis.given(_group_layouts(), st.booleans())
+def test_work_list_kernel_builds_the_row_items_table(layout, balanced):
+  """The Pallas-Triton work-list kernel (interpreted) writes the table of
+  `mosaic_schedule.row_items` entry by entry, count column included."""
+  sizes, offset, m, tile_m = layout
+  want = mosaic_schedule.row_items(
+      jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
+      tile_m=tile_m, row_align=8, balanced=balanced)
+  np.testing.assert_array_equal(
+      _work_list_kernel_table(sizes, offset, m, tile_m, balanced), want)
+
+
+@pytest.mark.parametrize("groups", [1, 257])
+def test_work_list_kernel_at_one_and_many_groups(groups):
+  """One group, and more groups than a program's 128 columns of items
+  (several programs, each a few columns, a group vector padded to 512),
+  with negative sizes (read as empty) and a row offset."""
+  rng = np.random.default_rng(groups)
+  sizes = rng.integers(-2, 40, groups)
+  m = int(np.maximum(sizes, 0).sum()) + 11
+  want = mosaic_schedule.row_items(
+      jnp.asarray(sizes, jnp.int32), jnp.asarray([5], jnp.int32), m=m,
+      tile_m=64, row_align=8)
+  np.testing.assert_array_equal(
+      _work_list_kernel_table(sizes, 5, m, 64, False), want)
+
+
+def test_work_list_kernel_option_is_checked():
+  """The heuristic sets the kernel on GPUs only; it is a "rows"-mode
+  option, and a call with more groups than it takes raises, naming it."""
+  rows = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
+  assert mosaic.heuristic(rows, HOPPER).work_list_kernel
+  assert not mosaic.heuristic(rows, DeviceInfo("cpu", "cpu")).work_list_kernel
+  many = RaggedProblem("rows", 64, 64, 64, work_list_kernel.MAX_GROUPS + 1,
+                       "bfloat16", "float32")
+  assert not mosaic.heuristic(many, HOPPER).work_list_kernel
+  with pytest.raises(ValueError, match="work_list_kernel"):
+    mosaic.ragged_matmul(
+        jnp.ones(many.lhs_shape, jnp.bfloat16),
+        jnp.ones(many.rhs_shape, jnp.bfloat16),
+        jnp.ones((many.groups,), jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=many, config=dataclasses.replace(SMALL,
+                                                 work_list_kernel=True),
+        interpret=True)
+  contracting = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                              "float32")
+  with pytest.raises(ValueError, match="work_list_kernel"):
+    mosaic.ragged_matmul(
+        jnp.ones((64, 64), jnp.bfloat16), jnp.ones((64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=contracting,
+        config=dataclasses.replace(SMALL, work_list_kernel=True),
+        interpret=True)
+
+
 def test_contracting_groups_table():
   table = np.asarray(mosaic_schedule.contracting_groups(
       jnp.asarray([30, 0, 70, 100, 57], jnp.int32),
@@ -713,12 +784,11 @@ def _lower_for_cuda(problem, config):
   """Traces the Mosaic kernel at `problem`'s shapes and lowers it for the
   GPU (no GPU needed)."""
   spec = jax.ShapeDtypeStruct
-  jax.jit(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
-      lhs, rhs, sizes, offset, problem=problem, config=config)).trace(
-          spec(problem.lhs_shape, problem.in_dtype),
-          spec(problem.rhs_shape, problem.in_dtype),
-          spec((problem.groups,), jnp.int32),
-          spec((1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  lower_for_cuda(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+      lhs, rhs, sizes, offset, problem=problem, config=config),
+                 spec(problem.lhs_shape, problem.in_dtype),
+                 spec(problem.rhs_shape, problem.in_dtype),
+                 spec((problem.groups,), jnp.int32), spec((1,), jnp.int32))
 
 
 @pytest.mark.parametrize("cluster", [False, True],

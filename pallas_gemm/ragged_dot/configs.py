@@ -128,6 +128,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                one (with out_slots=2 the ring keeps its depth) and the
                stored rows stay 128 bytes (a "rows"-mode option; needs
                out_slots dividing tile_n / epi_tile_n).
+    work_list_kernel
+               build the item table (`mosaic_schedule.row_items`) in one
+               Pallas-Triton launch (`work_list_kernel.row_items`) instead
+               of a chain of small XLA kernels, which on short calls (small
+               experts) is a share of the call's time. Needs at most
+               `work_list_kernel.MAX_GROUPS` groups (a "rows"-mode option,
+               as the "contracting" kernel lists no row items, and raises
+               on it).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -156,6 +164,7 @@ from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 NUM_CONSUMERS,
                                                 SMEM_SLACK_BYTES)
 from pallas_gemm.problem import cdiv
+from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 #: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
@@ -203,6 +212,7 @@ MODE_ONLY_OPTIONS = {
         "swizzled_staging": "stores whole tiles from swizzled staging "
                             "already",
         "swap_ab": "multiplies whole chunks of token rows",
+        "work_list_kernel": "lists no row items",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -242,6 +252,7 @@ class RaggedConfig:
       "0 stages a consumer's whole rows; 64 is wgmma's row group"))
   swap_ab: bool = False
   short_tile_lookahead: int = checked(0, in_range(0, 8))
+  work_list_kernel: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -520,10 +531,20 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
-  sms = device.planning_sms
-  groups = max(problem.groups, 1)
   if problem.mode == "contracting":
     return _contracting_heuristic(problem)
+  config = _rows_heuristic(problem, device)
+  if device.is_gpu and work_list_kernel.supports(problem.groups):
+    # One launch for the item table instead of XLA's chain of small
+    # kernels; in the interpreter (CPU) the XLA ops are the faster path.
+    config = dataclasses.replace(config, work_list_kernel=True)
+  return config
+
+
+def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
+                    ) -> RaggedConfig:
+  sms = device.planning_sms
+  groups = max(problem.groups, 1)
   rows_per_group = problem.m / groups
   # Few tokens per expert: a 128-row tile would be mostly rows of other
   # groups, each computed and thrown away, while every expert's weights are

@@ -67,6 +67,7 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
+from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, SHORT_ITEM_ROWS,
                                           RaggedConfig)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -524,8 +525,18 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   cta_n = config.cta_tile("rows")[1]
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
-  items = schedule.row_items(group_sizes, row_offset, m=m, tile_m=tile_m,
-                             row_align=row_align, balanced=config.swap_ab)
+  if config.work_list_kernel:
+    if not work_list_kernel.supports(problem.groups):
+      raise ValueError(
+          f"RaggedConfig.work_list_kernel takes 1 to "
+          f"{work_list_kernel.MAX_GROUPS} groups; group_sizes has "
+          f"{problem.groups}")
+    items = work_list_kernel.row_items(
+        group_sizes, row_offset, m=m, tile_m=tile_m, row_align=row_align,
+        balanced=config.swap_ab, interpret=params is not None)
+  else:
+    items = schedule.row_items(group_sizes, row_offset, m=m, tile_m=tile_m,
+                               row_align=row_align, balanced=config.swap_ab)
   lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
                           (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)

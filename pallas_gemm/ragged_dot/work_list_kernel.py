@@ -1,0 +1,150 @@
+"""The "rows"-mode work list (`mosaic_schedule.row_items`) in one launch.
+
+Built from XLA ops, the table takes a chain of small kernels: the groups'
+prefix sum, the pieces' item counts and their prefix sum, then the table,
+each waiting for the one before. On layers of small experts, whose grouped
+GEMM is short, those launches are a share of the call worth removing
+(experiments/results/nvidia_h100/ragged_work_list). This Pallas-Triton
+kernel builds the same table in one launch: every program recomputes the
+pieces from `group_sizes` (a prefix sum over at most `MAX_GROUPS` values,
+in registers) and writes one block of the table's columns.
+
+`mosaic_schedule.row_items` stays the definition; the tests hold this
+kernel to it entry by entry.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_gemm.problem import cdiv
+from pallas_gemm.ragged_dot import mosaic_schedule as schedule
+
+#: The most groups one program's registers take (the group vector is padded
+#: to a power of two); with more, the table is built from XLA ops.
+MAX_GROUPS = 4096
+#: Items x padded groups that one program compares at once; it sets how
+#: many of the table's columns a program writes.
+_COMPARES_PER_PROGRAM = 8192
+_MAX_COLUMNS_PER_PROGRAM = 128
+
+
+def supports(groups: int) -> bool:
+  return 0 < groups <= MAX_GROUPS
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
+
+
+def _ceil_div(a, b):
+  """cdiv for a >= 0 and b > 0, traced or static."""
+  return (a + b - 1) // b
+
+
+def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
+              row_align: int, balanced: bool = False,
+              interpret: bool = False):
+  """`mosaic_schedule.row_items`, the same (5, max_row_items + 1) int32
+  table, from one Pallas-Triton launch. `interpret` runs the kernel in
+  Pallas's interpreter (CPU)."""
+  if tile_m % row_align:
+    raise ValueError(f"tile_m={tile_m} must be a multiple of "
+                     f"row_align={row_align}")
+  groups = group_sizes.shape[0]
+  if not supports(groups):
+    raise ValueError(f"group_sizes has {groups} groups; the work-list "
+                     f"kernel takes 1 to {MAX_GROUPS}")
+  max_items = schedule.max_row_items(m, groups, tile_m, row_align)
+  columns = max_items + 1
+  padded_groups = _next_power_of_two(groups)
+  block = max(1, min(_MAX_COLUMNS_PER_PROGRAM,
+                     _COMPARES_PER_PROGRAM // padded_groups))
+
+  def piece(lo, hi):
+    """A piece's first tile row, item count and rows per item."""
+    first_row = lo // row_align * row_align
+    count = jnp.where(hi > lo, _ceil_div(hi - first_row, tile_m), 0)
+    if balanced:
+      per_item = _ceil_div(hi - first_row, jnp.maximum(count, 1))
+      stride = _ceil_div(per_item, row_align) * row_align
+    else:
+      stride = jnp.full_like(count, tile_m)
+    return first_row, count, stride
+
+  def kernel(sizes_ref, offset_ref, out_ref):
+    group = jnp.arange(padded_groups, dtype=jnp.int32)
+    sizes = jnp.maximum(pltriton.load(sizes_ref.at[pl.ds(0, padded_groups)],
+                                      mask=group < groups, other=0), 0)
+    offset = pltriton.load(offset_ref.at[pl.ds(0, 1)])  # (1,): broadcasts
+    ends_unclipped = offset + jnp.cumsum(sizes)
+    starts = jnp.clip(ends_unclipped - sizes, 0, m)
+    ends = jnp.clip(ends_unclipped, 0, m)
+    # The pieces in row order: the rows before the first group (lead), the
+    # groups (padding groups have no rows and no items), the rows after the
+    # last group (tail).
+    lead_lo = jnp.zeros_like(offset)
+    lead_hi = jnp.clip(offset, 0, m)
+    tail_lo = jnp.clip(offset + jnp.sum(sizes), 0, m)
+    tail_hi = jnp.full_like(offset, m)
+    lead_row, lead_count, lead_stride = piece(lead_lo, lead_hi)
+    group_row, group_count, group_stride = piece(starts, ends)
+    group_end_item = lead_count + jnp.cumsum(group_count)
+    group_first_item = group_end_item - group_count
+    tail_first_item = lead_count + jnp.sum(group_count)
+    tail_row, tail_count, tail_stride = piece(tail_lo, tail_hi)
+
+    item = (pl.program_id(0) * block
+            + jnp.arange(block, dtype=jnp.int32))[:, None]
+    listed = item < max_items
+
+    def entries(first_item, count, lo, hi, first_row, stride, owner):
+      """Each item's entries from the piece among these that holds it
+      (zeros where none does): one masked sum over the pieces."""
+      holds = (first_item <= item) & (item < first_item + count) & listed
+      tile_row = first_row + (item - first_item) * stride
+
+      def pick(values):
+        return jnp.sum(jnp.where(holds, values, 0), axis=1)
+
+      return (pick(jnp.broadcast_to(owner, holds.shape)),
+              pick(jnp.maximum(lo, tile_row)),
+              pick(jnp.minimum(hi, tile_row + stride)),
+              pick(jnp.broadcast_to(first_item, holds.shape)),
+              pick(jnp.broadcast_to(count, holds.shape)))
+
+    no_group = jnp.full((1, 1), -1, jnp.int32)
+    zero = jnp.zeros((1, 1), jnp.int32)
+    rows = [
+        entries(zero, lead_count[None, :], lead_lo[None, :],
+                lead_hi[None, :], lead_row[None, :], lead_stride[None, :],
+                no_group),
+        entries(group_first_item[None, :], group_count[None, :],
+                starts[None, :], ends[None, :], group_row[None, :],
+                group_stride[None, :], group[None, :]),
+        entries(tail_first_item[None, :], tail_count[None, :],
+                tail_lo[None, :], tail_hi[None, :], tail_row[None, :],
+                tail_stride[None, :], no_group),
+    ]
+    table = [sum(values) for values in zip(*rows)]
+    total = tail_first_item + tail_count  # (1,)
+    item = item[:, 0]
+    table[schedule.ITEM_GROUP] = jnp.where(item == max_items, total,
+                                           table[schedule.ITEM_GROUP])
+    in_table = item < columns
+    for row, values in enumerate(table):
+      pltriton.store(
+          out_ref.at[pl.ds(row, 1), pl.ds(pl.program_id(0) * block, block)],
+          values.astype(jnp.int32)[None, :], mask=in_table[None, :])
+
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((5, columns), jnp.int32),
+      grid=(cdiv(columns, block),),
+      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="ragged_row_items",
+  )(group_sizes.astype(jnp.int32), row_offset.astype(jnp.int32))

@@ -26,10 +26,14 @@ from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 #: The most groups one program's registers take (the group vector is padded
 #: to a power of two); with more, the table is built from XLA ops.
 MAX_GROUPS = 4096
-#: Items x padded groups that one program compares at once; it sets how
-#: many of the table's columns a program writes.
-_COMPARES_PER_PROGRAM = 8192
-_MAX_COLUMNS_PER_PROGRAM = 128
+#: Items x padded groups that one program compares at once, which sets how
+#: many of the table's columns a program writes: the kernel's time is the
+#: latency of one program's dependent instructions, so a program keeps only
+#: a few compares per thread and the columns spread over many programs
+#: (experiments/lab/work_list_kernel_sweep.py).
+COMPARES_PER_PROGRAM = 1024
+MAX_COLUMNS_PER_PROGRAM = 128
+NUM_WARPS = 4
 
 
 def supports(groups: int) -> bool:
@@ -61,8 +65,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   max_items = schedule.max_row_items(m, groups, tile_m, row_align)
   columns = max_items + 1
   padded_groups = _next_power_of_two(groups)
-  block = max(1, min(_MAX_COLUMNS_PER_PROGRAM,
-                     _COMPARES_PER_PROGRAM // padded_groups))
+  block = max(1, min(MAX_COLUMNS_PER_PROGRAM,
+                     COMPARES_PER_PROGRAM // padded_groups))
 
   def piece(lo, hi):
     """A piece's first tile row, item count and rows per item."""
@@ -144,7 +148,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
       kernel,
       out_shape=jax.ShapeDtypeStruct((5, columns), jnp.int32),
       grid=(cdiv(columns, block),),
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS,
+                                             num_stages=1),
       interpret=interpret,
       name="ragged_row_items",
   )(group_sizes.astype(jnp.int32), row_offset.astype(jnp.int32))

@@ -29,11 +29,11 @@ MAX_GROUPS = 4096
 #: Items x padded groups that one program compares at once, which sets how
 #: many of the table's columns a program writes: the kernel's time is the
 #: latency of one program's dependent instructions, so a program keeps only
-#: a few compares per thread and the columns spread over many programs
-#: (experiments/lab/work_list_kernel_sweep.py).
-COMPARES_PER_PROGRAM = 1024
+#: a few compares per thread, in one warp, and the columns spread over many
+#: programs (experiments/results/nvidia_h100/ragged_work_list).
+COMPARES_PER_PROGRAM = 256
 MAX_COLUMNS_PER_PROGRAM = 128
-NUM_WARPS = 4
+NUM_WARPS = 1
 
 
 def supports(groups: int) -> bool:

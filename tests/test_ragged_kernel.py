@@ -558,10 +558,11 @@ def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
   assert _checked_row_items(*layout, balanced=True)[0] == count
 
 
-def _work_list_kernel_table(sizes, offset, m, tile_m, balanced):
+def _work_list_kernel_table(sizes, offset, m, tile_m, balanced,
+                            interpret=True):
   return np.asarray(work_list_kernel.row_items(
       jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
-      tile_m=tile_m, row_align=8, balanced=balanced, interpret=True))
+      tile_m=tile_m, row_align=8, balanced=balanced, interpret=interpret))
 
 
 @hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
@@ -577,11 +578,12 @@ def test_work_list_kernel_builds_the_row_items_table(layout, balanced):
       _work_list_kernel_table(sizes, offset, m, tile_m, balanced), want)
 
 
-@pytest.mark.parametrize("groups", [1, 257])
+@pytest.mark.parametrize("groups", [1, 257, work_list_kernel.MAX_GROUPS])
 def test_work_list_kernel_at_one_and_many_groups(groups):
-  """One group, and more groups than a program's 128 columns of items
-  (several programs, each a few columns, a group vector padded to 512),
-  with negative sizes (read as empty) and a row offset."""
+  """One group, and more groups than the kernel runs in one warp (several
+  programs of one column, group vectors padded to 512 and 1024 over more
+  warps), with negative sizes (read as empty) and a row offset; compiled
+  where there is a GPU."""
   rng = np.random.default_rng(groups)
   sizes = rng.integers(-2, 40, groups)
   m = int(np.maximum(sizes, 0).sum()) + 11
@@ -589,7 +591,9 @@ def test_work_list_kernel_at_one_and_many_groups(groups):
       jnp.asarray(sizes, jnp.int32), jnp.asarray([5], jnp.int32), m=m,
       tile_m=64, row_align=8)
   np.testing.assert_array_equal(
-      _work_list_kernel_table(sizes, 5, m, 64, False), want)
+      _work_list_kernel_table(sizes, 5, m, 64, False,
+                              interpret=jax.default_backend() != "gpu"),
+      want)
 
 
 def test_work_list_kernel_option_is_checked():

@@ -23,17 +23,23 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 
-#: The most groups one program's registers take (the group vector is padded
-#: to a power of two); with more, the table is built from XLA ops.
-MAX_GROUPS = 4096
 #: Items x padded groups that one program compares at once, which sets how
 #: many of the table's columns a program writes: the kernel's time is the
 #: latency of one program's dependent instructions, so a program keeps only
-#: a few compares per thread, in one warp, and the columns spread over many
-#: programs (experiments/results/nvidia_h100/ragged_work_list).
+#: a few compares per thread and the columns spread over many programs
+#: (experiments/results/nvidia_h100/ragged_work_list).
 COMPARES_PER_PROGRAM = 256
 MAX_COLUMNS_PER_PROGRAM = 128
-NUM_WARPS = 1
+#: Group values per thread in a program's group vectors: one warp up to
+#: COMPARES_PER_PROGRAM groups (as measured), a warp more per as many
+#: again ...
+GROUPS_PER_WARP = COMPARES_PER_PROGRAM
+MAX_WARPS = 4
+#: ... so that up to MAX_GROUPS the vectors stay a few registers a thread;
+#: with more groups the table is built from XLA ops.
+MAX_GROUPS = GROUPS_PER_WARP * MAX_WARPS
+#: A fixed warp count instead (experiments/lab/work_list_kernel_sweep.py).
+NUM_WARPS: int | None = None
 
 
 def supports(groups: int) -> bool:
@@ -67,6 +73,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   padded_groups = _next_power_of_two(groups)
   block = max(1, min(MAX_COLUMNS_PER_PROGRAM,
                      COMPARES_PER_PROGRAM // padded_groups))
+  num_warps = NUM_WARPS or min(MAX_WARPS,
+                               max(1, padded_groups // GROUPS_PER_WARP))
 
   def piece(lo, hi):
     """A piece's first tile row, item count and rows per item."""
@@ -148,7 +156,7 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
       kernel,
       out_shape=jax.ShapeDtypeStruct((5, columns), jnp.int32),
       grid=(cdiv(columns, block),),
-      compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS,
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps,
                                              num_stages=1),
       interpret=interpret,
       name="ragged_row_items",

@@ -1003,6 +1003,19 @@ def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
   _lower_for_cuda(problem, config)
 
 
+@pytest.mark.parametrize(
+    "case", [c for c in arg_specs.cases(arg_specs.MOE_HOLDOUT_LAYERS,
+                                        distributions=("even",))],
+    ids=lambda c: c.label)
+def test_holdout_suite_heuristic_configs_lower_for_cuda(case):
+  """The layers no config was chosen on (rows not a multiple of 8, other
+  widths) get a config that fits and lowers for the GPU, in every
+  direction."""
+  config = mosaic.heuristic(case.problem, HOPPER)
+  assert config.fits(case.problem)
+  _lower_for_cuda(case.problem, config)
+
+
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
   (Qwen3-30B's up projection), walked largest first, lowers for the GPU,

@@ -41,7 +41,8 @@ from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
 
 def find_case(label: str) -> arg_specs.MoeCase:
-  layers = arg_specs.MOE_LAYERS + arg_specs.MOE_SMALL_LAYERS
+  layers = (arg_specs.MOE_LAYERS + arg_specs.MOE_HOLDOUT_LAYERS
+            + arg_specs.MOE_SMALL_LAYERS)
   for case in arg_specs.cases(layers):
     if case.label == label:
       return case

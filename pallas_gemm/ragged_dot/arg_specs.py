@@ -118,6 +118,22 @@ MOE_LAYERS = (
     *_up_and_down("qwen3_30b_a3b", 128, 32768, hidden=2048, ffn=768),
 )
 
+#: Layers no config was chosen on, to check that what holds on the `moe`
+#: suite holds elsewhere: other models, and token counts whose rows
+#: (tokens x top-k) are not a multiple of 8.
+MOE_HOLDOUT_LAYERS = (
+    # Phi-3.5-MoE: 16 experts, top-2, hidden 4096, ffn 6400; 4099 tokens.
+    *_up_and_down("phi3.5_moe_t4099", 16, 8198, hidden=4096, ffn=6400),
+    # DeepSeek-V2-Lite: 64 routed experts, top-6, hidden 2048, expert ffn
+    # 1408; 2047 tokens.
+    *_up_and_down("deepseek_v2_lite_t2047", 64, 12282, hidden=2048,
+                  ffn=1408),
+    # OLMoE-1B-7B: 64 experts, top-8, hidden 2048, ffn 1024; 4096 tokens.
+    MoeLayer("olmoe_up", 64, 32768, 2048, 1024),
+    # gpt-oss-20b: 32 experts, top-4, hidden 2880, ffn 2880; 3000 tokens.
+    MoeLayer("gpt_oss_20b_t3000_up", 32, 12000, 2880, 2880),
+)
+
 #: CPU-sized layers (interpret mode): odd sizes, one group, many groups.
 MOE_SMALL_LAYERS = (
     MoeLayer("small_g4", 4, 96, 64, 128),
@@ -136,4 +152,5 @@ def cases(layers=MOE_LAYERS, distributions=DISTRIBUTIONS,
           for distribution in distributions]
 
 
-SUITES = {"moe": MOE_LAYERS, "moe_small": MOE_SMALL_LAYERS}
+SUITES = {"moe": MOE_LAYERS, "moe_holdout": MOE_HOLDOUT_LAYERS,
+          "moe_small": MOE_SMALL_LAYERS}

@@ -21,6 +21,7 @@ from pallas_gemm.mosaic_backend.fp8_config import Fp8Config, heuristic_choices
 from pallas_gemm.numerics import (fresh_key, random_normal, reference_matmul,
                                   relative_error, tolerance)
 from pallas_gemm.problem import Epilogue, GemmProblem, cdiv
+from kernel_test_base import lower_for_cuda
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 HOPPER = pallas_gemm.DeviceInfo("gpu", "NVIDIA H100", (9, 0), 132, 227 * 1024)
@@ -440,11 +441,10 @@ def _lower(m, n, k, a_mode, b_mode, transpose_b, dtypes=(E4M3, E4M3)):
         b_scale=None if b_mode == "none" else b_scale)
 
   spec = jax.ShapeDtypeStruct
-  jax.jit(run).trace(
-      spec((1, m, k), dtypes[0]),
+  lower_for_cuda(
+      run, spec((1, m, k), dtypes[0]),
       spec((1, n, k) if transpose_b else (1, k, n), dtypes[1]),
-      spec(a_shape, jnp.float32), spec(b_shape, jnp.float32),
-  ).lower(lowering_platforms=("cuda",))
+      spec(a_shape, jnp.float32), spec(b_shape, jnp.float32))
 
 
 LOWERING_MODES = [("none", "none"), ("tensor", "tensor"), ("row", "col"),
@@ -493,10 +493,9 @@ def test_every_heuristic_choice_cross_lowers(modes):
           a_scale=None if modes[0] == "none" else a_scale,
           b_scale=None if modes[1] == "none" else b_scale)
 
-    jax.jit(run).trace(
-        spec((1, m, k), E4M3), spec((1, n, k), E4M3),
-        spec(a_shape, jnp.float32), spec(b_shape, jnp.float32),
-    ).lower(lowering_platforms=("cuda",))
+    lower_for_cuda(
+        run, spec((1, m, k), E4M3), spec((1, n, k), E4M3),
+        spec(a_shape, jnp.float32), spec(b_shape, jnp.float32))
 
 
 def test_cross_lowering_cluster_and_groups():
@@ -523,12 +522,12 @@ def test_cross_lowering_cluster_and_groups():
     scale_shapes = (((1,), (1,)) if modes[0] == "tensor" else
                     ((1, 4096, kb), (1, kb, 32)))
     spec = jax.ShapeDtypeStruct
-    jax.jit(lambda a, b, x, y, config=config, problem=problem:
-            mosaic_fp8.fp8_matmul(a, b, None, None, problem=problem,
-                                  config=config, a_scale=x, b_scale=y)).trace(
+    lower_for_cuda(
+        lambda a, b, x, y, config=config, problem=problem:
+        mosaic_fp8.fp8_matmul(a, b, None, None, problem=problem,
+                              config=config, a_scale=x, b_scale=y),
         spec((1, 4096, k), E4M3), spec((1, 4096, k), E4M3),
-        spec(scale_shapes[0], jnp.float32), spec(scale_shapes[1], jnp.float32),
-    ).lower(lowering_platforms=("cuda",))
+        spec(scale_shapes[0], jnp.float32), spec(scale_shapes[1], jnp.float32))
 
 
 def test_fp8_config_validation():

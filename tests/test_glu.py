@@ -21,6 +21,7 @@ from pallas_gemm.gated_linear_unit import (GLU_ACTIVATIONS, GluConfig,
 from pallas_gemm.gated_linear_unit import mosaic
 from pallas_gemm.gated_linear_unit.arg_specs import glu_suite
 from pallas_gemm.mosaic_backend.config import Dim
+from kernel_test_base import lower_for_cuda
 
 ON_GPU = jax.default_backend() == "gpu"
 BF16 = jnp.bfloat16
@@ -349,7 +350,7 @@ def _lower(problem, config, residuals):
                               problem=problem, config=config,
                               residuals=residuals, interpret=False)
 
-  return jax.jit(call).trace(x, *ws).lower(lowering_platforms=("cuda",))
+  return lower_for_cuda(call, x, *ws)
 
 
 @pytest.mark.parametrize("m,n,k", LOWERING_SHAPES)

@@ -526,11 +526,6 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
   if config.work_list_kernel:
-    if not work_list_kernel.supports(problem.groups):
-      raise ValueError(
-          f"RaggedConfig.work_list_kernel takes 1 to "
-          f"{work_list_kernel.MAX_GROUPS} groups; group_sizes has "
-          f"{problem.groups}")
     items = work_list_kernel.row_items(
         group_sizes, row_offset, m=m, tile_m=tile_m, row_align=row_align,
         balanced=config.swap_ab, interpret=params is not None)

@@ -85,9 +85,6 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   item at a width near its rows (`RaggedConfig.swap_ab`), where a short
   last item would still load the expert's whole weight strip for a few
   rows."""
-  if tile_m % row_align:
-    raise ValueError(f"tile_m={tile_m} must be a multiple of "
-                     f"row_align={row_align}")
   groups = group_sizes.shape[0]
   starts, ends = group_rows(group_sizes, row_offset, m)
   zero = jnp.zeros((1,), jnp.int32)
@@ -97,12 +94,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   piece_group = jnp.concatenate([jnp.full((1,), -1, jnp.int32),
                                  jnp.arange(groups, dtype=jnp.int32),
                                  jnp.full((1,), -1, jnp.int32)])
-  first_tile_row = lo // row_align * row_align
-  counts = jnp.where(hi > lo, (hi - first_tile_row + tile_m - 1) // tile_m, 0)
-  stride = jnp.full_like(counts, tile_m)
-  if balanced:
-    per_item = -(-(hi - first_tile_row) // jnp.maximum(counts, 1))
-    stride = -(-per_item // row_align) * row_align
+  first_tile_row, counts, stride = piece_items(
+      lo, hi, tile_m=tile_m, row_align=row_align, balanced=balanced)
   counts = counts.astype(jnp.int32)
   ends_incl = inclusive_sum(counts)
   first_item = ends_incl - counts
@@ -123,6 +116,28 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
       jnp.where(holds, first_item, 0),
       jnp.where(holds, counts, 0)])
   return jnp.sum(entries, axis=2, dtype=jnp.int32)
+
+
+def piece_items(lo, hi, *, tile_m: int, row_align: int,
+                balanced: bool = False):
+  """(first tile row, item count, rows per item) of pieces of rows
+  [lo, hi), 0 <= lo <= hi, as `row_items` cuts them: tiles of tile_m rows
+  from lo rounded down to `row_align`, or with `balanced` as many items,
+  each the same whole number of `row_align` rows. Plain jnp ops, so that
+  the work-list kernel (`work_list_kernel`) runs the same definition."""
+  if tile_m % row_align:
+    raise ValueError(f"tile_m={tile_m} must be a multiple of "
+                     f"row_align={row_align}")
+
+  def ceil_div(a, b):  # a >= 0 here
+    return (a + b - 1) // b
+
+  first_row = lo // row_align * row_align
+  count = jnp.where(hi > lo, ceil_div(hi - first_row, tile_m), 0)
+  if balanced:
+    per_item = ceil_div(hi - first_row, jnp.maximum(count, 1))
+    return first_row, count, ceil_div(per_item, row_align) * row_align
+  return first_row, count, jnp.full_like(count, tile_m)
 
 
 def item_count(table):

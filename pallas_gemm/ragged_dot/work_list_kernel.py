@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_gemm.autotune import shape_bucket
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 
@@ -46,46 +47,27 @@ def supports(groups: int) -> bool:
   return 0 < groups <= MAX_GROUPS
 
 
-def _next_power_of_two(n: int) -> int:
-  return 1 << max(n - 1, 0).bit_length()
-
-
-def _ceil_div(a, b):
-  """cdiv for a >= 0 and b > 0, traced or static."""
-  return (a + b - 1) // b
-
-
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
               row_align: int, balanced: bool = False,
               interpret: bool = False):
   """`mosaic_schedule.row_items`, the same (5, max_row_items + 1) int32
   table, from one Pallas-Triton launch. `interpret` runs the kernel in
   Pallas's interpreter (CPU)."""
-  if tile_m % row_align:
-    raise ValueError(f"tile_m={tile_m} must be a multiple of "
-                     f"row_align={row_align}")
   groups = group_sizes.shape[0]
   if not supports(groups):
-    raise ValueError(f"group_sizes has {groups} groups; the work-list "
-                     f"kernel takes 1 to {MAX_GROUPS}")
+    raise ValueError(f"RaggedConfig.work_list_kernel takes 1 to "
+                     f"{MAX_GROUPS} groups; group_sizes has {groups}")
   max_items = schedule.max_row_items(m, groups, tile_m, row_align)
   columns = max_items + 1
-  padded_groups = _next_power_of_two(groups)
+  padded_groups = shape_bucket(groups)
   block = max(1, min(MAX_COLUMNS_PER_PROGRAM,
                      COMPARES_PER_PROGRAM // padded_groups))
   num_warps = NUM_WARPS or min(MAX_WARPS,
                                max(1, padded_groups // GROUPS_PER_WARP))
 
   def piece(lo, hi):
-    """A piece's first tile row, item count and rows per item."""
-    first_row = lo // row_align * row_align
-    count = jnp.where(hi > lo, _ceil_div(hi - first_row, tile_m), 0)
-    if balanced:
-      per_item = _ceil_div(hi - first_row, jnp.maximum(count, 1))
-      stride = _ceil_div(per_item, row_align) * row_align
-    else:
-      stride = jnp.full_like(count, tile_m)
-    return first_row, count, stride
+    return schedule.piece_items(lo, hi, tile_m=tile_m, row_align=row_align,
+                                balanced=balanced)
 
   def kernel(sizes_ref, offset_ref, out_ref):
     group = jnp.arange(padded_groups, dtype=jnp.int32)

@@ -28,6 +28,7 @@ from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
 from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend.warp_specialised import interpret_params
 from kernel_test_base import lower_for_cuda
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -476,10 +477,13 @@ def test_rows_zero_k_applies_activation_to_group_rows():
 
 def _checked_row_items(sizes, offset, m, tile_m, balanced=False):
   """The "rows" work list, checked for what the compiled kernel relies on
-  and the interpreter does not check: every item's tile starts on a
-  multiple of 8 rows (Mosaic divides a TMA load's start by the swizzled
-  tile's 8 rows), lies inside lhs as padded and holds the item's rows; the
-  items cover every row once, with its own group, and fit the static
+  and the interpreter does not check: every item's tile lies inside lhs
+  and holds the item's rows, with lhs padded to whole 8-row tiles (the
+  tile starts on a multiple of 8 rows: Mosaic divides a TMA load's start
+  by the swizzled tile's 8 rows) and with lhs read in place (any row count
+  of at least tile_m; a tile held back to its last rows may start
+  anywhere, the others start as padded); the items cover every row once,
+  with its own group, and fit the static
   table. With `balanced` (`RaggedConfig.swap_ab`), a piece's items are
   as many and equally long, a multiple of 8 rows. Returns (item count,
   owner group of each row)."""
@@ -510,6 +514,12 @@ def _checked_row_items(sizes, offset, m, tile_m, balanced=False):
         np.int32(lo), row_align=8, lhs_rows=lhs_rows, tile_m=tile_m))
     assert tile_row % 8 == 0 and 0 <= tile_row <= lo < hi
     assert hi <= tile_row + tile_m <= lhs_rows
+    in_place_rows = max(m, tile_m)
+    in_place_row = int(mosaic_schedule.tile_first_row(
+        np.int32(lo), row_align=8, lhs_rows=in_place_rows, tile_m=tile_m))
+    assert 0 <= in_place_row <= lo < hi
+    assert hi <= in_place_row + tile_m <= in_place_rows
+    assert in_place_row in (tile_row, in_place_rows - tile_m)
     if balanced and item > first:  # the same stride from the piece's start
       start = int(piece[mosaic_schedule.ITEM_ROW_LO, 0]) // 8 * 8
       stride = int(piece[mosaic_schedule.ITEM_ROW_LO, 1]) - start
@@ -788,7 +798,7 @@ def _lower_for_cuda(problem, config):
   """Traces the Mosaic kernel at `problem`'s shapes and lowers it for the
   GPU (no GPU needed)."""
   spec = jax.ShapeDtypeStruct
-  lower_for_cuda(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
+  return lower_for_cuda(lambda lhs, rhs, sizes, offset: mosaic.ragged_matmul(
       lhs, rhs, sizes, offset, problem=problem, config=config),
                  spec(problem.lhs_shape, problem.in_dtype),
                  spec(problem.rhs_shape, problem.in_dtype),
@@ -1014,6 +1024,23 @@ def test_holdout_suite_heuristic_configs_lower_for_cuda(case):
   config = mosaic.heuristic(case.problem, HOPPER)
   assert config.fits(case.problem)
   _lower_for_cuda(case.problem, config)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["forward", "dlhs"])
+@pytest.mark.parametrize("m", [8198, 130], ids=lambda m: f"m{m}")
+def test_rows_not_a_multiple_of_8_are_read_in_place(m, transpose):
+  """Compiled, lhs of any row count (at least a tile) is read as it is and
+  the output has exactly m rows: the lowered program is the kernel and its
+  work list, with no pad of lhs and no slice of the output (each a full
+  copy). The interpreter pads (`mosaic.lhs_in_place`)."""
+  problem = RaggedProblem("rows", m, 4096, 640, 16, "bfloat16", "bfloat16",
+                          transpose_rhs=transpose)
+  config = mosaic.heuristic(problem, HOPPER)
+  assert mosaic.lhs_in_place(config, problem, params=None)
+  assert not mosaic.lhs_in_place(config, problem,
+                                 params=interpret_params(True))
+  text = _lower_for_cuda(problem, config).as_text()
+  assert "stablehlo.pad" not in text and "stablehlo.slice" not in text
 
 
 def test_reduction_pieces_lower_for_cuda():

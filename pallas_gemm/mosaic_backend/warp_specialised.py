@@ -339,7 +339,8 @@ def run_warpgroups(producer, consumer):
 
 
 def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
-              cluster_axes: tuple[str, ...] | None = None, **operands):
+              cluster_axes: tuple[str, ...] | None = None,
+              row_addressed: tuple[str, ...] = (), **operands):
   """The shared memory of a TMA ring, as `pl.run_scoped` keyword arguments:
   a buffer of `stages` blocks for each named operand (block shape, dtype),
   swizzled along the block's minor dimension, and the barriers
@@ -352,12 +353,22 @@ def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
 
   With `cluster_axes`, a TMA multicast writes each stage of every CTA of the
   cluster, so `stage_consumed` is a cluster barrier: a stage is free only
-  once its readers in every CTA of the cluster have released it."""
+  once its readers in every CTA of the cluster have released it.
+
+  Each operand named in `row_addressed` is a pair of views of one buffer
+  (`row_addressed_smem`): the tiled one for wgmma, and an untiled one for
+  the TMA loads, whose source rows then need not be whole 8-row tiles."""
   if owners not in (1, NUM_CONSUMERS):
     raise ValueError(f"owners={owners} must be 1 or {NUM_CONSUMERS}")
+  unknown = set(row_addressed) - set(operands)
+  if unknown:
+    raise ValueError(f"row_addressed names {sorted(unknown)}, which are not "
+                     f"operands ({sorted(operands)})")
   scratch = {
-      name: plgpu.SMEM((stages, *block), dtype,
-                       transforms=tiled_transforms(block[-1], dtype))
+      name: (row_addressed_smem((stages, *block), dtype)
+             if name in row_addressed else
+             plgpu.SMEM((stages, *block), dtype,
+                        transforms=tiled_transforms(block[-1], dtype)))
       for name, (block, dtype) in operands.items()}
   scratch["stage_loaded"] = plgpu.Barrier(
       num_arrivals=len(operands) if loads is None else loads,
@@ -371,6 +382,30 @@ def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
     scratch["stage_consumed"] = plgpu.Barrier(num_arrivals=releases,
                                               num_barriers=stages)
   return scratch
+
+
+def rows_addressable(minor_elems: int, dtype) -> bool:
+  """Whether a shared-memory block whose rows hold `minor_elems` elements
+  can be `row_addressed_smem`: its row is exactly one swizzle span, so the
+  tiled layout is plain rows, swizzled."""
+  return tma.tma_tiling(minor_elems, dtype)[1] == minor_elems
+
+
+def row_addressed_smem(shape, dtype):
+  """(wgmma view, load view) of one swizzled buffer whose row is one
+  swizzle span (`rows_addressable`). The wgmma view is tiled (8-row tiles);
+  the load view only swizzled. Both put row r at the same bytes and the TMA
+  unit swizzles by shared-memory address, so a TMA load through the load
+  view fills what wgmma reads through the other. A load through the tiled
+  view needs the whole source array in 8-row tiles (Mosaic refuses other
+  row counts); the untiled one does not, so an operand of any row count is
+  read in place instead of padded (a copy)."""
+  if not rows_addressable(shape[-1], dtype):
+    raise ValueError(f"a row of {shape[-1]} {jnp.dtype(dtype).name} elements "
+                     "is not one swizzle span")
+  transforms = tiled_transforms(shape[-1], dtype)
+  return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=transforms),
+                        plgpu.SMEM(shape, dtype, transforms=transforms[1:]))
 
 
 def out_staging_smem(out_slots: int, epi_tile, dtype):

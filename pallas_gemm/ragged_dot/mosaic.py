@@ -63,7 +63,7 @@ from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim, hopper_device_unsupported
 from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, for_each_tile,
-    index, interpret_params, ring_smem,
+    index, interpret_params, ring_smem, rows_addressable,
     run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
@@ -166,16 +166,31 @@ def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
 
 
 def lhs_row_align(config: RaggedConfig, problem: RaggedProblem) -> int:
-  """Rows of one tile of lhs's swizzled shared-memory layout: a TMA load's
-  first row must be a multiple of it (Mosaic divides the start by it)."""
+  """Rows of one tile of lhs's swizzled shared-memory layout: the items'
+  tiles start on a multiple of it (through the tiled view, a TMA load's
+  first row must be one: Mosaic divides the start by it)."""
   return tma.tma_tiling(config.tile_k, problem.in_dtype)[0]
+
+
+def lhs_in_place(config: RaggedConfig, problem: RaggedProblem,
+                 params) -> bool:
+  """Whether the compiled kernel reads lhs as it is, whatever its row count,
+  through an untiled view of its ring (`row_addressed_smem`), and writes an
+  output of exactly m rows: no padded copy of lhs and no slice of the
+  output, each a full pass over an operand where m is not a multiple of 8
+  (token counts times top-k). The interpreter keeps the views of a
+  `plgpu.RefUnion` apart, so there lhs is padded to whole 8-row tiles."""
+  return params is None and rows_addressable(config.tile_k,
+                                             problem.in_dtype)
 
 
 def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
-               n_units: int, swizzled_staging: bool):
+               n_units: int, swizzled_staging: bool, in_place: bool):
   """`n_units`: column strips, or with cluster_columns pairs of them (one
-  per CTA of a cluster)."""
+  per CTA of a cluster). `in_place`: lhs has any row count (at least
+  tile_m) and is loaded through the untiled view of its ring
+  (`lhs_in_place`)."""
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
   cta_n = config.cta_tile("rows")[1]
   epi_n = config.epi_tile_n
@@ -194,11 +209,13 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   num_tiles = num_items * n_units
   n_out = out_gmem.shape[1]
 
-  # Each tile starts on a whole row tile of lhs's swizzled layout, within
-  # lhs (`schedule.tile_first_row`).
+  # Each tile starts on a whole row tile of lhs's swizzled layout, or is
+  # held back to lhs's last tile_m rows (`schedule.tile_first_row`): then
+  # in place it may start anywhere.
   row_align = lhs_row_align(config, problem)
   lhs_rows = lhs_gmem.shape[0]
-  assert lhs_rows % row_align == 0 and lhs_rows >= tile_m, lhs_gmem.shape
+  assert lhs_rows >= tile_m, lhs_gmem.shape
+  assert in_place or lhs_rows % row_align == 0, lhs_gmem.shape
 
   def tile_info(linear):
     if config.group_bands:
@@ -242,6 +259,9 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
   def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
     ring = Ring(stages, stage_loaded, stage_consumed)
+    # wgmma reads lhs through the tiled view, the TMA writes it through
+    # the other (the same bytes).
+    lhs_smem, lhs_loaded = lhs_smem if in_place else (lhs_smem, lhs_smem)
     # The epilogue writes its registers through one view of the staging
     # buffer and TMA-stores rows through the other (the same bytes).
     out_written, out_stored = (out_smem if swizzled_staging
@@ -267,10 +287,10 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             pl.when(fits)(functools.partial(
                 plgpu.copy_gmem_to_smem,
                 lhs_gmem.at[pl.ds(tile_row + wg_rows, width), depth],
-                lhs_smem.at[slot, pl.ds(wg_rows, width)], loaded))
+                lhs_loaded.at[slot, pl.ds(wg_rows, width)], loaded))
       else:
         plgpu.copy_gmem_to_smem(
-            lhs_gmem.at[pl.ds(tile_row, tile_m), depth], lhs_smem.at[slot],
+            lhs_gmem.at[pl.ds(tile_row, tile_m), depth], lhs_loaded.at[slot],
             loaded,
             collective_axes="cluster" if config.cluster_columns else None)
       plgpu.copy_gmem_to_smem(
@@ -472,7 +492,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                   loads=3 if config.swap_ab and config.split_rows else None,
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
                   cluster_axes=("cluster",) if config.cluster_columns
-                  else None),
+                  else None,
+                  row_addressed=("lhs_smem",) if in_place else ()),
       out_smem=row_staging_smem(swizzled_staging,
                                 (NUM_CONSUMERS, out_slots, epi_m, epi_n),
                                 out_dtype),
@@ -532,11 +553,16 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   else:
     items = schedule.row_items(group_sizes, row_offset, m=m, tile_m=tile_m,
                                row_align=row_align, balanced=config.swap_ab)
-  lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(tile_k, in_dtype),
-                          (tile_m, tile_k))
+  in_place = lhs_in_place(config, problem, params)
+  lhs_tiling = tma.tma_tiling(tile_k, in_dtype)
+  if in_place:  # rows as they are (at least one tile of them)
+    lhs_tiling = (1, lhs_tiling[1])
+  lhs = tma.pad_to_tiling(lhs, lhs_tiling, (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)
   rhs = tma.pad_to_tiling(rhs, tma.tma_tiling(rhs_box[1], in_dtype), rhs_box)
-  m_out = max(cdiv(m, 8) * 8, tile_m)
+  # Item stores write exact rows, so the output needs no row past m (but
+  # at least a tile's, and in the interpreter lhs's padded rows).
+  m_out = max(m if in_place else cdiv(m, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   cluster_size = 2 if config.cluster_columns else 1
   n_units = cdiv(cdiv(n, cta_n), cluster_size)
@@ -551,7 +577,8 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   kernel = warp_specialised_kernel(
       functools.partial(_rows_body, problem=problem, config=config,
                         k_iters=k_iters, n_units=n_units,
-                        swizzled_staging=swizzled_staging),
+                        swizzled_staging=swizzled_staging,
+                        in_place=in_place),
       out_type=out_type,
       grid=(max(1, min(num_ctas_for(params) // cluster_size, max_tiles)),),
       interpret=params,

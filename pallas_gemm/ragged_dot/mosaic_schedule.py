@@ -173,9 +173,9 @@ def _chunk_table(lo, hi, chunk: int, row_align: int):
 def tile_first_row(row_lo, *, row_align: int, lhs_rows: int, tile_m: int):
   """The first row of a "rows"-mode item's tile (traced or NumPy): its
   first row rounded down to `row_align` rows, as `row_items` cut it, held
-  back to the last tile_m of lhs's `lhs_rows` rows (padded to whole
-  row_align tiles and at least tile_m rows), so that no load reaches past
-  lhs; the item's rows then still lie in the tile."""
+  back to the last tile_m of lhs's `lhs_rows` rows (at least tile_m; read
+  in place, any count, else padded to whole row_align tiles), so that no
+  load reaches past lhs; the item's rows then still lie in the tile."""
   return jnp.minimum(row_lo // row_align * row_align, lhs_rows - tile_m)
 
 

@@ -1029,10 +1029,11 @@ def test_holdout_suite_heuristic_configs_lower_for_cuda(case):
 @pytest.mark.parametrize("transpose", [False, True], ids=["forward", "dlhs"])
 @pytest.mark.parametrize("m", [8198, 130], ids=lambda m: f"m{m}")
 def test_rows_not_a_multiple_of_8_are_read_in_place(m, transpose):
-  """Compiled, lhs of any row count (at least a tile) is read as it is and
-  the output has exactly m rows: the lowered program is the kernel and its
-  work list, with no pad of lhs and no slice of the output (each a full
-  copy). The interpreter pads (`mosaic.lhs_in_place`)."""
+  """Compiled, lhs of a row count not in whole 8-row tiles (at least a
+  tile) is read as it is and the output has exactly m rows: the lowered
+  program is the kernel and its work list, with no pad of lhs and no slice
+  of the output (each a full copy). The interpreter pads, and rows in
+  whole tiles keep the tiled load view (`mosaic.lhs_in_place`)."""
   problem = RaggedProblem("rows", m, 4096, 640, 16, "bfloat16", "bfloat16",
                           transpose_rhs=transpose)
   config = mosaic.heuristic(problem, HOPPER)
@@ -1041,6 +1042,8 @@ def test_rows_not_a_multiple_of_8_are_read_in_place(m, transpose):
                                  params=interpret_params(True))
   text = _lower_for_cuda(problem, config).as_text()
   assert "stablehlo.pad" not in text and "stablehlo.slice" not in text
+  whole_tiles = dataclasses.replace(problem, m=m // 8 * 8)
+  assert not mosaic.lhs_in_place(config, whole_tiles, params=None)
 
 
 def test_reduction_pieces_lower_for_cuda():

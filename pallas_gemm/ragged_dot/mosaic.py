@@ -174,14 +174,17 @@ def lhs_row_align(config: RaggedConfig, problem: RaggedProblem) -> int:
 
 def lhs_in_place(config: RaggedConfig, problem: RaggedProblem,
                  params) -> bool:
-  """Whether the compiled kernel reads lhs as it is, whatever its row count,
-  through an untiled view of its ring (`row_addressed_smem`), and writes an
-  output of exactly m rows: no padded copy of lhs and no slice of the
-  output, each a full pass over an operand where m is not a multiple of 8
-  (token counts times top-k). The interpreter keeps the views of a
-  `plgpu.RefUnion` apart, so there lhs is padded to whole 8-row tiles."""
-  return params is None and rows_addressable(config.tile_k,
-                                             problem.in_dtype)
+  """Whether the compiled kernel reads an lhs whose rows are not whole
+  8-row tiles as it is, through an untiled view of its ring
+  (`row_addressed_smem`), and writes an output of exactly m rows: no
+  padded copy of lhs and no slice of the output, each a full pass over an
+  operand (m = tokens x top-k is often not a multiple of 8). Rows in whole
+  tiles keep the tiled view, the path all earlier measurements ran. The
+  interpreter keeps the views of a `plgpu.RefUnion` apart, so there lhs is
+  padded."""
+  return (params is None
+          and problem.m % lhs_row_align(config, problem) != 0
+          and rows_addressable(config.tile_k, problem.in_dtype))
 
 
 def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,

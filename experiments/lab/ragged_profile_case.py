@@ -13,7 +13,10 @@ kernel it launches (issue #18: which limit holds the cases below target).
 The first call compiles (and launches the kernel once, which `-s 1` skips);
 the rest are what ncu sees. Without ncu, `--time 20` times the call;
 with `--versus piece_rows=4096` it also checks and times that config,
-interleaved with the first (the heuristic's, or `--config`'s). The case is `<layer> <distribution>
+interleaved with the first (the heuristic's, or `--config`'s), and with
+`--versus_padded_lhs` the first config with lhs padded to whole 8-row tiles
+and the output sliced, as before lhs was read in place
+(`mosaic.lhs_in_place`; rows that are not a multiple of 8). The case is `<layer> <distribution>
 <direction>` as `experiments/bench_moe.py` labels it. The output is compared
 with float64 on a row sample (`bench_moe.check_error`) so that a profile is
 never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
@@ -89,6 +92,38 @@ def _call(problem, kernel: str, config_text: str):
       kernel="mosaic", config=config)), f"mosaic {config_text}"
 
 
+def _in_place_pair(problem, config_text: str):
+  """[(fn, name)] x 2: the Mosaic kernel called directly (the primitive
+  decides at lowering, too late for a patch) with the heuristic's config
+  (or `config_text`'s fields over it), as is, then with
+  `mosaic.lhs_in_place` off while it is traced (lhs padded, the output
+  sliced)."""
+  import jax.numpy as jnp
+
+  from pallas_gemm.ragged_dot import mosaic
+  config = (config_with_fields(problem, config_text) if config_text
+            else configs.heuristic(problem, device_info()))
+  row_offset = jnp.zeros((1,), jnp.int32)
+
+  def direct(lhs, rhs, sizes):
+    return mosaic.ragged_matmul(lhs, rhs, sizes, row_offset,
+                                problem=problem, config=config,
+                                interpret=jax.default_backend() != "gpu")
+
+  as_is, padded = jax.jit(direct), jax.jit(direct)
+
+  def padded_call(*args):
+    in_place = mosaic.lhs_in_place
+    mosaic.lhs_in_place = lambda *_, **__: False
+    try:
+      return padded(*args)
+    finally:
+      mosaic.lhs_in_place = in_place
+
+  name = f"mosaic {config_text}".strip()
+  return [(as_is, name), (padded_call, f"{name} padded lhs")]
+
+
 def _medians_us(calls, args, iterations: int):
   """CUPTI medians (µs, every kernel of a call) of one or two `calls`; two
   are timed interleaved in ABBA rounds (`experiments/bench/timers`), so
@@ -114,6 +149,11 @@ OPTIONS = (
     ("--versus", dict(default="", help=(
         "a second set of RaggedConfig fields over the heuristic's, checked "
         "too and, with --time, timed interleaved with the first"))),
+    ("--versus_padded_lhs", dict(action="store_true", help=(
+        "the Mosaic kernel (called directly, --config's fields or the "
+        "heuristic's) as is and with lhs padded to 8-row tiles and the "
+        "output sliced (mosaic.lhs_in_place off), checked and timed like "
+        "--versus; forward and dlhs only; excludes --versus"))),
     ("--breakdown", dict(type=int, default=0, metavar="ITERS", help=(
         "also print each kernel's CUPTI median over ITERS calls (the "
         "work-list ops, the grouped GEMM, a piece merge); GPU only"))),
@@ -135,7 +175,15 @@ def main(argv=None):
            " ".join(["small_g8_odd"] + args.case.split()[-2:]))
   case = find_case(label)
   problem = case.problem
-  calls = [_call(problem, args.kernel, args.config)]
+  if args.versus and args.versus_padded_lhs:
+    parser.error("--versus and --versus_padded_lhs exclude each other")
+  if args.versus_padded_lhs:
+    if problem.mode != "rows":
+      parser.error("--versus_padded_lhs: only the forward and dlhs (rows "
+                   "mode) read lhs in place")
+    calls = _in_place_pair(problem, args.config)
+  else:
+    calls = [_call(problem, args.kernel, args.config)]
   if args.versus:
     calls.append(_call(problem, args.kernel, args.versus))
   operands = tuple(bench_moe.operand_sets(problem, case.group_sizes(), 1,

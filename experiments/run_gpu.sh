@@ -46,7 +46,9 @@
 #              they are compared with), output in
 #              $OUT/ragged_options.txt; RAGGED_PAIRS, a file of
 #              "case|fields" lines, times each line's option on its case
-#              instead of every option on every case
+#              instead of every option on every case (fields
+#              "padded_lhs": the kernel as is against lhs padded,
+#              ragged_profile_case.py --versus_padded_lhs)
 #                                                  BUDGET_ragged_options=200
 #   ragged_ncu not in the default run: Nsight Compute on the grouped GEMM's
 #              kernel for the moe cases RAGGED_NCU_CASES (';'-separated
@@ -217,9 +219,11 @@ if wanted ragged_options; then
   stage "grouped GEMM: config options against the heuristic's"
   # One process per (case, option): each compiles two configs.
   deadline=$(( SECONDS + $(budget ragged_options 200) ))
-  ragged_pair() {  # ragged_pair CASE FIELDS
+  ragged_pair() {  # ragged_pair CASE FIELDS (or padded_lhs)
+    local versus=(--versus "$2")
+    [ "$2" != padded_lhs ] || versus=(--versus_padded_lhs)
     run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
-      --case "$1" --kernel mosaic --versus "$2" --time 20 \
+      --case "$1" --kernel mosaic "${versus[@]}" --time 20 \
       ${RAGGED_BASE:+--config "$RAGGED_BASE"} \
       2>&1 | grep -E "relative error|us \(CUPTI|time =|Error|ptxas|error:" \
       | tee -a "$OUT/ragged_options.txt"

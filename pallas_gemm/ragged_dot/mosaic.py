@@ -563,8 +563,8 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   lhs = tma.pad_to_tiling(lhs, lhs_tiling, (tile_m, tile_k))
   rhs_box = (cta_n, tile_k) if problem.transpose_rhs else (tile_k, cta_n)
   rhs = tma.pad_to_tiling(rhs, tma.tma_tiling(rhs_box[1], in_dtype), rhs_box)
-  # Item stores write exact rows, so the output needs no row past m (but
-  # at least a tile's, and in the interpreter lhs's padded rows).
+  # Item stores write exact rows: read in place, the output needs no row
+  # past m; padded, it has lhs's padded rows. At least a tile's either way.
   m_out = max(m if in_place else cdiv(m, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   cluster_size = 2 if config.cluster_columns else 1

@@ -163,3 +163,31 @@ def test_swap_ab_probe_lowers_and_matches_at_token_counts_of_8_rows():
   from experiments.lab import swap_ab_probe
   for tokens in (8, 24):
     assert swap_ab_probe.probe(tokens) < 1e-2
+
+
+def test_versus_padded_lhs_traces_the_padded_call_on_its_own(monkeypatch):
+  """`ragged_profile_case --versus_padded_lhs` times two programs: the
+  padded one must be traced again with `lhs_in_place` off, not served from
+  the first call's trace (jax.jit caches traces by function)."""
+  import jax.numpy as jnp
+
+  from experiments.lab import ragged_profile_case as case
+  from pallas_gemm.ragged_dot import mosaic
+  from pallas_gemm.ragged_dot.problem import RaggedProblem
+
+  problem = RaggedProblem("rows", m=130, k=64, n=128, groups=2,
+                          in_dtype="bfloat16", out_dtype="bfloat16")
+  seen = []
+
+  def fake_matmul(lhs, rhs, sizes, row_offset, **_):
+    seen.append(mosaic.lhs_in_place(None, problem, None))
+    return jnp.zeros((lhs.shape[0], rhs.shape[2]), jnp.float32)
+
+  monkeypatch.setattr(mosaic, "ragged_matmul", fake_matmul)
+  monkeypatch.setattr(mosaic, "lhs_in_place", lambda *_, **__: True)
+  (as_is, _), (padded, _) = case._in_place_pair(problem, "")
+  operands = (jnp.ones((130, 64)), jnp.ones((2, 64, 128)),
+              jnp.array([65, 65], jnp.int32))
+  as_is(*operands)
+  padded(*operands)
+  assert seen == [True, False]

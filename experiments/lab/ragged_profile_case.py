@@ -110,7 +110,13 @@ def _in_place_pair(problem, config_text: str):
                                 problem=problem, config=config,
                                 interpret=jax.default_backend() != "gpu")
 
-  as_is, padded = jax.jit(direct), jax.jit(direct)
+  # Two functions, not two jits of one: jax.jit caches the trace by the
+  # function, so a second jit of `direct` would reuse the first's program
+  # and never see the patch below.
+  def direct_padded(lhs, rhs, sizes):
+    return direct(lhs, rhs, sizes)
+
+  as_is, padded = jax.jit(direct), jax.jit(direct_padded)
 
   def padded_call(*args):
     in_place = mosaic.lhs_in_place

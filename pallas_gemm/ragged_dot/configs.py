@@ -474,6 +474,30 @@ def _takes_turns(rows_per_group: float) -> bool:
   return 128 < rows_per_group <= PING_PONG_MAX_ROWS
 
 
+#: The turn-taking, token-transposed tile's speed relative to the 128 x 256
+#: split-rows tile where neither pads (whole 128-row items): Mixtral's
+#: 4096-row experts ran 1.048x as long with it (experiments/results/
+#: nvidia_h200/ragged_options, "The queued pairs"); rounded down, so that
+#: the rule below switches only on a clear padding gain.
+TURNS_TILE_EFFICIENCY = 0.95
+
+
+def _balanced_items_pad_less(rows_per_group: float) -> bool:
+  """Above PING_PONG_MAX_ROWS, whether the turn-taking tile's balanced
+  items (`mosaic_schedule.row_items(balanced=True)`: as many items as
+  128-row tiles, equally long, each run at the narrowest `swap_ab` width
+  that holds it) compute fewer rows per expert, at TURNS_TILE_EFFICIENCY,
+  than 128-row items, whose last item is padded to 128 rows. An expert of
+  513 rows is five items of 128 (640 rows computed) or five of 104 run at
+  width 112 (560): the turns win. Group sizes are runtime data, so the
+  estimate takes every group at the average."""
+  rows = math.ceil(rows_per_group)
+  items = -(-rows // 128)
+  per_item = -(-rows // items)
+  width = min(w for w in swap_ab_widths(128) if w >= -(-per_item // 8) * 8)
+  return items * width / TURNS_TILE_EFFICIENCY < items * 128
+
+
 #: Column tiles of the weight gradient's short-reduction tile (64 x 256 per
 #: consumer) up to which its walk takes one K strip at a time
 #: (`grid_band=1`): it measured faster on outputs 8 tiles wide on both GPUs
@@ -582,7 +606,10 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
   # at a time (experiments/results/nvidia_h100/ragged_group_bands).
   group_bands = (tile_m == 128
                  and math.ceil(rows_per_group / tile_m) < band)
-  if _takes_turns(rows_per_group):
+  if _takes_turns(rows_per_group) or (
+      rows_per_group > PING_PONG_MAX_ROWS
+      and _balanced_items_pad_less(rows_per_group)
+      and _swapped_where_possible(RaggedConfig(), problem).swap_ab):
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
     # one consumer's output store overlaps the other's wgmmas. At one item
@@ -594,7 +621,10 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
     # multiples of 128 (Qwen1.5-MoE, even and Zipf routings), as fast at
     # 256 rows, slightly slower where one expert holds every token and
     # nothing is padded (H100: experiments/results/nvidia_h100/
-    # ragged_swap_ab).
+    # ragged_swap_ab). Above PING_PONG_MAX_ROWS the same tile where its
+    # balanced items pad far less than 128-row ones
+    # (`_balanced_items_pad_less`): 2-8 % faster on Phi-3.5-MoE's 513-row
+    # experts (experiments/results/nvidia_h200/ragged_options).
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)

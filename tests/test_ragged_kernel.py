@@ -1046,29 +1046,6 @@ def test_rows_not_a_multiple_of_8_are_read_in_place(m, transpose):
   assert not mosaic.lhs_in_place(config, whole_tiles, params=None)
 
 
-@pytest.mark.parametrize("m,groups", [(8198, 16), (8198, 4), (2051, 64)],
-                         ids=["turns", "split", "short_tile"])
-def test_weight_gradient_reads_rows_not_a_multiple_of_8_in_place(m, groups):
-  """Compiled, the weight gradient reads lhs and dout of a row count not
-  in whole 8-row tiles as they are, one TMA copy per tile of a stage
-  (`mosaic_contracting.operands_in_place`), at the heuristic's three tile
-  shapes: the lowered program has no pad. The interpreter, rows in whole
-  tiles and 2-CTA clusters keep the padded, one-copy loads."""
-  from pallas_gemm.ragged_dot import mosaic_contracting
-  problem = RaggedProblem("contracting", m, 2048, 1408, groups, "bfloat16",
-                          "bfloat16")
-  config = mosaic.heuristic(problem, HOPPER)
-  in_place = mosaic_contracting.operands_in_place
-  assert in_place(config, problem, params=None)
-  assert not in_place(config, problem, params=interpret_params(True))
-  assert not in_place(config, dataclasses.replace(problem, m=m // 8 * 8),
-                      params=None)
-  assert not in_place(dataclasses.replace(config, cluster_columns=True),
-                      problem, params=None)
-  text = _lower_for_cuda(problem, config).as_text()
-  assert "stablehlo.pad" not in text
-
-
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
   (Qwen3-30B's up projection), walked largest first, lowers for the GPU,

@@ -340,8 +340,7 @@ def run_warpgroups(producer, consumer):
 
 def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
               cluster_axes: tuple[str, ...] | None = None,
-              row_addressed: tuple[str, ...] = (),
-              tile_addressed: tuple[str, ...] = (), **operands):
+              row_addressed: tuple[str, ...] = (), **operands):
   """The shared memory of a TMA ring, as `pl.run_scoped` keyword arguments:
   a buffer of `stages` blocks for each named operand (block shape, dtype),
   swizzled along the block's minor dimension, and the barriers
@@ -358,29 +357,19 @@ def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
 
   Each operand named in `row_addressed` is a pair of views of one buffer
   (`row_addressed_smem`): the tiled one for wgmma, and an untiled one for
-  the TMA loads, whose source rows then need not be whole 8-row tiles.
-  Those named in `tile_addressed` are such a pair for rows of several
-  swizzle spans (`tile_addressed_smem`), loaded one tile per copy
-  (`copy_tiles_to_smem`; count them in `loads`)."""
+  the TMA loads, whose source rows then need not be whole 8-row tiles."""
   if owners not in (1, NUM_CONSUMERS):
     raise ValueError(f"owners={owners} must be 1 or {NUM_CONSUMERS}")
-  for option, names in (("row_addressed", row_addressed),
-                        ("tile_addressed", tile_addressed)):
-    unknown = set(names) - set(operands)
-    if unknown:
-      raise ValueError(f"{option} names {sorted(unknown)}, which are not "
-                       f"operands ({sorted(operands)})")
-
-  def buffer(name, block, dtype):
-    if name in row_addressed:
-      return row_addressed_smem((stages, *block), dtype)
-    if name in tile_addressed:
-      return tile_addressed_smem((stages, *block), dtype)
-    return plgpu.SMEM((stages, *block), dtype,
-                      transforms=tiled_transforms(block[-1], dtype))
-
-  scratch = {name: buffer(name, block, dtype)
-             for name, (block, dtype) in operands.items()}
+  unknown = set(row_addressed) - set(operands)
+  if unknown:
+    raise ValueError(f"row_addressed names {sorted(unknown)}, which are not "
+                     f"operands ({sorted(operands)})")
+  scratch = {
+      name: (row_addressed_smem((stages, *block), dtype)
+             if name in row_addressed else
+             plgpu.SMEM((stages, *block), dtype,
+                        transforms=tiled_transforms(block[-1], dtype)))
+      for name, (block, dtype) in operands.items()}
   scratch["stage_loaded"] = plgpu.Barrier(
       num_arrivals=len(operands) if loads is None else loads,
       num_barriers=stages * owners)
@@ -417,47 +406,6 @@ def row_addressed_smem(shape, dtype):
   transforms = tiled_transforms(shape[-1], dtype)
   return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=transforms),
                         plgpu.SMEM(shape, dtype, transforms=transforms[1:]))
-
-
-def tile_addressed_smem(shape, dtype):
-  """(wgmma view, load view) of one swizzled buffer (..., rows, cols) whose
-  row may span several swizzle spans. The wgmma view is tiled (8-row by
-  one-span tiles, row-major over the tiles); the load view is the same
-  bytes as (..., rows / 8, cols / span, 8, span), only swizzled: each tile
-  is 8 rows of one span, contiguous, so a TMA box of one tile lands where
-  the tiled view reads it. Loads through it (`copy_tiles_to_smem`) take any
-  source row count, as `row_addressed_smem`'s do, at one copy per tile."""
-  *lead, rows, cols = shape
-  tile_rows, span = tma.tma_tiling(cols, dtype)
-  if rows % tile_rows:
-    raise ValueError(f"{rows} rows are not whole {tile_rows}-row tiles")
-  transforms = tiled_transforms(cols, dtype)
-  return plgpu.RefUnion(
-      plgpu.SMEM(shape, dtype, transforms=transforms),
-      plgpu.SMEM((*lead, rows // tile_rows, cols // span, tile_rows, span),
-                 dtype, transforms=transforms[1:]))
-
-
-def tile_copies(block, dtype) -> int:
-  """How many TMA copies `copy_tiles_to_smem` issues for a (rows, cols)
-  block."""
-  rows, cols = block
-  tile_rows, span = tma.tma_tiling(cols, dtype)
-  return (rows // tile_rows) * (cols // span)
-
-
-def copy_tiles_to_smem(src_gmem, first_row, first_col, dst_tiles, barrier):
-  """TMA-loads the block of `src_gmem` at (first_row, first_col) into
-  `dst_tiles`, one stage of a `tile_addressed_smem` load view (rows / 8,
-  cols / span, 8, span): one copy per tile, each arriving on `barrier`.
-  Rows past the source's end read as zeros."""
-  row_tiles, col_tiles, tile_rows, span = dst_tiles.shape
-  for i in range(row_tiles):
-    for j in range(col_tiles):
-      plgpu.copy_gmem_to_smem(
-          src_gmem.at[pl.ds(first_row + i * tile_rows, tile_rows),
-                      pl.ds(first_col + j * span, span)],
-          dst_tiles.at[i, j], barrier)
 
 
 def out_staging_smem(out_slots: int, epi_tile, dtype):

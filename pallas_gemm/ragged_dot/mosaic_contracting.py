@@ -16,10 +16,6 @@ no rows runs no chunk and stores zeros. The pipeline is the one of
 `mosaic.py`: producer warpgroup + two consumers over a ring whose step
 counter runs on across tiles.
 
-Compiled, lhs and dout whose row count is not a whole number of 8-row
-tiles are read as they are, one TMA copy per 8-row tile of a stage
-(`operands_in_place`), rather than padded (two full copies).
-
 With `RaggedConfig.piece_rows`, each group's rows are first cut into
 pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
 groups of their own: a group holding most tokens then has as many tiles
@@ -77,10 +73,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
-    Ring, SideWork, call_kernel, consume_ring, copy_tiles_to_smem,
-    for_each_tile, index, out_staging_smem, ring_smem, run_producer,
-    run_warpgroups, tile_coordinates, tile_copies, tiles_of_this_cta,
-    warp_specialised_kernel)
+    Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
+    out_staging_smem, ring_smem, run_producer, run_warpgroups,
+    tile_coordinates, tiles_of_this_cta, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, ZERO_BOX,
@@ -92,11 +87,8 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                       config: RaggedConfig, k_tiles: int, n_units: int,
-                      groups: int, in_place: bool = False):
-  """Walks `groups` output groups. `in_place`: lhs and dout have any row
-  count (at least a chunk) and are loaded tile by tile through the untiled
-  views of their rings (`operands_in_place`). `refs`: with
-  RaggedConfig.zero_drip,
+                      groups: int):
+  """Walks `groups` output groups. `refs`: with RaggedConfig.zero_drip,
   first `empty_gmem`, (1,) int32, how many groups are empty; then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
@@ -253,10 +245,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
              zeros_smem=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
-    # wgmma reads both operands through the tiled views; in place, the TMA
-    # writes them one tile per copy through the others (the same bytes).
-    lhs_smem, lhs_tiles = lhs_smem if in_place else (lhs_smem, None)
-    dout_smem, dout_tiles = dout_smem if in_place else (dout_smem, None)
 
     def producer_tile(linear):
       g, k_idx, n_idx, _, _, first_row, steps = tile_info(linear)
@@ -272,12 +260,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       k_cols, n_cols, first_row, owner, _ = tile
       rows = pl.ds(first_row + c * chunk, chunk)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
-      if in_place:
-        copy_tiles_to_smem(lhs_gmem, rows.start, k_cols.start,
-                           lhs_tiles.at[slot], loaded)
-        copy_tiles_to_smem(dout_gmem, rows.start, n_cols.start,
-                           dout_tiles.at[slot], loaded)
-        return
       plgpu.copy_gmem_to_smem(
           lhs_gmem.at[rows, k_cols], lhs_smem.at[slot], loaded,
           collective_axes="cluster" if config.cluster_columns else None)
@@ -374,10 +356,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       **ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
                   dout_smem=((chunk, tile_n), in_dtype),
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
-                  tile_addressed=("lhs_smem", "dout_smem") if in_place else (),
-                  loads=(tile_copies((chunk, cta_m), in_dtype)
-                         + tile_copies((chunk, tile_n), in_dtype)
-                         if in_place else None),
                   cluster_axes=("cluster",) if config.cluster_columns
                   else None),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
@@ -385,31 +363,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
          if zeros_by_producer else {}),
       collective_axes="wg",
   )
-
-
-def operands_in_place(config: RaggedConfig, problem: RaggedProblem,
-                      params) -> bool:
-  """Whether the compiled kernel reads lhs and dout whose rows are not
-  whole 8-row tiles as they are (`tile_addressed_smem`: one TMA copy per
-  8-row tile of a stage), instead of padded copies of both (each a full
-  pass over an operand; m = tokens x top-k is often not a multiple of 8).
-  Only where nothing else needs padding: at least a chunk of rows, and
-  columns in whole swizzle spans and at least a tile. Rows in whole tiles
-  keep the one-copy tiled loads; 2-CTA clusters multicast whole stages
-  and keep them too. The interpreter keeps a `plgpu.RefUnion`'s views
-  apart, so there both are padded."""
-  if params is not None or config.cluster_columns:
-    return False
-  chunk, tile_n = config.tile_k, config.tile_n
-  cta_m = config.cta_tile("contracting")[0]
-  m, in_dtype = problem.m, problem.in_dtype
-  blocks = ((problem.k, cta_m), (problem.n, tile_n))
-  if all(m % tma.tma_tiling(width, in_dtype)[0] == 0 for _, width in blocks):
-    return False
-  return all(
-      tma.padded_dims(m, cols, (1, tma.tma_tiling(width, in_dtype)[1]),
-                      (chunk, width)) == (m, cols)
-      for cols, width in blocks)
 
 
 def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
@@ -440,12 +393,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   # the groups' first go to an output of their own, so that adding them
   # updates the groups' output in place.
   pieces = table.shape[1]
-  in_place = operands_in_place(config, problem, params)
-  if not in_place:
-    lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype),
-                            (chunk, cta_m))
-    dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
-                             (chunk, tile_n))
+  lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype), (chunk, cta_m))
+  dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
+                           (chunk, tile_n))
   k_out = max(cdiv(k, 8) * 8, config.tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
@@ -458,7 +408,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                                                out_type.dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
-                        n_units=n_units, groups=pieces, in_place=in_place),
+                        n_units=n_units, groups=pieces),
       out_type=out_type,
       grid=(max(1, min(num_ctas_for(params) // cluster_size,
                        pieces * k_tiles * n_units)),),

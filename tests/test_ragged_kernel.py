@@ -1216,16 +1216,20 @@ def test_heuristic_takes_turns_where_measured_faster():
       assert not mosaic.heuristic(f32, HOPPER).swap_ab
   many = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
   assert not mosaic.heuristic(many, HOPPER).swap_ab
-  # Just above PING_PONG_MAX_ROWS (513 rows: a 1-row fifth 128-row item)
-  # the balanced items pad far less, so the turns stay; not at 600 rows
-  # (five items of 120 run at width 128: no gain), nor where staging is
-  # not swizzled (no balanced items).
+  # On the H200, just above PING_PONG_MAX_ROWS (513 rows: a 1-row fifth
+  # 128-row item) the balanced items pad far less, so the turns stay; not
+  # at 600 rows (five items of 120 run at width 128: no gain), nor where
+  # staging is not swizzled (no balanced items), nor on the H100.
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  assert HOPPER.key in configs.BALANCED_ITEMS_DEVICES
+  assert h100.key not in configs.BALANCED_ITEMS_DEVICES
   for rows_per_group, want in ((513, True), (560, True), (600, False),
                                (650, True), (4096, False)):
     rows = RaggedProblem("rows", 16 * rows_per_group, 4096, 6400, 16,
                          "bfloat16", "bfloat16")
     config = mosaic.heuristic(rows, HOPPER)
     assert config.ping_pong == want and config.swap_ab == want, rows_per_group
+    assert not mosaic.heuristic(rows, h100).ping_pong
   f32 = RaggedProblem("rows", 16 * 513, 4096, 6400, 16, "bfloat16", "float32")
   assert not mosaic.heuristic(f32, HOPPER).ping_pong
 

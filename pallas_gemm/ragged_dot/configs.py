@@ -480,6 +480,12 @@ def _takes_turns(rows_per_group: float) -> bool:
 #: nvidia_h200/ragged_options, "The queued pairs"); rounded down, so that
 #: the rule below switches only on a clear padding gain.
 TURNS_TILE_EFFICIENCY = 0.95
+#: The GPUs (`DeviceInfo.key`) on which `_balanced_items_pad_less` applies:
+#: on Phi-3.5-MoE's 513-row experts the balanced items were 2-8 % faster on
+#: the H200 and 4-9 % slower on the H100 (experiments/results/nvidia_h100/
+#: ragged_options, "Turns above 512 rows"), where the 128 x 256 tile's
+#: lower operand traffic per flop counts for more.
+BALANCED_ITEMS_DEVICES = ("nvidia_h200",)
 
 
 def _balanced_items_pad_less(rows_per_group: float) -> bool:
@@ -608,6 +614,7 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
                  and math.ceil(rows_per_group / tile_m) < band)
   if _takes_turns(rows_per_group) or (
       rows_per_group > PING_PONG_MAX_ROWS
+      and device.key in BALANCED_ITEMS_DEVICES
       and _balanced_items_pad_less(rows_per_group)
       and _swapped_where_possible(RaggedConfig(), problem).swap_ab):
     # Experts of a few row items: the consumers take turns at whole
@@ -623,8 +630,7 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
     # nothing is padded (H100: experiments/results/nvidia_h100/
     # ragged_swap_ab). Above PING_PONG_MAX_ROWS the same tile where its
     # balanced items pad far less than 128-row ones
-    # (`_balanced_items_pad_less`): 2-8 % faster on Phi-3.5-MoE's 513-row
-    # experts (experiments/results/nvidia_h200/ragged_options).
+    # (`_balanced_items_pad_less`), on BALANCED_ITEMS_DEVICES only.
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)

@@ -47,7 +47,7 @@
 #              $OUT/ragged_options.txt; RAGGED_PAIRS, a file of
 #              "case|fields" lines, times each line's option on its case
 #              instead of every option on every case (fields
-#              "padded_lhs": the kernel as is against lhs padded,
+#              "padded_lhs": the kernel as is against its operands padded,
 #              ragged_profile_case.py --versus_padded_lhs)
 #                                                  BUDGET_ragged_options=200
 #   ragged_ncu not in the default run: Nsight Compute on the grouped GEMM's

@@ -191,3 +191,15 @@ def test_versus_padded_lhs_traces_the_padded_call_on_its_own(monkeypatch):
   as_is(*operands)
   padded(*operands)
   assert seen == [True, False]
+  # The weight gradient's switch is off for the padded call too.
+  from pallas_gemm.ragged_dot import mosaic_contracting
+  seen.clear()
+  monkeypatch.setattr(mosaic, "ragged_matmul", lambda *args, **_: (
+      seen.append(mosaic_contracting.operands_in_place(None, problem, None))
+      or args[0]))
+  monkeypatch.setattr(mosaic_contracting, "operands_in_place",
+                      lambda *_, **__: True)
+  (as_is, _), (padded, _) = case._in_place_pair(problem, "")
+  as_is(*operands)
+  padded(*operands)
+  assert seen == [True, False]

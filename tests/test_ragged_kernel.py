@@ -322,6 +322,33 @@ def _run_contracting(case, *, detect_races):
   assert np.all(got[empty] == 0)
 
 
+#: `RaggedConfig.operand_planes`: lhs and dout held as 64-column planes, one
+#: 64 x 64 wgmma per pair. On the GPU, rows not a multiple of 8 are read in
+#: place (m = 230, 150, 261); in the interpreter they are padded.
+PLANES_CASES = [
+    # Consumers splitting a 128-row K tile (two lhs planes each), a group
+    # boundary mid-chunk, an empty group, rows of no group.
+    (230, 256, 128, [60, 130, 0, 33], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_m=128, tile_n=128, operand_planes=True)),
+    # Turns at whole 128 x 128 tiles, an f32 output, K past one tile.
+    (150, 192, 128, [30, 0, 70, 45], 2, "bfloat16", "float32",
+     dataclasses.replace(SMALL, tile_m=128, tile_n=128, ping_pong=True,
+                         stages=3, out_slots=2, operand_planes=True)),
+    # The short-reduction tile (64 x 256 per consumer, one store each),
+    # cut pieces walked largest first.
+    (261, 128, 256, [5, 200, 0, 56], 0, "float16", "float16",
+     dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256,
+                         piece_rows=64, largest_first=True,
+                         operand_planes=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PLANES_CASES)),
+                         ids=["split", "turns", "short_tile"])
+def test_contracting_operand_planes(case):
+  _run_contracting(PLANES_CASES[case], detect_races=case == 1)
+
+
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
     # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no
@@ -1046,6 +1073,30 @@ def test_rows_not_a_multiple_of_8_are_read_in_place(m, transpose):
   assert not mosaic.lhs_in_place(config, whole_tiles, params=None)
 
 
+@pytest.mark.parametrize("m,groups", [(8198, 16), (8198, 4), (2051, 64)],
+                         ids=["turns", "split", "short_tile"])
+def test_weight_gradient_reads_rows_not_a_multiple_of_8_in_place(m, groups):
+  """The heuristic holds the weight gradient's operands as 64-column planes
+  where rows are not whole 8-row tiles, and, compiled, reads lhs and dout
+  as they are (`mosaic_contracting.operands_in_place`), at its three tile
+  shapes: the lowered program has no pad. The interpreter pads; rows in
+  whole tiles keep the tiled stages."""
+  from pallas_gemm.ragged_dot import mosaic_contracting
+  problem = RaggedProblem("contracting", m, 2048, 1408, groups, "bfloat16",
+                          "bfloat16")
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.operand_planes
+  in_place = mosaic_contracting.operands_in_place
+  assert in_place(config, problem, params=None)
+  assert not in_place(config, problem, params=interpret_params(True))
+  whole_tiles = dataclasses.replace(problem, m=m // 8 * 8)
+  assert not mosaic.heuristic(whole_tiles, HOPPER).operand_planes
+  f32 = dataclasses.replace(problem, in_dtype="float32")
+  assert not mosaic.heuristic(f32, HOPPER).operand_planes
+  text = _lower_for_cuda(problem, config).as_text()
+  assert "stablehlo.pad" not in text
+
+
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
   (Qwen3-30B's up projection), walked largest first, lowers for the GPU,
@@ -1258,3 +1309,22 @@ def test_merge_pieces_adds_each_cut_groups_pieces_in_place():
   if not ON_GPU:
     from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
     assert not interpret_pallas_call.get_races().races_found
+
+
+def test_operand_planes_rejects_what_it_cannot_run():
+  """operand_planes: excludes 2-CTA clusters, a "contracting"-mode option,
+  16-bit inputs only; each error names the option."""
+  with pytest.raises(ValueError, match="operand_planes excludes "
+                     "cluster_columns"):
+    RaggedConfig(operand_planes=True, cluster_columns=True)
+  with pytest.raises(ValueError, match="operand_planes"):
+    RaggedConfig(operand_planes=True).check_mode("rows")
+  problem = RaggedProblem("contracting", 150, 128, 128, 2, "float32",
+                          "float32")
+  ones = jnp.ones((150, 128), jnp.float32)
+  with pytest.raises(ValueError, match="operand_planes needs 16-bit"):
+    mosaic.ragged_matmul(ones, ones, jnp.array([100, 50], jnp.int32),
+                         jnp.zeros((1,), jnp.int32), problem=problem,
+                         config=RaggedConfig(tile_m=64, tile_n=128,
+                                             stages=2, operand_planes=True),
+                         interpret=True)

@@ -14,9 +14,10 @@ The first call compiles (and launches the kernel once, which `-s 1` skips);
 the rest are what ncu sees. Without ncu, `--time 20` times the call;
 with `--versus piece_rows=4096` it also checks and times that config,
 interleaved with the first (the heuristic's, or `--config`'s), and with
-`--versus_padded_lhs` the first config with lhs padded to whole 8-row tiles
-and the output sliced, as before lhs was read in place
-(`mosaic.lhs_in_place`; rows that are not a multiple of 8). The case is `<layer> <distribution>
+`--versus_padded_lhs` the first config with its operands padded to whole
+8-row tiles (and the forward's output sliced), as before they were read in
+place where rows are not a multiple of 8 (`mosaic.lhs_in_place`; in the
+weight gradient, lhs and dout: `mosaic_contracting.operands_in_place`). The case is `<layer> <distribution>
 <direction>` as `experiments/bench_moe.py` labels it. The output is compared
 with float64 on a row sample (`bench_moe.check_error`) so that a profile is
 never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
@@ -96,11 +97,12 @@ def _in_place_pair(problem, config_text: str):
   """[(fn, name)] x 2: the Mosaic kernel called directly (the primitive
   decides at lowering, too late for a patch) with the heuristic's config
   (or `config_text`'s fields over it), as is, then with
-  `mosaic.lhs_in_place` off while it is traced (lhs padded, the output
+  `mosaic.lhs_in_place` and `mosaic_contracting.operands_in_place` off
+  while it is traced (the operands padded, the forward's output
   sliced)."""
   import jax.numpy as jnp
 
-  from pallas_gemm.ragged_dot import mosaic
+  from pallas_gemm.ragged_dot import mosaic, mosaic_contracting
   config = (config_with_fields(problem, config_text) if config_text
             else configs.heuristic(problem, device_info()))
   row_offset = jnp.zeros((1,), jnp.int32)
@@ -119,12 +121,16 @@ def _in_place_pair(problem, config_text: str):
   as_is, padded = jax.jit(direct), jax.jit(direct_padded)
 
   def padded_call(*args):
-    in_place = mosaic.lhs_in_place
-    mosaic.lhs_in_place = lambda *_, **__: False
+    patched = ((mosaic, "lhs_in_place"),
+               (mosaic_contracting, "operands_in_place"))
+    saved = [getattr(module, name) for module, name in patched]
+    for module, name in patched:
+      setattr(module, name, lambda *_, **__: False)
     try:
       return padded(*args)
     finally:
-      mosaic.lhs_in_place = in_place
+      for (module, name), value in zip(patched, saved):
+        setattr(module, name, value)
 
   name = f"mosaic {config_text}".strip()
   return [(as_is, name), (padded_call, f"{name} padded lhs")]
@@ -157,9 +163,9 @@ OPTIONS = (
         "too and, with --time, timed interleaved with the first"))),
     ("--versus_padded_lhs", dict(action="store_true", help=(
         "the Mosaic kernel (called directly, --config's fields or the "
-        "heuristic's) as is and with lhs padded to 8-row tiles and the "
-        "output sliced (mosaic.lhs_in_place off), checked and timed like "
-        "--versus; forward and dlhs only; excludes --versus"))),
+        "heuristic's) as is and with its operands padded to 8-row tiles "
+        "(mosaic.lhs_in_place and mosaic_contracting.operands_in_place "
+        "off), checked and timed like --versus; excludes --versus"))),
     ("--breakdown", dict(type=int, default=0, metavar="ITERS", help=(
         "also print each kernel's CUPTI median over ITERS calls (the "
         "work-list ops, the grouped GEMM, a piece merge); GPU only"))),
@@ -184,9 +190,6 @@ def main(argv=None):
   if args.versus and args.versus_padded_lhs:
     parser.error("--versus and --versus_padded_lhs exclude each other")
   if args.versus_padded_lhs:
-    if problem.mode != "rows":
-      parser.error("--versus_padded_lhs: only the forward and dlhs (rows "
-                   "mode) read lhs in place")
     calls = _in_place_pair(problem, args.config)
   else:
     calls = [_call(problem, args.kernel, args.config)]

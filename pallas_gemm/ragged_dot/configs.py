@@ -78,6 +78,16 @@ One `RaggedConfig` serves both modes; the fields mean:
                stretch of time wherever in the walk either lies, so the
                write bandwidth and the tensor cores work together (0, the
                default: as the walk meets them; a "contracting"-mode option).
+    operand_planes
+               hold each stage of lhs and dout as planes of 64 columns (one
+               128-byte swizzle span per row), one TMA copy and one wgmma
+               operand per plane: a tile is then (tile_m / 64) x
+               (tile_n / 64) wgmmas of 64 x 64 per step. A plane's rows are
+               plain swizzled rows, so, compiled, operands whose row count
+               is not a whole number of 8-row tiles are read as they are,
+               instead of padded copies (`mosaic_contracting.
+               operands_in_place`). Needs 16-bit inputs; excludes
+               cluster_columns (a "contracting"-mode option).
     ping_pong  the two consumer warpgroups take turns at whole tiles of
                tile_m x tile_n (the CTA tile is then the consumer tile)
                instead of splitting one tile: while one stores a finished
@@ -220,6 +230,8 @@ MODE_ONLY_OPTIONS = {
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
         "short_tile_lookahead": "keeps its whole ring in flight",
+        "operand_planes": "reads rows in place through one swizzle span "
+                          "already",
     },
 }
 
@@ -253,6 +265,7 @@ class RaggedConfig:
   swap_ab: bool = False
   short_tile_lookahead: int = checked(0, in_range(0, 8))
   work_list_kernel: bool = False
+  operand_planes: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -315,6 +328,9 @@ class RaggedConfig:
                            f"transposed tile's token rows are wgmma's N, "
                            f"which swap_ab narrows to each item's rows "
                            f"itself")
+    if self.operand_planes and self.cluster_columns:
+      raise ValueError("RaggedConfig.operand_planes excludes cluster_columns "
+                       "(the cluster multicasts whole lhs stages)")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
@@ -556,7 +572,30 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   # clusters sharing lhs (`cluster_columns`): on the short-reduction tile
   # they removed a large slowdown of one DeepSeek-V3 projection on the H200
   # and caused one as large on the other projection on the H100.
-  return _most_stages(base, problem)
+  config = _most_stages(base, problem)
+  if planes_read_in_place(config, problem):
+    # Rows not in whole 8-row tiles (tokens x top-k often are not): read
+    # in place through 64-column planes rather than padded, two full
+    # copies of the operands.
+    config = dataclasses.replace(config, operand_planes=True)
+  return config
+
+
+def planes_read_in_place(config: RaggedConfig,
+                         problem: RaggedProblem) -> bool:
+  """Whether `operand_planes` lets the compiled weight gradient read lhs
+  and dout as they are where `config` without it pads them: rows not a
+  whole number of 8-row tiles (at least a chunk of them), 16-bit inputs,
+  and columns that need no padding of their own (whole 64-column planes,
+  at least a tile's)."""
+  if (problem.mode != "contracting" or config.cluster_columns
+      or jnp.dtype(problem.in_dtype).itemsize != 2):
+    return False
+  cta_m = config.cta_tile("contracting")[0]
+  return (problem.m % 8 != 0 and problem.m >= config.tile_k
+          and all(cols % SWIZZLE_ELEMS_16BIT == 0 and cols >= width
+                  for cols, width in ((problem.k, cta_m),
+                                      (problem.n, config.tile_n))))
 
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:

@@ -16,6 +16,14 @@ no rows runs no chunk and stores zeros. The pipeline is the one of
 `mosaic.py`: producer warpgroup + two consumers over a ring whose step
 counter runs on across tiles.
 
+With `RaggedConfig.operand_planes`, each stage of lhs and dout is held as
+64-column planes (rows of one swizzle span), each loaded by one TMA copy
+and multiplied as its own wgmma operand: 64 x 64 wgmmas, one per (lhs
+plane, dout plane) of the consumer's tile. Compiled, a plane is a pair of
+views of one buffer (`row_addressed_smem`), so lhs and dout whose row
+count is not a whole number of 8-row tiles are read as they are
+(`operands_in_place`) rather than padded.
+
 With `RaggedConfig.piece_rows`, each group's rows are first cut into
 pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
 groups of their own: a group holding most tokens then has as many tiles
@@ -72,6 +80,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim
+from pallas_gemm.ragged_dot.configs import planes_read_in_place
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
@@ -87,8 +96,11 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                       config: RaggedConfig, k_tiles: int, n_units: int,
-                      groups: int):
-  """Walks `groups` output groups. `refs`: with RaggedConfig.zero_drip,
+                      groups: int, in_place: bool):
+  """Walks `groups` output groups. `in_place` (with operand_planes): lhs
+  and dout have any row count (at least a chunk) and are loaded through
+  the untiled views of their planes (`operands_in_place`). `refs`: with
+  RaggedConfig.zero_drip,
   first `empty_gmem`, (1,) int32, how many groups are empty; then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
@@ -242,9 +254,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         # Every box left, and one visit per non-empty tile.
         finish=lambda cursor: advance(cursor, my_tiles * (boxes + 1)))
 
+  planes = config.operand_planes
+  # With operand_planes: 64-column planes of each stage, a consumer's lhs
+  # planes starting at plane `wg_rows // PLANE`.
+  lhs_planes, dout_planes = cta_m // PLANE, tile_n // PLANE
+
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
              zeros_smem=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
+    # wgmma reads the planes through their tiled views; in place, the TMA
+    # writes them through the untiled ones (the same bytes).
+    lhs_smem, lhs_loaded = lhs_smem if in_place else (lhs_smem, lhs_smem)
+    dout_smem, dout_loaded = dout_smem if in_place else (dout_smem, dout_smem)
 
     def producer_tile(linear):
       g, k_idx, n_idx, _, _, first_row, steps = tile_info(linear)
@@ -260,6 +281,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       k_cols, n_cols, first_row, owner, _ = tile
       rows = pl.ds(first_row + c * chunk, chunk)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
+      if planes:
+        for src, cols, dst, count in (
+            (lhs_gmem, k_cols, lhs_loaded, lhs_planes),
+            (dout_gmem, n_cols, dout_loaded, dout_planes)):
+          for p in range(count):
+            plgpu.copy_gmem_to_smem(
+                src.at[rows, pl.ds(cols.start + p * PLANE, PLANE)],
+                dst.at[slot, p], loaded)
+        return
       plgpu.copy_gmem_to_smem(
           lhs_gmem.at[rows, k_cols], lhs_smem.at[slot], loaded,
           collective_axes="cluster" if config.cluster_columns else None)
@@ -311,32 +341,68 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         g, k_idx, n_idx, row_lo, row_hi, first_row, steps = tile_info(
             linear)
 
-        def mma_step(at, acc_ref):
+        def lhs_parts(slot):
+          """The consumer's lhs in the stage: one (chunk, tile_m) part, or
+          with operand_planes its (chunk, 64) planes."""
+          if planes:
+            return [lhs_smem.at[slot, wg_rows // PLANE + i]
+                    for i in range(tile_m // PLANE)]
+          return [lhs_smem.at[slot, :, pl.ds(wg_rows, tile_m)]]
+
+        def mma_step(at, *acc_refs):
           slot, c = at.slot, at.kk
-          lhs_part = lhs_smem.at[slot, :, pl.ds(wg_rows, tile_m)]
+          parts = lhs_parts(slot)
           chunk_row0 = first_row + c * chunk
 
           @pl.when((chunk_row0 < row_lo) | (chunk_row0 + chunk > row_hi))
           def _mask_other_groups():
-            values = plgpu.load(lhs_part, layout=plgpu.Layout.WGMMA)
-            rows = chunk_row0 + plgpu.broadcasted_iota(
-                jnp.int32, (chunk, tile_m), 0, layout=plgpu.Layout.WGMMA)
-            keep = (rows >= row_lo) & (rows < row_hi)
-            lhs_part[...] = jnp.where(keep, values, jnp.zeros_like(values))
+            for part in parts:
+              values = plgpu.load(part, layout=plgpu.Layout.WGMMA)
+              rows = chunk_row0 + plgpu.broadcasted_iota(
+                  jnp.int32, part.shape, 0, layout=plgpu.Layout.WGMMA)
+              keep = (rows >= row_lo) & (rows < row_hi)
+              part[...] = jnp.where(keep, values, jnp.zeros_like(values))
             plgpu.commit_smem()  # make the writes visible to the wgmma
 
-          plgpu.wgmma(acc_ref, lhs_part.T, dout_smem.at[slot])
+          if not planes:
+            plgpu.wgmma(acc_refs[0], parts[0].T, dout_smem.at[slot])
+            return
+          for i, part in enumerate(parts):
+            for j in range(dout_planes):
+              plgpu.wgmma(acc_refs[i * dout_planes + j], part.T,
+                          dout_smem.at[slot, j])
 
-        (acc,) = consume_ring(
-            my_ring, mma_step, first_step=first_step, steps=steps,
-            accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
+        if planes:
+          blocks = (tile_m // PLANE) * dout_planes
+          accs = consume_ring(
+              my_ring, mma_step, first_step=first_step, steps=steps,
+              accumulators=[plgpu.ACC((PLANE, PLANE), jnp.float32)] * blocks,
+              in_flight=blocks)
+        else:
+          accs = consume_ring(
+              my_ring, mma_step, first_step=first_step, steps=steps,
+              accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
+
+        def stage_output(slot, ej):
+          """Columns [ej * epi_n, (ej + 1) * epi_n) of the consumer's tile
+          into its staging slot."""
+          if not planes:
+            out_smem[wg, slot] = accs[0][:, ej * epi_n:(ej + 1) * epi_n
+                                         ].astype(out_dtype)
+            return
+          for i in range(tile_m // PLANE):
+            for jj in range(epi_n // PLANE):
+              j = ej * (epi_n // PLANE) + jj
+              out_smem[wg, slot, pl.ds(i * PLANE, PLANE),
+                       pl.ds(jj * PLANE, PLANE)] = (
+                           accs[i * dout_planes + j].astype(out_dtype))
+
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(stores):
           slot = output_slot(linear, ej, stores, out_slots,
                              ping_pong=config.ping_pong)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          out_smem[wg, slot] = acc[:, ej * epi_n:(ej + 1) * epi_n].astype(
-              out_dtype)
+          stage_output(slot, ej)
           plgpu.commit_smem()
           cols = pl.ds(n_idx * tile_n + ej * epi_n, epi_n)
           if pieces_gmem is None:
@@ -351,10 +417,17 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
     run_warpgroups(producer, consumer)
 
+  if planes:
+    blocks = dict(lhs_smem=((lhs_planes, chunk, PLANE), in_dtype),
+                  dout_smem=((dout_planes, chunk, PLANE), in_dtype))
+  else:
+    blocks = dict(lhs_smem=((chunk, cta_m), in_dtype),
+                  dout_smem=((chunk, tile_n), in_dtype))
   pl.run_scoped(
       scoped,
-      **ring_smem(stages, lhs_smem=((chunk, cta_m), in_dtype),
-                  dout_smem=((chunk, tile_n), in_dtype),
+      **ring_smem(stages, **blocks,
+                  loads=lhs_planes + dout_planes if planes else None,
+                  row_addressed=tuple(blocks) if in_place else (),
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
                   cluster_axes=("cluster",) if config.cluster_columns
                   else None),
@@ -363,6 +436,23 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
          if zeros_by_producer else {}),
       collective_axes="wg",
   )
+
+
+#: Columns of one `RaggedConfig.operand_planes` plane: a 128-byte swizzle
+#: span of 16-bit elements, so that a plane's tiled layout is plain rows.
+PLANE = 64
+
+
+def operands_in_place(config: RaggedConfig, problem: RaggedProblem,
+                      params) -> bool:
+  """Whether the compiled kernel reads lhs and dout as they are, through
+  the untiled views of `operand_planes`' planes, where they would
+  otherwise be padded to whole 8-row tiles (each pad a full copy of an
+  operand; `configs.planes_read_in_place`). The interpreter keeps a
+  `plgpu.RefUnion`'s views apart, so there the operands are padded and
+  the planes loaded through their tiled views."""
+  return (params is None and config.operand_planes
+          and planes_read_in_place(config, problem))
 
 
 def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
@@ -393,9 +483,16 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   # the groups' first go to an output of their own, so that adding them
   # updates the groups' output in place.
   pieces = table.shape[1]
-  lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype), (chunk, cta_m))
-  dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
-                           (chunk, tile_n))
+  if config.operand_planes and jnp.dtype(in_dtype).itemsize != 2:
+    raise ValueError(f"RaggedConfig.operand_planes needs 16-bit inputs "
+                     f"(a {PLANE}-column plane is one 128-byte swizzle "
+                     f"span), got {in_dtype}")
+  in_place = operands_in_place(config, problem, params)
+  if not in_place:
+    lhs = tma.pad_to_tiling(lhs, tma.tma_tiling(cta_m, in_dtype),
+                            (chunk, cta_m))
+    dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
+                             (chunk, tile_n))
   k_out = max(cdiv(k, 8) * 8, config.tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
@@ -408,7 +505,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                                                out_type.dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
-                        n_units=n_units, groups=pieces),
+                        n_units=n_units, groups=pieces, in_place=in_place),
       out_type=out_type,
       grid=(max(1, min(num_ctas_for(params) // cluster_size,
                        pieces * k_tiles * n_units)),),

@@ -80,7 +80,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import Dim
-from pallas_gemm.ragged_dot.configs import planes_read_in_place
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
@@ -88,7 +87,7 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, ZERO_BOX,
-                                          RaggedConfig)
+                                          RaggedConfig, planes_read_in_place)
 from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
                                           ping_pong_turn, tile_steps)
 from pallas_gemm.ragged_dot.problem import RaggedProblem

@@ -779,4 +779,8 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
       out.append(dataclasses.replace(out[0], piece_rows=rows))
       out.append(dataclasses.replace(out[0], piece_rows=rows,
                                      largest_first=True))
+    # Rows not in whole 8-row tiles: each candidate reads them in place, as
+    # the heuristic's does, so the sweep compares tiles, not paddings.
+    out = [dataclasses.replace(c, operand_planes=True)
+           if planes_read_in_place(c, problem) else c for c in out]
   return out

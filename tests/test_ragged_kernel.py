@@ -340,11 +340,14 @@ PLANES_CASES = [
      dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256,
                          piece_rows=64, largest_first=True,
                          operand_planes=True)),
+    # The producer stores the empty groups' zeros, most tokens in one group.
+    (203, 128, 128, [0, 180, 0, 0, 23], 3, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True, operand_planes=True)),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(PLANES_CASES)),
-                         ids=["split", "turns", "short_tile"])
+                         ids=["split", "turns", "short_tile", "zeros"])
 def test_contracting_operand_planes(case):
   _run_contracting(PLANES_CASES[case], detect_races=case == 1)
 

@@ -513,11 +513,12 @@ def _balanced_items_pad_less(rows_per_group: float) -> bool:
   513 rows is five items of 128 (640 rows computed) or five of 104 run at
   width 112 (560): the turns win. Group sizes are runtime data, so the
   estimate takes every group at the average."""
+  tile_m, row_align = 128, 8  # the turn-taking tile; lhs's 8-row tiles
   rows = math.ceil(rows_per_group)
-  items = -(-rows // 128)
-  per_item = -(-rows // items)
-  width = min(w for w in swap_ab_widths(128) if w >= -(-per_item // 8) * 8)
-  return items * width / TURNS_TILE_EFFICIENCY < items * 128
+  items = cdiv(rows, tile_m)
+  per_item = cdiv(cdiv(rows, items), row_align) * row_align
+  width = min(w for w in swap_ab_widths(tile_m) if w >= per_item)
+  return items * width / TURNS_TILE_EFFICIENCY < items * tile_m
 
 
 #: Column tiles of the weight gradient's short-reduction tile (64 x 256 per

@@ -86,7 +86,8 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     tile_coordinates, tiles_of_this_cta, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
-from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, ZERO_BOX,
+from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,
+                                          SWIZZLE_ELEMS_16BIT, ZERO_BOX,
                                           RaggedConfig, planes_read_in_place)
 from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
                                           ping_pong_turn, tile_steps)
@@ -439,7 +440,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
 #: Columns of one `RaggedConfig.operand_planes` plane: a 128-byte swizzle
 #: span of 16-bit elements, so that a plane's tiled layout is plain rows.
-PLANE = 64
+PLANE = SWIZZLE_ELEMS_16BIT
 
 
 def operands_in_place(config: RaggedConfig, problem: RaggedProblem,

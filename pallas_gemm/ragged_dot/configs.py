@@ -491,14 +491,14 @@ def _takes_turns(rows_per_group: float) -> bool:
 
 
 #: The turn-taking, token-transposed tile's speed relative to the 128 x 256
-#: split-rows tile where neither pads (whole 128-row items): Mixtral's
-#: 4096-row experts ran 1.048x as long with it (experiments/results/
-#: nvidia_h200/ragged_options, "The queued pairs"); rounded down, so that
-#: the rule below switches only on a clear padding gain.
+#: split-rows tile where neither pads (whole 128-row items): measured on
+#: Mixtral's 4096-row experts (experiments/results/nvidia_h200/
+#: ragged_options, "The queued pairs") and rounded down, so that the rule
+#: below switches only on a clear padding gain.
 TURNS_TILE_EFFICIENCY = 0.95
 #: The GPUs (`DeviceInfo.key`) on which `_balanced_items_pad_less` applies:
-#: on Phi-3.5-MoE's 513-row experts the balanced items were 2-8 % faster on
-#: the H200 and 4-9 % slower on the H100 (experiments/results/nvidia_h100/
+#: on Phi-3.5-MoE's 513-row experts the balanced items were faster on the
+#: H200 and slower on the H100 (experiments/results/nvidia_h100/
 #: ragged_options, "Turns above 512 rows"), where the 128 x 256 tile's
 #: lower operand traffic per flop counts for more.
 BALANCED_ITEMS_DEVICES = ("nvidia_h200",)

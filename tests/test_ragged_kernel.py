@@ -1272,22 +1272,35 @@ def test_heuristic_takes_turns_where_measured_faster():
       assert not mosaic.heuristic(f32, HOPPER).swap_ab
   many = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
   assert not mosaic.heuristic(many, HOPPER).swap_ab
-  # On the H200, just above PING_PONG_MAX_ROWS (513 rows: a 1-row fifth
-  # 128-row item) the balanced items pad far less, so the turns stay; not
-  # at 600 rows (five items of 120 run at width 128: no gain), nor where
-  # staging is not swizzled (no balanced items), nor on the H100.
+  # Just above PING_PONG_MAX_ROWS (513 rows: a 1-row fifth 128-row item)
+  # the balanced items pad far less: on the H200 the turns stay (five items
+  # of 104 at width 112), on the H100 the 256-token split tile runs them
+  # (three of 171 at width 192). Not at 600 rows (no clear gain on either
+  # tile), nor where staging is not swizzled (no balanced items).
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
-  assert HOPPER.key in configs.BALANCED_ITEMS_DEVICES
-  assert h100.key not in configs.BALANCED_ITEMS_DEVICES
+  assert configs.BALANCED_ITEMS_TILE_M[HOPPER.key] == 128
+  assert configs.BALANCED_ITEMS_TILE_M[h100.key] == 256
   for rows_per_group, want in ((513, True), (560, True), (600, False),
                                (650, True), (4096, False)):
     rows = RaggedProblem("rows", 16 * rows_per_group, 4096, 6400, 16,
                          "bfloat16", "bfloat16")
     config = mosaic.heuristic(rows, HOPPER)
     assert config.ping_pong == want and config.swap_ab == want, rows_per_group
-    assert not mosaic.heuristic(rows, h100).ping_pong
+    config = mosaic.heuristic(rows, h100)
+    assert not config.ping_pong
+    assert config.swap_ab == want, rows_per_group
+    assert config.cta_tile("rows")[0] == (256 if want else 128)
+    assert config.fits(rows)
+  # A GPU with no balanced-items tile keeps 128-row items.
+  other = dataclasses.replace(HOPPER, device_kind="NVIDIA GH200 480GB")
+  assert other.key not in configs.BALANCED_ITEMS_TILE_M
+  config = mosaic.heuristic(
+      RaggedProblem("rows", 16 * 513, 4096, 6400, 16, "bfloat16", "bfloat16"),
+      other)
+  assert not config.swap_ab and config.cta_tile("rows") == (128, 256)
   f32 = RaggedProblem("rows", 16 * 513, 4096, 6400, 16, "bfloat16", "float32")
   assert not mosaic.heuristic(f32, HOPPER).ping_pong
+  assert not mosaic.heuristic(f32, h100).swap_ab
 
 
 def test_merge_pieces_adds_each_cut_groups_pieces_in_place():

@@ -490,35 +490,42 @@ def _takes_turns(rows_per_group: float) -> bool:
   return 128 < rows_per_group <= PING_PONG_MAX_ROWS
 
 
-#: The turn-taking, token-transposed tile's speed relative to the 128 x 256
-#: split-rows tile where neither pads (whole 128-row items): measured on
-#: Mixtral's 4096-row experts (experiments/results/nvidia_h200/
-#: ragged_options, "The queued pairs") and rounded down, so that the rule
-#: below switches only on a clear padding gain.
-TURNS_TILE_EFFICIENCY = 0.95
-#: The GPUs (`DeviceInfo.key`) on which `_balanced_items_pad_less` applies:
-#: on Phi-3.5-MoE's 513-row experts the balanced items were faster on the
-#: H200 and slower on the H100 (experiments/results/nvidia_h100/
-#: ragged_options, "Turns above 512 rows"), where the 128 x 256 tile's
-#: lower operand traffic per flop counts for more.
-BALANCED_ITEMS_DEVICES = ("nvidia_h200",)
+#: The token-transposed tiles' speed relative to the 128 x 256 split-rows
+#: tile where neither pads (whole 128-row items): measured on Mixtral's
+#: 4096-row experts for the turn-taking tile (experiments/results/
+#: nvidia_h200/ragged_options, "The queued pairs") and on Phi-3.5-MoE's
+#: one-hot routing for the 256-token one (experiments/results/nvidia_h100/
+#: ragged_options, "Tall balanced items"), and rounded down, so that the
+#: rule below switches only on a clear padding gain.
+BALANCED_TILE_EFFICIENCY = 0.95
+#: Above PING_PONG_MAX_ROWS, the token-transposed tile (its token rows,
+#: `tile_m`) whose balanced items `_balanced_items_pad_less` weighs against
+#: 128-row items, per GPU (`DeviceInfo.key`): on Phi-3.5-MoE's 513-row
+#: experts the turn-taking 128-token tile was faster on the H200 and slower
+#: on the H100 (experiments/results/nvidia_h100/ragged_options, "Turns
+#: above 512 rows"), where the 256-token tile, whose two consumers split an
+#: item's tokens and share its weight strip, was faster ("Tall balanced
+#: items"). Other GPUs keep the 128-row items.
+BALANCED_ITEMS_TILE_M = {"nvidia_h200": 128, "nvidia_h100": 256}
 
 
-def _balanced_items_pad_less(rows_per_group: float) -> bool:
-  """Above PING_PONG_MAX_ROWS, whether the turn-taking tile's balanced
-  items (`mosaic_schedule.row_items(balanced=True)`: as many items as
-  128-row tiles, equally long, each run at the narrowest `swap_ab` width
-  that holds it) compute fewer rows per expert, at TURNS_TILE_EFFICIENCY,
-  than 128-row items, whose last item is padded to 128 rows. An expert of
-  513 rows is five items of 128 (640 rows computed) or five of 104 run at
-  width 112 (560): the turns win. Group sizes are runtime data, so the
-  estimate takes every group at the average."""
-  tile_m, row_align = 128, 8  # the turn-taking tile; lhs's 8-row tiles
+def _balanced_items_pad_less(rows_per_group: float, tile_m: int) -> bool:
+  """Whether the balanced items of a token-transposed tile of `tile_m`
+  token rows (`mosaic_schedule.row_items(balanced=True)`: as many items as
+  tile_m-row tiles, equally long, each run at the narrowest `swap_ab`
+  width that holds it) compute fewer rows per expert, at
+  BALANCED_TILE_EFFICIENCY, than 128-row items, whose last item is padded
+  to 128 rows. An expert of 513 rows is five items of 128 (640 rows
+  computed), five of 104 run at width 112 on the 128-token tile (560), or
+  three of 171 run at width 192 on the 256-token one (576): either wins.
+  Group sizes are runtime data, so the estimate takes every group at the
+  average."""
+  row_align = 8  # lhs's 8-row tiles
   rows = math.ceil(rows_per_group)
   items = cdiv(rows, tile_m)
   per_item = cdiv(cdiv(rows, items), row_align) * row_align
   width = min(w for w in swap_ab_widths(tile_m) if w >= per_item)
-  return items * width / TURNS_TILE_EFFICIENCY < items * tile_m
+  return items * width / BALANCED_TILE_EFFICIENCY < cdiv(rows, 128) * 128
 
 
 #: Column tiles of the weight gradient's short-reduction tile (64 x 256 per
@@ -652,11 +659,11 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
   # at a time (experiments/results/nvidia_h100/ragged_group_bands).
   group_bands = (tile_m == 128
                  and math.ceil(rows_per_group / tile_m) < band)
-  if _takes_turns(rows_per_group) or (
-      rows_per_group > PING_PONG_MAX_ROWS
-      and device.key in BALANCED_ITEMS_DEVICES
-      and _balanced_items_pad_less(rows_per_group)
-      and _swapped_where_possible(RaggedConfig(), problem).swap_ab):
+  balanced_tile_m = BALANCED_ITEMS_TILE_M.get(device.key, 0)
+  balanced = (rows_per_group > PING_PONG_MAX_ROWS and balanced_tile_m
+              and _balanced_items_pad_less(rows_per_group, balanced_tile_m)
+              and _swapped_where_possible(RaggedConfig(), problem).swap_ab)
+  if _takes_turns(rows_per_group) or (balanced and balanced_tile_m == 128):
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
     # one consumer's output store overlaps the other's wgmmas. At one item
@@ -670,12 +677,13 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
     # nothing is padded (H100: experiments/results/nvidia_h100/
     # ragged_swap_ab). Above PING_PONG_MAX_ROWS the same tile where its
     # balanced items pad far less than 128-row ones
-    # (`_balanced_items_pad_less`), on BALANCED_ITEMS_DEVICES only.
+    # (`_balanced_items_pad_less`), where BALANCED_ITEMS_TILE_M says so.
     base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
                         grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
                         group_bands=group_bands)
     return _most_stages(_swapped_where_possible(base, problem), problem)
-  if (tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
+  if (balanced and balanced_tile_m == 256) or (
+      tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
       and device.key in SWAP_AB_TALL_DEVICES):
     # About one 128-row item per expert (DeepSeek-V3): 256-token items,
     # transposed, whose consumers split the tokens (the second idle where a
@@ -683,6 +691,9 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
     # routings a group's rows are one item at a width near them, where
     # 128-row items padded each group's last (experiments/results/
     # nvidia_h100/ragged_swap_ab). On the GPUs of SWAP_AB_TALL_DEVICES only.
+    # The same tile above PING_PONG_MAX_ROWS where its balanced items pad
+    # far less than 128-row ones (a 513-row expert: three items of 171 at
+    # width 192), where BALANCED_ITEMS_TILE_M says so.
     tall = _swapped_where_possible(RaggedConfig(
         tile_m=256, tile_n=64, tile_k=64, epi_tile_n=64, grid_band=band,
         split_rows=True, group_bands=True), problem)

@@ -165,6 +165,18 @@ def test_swap_ab_probe_lowers_and_matches_at_token_counts_of_8_rows():
     assert swap_ab_probe.probe(tokens) < 1e-2
 
 
+def test_chunk32_probe_lowers_a_32_row_chunk_only_at_the_64_byte_swizzle(
+    capsys):
+  """The weight gradient's token rows as wgmma's K: a 32-row chunk is
+  refused at the 128-byte swizzle and lowers (and matches float64 in
+  interpret mode) at the 64-byte one."""
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab import chunk32_probe
+  assert chunk32_probe.probe(32, 64, 64, 128) < 1e-2
+  assert chunk32_probe.main(["--cases", "32:128"]) == 0
+  assert "refused: K must be a multiple of 64" in capsys.readouterr().out
+
+
 def test_versus_padded_lhs_traces_the_padded_call_on_its_own(monkeypatch):
   """`ragged_profile_case --versus_padded_lhs` times two programs: the
   padded one must be traced again with `lhs_in_place` off, not served from

@@ -16,7 +16,8 @@ first row rounded down to the 8 rows where a TMA load may start, as
   (the token rows on wgmma's N side instead, whose step is 8);
 - drhs ("contracting" mode): reduction chunks of 64 rows, the least
   Mosaic's wgmma takes where both operands are transposed (token rows are
-  its K).
+  its K) at the 128-byte swizzle, and of 32 rows, which it takes at the
+  64-byte one (`chunk32_probe.py`).
 
 For each granularity the bound is roofline / max(memory time, compute time x
 padding): the padded work at the dense rate, with every byte moved once.
@@ -54,7 +55,7 @@ ROW_ALIGN = tma.tma_tiling(SWIZZLE_ELEMS_16BIT, jnp.bfloat16)[0]
 GRANULARITIES = {
     "forward": (("items of 128", 128), ("items of 64", 64), ("steps of 8", 8)),
     "dlhs": (("items of 128", 128), ("items of 64", 64), ("steps of 8", 8)),
-    "drhs": (("chunks of 64", 64),),
+    "drhs": (("chunks of 64", 64), ("chunks of 32", 32)),
 }
 
 
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
       continue
     cells = [f"{pad:.2f}, {best:.2f}" for _, pad, best in rows]
     if r["direction"] == "drhs":
-      cells = [f"({rows[0][0]}) {cells[0]}"] + [""] * (columns - 1)
+      cells = [f"({name}) {cell}" for (name, _, _), cell in zip(rows, cells)]
+      cells += [""] * (columns - len(cells))
     print(f"| {r['case']} | {r['roofline_fraction']:.2f} | {bar:.2f} | "
           + " | ".join(cells) + " |")
   print()

@@ -352,6 +352,61 @@ def test_contracting_operand_planes(case):
   _run_contracting(PLANES_CASES[case], detect_races=case == 1)
 
 
+#: 32-row reduction chunks (`tile_k=32`, operands swizzled by 64 bytes): the
+#: chunks that hold other groups' rows are masked through their transpose.
+CHUNK32_CASES = [
+    # Consumers splitting the tile, group boundaries mid-chunk, an empty
+    # group, rows of no group; f32 out.
+    (150, 128, 64, [30, 0, 70, 20], 3, "bfloat16", "float32",
+     dataclasses.replace(SMALL, tile_k=32, stages=3)),
+    # Turns at whole 128 x 128 tiles, f16, K past one tile.
+    (230, 192, 128, [60, 130, 0, 33], 5, "float16", "float16",
+     dataclasses.replace(SMALL, tile_m=128, tile_n=128, tile_k=32,
+                         ping_pong=True, stages=4, out_slots=2)),
+    # The short-reduction tile (64 x 256 per consumer), 32-row pieces walked
+    # largest first, producer-stored zeros.
+    (261, 128, 256, [5, 200, 0, 56], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256,
+                         tile_k=32, piece_rows=32, largest_first=True,
+                         zeros_by_producer=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CHUNK32_CASES)),
+                         ids=["split", "turns", "short_tile"])
+def test_contracting_32_row_chunks(case):
+  _run_contracting(CHUNK32_CASES[case], detect_races=case == 1)
+
+
+def test_32_row_chunks_lower_for_cuda():
+  """The weight gradient's 32-row chunks at Qwen1.5-MoE's shape lower for
+  the GPU: turns (the heuristic's tile there) and the split tile, with the
+  ring as deep as fits and at eight stages."""
+  problem = RaggedProblem("contracting", 16384, 2048, 1408, 60, "bfloat16",
+                          "bfloat16")
+  base = mosaic.heuristic(problem, HOPPER)
+  assert configs.contracting_operand_swizzle(
+      dataclasses.replace(base, tile_k=32), jnp.bfloat16) == 64
+  assert configs.contracting_operand_swizzle(base, jnp.bfloat16) is None
+  for fields in (dict(), dict(ping_pong=False)):
+    config = configs._most_stages(
+        dataclasses.replace(base, tile_k=32, **fields), problem)
+    _lower_for_cuda(problem, config)
+  _lower_for_cuda(problem, dataclasses.replace(base, tile_k=32, stages=8))
+
+
+def test_32_row_chunks_are_contracting_only():
+  with pytest.raises(ValueError, match="tile_k=32 excludes operand_planes"):
+    RaggedConfig(tile_k=32, operand_planes=True)
+  with pytest.raises(ValueError, match="tile_k=32 excludes cluster_columns"):
+    RaggedConfig(tile_k=32, cluster_columns=True)
+  with pytest.raises(ValueError, match="tile_k"):
+    RaggedConfig(tile_k=16)
+  rows = RaggedProblem("rows", 256, 128, 128, 4, "bfloat16", "bfloat16")
+  with pytest.raises(ValueError, match="tile_k=32 is a \"contracting\""):
+    RaggedConfig(tile_k=32).check_mode(rows.mode)
+
+
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
     # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no

@@ -24,7 +24,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import tma
 from pallas_gemm.mosaic_backend.configs import NUM_CONSUMERS, Dim
-from pallas_gemm.mosaic_backend.tma import tiled_transforms
+from pallas_gemm.mosaic_backend.tma import swizzled_transforms, tiled_transforms
 from pallas_gemm.problem import GemmProblem, apply_epilogue
 
 PRODUCER_REGISTERS = 40
@@ -340,7 +340,8 @@ def run_warpgroups(producer, consumer):
 
 def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
               cluster_axes: tuple[str, ...] | None = None,
-              row_addressed: tuple[str, ...] = (), **operands):
+              row_addressed: tuple[str, ...] = (), swizzle: int | None = None,
+              **operands):
   """The shared memory of a TMA ring, as `pl.run_scoped` keyword arguments:
   a buffer of `stages` blocks for each named operand (block shape, dtype),
   swizzled along the block's minor dimension, and the barriers
@@ -357,18 +358,28 @@ def ring_smem(stages: int, *, loads: int | None = None, owners: int = 1,
 
   Each operand named in `row_addressed` is a pair of views of one buffer
   (`row_addressed_smem`): the tiled one for wgmma, and an untiled one for
-  the TMA loads, whose source rows then need not be whole 8-row tiles."""
+  the TMA loads, whose source rows then need not be whole 8-row tiles.
+
+  `swizzle` (bytes) narrows every operand's swizzle from the widest its
+  block's minor dimension allows, e.g. where wgmma reads the blocks'
+  rows as K in steps narrower than the widest span (excludes
+  `row_addressed`, whose views are one 128-byte span a row)."""
   if owners not in (1, NUM_CONSUMERS):
     raise ValueError(f"owners={owners} must be 1 or {NUM_CONSUMERS}")
   unknown = set(row_addressed) - set(operands)
   if unknown:
     raise ValueError(f"row_addressed names {sorted(unknown)}, which are not "
                      f"operands ({sorted(operands)})")
+  if swizzle is not None and row_addressed:
+    raise ValueError(f"swizzle={swizzle} excludes row_addressed operands "
+                     f"{sorted(row_addressed)} (one 128-byte span a row)")
   scratch = {
       name: (row_addressed_smem((stages, *block), dtype)
              if name in row_addressed else
              plgpu.SMEM((stages, *block), dtype,
-                        transforms=tiled_transforms(block[-1], dtype)))
+                        transforms=(tiled_transforms(block[-1], dtype)
+                                    if swizzle is None else
+                                    swizzled_transforms(swizzle, dtype))))
       for name, (block, dtype) in operands.items()}
   scratch["stage_loaded"] = plgpu.Barrier(
       num_arrivals=len(operands) if loads is None else loads,

@@ -12,7 +12,15 @@ One `RaggedConfig` serves both modes; the fields mean:
     tile_m     output rows (the K dim of lhs) of each consumer warpgroup; the
                CTA tile is (2 * tile_m) x tile_n.
     tile_n     output columns (the N dim of dout).
-    tile_k     token rows of one pipeline stage (the reduction chunk).
+    tile_k     token rows of one pipeline stage (the reduction chunk). The
+               token rows are wgmma's K with both operands read
+               transposed, which Mosaic takes only in whole swizzle spans:
+               64 (or 128) at the 128-byte swizzle, or 32 with the
+               operands' stages swizzled by 64 bytes
+               (`contracting_operand_swizzle`), so that an expert whose
+               rows end mid-chunk computes at most 31 rows of zeros
+               instead of 63 (excludes operand_planes and
+               cluster_columns; "rows" mode raises on it).
     split_rows the two consumers split the CTA tile's rows instead of its
                columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
                wgmma per step (needs tile_m 128 or 256 and
@@ -243,7 +251,9 @@ class RaggedConfig:
       "registers"))
   tile_n: int = checked(128, one_of(64, 128, 192, 256).because(
       "whole 128-byte swizzle spans, wgmma's N range"))
-  tile_k: int = checked(64, one_of(64, 128))
+  tile_k: int = checked(64, one_of(32, 64, 128).because(
+      "whole swizzle spans of 16-bit elements; 32 only in \"contracting\" "
+      "mode, at the 64-byte swizzle"))
   stages: int = checked(4, in_range(2, 8))
   epi_tile_n: int = checked(64, multiple_dividing(SWIZZLE_ELEMS_16BIT,
                                                   "tile_n"))
@@ -287,6 +297,14 @@ class RaggedConfig:
                          f"{self.out_slots} to divide the stores of a tile "
                          f"row, tile_n / epi_tile_n = "
                          f"{self.tile_n // self.epi_tile_n} ({why})")
+    if self.tile_k < SWIZZLE_ELEMS_16BIT:
+      for option, why in (("operand_planes", "a plane is one 128-byte "
+                           "swizzle span"),
+                          ("cluster_columns", "not built for the 64-byte "
+                           "swizzle's stages")):
+        if getattr(self, option):
+          raise ValueError(f"RaggedConfig.tile_k={self.tile_k} excludes "
+                           f"{option} ({why})")
     if self.zero_drip and not self.zeros_by_producer:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "
@@ -338,6 +356,11 @@ class RaggedConfig:
   def check_mode(self, mode: str) -> None:
     """Raises ValueError naming the first option set here that only the
     other mode's kernel has (`MODE_ONLY_OPTIONS`)."""
+    if mode == "rows" and self.tile_k < SWIZZLE_ELEMS_16BIT:
+      raise ValueError(f"RaggedConfig.tile_k={self.tile_k} is a "
+                       f"\"contracting\"-mode chunk: the \"rows\" kernel's "
+                       f"K steps are whole 128-byte swizzle spans "
+                       f"({SWIZZLE_ELEMS_16BIT} 16-bit elements)")
     other = "contracting" if mode == "rows" else "rows"
     for option, why in MODE_ONLY_OPTIONS[other].items():
       if getattr(self, option):
@@ -587,6 +610,16 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
     # copies of the operands.
     config = dataclasses.replace(config, operand_planes=True)
   return config
+
+
+def contracting_operand_swizzle(config: RaggedConfig, dtype) -> int | None:
+  """The swizzle (bytes) of the weight gradient's lhs and dout stages:
+  None, the widest their columns allow (128 bytes), or, for a chunk
+  narrower than that span's elements (tile_k=32 of 16-bit inputs), the
+  span the chunk fills, the widest at which Mosaic's wgmma takes it as K
+  (experiments/lab/chunk32_probe.py)."""
+  span = config.tile_k * jnp.dtype(dtype).itemsize
+  return span if span < 128 else None
 
 
 def planes_read_in_place(config: RaggedConfig,

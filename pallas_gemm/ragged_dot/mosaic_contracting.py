@@ -16,6 +16,13 @@ no rows runs no chunk and stores zeros. The pipeline is the one of
 `mosaic.py`: producer warpgroup + two consumers over a ring whose step
 counter runs on across tiles.
 
+With `RaggedConfig.tile_k` = 32, the chunks are 32 rows and the operands'
+stages are swizzled by 64 bytes, the widest span at which wgmma takes a
+K of 32 with both operands transposed (`configs.
+contracting_operand_swizzle`); a chunk holding other groups' rows is
+masked through its transpose, since the wgmma register layout tiles 64
+rows.
+
 With `RaggedConfig.operand_planes`, each stage of lhs and dout is held as
 64-column planes (rows of one swizzle span), each loaded by one TMA copy
 and multiplied as its own wgmma operand: 64 x 64 wgmmas, one per (lhs
@@ -88,7 +95,9 @@ from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,
                                           SWIZZLE_ELEMS_16BIT, ZERO_BOX,
-                                          RaggedConfig, planes_read_in_place)
+                                          RaggedConfig,
+                                          contracting_operand_swizzle,
+                                          planes_read_in_place)
 from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
                                           ping_pong_turn, tile_steps)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -357,11 +366,16 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           @pl.when((chunk_row0 < row_lo) | (chunk_row0 + chunk > row_hi))
           def _mask_other_groups():
             for part in parts:
-              values = plgpu.load(part, layout=plgpu.Layout.WGMMA)
+              # The wgmma register layout tiles 64 rows: a 32-row chunk is
+              # masked through its transpose, whose rows are the columns.
+              view, token_axis = ((part.T, 1) if chunk < WGMMA_ROWS
+                                  else (part, 0))
+              values = plgpu.load(view, layout=plgpu.Layout.WGMMA)
               rows = chunk_row0 + plgpu.broadcasted_iota(
-                  jnp.int32, part.shape, 0, layout=plgpu.Layout.WGMMA)
+                  jnp.int32, view.shape, token_axis,
+                  layout=plgpu.Layout.WGMMA)
               keep = (rows >= row_lo) & (rows < row_hi)
-              part[...] = jnp.where(keep, values, jnp.zeros_like(values))
+              view[...] = jnp.where(keep, values, jnp.zeros_like(values))
             plgpu.commit_smem()  # make the writes visible to the wgmma
 
           if not planes:
@@ -428,6 +442,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       **ring_smem(stages, **blocks,
                   loads=lhs_planes + dout_planes if planes else None,
                   row_addressed=tuple(blocks) if in_place else (),
+                  swizzle=contracting_operand_swizzle(config, in_dtype),
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
                   cluster_axes=("cluster",) if config.cluster_columns
                   else None),
@@ -436,6 +451,10 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
          if zeros_by_producer else {}),
       collective_axes="wg",
   )
+
+
+#: Rows of the wgmma register layout's tile (`plgpu.Layout.WGMMA`).
+WGMMA_ROWS = 64
 
 
 #: Columns of one `RaggedConfig.operand_planes` plane: a 128-byte swizzle

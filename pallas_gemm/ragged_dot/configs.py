@@ -181,6 +181,7 @@ from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 NUM_CONSUMERS,
                                                 SMEM_SLACK_BYTES)
+from pallas_gemm.mosaic_backend.tma import WGMMA_SWIZZLES
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -619,7 +620,7 @@ def contracting_operand_swizzle(config: RaggedConfig, dtype) -> int | None:
   span the chunk fills, the widest at which Mosaic's wgmma takes it as K
   (experiments/lab/chunk32_probe.py)."""
   span = config.tile_k * jnp.dtype(dtype).itemsize
-  return span if span < 128 else None
+  return span if span < max(WGMMA_SWIZZLES) else None
 
 
 def planes_read_in_place(config: RaggedConfig,
@@ -630,6 +631,7 @@ def planes_read_in_place(config: RaggedConfig,
   and columns that need no padding of their own (whole 64-column planes,
   at least a tile's)."""
   if (problem.mode != "contracting" or config.cluster_columns
+      or config.tile_k < SWIZZLE_ELEMS_16BIT
       or jnp.dtype(problem.in_dtype).itemsize != 2):
     return False
   cta_m = config.cta_tile("contracting")[0]
@@ -819,6 +821,9 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
                          problem)
     if zeros.fits(problem):
       out.append(zeros)
+    # 32-row reduction chunks (operands swizzled by 64 bytes): an expert
+    # that ends mid-chunk pads at most 31 rows instead of 63.
+    out.append(_most_stages(dataclasses.replace(out[0], tile_k=32), problem))
     rows = filling_piece_rows(problem, out[0], NOMINAL_SMS)
     if rows:
       out.append(dataclasses.replace(out[0], piece_rows=rows))

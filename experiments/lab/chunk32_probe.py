@@ -41,6 +41,7 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
   sys.path.insert(0, str(_ROOT))
 
+from experiments.lab.swap_ab_probe import load_and_multiply  # noqa: E402
 from pallas_gemm.mosaic_backend.tma import swizzled_transforms  # noqa: E402
 
 DTYPE = jnp.bfloat16
@@ -57,17 +58,10 @@ def contraction_tile_kernel(rows: int, swizzle: int, m: int, n: int,
 
   def body(lhs_gmem, dout_gmem, out_gmem):
     def scoped(lhs_smem, dout_smem, out_smem, landed):
-      plgpu.copy_gmem_to_smem(lhs_gmem, lhs_smem, landed)
-      plgpu.copy_gmem_to_smem(dout_gmem, dout_smem, landed)
-      plgpu.barrier_wait(landed)
-
-      def product(acc_ref):
-        # The token rows are K: A = lhs^T (m x rows), B = dout (rows x n).
-        plgpu.wgmma(acc_ref, lhs_smem.T, dout_smem)
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
-
-      out_smem[...] = pl.run_scoped(product, plgpu.ACC((m, n), jnp.float32))
+      # The token rows are K: A = lhs^T (m x rows), B = dout (rows x n).
+      out_smem[...] = load_and_multiply(
+          (lhs_gmem, dout_gmem), (lhs_smem, dout_smem), landed,
+          lambda lhs, dout: (lhs.T, dout), (m, n))
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(out_smem, out_gmem)
       plgpu.wait_smem_to_gmem(0)

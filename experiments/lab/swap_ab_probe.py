@@ -42,22 +42,30 @@ COLUMNS, DEPTH = 64, 64
 DTYPE = jnp.bfloat16
 
 
+def load_and_multiply(sources, buffers, landed, operands, acc_shape):
+  """TMA-loads each gmem ref of `sources` into its smem buffer, waits, and
+  returns the float32 accumulator (`acc_shape`) of one wgmma of
+  `operands(*buffers)`, its (A, B) views."""
+  for src, dst in zip(sources, buffers):
+    plgpu.copy_gmem_to_smem(src, dst, landed)
+  plgpu.barrier_wait(landed)
+
+  def product(acc_ref):
+    plgpu.wgmma(acc_ref, *operands(*buffers))
+    plgpu.wgmma_wait(0)
+    return acc_ref[...]
+
+  return pl.run_scoped(product, plgpu.ACC(acc_shape, jnp.float32))
+
+
 def swapped_tile_kernel(tokens: int, interpret: bool):
   """out (tokens, COLUMNS) = x (tokens, DEPTH) @ w (DEPTH, COLUMNS),
   computed as its transpose."""
   def body(x_gmem, w_gmem, out_gmem):
     def scoped(x_smem, w_smem, out_smem, landed):
-      plgpu.copy_gmem_to_smem(x_gmem, x_smem, landed)
-      plgpu.copy_gmem_to_smem(w_gmem, w_smem, landed)
-      plgpu.barrier_wait(landed)
-
-      def product(acc_ref):
-        # A = W^T (columns x depth), B = x^T (depth x tokens).
-        plgpu.wgmma(acc_ref, w_smem.T, x_smem.T)
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
-
-      acc = pl.run_scoped(product, plgpu.ACC((COLUMNS, tokens), jnp.float32))
+      # A = W^T (columns x depth), B = x^T (depth x tokens).
+      acc = load_and_multiply((x_gmem, w_gmem), (x_smem, w_smem), landed,
+                              lambda x, w: (w.T, x.T), (COLUMNS, tokens))
       out_smem.T[...] = acc.astype(out_smem.dtype)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(out_smem, out_gmem)

@@ -38,7 +38,7 @@ _INVALID_FIELDS = {
         "wg_dimension": (2,), "fast_math": (1,), "consumer_lag": (4,),
         "x_in_registers": ("yes",)},
     RaggedConfig: {
-        "tile_m": (96, 64.0), "tile_n": (100,), "tile_k": (32,),
+        "tile_m": (96, 64.0), "tile_n": (100,), "tile_k": (16, 96),
         "stages": (1, True), "epi_tile_n": (48,), "grid_band": (0,),
         "out_slots": (3,), "interleave_groups": (1,),
         "piece_rows": (96, -64, 64.0), "largest_first": (1,),

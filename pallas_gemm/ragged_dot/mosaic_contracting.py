@@ -86,7 +86,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.configs import Dim
+from pallas_gemm.mosaic_backend.configs import WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
@@ -451,10 +451,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
          if zeros_by_producer else {}),
       collective_axes="wg",
   )
-
-
-#: Rows of the wgmma register layout's tile (`plgpu.Layout.WGMMA`).
-WGMMA_ROWS = 64
 
 
 #: Columns of one `RaggedConfig.operand_planes` plane: a 128-byte swizzle

@@ -821,9 +821,9 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
                          problem)
     if zeros.fits(problem):
       out.append(zeros)
-    # 32-row reduction chunks (operands swizzled by 64 bytes): an expert
-    # that ends mid-chunk pads at most 31 rows instead of 63.
-    out.append(_most_stages(dataclasses.replace(out[0], tile_k=32), problem))
+    # Not 32-row reduction chunks (`tile_k=32`): slower on every layer
+    # measured, padded or not (experiments/results/nvidia_h200/
+    # ragged_options, "32-row reduction chunks timed").
     rows = filling_piece_rows(problem, out[0], NOMINAL_SMS)
     if rows:
       out.append(dataclasses.replace(out[0], piece_rows=rows))

@@ -298,7 +298,7 @@ class RaggedConfig:
                          f"{self.out_slots} to divide the stores of a tile "
                          f"row, tile_n / epi_tile_n = "
                          f"{self.tile_n // self.epi_tile_n} ({why})")
-    if self.tile_k < SWIZZLE_ELEMS_16BIT:
+    if self.narrow_chunks:
       for option, why in (("operand_planes", "a plane is one 128-byte "
                            "swizzle span"),
                           ("cluster_columns", "not built for the 64-byte "
@@ -357,7 +357,7 @@ class RaggedConfig:
   def check_mode(self, mode: str) -> None:
     """Raises ValueError naming the first option set here that only the
     other mode's kernel has (`MODE_ONLY_OPTIONS`)."""
-    if mode == "rows" and self.tile_k < SWIZZLE_ELEMS_16BIT:
+    if mode == "rows" and self.narrow_chunks:
       raise ValueError(f"RaggedConfig.tile_k={self.tile_k} is a "
                        f"\"contracting\"-mode chunk: the \"rows\" kernel's "
                        f"K steps are whole 128-byte swizzle spans "
@@ -374,6 +374,13 @@ class RaggedConfig:
     the same slot, whatever its number, and a consumer may skip a tile."""
     slots = self.out_slots if out_slots is None else out_slots
     return (self.tile_n // self.epi_tile_n) % slots == 0
+
+  @property
+  def narrow_chunks(self) -> bool:
+    """Whether a reduction chunk (`tile_k`) is narrower than one 128-byte
+    swizzle span of 16-bit elements: the weight gradient's 32-row chunks,
+    staged at the 64-byte swizzle."""
+    return self.tile_k < SWIZZLE_ELEMS_16BIT
 
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
@@ -631,7 +638,7 @@ def planes_read_in_place(config: RaggedConfig,
   and columns that need no padding of their own (whole 64-column planes,
   at least a tile's)."""
   if (problem.mode != "contracting" or config.cluster_columns
-      or config.tile_k < SWIZZLE_ELEMS_16BIT
+      or config.narrow_chunks
       or jnp.dtype(problem.in_dtype).itemsize != 2):
     return False
   cta_m = config.cta_tile("contracting")[0]

@@ -237,6 +237,16 @@ ROWS_CASES = [
     # (see short_items_split_rows).
     (560, 64, 128, [300, 0, 129, 3, 70], 6, "bfloat16", "bfloat16", True,
      "silu", dataclasses.replace(TALL, swap_ab=True, swizzled_staging=True)),
+    # ... the consumers taking turns at whole 192-token tiles (widths in
+    # steps of 16): a 273-row group is two items of 144, a 193-row one two
+    # of 104 (run at 112), a 130-row one item of 136 (at 144), a 3-row
+    # group, an empty one, rows of no group before and after the groups
+    # (the last items held back to lhs's last 192 rows); rhs read
+    # transposed, silu.
+    (700, 64, 128, [273, 0, 193, 3, 130], 5, "bfloat16", "bfloat16", True,
+     "silu", RaggedConfig(tile_m=192, tile_n=64, tile_k=64, stages=2,
+                          epi_tile_n=64, grid_band=2, ping_pong=True,
+                          out_slots=1, swizzled_staging=True, swap_ab=True)),
     # The item table built by the Pallas-Triton work-list kernel (run by
     # the interpreter here): balanced items (swap_ab), an empty group, rows
     # of no group before and after the groups.
@@ -253,7 +263,7 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swizzled_ping_pong", "row_halves_ping_pong", "row_halves",
             "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns",
             "swap_ab_split_columns", "swap_ab_ping_pong",
-            "swap_ab_split_rows", "work_list_kernel"]
+            "swap_ab_split_rows", "swap_ab_ping_pong_192", "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
@@ -1018,6 +1028,17 @@ def test_swap_ab_options():
     RaggedConfig(tile_m=128, tile_n=256, swap_ab=True, swizzled_staging=True)
   assert configs.swap_ab_widths(128) == (128, 112, 96, 80, 64, 48, 32, 16)
   assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
+  # 192 tokens: a turn-taking swap_ab consumer only, up to 128 columns.
+  assert configs.swap_ab_widths(192) == tuple(range(192, 0, -16))
+  wide = dict(tile_m=192, tile_n=128, swap_ab=True, swizzled_staging=True,
+              ping_pong=True)
+  assert RaggedConfig(**wide).consumer_tile("rows") == (192, 128)
+  for fields in (dict(ping_pong=False), dict(swap_ab=False)):
+    with pytest.raises(ValueError, match="tile_m=192 needs ping_pong=True "
+                       "and swap_ab=True"):
+      RaggedConfig(**{**wide, **fields})
+  with pytest.raises(ValueError, match="ping_pong needs a consumer tile"):
+    RaggedConfig(**{**wide, "tile_n": 192})
   # A 32-bit output has no swizzled staging, which swap_ab needs.
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match="swizzled_staging needs a staged row"):
@@ -1032,14 +1053,14 @@ def test_swap_ab_options():
 @pytest.mark.parametrize("transpose", [False, True], ids=["fwd", "dlhs"])
 def test_rows_swap_ab_lowers_for_cuda(transpose):
   """Token rows as wgmma's N at Qwen1.5-MoE's shapes lower for the GPU:
-  turn-taking 128 x 128 tiles and 128-token tiles whose consumers split
-  256 columns."""
+  turn-taking 128 x 128 and 192-token x 128 tiles, and 128-token tiles
+  whose consumers split 256 columns."""
   k, n = (1408, 2048) if transpose else (2048, 1408)
   problem = RaggedProblem("rows", 16384, k, n, 60, "bfloat16", "bfloat16",
                           transpose_rhs=transpose)
   base = mosaic.heuristic(problem, HOPPER)
-  for fields in (dict(ping_pong=True), dict(ping_pong=False, split_rows=False,
-                                            tile_n=128),
+  for fields in (dict(ping_pong=True), dict(ping_pong=True, tile_m=192),
+                 dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):
     _lower_for_cuda(problem, configs._most_stages(dataclasses.replace(

@@ -4,7 +4,8 @@ One `RaggedConfig` serves both modes; the fields mean:
 
   mode "rows" (out (m, n) = lhs rows of g @ rhs[g]):
     tile_m     token rows of one CTA tile (64, 128, or 256 with split_rows:
-               wgmma's row groups).
+               wgmma's row groups; 192 with ping_pong and swap_ab, where the
+               tokens are wgmma's N).
     tile_n     output columns of each of the two consumer warpgroups; the CTA
                tile is tile_m x (2 * tile_n).
     tile_k     K depth of one pipeline stage.
@@ -128,18 +129,22 @@ One `RaggedConfig` serves both modes; the fields mean:
                that the token rows are wgmma's N (steps of 8 rows) instead
                of its M (groups of 64): an item runs the narrowest of the
                static token widths of `swap_ab_widths` (multiples of an
-               eighth of a consumer's tokens, at least 8) that holds its
-               rows. Each group is cut into equally long items (as many as with
+               eighth of a consumer's tokens, a power of two, at least 8)
+               that holds its rows. Each group is cut into equally long items (as many as with
                tile_m rows each), so a group of 273 rows is three items of
                96 rows, not 128, 128 and 17. The accumulator is (columns,
                tokens), written to the staging tile through a transposed
                view. With split_rows the consumers split the item's tokens
                (the first tile_m / 2 rows, then the rest), sharing the
                weight strip: at tile_m=256 a 273-row group is two items of
-               144 rows, each loading the weights once. A "rows"-mode
-               option; needs a consumer accumulator of at most 128 x 128
-               f32 and swizzled_staging (so a 16-bit output), and excludes
-               short_items, cluster_columns and epi_tile_m.
+               144 rows, each loading the weights once. With ping_pong,
+               tile_m may be 192 (`SWAP_AB_MAX_TOKENS`): a turn-taking
+               consumer holds up to 128 columns x 192 tokens, and a group
+               of 273 rows is two items of 144. A "rows"-mode option;
+               needs a consumer accumulator of at most 128 x 128 f32
+               (128 x 192 as above) and swizzled_staging (so a 16-bit
+               output), and excludes short_items, cluster_columns and
+               epi_tile_m.
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -199,17 +204,29 @@ SHORT_ITEM_ROWS = 64
 ZERO_BOX = (64, 64)
 #: The narrowest token width of `RaggedConfig.swap_ab` (wgmma's N step).
 SWAP_AB_MIN_WIDTH = 8
-#: How many static token widths a `RaggedConfig.swap_ab` tile has.
+#: How many static token widths a `RaggedConfig.swap_ab` tile of a
+#: power-of-two tile_m has (a 192-token tile has 12, at the 128-token one's
+#: step).
 SWAP_AB_WIDTHS = 8
+#: The most token rows of a turn-taking `RaggedConfig.swap_ab` consumer
+#: (`tile_m` with `ping_pong`): its accumulator (tile_n <= 128 columns x
+#: tokens) is then at most 128 x 192 f32, 192 registers per thread of the
+#: 232 a consumer takes. Two items of up to 192 rows hold an expert of
+#: 257-384 rows, which the 128-token tile cuts into three (the weight
+#: strip loaded once per item): cuBLAS runs Qwen1.5-MoE's 274-row groups
+#: as two tiles of 144 (experiments/results/nvidia_h200/moe_vendor_844ccfc).
+SWAP_AB_MAX_TOKENS = 192
 
 
 def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
   """The static token widths of a `RaggedConfig.swap_ab` tile, widest
-  first: the multiples of tile_m / SWAP_AB_WIDTHS (at least
-  SWAP_AB_MIN_WIDTH) up to tile_m. Each is a copy of the main loop, the
-  epilogue and the producer's lhs load, so the list stays short; an item
-  runs the narrowest that holds its rows."""
+  first: the multiples of a step up to tile_m, the step the power of two
+  at or below tile_m / SWAP_AB_WIDTHS (at least SWAP_AB_MIN_WIDTH), so
+  that a 192-token tile also has the 128- and 144-token widths. Each is a
+  copy of the main loop, the epilogue and the producer's lhs load, so the
+  list stays short; an item runs the narrowest that holds its rows."""
   step = max(tile_m // SWAP_AB_WIDTHS, SWAP_AB_MIN_WIDTH)
+  step = 1 << (step.bit_length() - 1)
   return tuple(range(tile_m, 0, -step))
 
 
@@ -247,9 +264,9 @@ MODE_ONLY_OPTIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class RaggedConfig:
-  tile_m: int = checked(128, one_of(64, 128, 256).because(
+  tile_m: int = checked(128, one_of(64, 128, 192, 256).because(
       "wgmma's 64-row groups; a consumer keeps at most 128 rows in "
-      "registers"))
+      "registers, or with ping_pong and swap_ab 192 token rows"))
   tile_n: int = checked(128, one_of(64, 128, 192, 256).because(
       "whole 128-byte swizzle spans, wgmma's N range"))
   tile_k: int = checked(64, one_of(32, 64, 128).because(
@@ -316,10 +333,21 @@ class RaggedConfig:
                        f"short item uses the first {SHORT_ITEM_ROWS} rows), "
                        f"got ping_pong={self.ping_pong}, "
                        f"tile_m={self.tile_m}")
-    if self.ping_pong and self.tile_m * self.tile_n > 128 * 128:
+    if self.tile_m == SWAP_AB_MAX_TOKENS and not (self.ping_pong
+                                                  and self.swap_ab):
+      raise ValueError(f"RaggedConfig.tile_m={self.tile_m} needs "
+                       f"ping_pong=True and swap_ab=True (a turn-taking "
+                       f"consumer holding its tile's tokens as wgmma's N; "
+                       f"otherwise 64, 128 or 256), got "
+                       f"ping_pong={self.ping_pong}, swap_ab={self.swap_ab}")
+    if self.ping_pong and (
+        self.tile_m * self.tile_n > 128 * 128
+        and not (self.swap_ab and self.tile_n <= 128)):
       raise ValueError(f"RaggedConfig.ping_pong needs a consumer tile "
                        f"tile_m x tile_n of at most 128 x 128 f32 (one "
-                       f"warpgroup's registers hold a whole tile), got "
+                       f"warpgroup's registers hold a whole tile), or with "
+                       f"swap_ab tile_n <= 128 columns by up to "
+                       f"{SWAP_AB_MAX_TOKENS} tokens, got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
     if self.split_rows and (self.tile_m < 128
                             or self.tile_m * self.tile_n > 128 * 128):
@@ -332,10 +360,13 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
                        "other: with ping_pong each consumer runs whole tiles")
     if self.swap_ab:
-      if self.tile_m * self.tile_n > 128 * 128 and not self.split_rows:
+      if (self.tile_m * self.tile_n > 128 * 128 and not self.split_rows
+          and not (self.ping_pong and self.tile_n <= 128)):
         raise ValueError(f"RaggedConfig.swap_ab needs a consumer accumulator "
                          f"tile_n x tile_m of at most 128 x 128 f32 (one "
-                         f"warpgroup's registers), got tile_m={self.tile_m}, "
+                         f"warpgroup's registers), or with ping_pong "
+                         f"tile_n <= 128 by up to {SWAP_AB_MAX_TOKENS} "
+                         f"tokens, got tile_m={self.tile_m}, "
                          f"tile_n={self.tile_n}")
       if not self.swizzled_staging:
         raise ValueError("RaggedConfig.swap_ab needs swizzled_staging=True: "

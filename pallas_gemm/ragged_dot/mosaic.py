@@ -145,9 +145,11 @@ def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
   """TMA-stores rows [first_row, first_row + num_rows) of `out_smem` (an
   un-swizzled (max_rows, width) tile) to rows row0 + those of `out_gmem`,
   leaving the others untouched: one store per binary digit of num_rows
-  (largest first), as a TMA box has a static size. Commits one bulk group."""
+  (largest first), as a TMA box has a static size. Commits one bulk group.
+  The first store is the largest power of two at most max_rows (a 192-row
+  tile's binary digits run from 128)."""
   offset = first_row
-  rows = max_rows
+  rows = 1 << (max_rows.bit_length() - 1)
   while rows >= 1:
     size = rows
     digit = jnp.bitwise_and(num_rows, index(size))

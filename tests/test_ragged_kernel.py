@@ -1039,6 +1039,10 @@ def test_swap_ab_options():
       RaggedConfig(**{**wide, **fields})
   with pytest.raises(ValueError, match="ping_pong needs a consumer tile"):
     RaggedConfig(**{**wide, "tile_n": 192})
+  # A sweep offers it where token rows can be transposed (16-bit outputs).
+  for out_dtype, offered in (("bfloat16", True), ("float32", False)):
+    rows = RaggedProblem("rows", 16384, 2048, 1408, 60, "bfloat16", out_dtype)
+    assert any(c.tile_m == 192 for c in configs.candidates(rows)) is offered
   # A 32-bit output has no swizzled staging, which swap_ab needs.
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match="swizzled_staging needs a staged row"):

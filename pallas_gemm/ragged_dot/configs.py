@@ -851,6 +851,18 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
         RaggedConfig(**{"grid_band": 8, **fields}), problem), problem)
     if config.fits(problem) and config not in out:
       out.append(config)
+  if problem.mode == "rows":
+    # Turns at whole tiles of up to 192 tokens (wgmma's N): two items for
+    # an expert of 257-384 rows. Only with token rows transposed, which a
+    # 16-bit output allows.
+    wide = _swapped_where_possible(RaggedConfig(
+        tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
+        grid_band=4), problem)
+    if wide.swap_ab:
+      wide = _most_stages(dataclasses.replace(
+          wide, tile_m=SWAP_AB_MAX_TOKENS), problem)
+      if wide.fits(problem) and wide not in out:
+        out.append(wide)
   if problem.mode == "contracting" and out:
     # For uneven group sizes: the heuristic's tile walked largest group
     # first, and (where one group's tiles leave SMs idle) also cut.

@@ -297,6 +297,13 @@ def test_rows(name, case):
 
 CONTRACTING_CASES = [
     (150, 128, 64, [30, 0, 70, 20], 0, "bfloat16", "float32"),
+    # The consumers take turns at whole 128 x 192 tiles: two K strips (the
+    # second half past k), three column strips (the last 16 columns wide),
+    # tiles of 1, 3 and 0 chunks, two staging slots over three stores per
+    # tile (as the deepest ring that fits has them on the GPU).
+    (230, 192, 400, [60, 130, 0, 33], 6, "bfloat16", "bfloat16",
+     RaggedConfig(tile_m=128, tile_n=192, tile_k=64, stages=2, epi_tile_n=64,
+                  grid_band=2, ping_pong=True, out_slots=2)),
     # row_offset, an empty last group, odd k and n, f16; two staging slots
     # alternating over one store per tile; tiles walked group index fastest
     (150, 100, 72, [30, 70, 20, 0], 7, "float16", "float16",
@@ -1039,6 +1046,11 @@ def test_swap_ab_options():
       RaggedConfig(**{**wide, **fields})
   with pytest.raises(ValueError, match="ping_pong needs a consumer tile"):
     RaggedConfig(**{**wide, "tile_n": 192})
+  # Other tiles above 128 x 128 are the weight gradient's 128 x 192.
+  wide_columns = RaggedConfig(tile_m=128, tile_n=192, ping_pong=True)
+  wide_columns.check_mode("contracting")
+  with pytest.raises(ValueError, match="ping_pong in \"rows\" mode"):
+    wide_columns.check_mode("rows")
   # A sweep offers it where token rows can be transposed (16-bit outputs).
   for out_dtype, offered in (("bfloat16", True), ("float32", False)):
     rows = RaggedProblem("rows", 16384, 2048, 1408, 60, "bfloat16", out_dtype)
@@ -1228,6 +1240,23 @@ def test_weight_gradient_reads_rows_not_a_multiple_of_8_in_place(m, groups):
   assert all(c.operand_planes for c in configs.candidates(problem))
   text = _lower_for_cuda(problem, config).as_text()
   assert "stablehlo.pad" not in text
+
+
+@pytest.mark.parametrize("groups,m,k,n", [(128, 32768, 2048, 768),
+                                           (60, 16384, 2048, 1408)],
+                         ids=["qwen3_up", "qwen1.5_up"])
+def test_contracting_wide_turns_lower_for_cuda(groups, m, k, n):
+  """The weight gradient's turn-taking 128 x 192 tiles lower for the GPU
+  at Qwen3-30B's and Qwen1.5-MoE's up projections (768 columns: four
+  strips; 1408: seven and a third), at the deepest ring that fits."""
+  problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
+                          "bfloat16")
+  config = configs._most_stages(dataclasses.replace(
+      mosaic.heuristic(problem, HOPPER), tile_n=192, ping_pong=True),
+      problem)
+  assert (config.stages, config.out_slots) == (4, 2)
+  assert config.cta_tile("contracting") == (128, 192)
+  _lower_for_cuda(problem, config)
 
 
 def test_reduction_pieces_lower_for_cuda():

@@ -104,8 +104,10 @@ One `RaggedConfig` serves both modes; the fields mean:
                matters where a tile's main loop is short next to its output
                store (few token rows per expert in "contracting" mode), and
                each SM has two tiles' loads in flight. Needs tile_m *
-               tile_n <= 128 * 128 (a whole tile's accumulator in one
-               warpgroup's registers), and excludes split_rows.
+               tile_n <= 128 * 192 (a whole tile's accumulator in one
+               warpgroup's registers, `TURN_TILE_MAX_ELEMS`; above
+               128 * 128 only as "rows" mode's 192-token swap_ab tile or
+               "contracting" mode's 128 x 192), and excludes split_rows.
     group_bands
                the bands of `grid_band` row items restart at each group (and
                at each stretch of rows of no group), so that a band never
@@ -216,6 +218,11 @@ SWAP_AB_WIDTHS = 8
 #: strip loaded once per item): cuBLAS runs Qwen1.5-MoE's 274-row groups
 #: as two tiles of 144 (experiments/results/nvidia_h200/moe_vendor_844ccfc).
 SWAP_AB_MAX_TOKENS = 192
+#: The largest tile a turn-taking consumer (`RaggedConfig.ping_pong`) holds
+#: whole in registers, in f32 elements: 128 x 192, 192 per thread. Above
+#: 128 x 128 only as the 192-token `swap_ab` tile ("rows" mode) or as
+#: 128 x 192 weight-gradient tiles ("contracting" mode, `check_mode`).
+TURN_TILE_MAX_ELEMS = 128 * SWAP_AB_MAX_TOKENS
 
 
 def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
@@ -340,15 +347,12 @@ class RaggedConfig:
                        f"consumer holding its tile's tokens as wgmma's N; "
                        f"otherwise 64, 128 or 256), got "
                        f"ping_pong={self.ping_pong}, swap_ab={self.swap_ab}")
-    if self.ping_pong and (
-        self.tile_m * self.tile_n > 128 * 128
-        and not (self.swap_ab and self.tile_n <= 128)):
+    if self.ping_pong and self.tile_m * self.tile_n > TURN_TILE_MAX_ELEMS:
       raise ValueError(f"RaggedConfig.ping_pong needs a consumer tile "
-                       f"tile_m x tile_n of at most 128 x 128 f32 (one "
-                       f"warpgroup's registers hold a whole tile), or with "
-                       f"swap_ab tile_n <= 128 columns by up to "
-                       f"{SWAP_AB_MAX_TOKENS} tokens, got "
-                       f"tile_m={self.tile_m}, tile_n={self.tile_n}")
+                       f"tile_m x tile_n of at most 128 x "
+                       f"{SWAP_AB_MAX_TOKENS} f32 (one warpgroup's registers "
+                       f"hold a whole tile), got tile_m={self.tile_m}, "
+                       f"tile_n={self.tile_n}")
     if self.split_rows and (self.tile_m < 128
                             or self.tile_m * self.tile_n > 128 * 128):
       raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "
@@ -387,7 +391,16 @@ class RaggedConfig:
 
   def check_mode(self, mode: str) -> None:
     """Raises ValueError naming the first option set here that only the
-    other mode's kernel has (`MODE_ONLY_OPTIONS`)."""
+    other mode's kernel has (`MODE_ONLY_OPTIONS`), or a tile that mode's
+    kernel does not take."""
+    if (mode == "rows" and self.ping_pong
+        and self.tile_m * self.tile_n > 128 * 128
+        and not (self.swap_ab and self.tile_n <= 128)):
+      raise ValueError(f"RaggedConfig.ping_pong in \"rows\" mode holds a "
+                       f"consumer tile above 128 x 128 f32 only as tile_m="
+                       f"{SWAP_AB_MAX_TOKENS} token rows with swap_ab and "
+                       f"tile_n <= 128, got tile_m={self.tile_m}, "
+                       f"tile_n={self.tile_n}, swap_ab={self.swap_ab}")
     if mode == "rows" and self.narrow_chunks:
       raise ValueError(f"RaggedConfig.tile_k={self.tile_k} is a "
                        f"\"contracting\"-mode chunk: the \"rows\" kernel's "
@@ -822,7 +835,10 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
               # Turns at whole tiles, at the two shapes whose accumulator
               # one warpgroup holds.
               dict(tile_m=128, tile_n=128, ping_pong=True),
-              dict(tile_m=64, tile_n=256, epi_tile_n=256, ping_pong=True)]
+              dict(tile_m=64, tile_n=256, epi_tile_n=256, ping_pong=True),
+              # ... and the widest whole tile a consumer holds (fewer operand
+              # bytes per flop read from L2).
+              dict(tile_m=128, tile_n=192, ping_pong=True)]
   else:
     shapes = [dict(tile_m=128, tile_n=128, split_rows=True),
               dict(tile_m=256, tile_n=64, split_rows=True),

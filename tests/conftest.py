@@ -11,27 +11,6 @@ import warnings
 # it instead of JAX's default 75 % of the device up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-# The CPU interpreter of Mosaic GPU kernels runs every simulated warpgroup
-# of a 2-CTA cluster at once (six), each an XLA computation whose callbacks
-# block on the kernel's barriers; some of those computations run on the
-# XLA CPU client's thread pool, which XLA sizes from NPROC, or else from the
-# CPUs this process may use. With fewer pool threads than blocked
-# warpgroups, a warpgroup holding a pool thread waits for one queued behind
-# it and the test hangs (experiments/results/cpu/interpreter_hang). It must
-# be set before JAX creates its CPU client (below), and never lowered.
-_MIN_CPU_POOL_THREADS = 16
-
-
-def _env_int(name: str) -> int:
-  try:
-    return int(os.environ.get(name, ""))
-  except ValueError:
-    return 0
-
-
-os.environ["NPROC"] = str(max(_MIN_CPU_POOL_THREADS, os.cpu_count() or 1,
-                              _env_int("NPROC")))
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)

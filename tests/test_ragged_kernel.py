@@ -58,6 +58,19 @@ _CLUSTER_CHILD_ENV = "PALLAS_GEMM_CLUSTER_CASE_CHILD"
 #: Tries, and seconds each, of a 2-CTA cluster case in a child process
 #: (about 10 s when it runs through).
 _CLUSTER_CHILD_TRIES, _CLUSTER_CHILD_TIMEOUT_S = 3, 150
+#: The least XLA CPU client pool (`NPROC`) of a cluster case's child: more
+#: threads than the six simulated warpgroups a 2-CTA cluster blocks at once
+#: (see `_cluster_case_in_child`). Only the children get it: the main
+#: suite ran slower with it in every process (experiments/results/cpu/
+#: interpreter_hang).
+_CLUSTER_CHILD_POOL_THREADS = 16
+
+
+def _env_int(name: str) -> int:
+  try:
+    return int(os.environ.get(name, ""))
+  except ValueError:
+    return 0
 
 
 def _cluster_case_in_child(config) -> bool:
@@ -65,15 +78,16 @@ def _cluster_case_in_child(config) -> bool:
   cluster in the CPU interpreter, and returns True once one try passed
   (the caller then returns: the child ran the checks).
 
-  Why: the interpreter hung now and then on the cluster cases when XLA's
-  CPU client had fewer pool threads than the cluster's six simulated
-  warpgroups block at once (their computations queued behind a blocked
-  one; experiments/results/cpu/interpreter_hang). conftest.py now sizes
-  that pool (NPROC), which stopped it (0 hangs in 75 runs, against 8 in
-  35). This stays as a guard, since a hang would stall the whole suite and
-  the interpreter's dispatch is JAX's to change: a child that hangs is
-  killed and the case tried again, so that a hang costs time, not the run;
-  a failure fails at once."""
+  Why: the interpreter hangs now and then on the cluster cases when XLA's
+  CPU client has fewer pool threads than the cluster's six simulated
+  warpgroups block at once: their computations queue behind a blocked one
+  (experiments/results/cpu/interpreter_hang). XLA sizes that pool from
+  NPROC, which the child gets at _CLUSTER_CHILD_POOL_THREADS or more; that
+  stopped the hangs (0 in 105 runs, against 8 in 35). The retry stays as a
+  guard, since a hang would stall the whole suite and the interpreter's
+  dispatch is JAX's to change: a child that hangs is killed and the case
+  tried again, so that a hang costs time, not the run; a failure fails at
+  once."""
   if ON_GPU or not config.cluster_columns or os.environ.get(
       _CLUSTER_CHILD_ENV):
     return False
@@ -86,7 +100,9 @@ def _cluster_case_in_child(config) -> bool:
       child = subprocess.run(
           command, cwd=root, capture_output=True, text=True,
           timeout=_CLUSTER_CHILD_TIMEOUT_S,
-          env={**os.environ, _CLUSTER_CHILD_ENV: "1"})
+          env={**os.environ, _CLUSTER_CHILD_ENV: "1",
+               "NPROC": str(max(_CLUSTER_CHILD_POOL_THREADS,
+                                os.cpu_count() or 1, _env_int("NPROC")))})
     except subprocess.TimeoutExpired:
       continue
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-4000:]

@@ -132,14 +132,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                of its M (groups of 64): an item runs the narrowest of the
                static token widths of `swap_ab_widths` (multiples of an
                eighth of a consumer's tokens, a power of two, at least 8)
-               that holds its rows. Each group is cut into equally long items (as many as with
-               tile_m rows each), so a group of 273 rows is three items of
-               96 rows, not 128, 128 and 17. The accumulator is (columns,
-               tokens), written to the staging tile through a transposed
-               view. With split_rows the consumers split the item's tokens
-               (the first tile_m / 2 rows, then the rest), sharing the
-               weight strip: at tile_m=256 a 273-row group is two items of
-               144 rows, each loading the weights once. With ping_pong,
+               that holds its rows. Each group is cut into equally long
+               items (as many as with tile_m rows each), so a group of 273
+               rows is three items of 96 rows, not 128, 128 and 17. The
+               accumulator is (columns, tokens), written to the staging
+               tile through a transposed view. With split_rows the
+               consumers split the item's tokens (the first tile_m / 2
+               rows, then the rest), sharing the weight strip: at
+               tile_m=256 a 273-row group is two items of 144 rows, each
+               loading the weights once. With ping_pong,
                tile_m may be 192 (`SWAP_AB_MAX_TOKENS`): a turn-taking
                consumer holds up to 128 columns x 192 tokens, and a group
                of 273 rows is two items of 144. A "rows"-mode option;

@@ -60,9 +60,8 @@ _CLUSTER_CHILD_ENV = "PALLAS_GEMM_CLUSTER_CASE_CHILD"
 _CLUSTER_CHILD_TRIES, _CLUSTER_CHILD_TIMEOUT_S = 3, 150
 #: The least XLA CPU client pool (`NPROC`) of a cluster case's child: more
 #: threads than the six simulated warpgroups a 2-CTA cluster blocks at once
-#: (see `_cluster_case_in_child`). Only the children get it: the main
-#: suite ran slower with it in every process (experiments/results/cpu/
-#: interpreter_hang).
+#: (see `_cluster_case_in_child`). Only the children get it: the rest of
+#: the suite blocks no more than one simulated warpgroup at a time.
 _CLUSTER_CHILD_POOL_THREADS = 16
 
 

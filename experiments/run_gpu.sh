@@ -44,9 +44,10 @@
 #              moe cases RAGGED_CASES (';'-separated labels; with
 #              RAGGED_BASE, fields over the heuristic's for the config
 #              they are compared with), output in
-#              $OUT/ragged_options.txt; RAGGED_PAIRS, a file of
-#              "case|fields" lines, times each line's option on its case
-#              instead of every option on every case (fields
+#              $OUT/ragged_options.txt; RAGGED_PAIRS, files (space-
+#              separated, run in order) of "case|fields" lines, times each
+#              line's option on its case instead of every option on every
+#              case (fields
 #              "padded_lhs": the kernel as is against its operands padded,
 #              ragged_profile_case.py --versus_padded_lhs)
 #                                                  BUDGET_ragged_options=200
@@ -229,11 +230,14 @@ if wanted ragged_options; then
       | tee -a "$OUT/ragged_options.txt"
   }
   if [ -n "${RAGGED_PAIRS:-}" ]; then
+    # RAGGED_PAIRS is split into words on purpose: several files in turn
+    # (awk ends each file's last line, should it lack a newline).
+    # shellcheck disable=SC2086
     while IFS='|' read -r case option; do
       [ -n "$case" ] || continue
       [ "$SECONDS" -lt "$deadline" ] || break
       ragged_pair "$case" "$option"
-    done < "$RAGGED_PAIRS"
+    done < <(awk 1 $RAGGED_PAIRS)
   else
     IFS=';' read -r -a ragged_cases <<< "${RAGGED_CASES:-qwen1.5_moe_up even drhs;qwen3_30b_a3b_up zipf drhs;g64_t16384_k2048_n1408 even drhs}"
     for case in "${ragged_cases[@]}"; do

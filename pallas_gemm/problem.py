@@ -333,6 +333,11 @@ def cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
+def power_of_two_at_most(n: int) -> int:
+  """The largest power of two <= n (n >= 1)."""
+  return 1 << (n.bit_length() - 1)
+
+
 def as_array(value, name: str):
   """`value` as a JAX array (tracers and arrays pass through), or a
   TypeError that names the argument `name`."""

@@ -190,7 +190,7 @@ from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 NUM_CONSUMERS,
                                                 SMEM_SLACK_BYTES)
 from pallas_gemm.mosaic_backend.tma import WGMMA_SWIZZLES
-from pallas_gemm.problem import cdiv
+from pallas_gemm.problem import cdiv, power_of_two_at_most
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
@@ -233,8 +233,8 @@ def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
   that a 192-token tile also has the 128- and 144-token widths. Each is a
   copy of the main loop, the epilogue and the producer's lhs load, so the
   list stays short; an item runs the narrowest that holds its rows."""
-  step = max(tile_m // SWAP_AB_WIDTHS, SWAP_AB_MIN_WIDTH)
-  step = 1 << (step.bit_length() - 1)
+  step = power_of_two_at_most(max(tile_m // SWAP_AB_WIDTHS,
+                                  SWAP_AB_MIN_WIDTH))
   return tuple(range(tile_m, 0, -step))
 
 

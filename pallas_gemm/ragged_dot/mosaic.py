@@ -65,7 +65,7 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, for_each_tile,
     index, interpret_params, ring_smem, rows_addressable,
     run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
-from pallas_gemm.problem import ACTIVATIONS, cdiv
+from pallas_gemm.problem import ACTIVATIONS, cdiv, power_of_two_at_most
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, SHORT_ITEM_ROWS,
@@ -149,7 +149,7 @@ def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
   The first store is the largest power of two at most max_rows (a 192-row
   tile's binary digits run from 128)."""
   offset = first_row
-  rows = 1 << (max_rows.bit_length() - 1)
+  rows = power_of_two_at_most(max_rows)
   while rows >= 1:
     size = rows
     digit = jnp.bitwise_and(num_rows, index(size))

@@ -82,7 +82,7 @@ def _cluster_case_in_child(config) -> bool:
   warpgroups block at once: their computations queue behind a blocked one
   (experiments/results/cpu/interpreter_hang). XLA sizes that pool from
   NPROC, which the child gets at _CLUSTER_CHILD_POOL_THREADS or more; that
-  stopped the hangs (0 in 105 runs, against 8 in 35). The retry stays as a
+  stopped the hangs (counts in that note). The retry stays as a
   guard, since a hang would stall the whole suite and the interpreter's
   dispatch is JAX's to change: a child that hangs is killed and the case
   tried again, so that a hang costs time, not the run; a failure fails at

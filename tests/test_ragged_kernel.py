@@ -1276,6 +1276,29 @@ def test_contracting_wide_turns_lower_for_cuda(groups, m, k, n):
   _lower_for_cuda(problem, config)
 
 
+@pytest.mark.parametrize("groups,m,k,n,wide", [
+    (60, 16384, 2048, 1408, True),    # Qwen1.5-MoE up: 1408 -> 1536 columns
+    (60, 16384, 1408, 2048, True),    # ... down
+    (32, 12000, 2880, 2880, True),    # gpt-oss-20b up: 15 strips of 192
+    (128, 32768, 2048, 768, False),   # Qwen3-30B up: one-hot idles SMs
+    (128, 32768, 768, 2048, False),   # ... down
+    (64, 32768, 2048, 1024, False),   # OLMoE up: 1024 -> 1152 columns
+], ids=["qwen1.5_up", "qwen1.5_down", "gpt_oss_up", "qwen3_up", "qwen3_down",
+        "olmoe_up"])
+def test_contracting_turns_widen_where_both_routings_gain(groups, m, k, n,
+                                                          wide):
+  """The weight gradient's turn-taking tile is 128 x 192 where the model of
+  `_wide_turn_tile_pays` has it faster with even groups and with one group
+  holding every row: on the layers measured, exactly where it was faster
+  on every routing."""
+  problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
+                          "bfloat16")
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.ping_pong
+  assert config.cta_tile("contracting") == (128, 192 if wide else 128)
+  assert config.fits(problem)
+
+
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
   (Qwen3-30B's up projection), walked largest first, lowers for the GPU,
@@ -1425,7 +1448,7 @@ def test_heuristic_takes_turns_where_measured_faster():
   long = RaggedProblem("contracting", 16384, 4096, 14336, 8, "bfloat16",
                        "bfloat16")  # 2048 rows per expert
   config = mosaic.heuristic(short, HOPPER)
-  assert config.ping_pong and config.cta_tile("contracting") == (128, 128)
+  assert config.ping_pong and config.cta_tile("contracting") == (128, 192)
   assert not mosaic.heuristic(long, HOPPER).ping_pong
   # At most two chunks per expert: the 64 x 256 tiles stay split.
   few = RaggedProblem("contracting", 8192, 7168, 2048, 128, "bfloat16",
@@ -1447,12 +1470,13 @@ def test_heuristic_takes_turns_where_measured_faster():
   many = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
   assert not mosaic.heuristic(many, HOPPER).swap_ab
   # Just above PING_PONG_MAX_ROWS (513 rows: a 1-row fifth 128-row item)
-  # the balanced items pad far less: on the H200 the turns stay (five items
-  # of 104 at width 112), on the H100 the 256-token split tile runs them
-  # (three of 171 at width 192). Not at 600 rows (no clear gain on either
-  # tile), nor where staging is not swizzled (no balanced items).
+  # the balanced items pad far less: on the H200 the turns stay, at 192
+  # tokens (three items of 171 at width 176), on the H100 the 256-token
+  # split tile runs them (three of 171 at width 192). Not at 600 rows (no
+  # clear gain on either tile), nor where staging is not swizzled (no
+  # balanced items).
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
-  assert configs.BALANCED_ITEMS_TILE_M[HOPPER.key] == 128
+  assert configs.BALANCED_ITEMS_TILE_M[HOPPER.key] == 192
   assert configs.BALANCED_ITEMS_TILE_M[h100.key] == 256
   for rows_per_group, want in ((513, True), (560, True), (600, False),
                                (650, True), (4096, False)):
@@ -1460,6 +1484,8 @@ def test_heuristic_takes_turns_where_measured_faster():
                          "bfloat16", "bfloat16")
     config = mosaic.heuristic(rows, HOPPER)
     assert config.ping_pong == want and config.swap_ab == want, rows_per_group
+    if want:
+      assert config.cta_tile("rows") == (192, 128) and config.fits(rows)
     config = mosaic.heuristic(rows, h100)
     assert not config.ping_pong
     assert config.swap_ab == want, rows_per_group

@@ -576,13 +576,20 @@ def _takes_turns(rows_per_group: float) -> bool:
 BALANCED_TILE_EFFICIENCY = 0.95
 #: Above PING_PONG_MAX_ROWS, the token-transposed tile (its token rows,
 #: `tile_m`) whose balanced items `_balanced_items_pad_less` weighs against
-#: 128-row items, per GPU (`DeviceInfo.key`): on Phi-3.5-MoE's 513-row
-#: experts the turn-taking 128-token tile was faster on the H200 and slower
-#: on the H100 (experiments/results/nvidia_h100/ragged_options, "Turns
-#: above 512 rows"), where the 256-token tile, whose two consumers split an
-#: item's tokens and share its weight strip, was faster ("Tall balanced
-#: items"). Other GPUs keep the 128-row items.
-BALANCED_ITEMS_TILE_M = {"nvidia_h200": 128, "nvidia_h100": 256}
+#: 128-row items, per GPU (`DeviceInfo.key`). On the H100, on Phi-3.5-MoE's
+#: 513-row experts, the turn-taking 128-token tile was slower than 128-row
+#: items (experiments/results/nvidia_h100/ragged_options, "Turns above 512
+#: rows") and the 256-token tile, whose two consumers split an item's
+#: tokens and share its weight strip, faster ("Tall balanced items"). On
+#: the H200 the turn-taking tile was faster, and at 192 tokens (three items
+#: of 171 there, each loading the weight strip once) faster again than at
+#: 128 (five of 104) on every routing and direction measured (experiments/
+#: results/nvidia_h200/ragged_options, "192-token turns"); at 257-512 rows,
+#: where both cut an expert into as many or more rows, the 128-token tile
+#: and its deeper ring were the faster, so the 192-token one stays above
+#: PING_PONG_MAX_ROWS. Other GPUs keep the 128-row items.
+BALANCED_ITEMS_TILE_M = {"nvidia_h200": SWAP_AB_MAX_TOKENS,
+                         "nvidia_h100": 256}
 
 
 def _balanced_items_pad_less(rows_per_group: float, tile_m: int) -> bool:
@@ -623,7 +630,37 @@ NARROW_OUTPUT_STRIPS = 8
 SHORT_TILE_LOOKAHEAD = 2
 
 
-def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
+#: Time per output element of the weight gradient's 128 x 192 turn-taking
+#: tile relative to the 128 x 128 one, where neither pads nor idles SMs: a
+#: wider tile reads fewer operand bytes from L2 per flop. Fitted between
+#: the layers measured (experiments/results/nvidia_h200/ragged_options,
+#: "128 x 192 weight-gradient turns"), where the wider tile's padded
+#: columns decided: faster at 1408 columns (to 1536), slower at 1024 (to
+#: 1152).
+WIDE_TURN_TILE_TIME = 0.9
+
+
+def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
+  """Whether the weight gradient's turn-taking tiles are 128 x 192 rather
+  than 128 x 128: faster (`WIDE_TURN_TILE_TIME`, columns padded to whole
+  tiles, whole waves of tiles on `sms` SMs) both with every group at the
+  average and with one group holding every row. The second is the one-hot
+  routing, where only that group's tiles carry a reduction: wider tiles are
+  fewer, and where they no longer fill more waves than the narrow ones
+  they leave SMs idle (Qwen3-30B's 2048 x 768 experts, 64 tiles on 132
+  SMs: 1.25 times the time)."""
+  row_tiles = cdiv(problem.k, 128)
+
+  def time(tile_n: int, groups: int) -> float:
+    tiles = groups * row_tiles * cdiv(problem.n, tile_n)
+    per_tile = tile_n * (WIDE_TURN_TILE_TIME if tile_n > 128 else 1.0)
+    return cdiv(tiles, max(sms, 1)) * per_tile
+
+  return all(time(SWAP_AB_MAX_TOKENS, groups) < time(128, groups)
+             for groups in {max(problem.groups, 1), 1})
+
+
+def _contracting_heuristic(problem: RaggedProblem, sms: int) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
   base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
@@ -644,8 +681,10 @@ def _contracting_heuristic(problem: RaggedProblem) -> RaggedConfig:
   if _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
-    # more SMs.
+    # more SMs. Or, where it pays, the widest tile a consumer holds whole.
     base = dataclasses.replace(base, ping_pong=True)
+    if _wide_turn_tile_pays(problem, sms):
+      base = dataclasses.replace(base, tile_n=SWAP_AB_MAX_TOKENS)
   # Group sizes are runtime data, so one config serves every routing. Two
   # options for the routing where one group holds most tokens stay off:
   # cutting its reduction into pieces (`piece_rows`, see
@@ -696,7 +735,7 @@ def planes_read_in_place(config: RaggedConfig,
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   if problem.mode == "contracting":
-    return _contracting_heuristic(problem)
+    return _contracting_heuristic(problem, device.planning_sms)
   config = _rows_heuristic(problem, device)
   if device.is_gpu and work_list_kernel.supports(problem.groups):
     # One launch for the item table instead of XLA's chain of small
@@ -750,7 +789,8 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
   balanced = (rows_per_group > PING_PONG_MAX_ROWS and balanced_tile_m
               and _balanced_items_pad_less(rows_per_group, balanced_tile_m)
               and _swapped_where_possible(RaggedConfig(), problem).swap_ab)
-  if _takes_turns(rows_per_group) or (balanced and balanced_tile_m == 128):
+  balanced_turns = balanced and balanced_tile_m in (128, SWAP_AB_MAX_TOKENS)
+  if _takes_turns(rows_per_group) or balanced_turns:
     # Experts of a few row items: the consumers take turns at whole
     # 128 x 128 tiles, so that each SM has two tiles' loads in flight and
     # one consumer's output store overlaps the other's wgmmas. At one item
@@ -764,11 +804,15 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
     # nothing is padded (H100: experiments/results/nvidia_h100/
     # ragged_swap_ab). Above PING_PONG_MAX_ROWS the same tile where its
     # balanced items pad far less than 128-row ones
-    # (`_balanced_items_pad_less`), where BALANCED_ITEMS_TILE_M says so.
-    base = RaggedConfig(tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
-                        grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
-                        group_bands=group_bands)
-    return _most_stages(_swapped_where_possible(base, problem), problem)
+    # (`_balanced_items_pad_less`), at the token rows BALANCED_ITEMS_TILE_M
+    # gives.
+    base = _swapped_where_possible(RaggedConfig(
+        tile_m=128, tile_n=128, tile_k=64, epi_tile_n=64,
+        grid_band=min(band, NARROW_TILE_BAND), ping_pong=True,
+        group_bands=group_bands), problem)
+    if balanced_turns:
+      base = dataclasses.replace(base, tile_m=balanced_tile_m)
+    return _most_stages(base, problem)
   if (balanced and balanced_tile_m == 256) or (
       tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
       and device.key in SWAP_AB_TALL_DEVICES):

@@ -214,10 +214,11 @@ SWAP_AB_WIDTHS = 8
 #: The most token rows of a turn-taking `RaggedConfig.swap_ab` consumer
 #: (`tile_m` with `ping_pong`): its accumulator (tile_n <= 128 columns x
 #: tokens) is then at most 128 x 192 f32, 192 registers per thread of the
-#: 232 a consumer takes. Two items of up to 192 rows hold an expert of
-#: 257-384 rows, which the 128-token tile cuts into three (the weight
-#: strip loaded once per item): cuBLAS runs Qwen1.5-MoE's 274-row groups
-#: as two tiles of 144 (experiments/results/nvidia_h200/moe_vendor_844ccfc).
+#: 232 a consumer takes. Fewer, longer items than the 128-token tile's
+#: (the weight strip is loaded once per item), on a shallower ring: faster
+#: above 512 rows per expert (three items instead of five), slower at
+#: 129-512 rows, where the ring's depth counted for more (`BALANCED_
+#: ITEMS_TILE_M`).
 SWAP_AB_MAX_TOKENS = 192
 #: The largest tile a turn-taking consumer (`RaggedConfig.ping_pong`) holds
 #: whole in registers, in f32 elements: 128 x 192, 192 per thread. Above
@@ -913,9 +914,9 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "rows":
-    # Turns at whole tiles of up to 192 tokens (wgmma's N): two items for
-    # an expert of 257-384 rows. Only with token rows transposed, which a
-    # 16-bit output allows.
+    # Turns at whole tiles of up to 192 tokens (wgmma's N): fewer items
+    # per expert. Only with token rows transposed, which a 16-bit output
+    # allows.
     wide = _swapped_where_possible(RaggedConfig(
         tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
         grid_band=4), problem)

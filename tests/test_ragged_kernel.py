@@ -1297,6 +1297,10 @@ def test_contracting_turns_widen_where_both_routings_gain(groups, m, k, n,
   assert config.ping_pong
   assert config.cta_tile("contracting") == (128, 192 if wide else 128)
   assert config.fits(problem)
+  # Only on the GPUs it was measured on (WIDE_TURN_TILE_DEVICES).
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  assert h100.key not in configs.WIDE_TURN_TILE_DEVICES
+  assert mosaic.heuristic(problem, h100).cta_tile("contracting") == (128, 128)
 
 
 def test_reduction_pieces_lower_for_cuda():

@@ -585,9 +585,10 @@ BALANCED_TILE_EFFICIENCY = 0.95
 #: the H200 the turn-taking tile was faster, and at 192 tokens (three items
 #: of 171 there, each loading the weight strip once) faster again than at
 #: 128 (five of 104) on every routing and direction measured (experiments/
-#: results/nvidia_h200/ragged_options, "192-token turns"); at 257-512 rows,
-#: where both cut an expert into as many or more rows, the 128-token tile
-#: and its deeper ring were the faster, so the 192-token one stays above
+#: results/nvidia_h200/ragged_options, "192-token turns and 128 x 192
+#: weight-gradient turns"). At 129-512 rows, where it computes as many rows
+#: as the 128-token tile or more, the 128-token tile and its deeper ring
+#: were the faster, so the 192-token one runs only above
 #: PING_PONG_MAX_ROWS. Other GPUs keep the 128-row items.
 BALANCED_ITEMS_TILE_M = {"nvidia_h200": SWAP_AB_MAX_TOKENS,
                          "nvidia_h100": 256}
@@ -635,10 +636,14 @@ SHORT_TILE_LOOKAHEAD = 2
 #: tile relative to the 128 x 128 one, where neither pads nor idles SMs: a
 #: wider tile reads fewer operand bytes from L2 per flop. Fitted between
 #: the layers measured (experiments/results/nvidia_h200/ragged_options,
-#: "128 x 192 weight-gradient turns"), where the wider tile's padded
-#: columns decided: faster at 1408 columns (to 1536), slower at 1024 (to
-#: 1152).
+#: "192-token turns and 128 x 192 weight-gradient turns"), where the
+#: wider tile's padded columns decided: faster at 1408 columns (to 1536),
+#: slower at 1024 (to 1152).
 WIDE_TURN_TILE_TIME = 0.9
+#: The GPUs (`DeviceInfo.key`) the wide turn tile was measured on; elsewhere
+#: the 128 x 128 turns stay until it is (weight-gradient tiles have gained
+#: on one Hopper and lost on the other before: `cluster_columns`).
+WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 
 
 def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
@@ -647,9 +652,9 @@ def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
   tiles, whole waves of tiles on `sms` SMs) both with every group at the
   average and with one group holding every row. The second is the one-hot
   routing, where only that group's tiles carry a reduction: wider tiles are
-  fewer, and where they no longer fill more waves than the narrow ones
-  they leave SMs idle (Qwen3-30B's 2048 x 768 experts, 64 tiles on 132
-  SMs: 1.25 times the time)."""
+  fewer, and where they fill no fewer waves than the narrow ones they
+  only make each wave longer (Qwen3-30B's 2048 x 768 experts: 64 wide or
+  96 narrow tiles, one wave of 132 SMs either way)."""
   row_tiles = cdiv(problem.k, 128)
 
   def time(tile_n: int, groups: int) -> float:
@@ -661,7 +666,8 @@ def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
              for groups in {max(problem.groups, 1), 1})
 
 
-def _contracting_heuristic(problem: RaggedProblem, sms: int) -> RaggedConfig:
+def _contracting_heuristic(problem: RaggedProblem,
+                           device: DeviceInfo) -> RaggedConfig:
   chunk = 64
   rows_per_group = problem.m / max(problem.groups, 1)
   base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
@@ -684,7 +690,8 @@ def _contracting_heuristic(problem: RaggedProblem, sms: int) -> RaggedConfig:
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs. Or, where it pays, the widest tile a consumer holds whole.
     base = dataclasses.replace(base, ping_pong=True)
-    if _wide_turn_tile_pays(problem, sms):
+    if (device.key in WIDE_TURN_TILE_DEVICES
+        and _wide_turn_tile_pays(problem, device.planning_sms)):
       base = dataclasses.replace(base, tile_n=SWAP_AB_MAX_TOKENS)
   # Group sizes are runtime data, so one config serves every routing. Two
   # options for the routing where one group holds most tokens stay off:
@@ -736,7 +743,7 @@ def planes_read_in_place(config: RaggedConfig,
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   if problem.mode == "contracting":
-    return _contracting_heuristic(problem, device.planning_sms)
+    return _contracting_heuristic(problem, device)
   config = _rows_heuristic(problem, device)
   if device.is_gpu and work_list_kernel.supports(problem.groups):
     # One launch for the item table instead of XLA's chain of small

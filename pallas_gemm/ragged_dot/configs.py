@@ -220,10 +220,13 @@ SWAP_AB_WIDTHS = 8
 #: 129-512 rows, where the ring's depth counted for more (`BALANCED_
 #: ITEMS_TILE_M`).
 SWAP_AB_MAX_TOKENS = 192
+#: A consumer warpgroup's f32 accumulator, in elements, wherever nothing
+#: below allows more: 128 x 128, 128 registers per thread.
+ACCUMULATOR_MAX_ELEMS = 128 * 128
 #: The largest tile a turn-taking consumer (`RaggedConfig.ping_pong`) holds
 #: whole in registers, in f32 elements: 128 x 192, 192 per thread. Above
-#: 128 x 128 only as the 192-token `swap_ab` tile ("rows" mode) or as
-#: 128 x 192 weight-gradient tiles ("contracting" mode, `check_mode`).
+#: ACCUMULATOR_MAX_ELEMS only as the 192-token `swap_ab` tile ("rows" mode)
+#: or as 128 x 192 weight-gradient tiles ("contracting" mode, `check_mode`).
 TURN_TILE_MAX_ELEMS = 128 * SWAP_AB_MAX_TOKENS
 
 
@@ -355,8 +358,9 @@ class RaggedConfig:
                        f"{SWAP_AB_MAX_TOKENS} f32 (one warpgroup's registers "
                        f"hold a whole tile), got tile_m={self.tile_m}, "
                        f"tile_n={self.tile_n}")
+    accumulator = self.tile_m * self.tile_n
     if self.split_rows and (self.tile_m < 128
-                            or self.tile_m * self.tile_n > 128 * 128):
+                            or accumulator > ACCUMULATOR_MAX_ELEMS):
       raise ValueError(f"RaggedConfig.split_rows needs tile_m 128 or 256 (two "
                        f"halves of whole 64-row groups) and a consumer "
                        f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
@@ -366,7 +370,7 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
                        "other: with ping_pong each consumer runs whole tiles")
     if self.swap_ab:
-      if (self.tile_m * self.tile_n > 128 * 128 and not self.split_rows
+      if (accumulator > ACCUMULATOR_MAX_ELEMS and not self.split_rows
           and not (self.ping_pong and self.tile_n <= 128)):
         raise ValueError(f"RaggedConfig.swap_ab needs a consumer accumulator "
                          f"tile_n x tile_m of at most 128 x 128 f32 (one "
@@ -396,7 +400,7 @@ class RaggedConfig:
     other mode's kernel has (`MODE_ONLY_OPTIONS`), or a tile that mode's
     kernel does not take."""
     if (mode == "rows" and self.ping_pong
-        and self.tile_m * self.tile_n > 128 * 128
+        and self.tile_m * self.tile_n > ACCUMULATOR_MAX_ELEMS
         and not (self.swap_ab and self.tile_n <= 128)):
       raise ValueError(f"RaggedConfig.ping_pong in \"rows\" mode holds a "
                        f"consumer tile above 128 x 128 f32 only as tile_m="

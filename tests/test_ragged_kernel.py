@@ -1303,6 +1303,16 @@ def test_contracting_turns_widen_where_both_routings_gain(groups, m, k, n,
   assert mosaic.heuristic(problem, h100).cta_tile("contracting") == (128, 128)
 
 
+def test_h200_balanced_turns_config_is_correct():
+  """The H200 heuristic's config above 512 rows per expert (turns at
+  192-token tiles, its balanced items) on an odd shape: columns below one
+  tile, K not a whole stage, a group of 1026 rows and an empty one."""
+  problem = RaggedProblem("rows", 1539, 72, 40, 3, "bfloat16", "bfloat16")
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.ping_pong and config.cta_tile("rows") == (192, 128)
+  _run(problem, [1026, 0, 513], config=config)
+
+
 def test_reduction_pieces_lower_for_cuda():
   """The pieces candidate of a drhs whose group's tiles leave SMs idle
   (Qwen3-30B's up projection), walked largest first, lowers for the GPU,

@@ -522,16 +522,13 @@ def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
 NARROW_TILE_EFFICIENCY = 0.92
 
 
-def _padded_cost(problem: RaggedProblem, sms: int, cta_m: int, cta_n: int,
-                 efficiency: float) -> float:
-  """Relative time of the "rows" grid with (cta_m x cta_n) CTA tiles: every
-  CTA runs whole tiles (ragged edges computed in full) and the busiest one
-  sets the time; the group sizes are estimated as even."""
-  groups = max(problem.groups, 1)
-  rows_per_group = -(-problem.m // groups)
-  items = groups * -(-rows_per_group // cta_m)
-  tiles = items * -(-problem.n // cta_n)
-  return -(-tiles // sms) * cta_m * cta_n / efficiency
+def _padded_cost(groups: int, rows: int, cols: int, sms: int, cta_m: int,
+                 cta_n: int, efficiency: float) -> float:
+  """Relative time of a grid of (cta_m x cta_n) CTA tiles over `groups`
+  outputs of rows x cols each, on `sms` SMs: every CTA runs whole tiles
+  (ragged edges computed in full) and the busiest one sets the time."""
+  tiles = groups * cdiv(rows, cta_m) * cdiv(cols, cta_n)
+  return cdiv(tiles, sms) * cta_m * cta_n / efficiency
 
 
 #: Token rows per expert up to which the consumers take turns at whole
@@ -659,15 +656,11 @@ def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
   fewer, and where they fill no fewer waves than the narrow ones they
   only make each wave longer (Qwen3-30B's 2048 x 768 experts: 64 wide or
   96 narrow tiles, one wave of 132 SMs either way)."""
-  row_tiles = cdiv(problem.k, 128)
-
-  def time(tile_n: int, groups: int) -> float:
-    tiles = groups * row_tiles * cdiv(problem.n, tile_n)
-    per_tile = tile_n * (WIDE_TURN_TILE_TIME if tile_n > 128 else 1.0)
-    return cdiv(tiles, max(sms, 1)) * per_tile
-
-  return all(time(SWAP_AB_MAX_TOKENS, groups) < time(128, groups)
-             for groups in {max(problem.groups, 1), 1})
+  return all(
+      _padded_cost(groups, problem.k, problem.n, sms, 128,
+                   SWAP_AB_MAX_TOKENS, 1 / WIDE_TURN_TILE_TIME)
+      < _padded_cost(groups, problem.k, problem.n, sms, 128, 128, 1.0)
+      for groups in {max(problem.groups, 1), 1})
 
 
 def _contracting_heuristic(problem: RaggedProblem,
@@ -769,9 +762,11 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
   if tile_m == 128:
     # 128 x 256 or 128 x 128 CTA tiles: the narrower one where the columns
     # padded up to 256 and the idle part of the last wave cost more than
-    # its lower efficiency.
-    wide = _padded_cost(problem, sms, 128, 256, 1.0)
-    narrow = _padded_cost(problem, sms, 128, 128, NARROW_TILE_EFFICIENCY)
+    # its lower efficiency, with every group at the average size.
+    rows = cdiv(problem.m, groups)
+    wide = _padded_cost(groups, rows, problem.n, sms, 128, 256, 1.0)
+    narrow = _padded_cost(groups, rows, problem.n, sms, 128, 128,
+                          NARROW_TILE_EFFICIENCY)
     if narrow < wide:
       tile_n = 64
   n_tiles = -(-problem.n // (NUM_CONSUMERS * tile_n))

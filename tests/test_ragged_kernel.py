@@ -264,6 +264,14 @@ ROWS_CASES = [
      "silu", RaggedConfig(tile_m=192, tile_n=64, tile_k=64, stages=2,
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           out_slots=1, swizzled_staging=True, swap_ab=True)),
+    # ... and at a 144-token tile, the width of two items of a 274-row
+    # group: a 274-row group is two items of 137 (run at 144), a 145-row
+    # one two of 73 (at 80), a 144-row one item of 144, a 3-row group, an
+    # empty one; rhs not transposed, no activation.
+    (600, 64, 128, [274, 0, 145, 3, 144], 5, "bfloat16", "bfloat16", False,
+     None, RaggedConfig(tile_m=144, tile_n=64, tile_k=64, stages=2,
+                        epi_tile_n=64, grid_band=2, ping_pong=True,
+                        out_slots=1, swizzled_staging=True, swap_ab=True)),
     # The item table built by the Pallas-Triton work-list kernel (run by
     # the interpreter here): balanced items (swap_ab), an empty group, rows
     # of no group before and after the groups.
@@ -280,7 +288,8 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swizzled_ping_pong", "row_halves_ping_pong", "row_halves",
             "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns",
             "swap_ab_split_columns", "swap_ab_ping_pong",
-            "swap_ab_split_rows", "swap_ab_ping_pong_192", "work_list_kernel"]
+            "swap_ab_split_rows", "swap_ab_ping_pong_192",
+            "swap_ab_ping_pong_144", "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
@@ -1093,6 +1102,7 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
                           transpose_rhs=transpose)
   base = mosaic.heuristic(problem, HOPPER)
   for fields in (dict(ping_pong=True), dict(ping_pong=True, tile_m=192),
+                 dict(ping_pong=True, tile_m=144),
                  dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):

@@ -220,6 +220,11 @@ SWAP_AB_WIDTHS = 8
 #: 129-512 rows, where the ring's depth counted for more (`BALANCED_
 #: ITEMS_TILE_M`).
 SWAP_AB_MAX_TOKENS = 192
+#: Token widths between 128 and SWAP_AB_MAX_TOKENS that only a turn-taking
+#: `RaggedConfig.swap_ab` consumer runs, in the width step of
+#: `swap_ab_widths` above 128 (16). A tile of exactly the width its items
+#: need stages fewer rows than the 192-token one, so its ring is deeper.
+SWAP_AB_TURN_TOKENS = (144, 160, 176, SWAP_AB_MAX_TOKENS)
 #: A consumer warpgroup's f32 accumulator, in elements, wherever nothing
 #: below allows more: 128 x 128, 128 registers per thread.
 ACCUMULATOR_MAX_ELEMS = 128 * 128
@@ -276,9 +281,9 @@ MODE_ONLY_OPTIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class RaggedConfig:
-  tile_m: int = checked(128, one_of(64, 128, 192, 256).because(
+  tile_m: int = checked(128, one_of(64, 128, *SWAP_AB_TURN_TOKENS, 256).because(
       "wgmma's 64-row groups; a consumer keeps at most 128 rows in "
-      "registers, or with ping_pong and swap_ab 192 token rows"))
+      "registers, or with ping_pong and swap_ab up to 192 token rows"))
   tile_n: int = checked(128, one_of(64, 128, 192, 256).because(
       "whole 128-byte swizzle spans, wgmma's N range"))
   tile_k: int = checked(64, one_of(32, 64, 128).because(
@@ -345,7 +350,7 @@ class RaggedConfig:
                        f"short item uses the first {SHORT_ITEM_ROWS} rows), "
                        f"got ping_pong={self.ping_pong}, "
                        f"tile_m={self.tile_m}")
-    if self.tile_m == SWAP_AB_MAX_TOKENS and not (self.ping_pong
+    if self.tile_m in SWAP_AB_TURN_TOKENS and not (self.ping_pong
                                                   and self.swap_ab):
       raise ValueError(f"RaggedConfig.tile_m={self.tile_m} needs "
                        f"ping_pong=True and swap_ab=True (a turn-taking "

@@ -1063,13 +1063,20 @@ def test_swap_ab_options():
   assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
   # 192 tokens: a turn-taking swap_ab consumer only, up to 128 columns.
   assert configs.swap_ab_widths(192) == tuple(range(192, 0, -16))
+  # The turn-taking token widths between 128 and 192 step by 16 too.
+  for tokens in configs.SWAP_AB_TURN_TOKENS:
+    assert configs.swap_ab_widths(tokens) == tuple(range(tokens, 0, -16))
+  with pytest.raises(ValueError, match="tile_m"):
+    RaggedConfig(tile_m=136, tile_n=128, swap_ab=True, swizzled_staging=True,
+                 ping_pong=True)
   wide = dict(tile_m=192, tile_n=128, swap_ab=True, swizzled_staging=True,
               ping_pong=True)
   assert RaggedConfig(**wide).consumer_tile("rows") == (192, 128)
   for fields in (dict(ping_pong=False), dict(swap_ab=False)):
-    with pytest.raises(ValueError, match="tile_m=192 needs ping_pong=True "
-                       "and swap_ab=True"):
-      RaggedConfig(**{**wide, **fields})
+    for tokens in configs.SWAP_AB_TURN_TOKENS:
+      with pytest.raises(ValueError, match=f"tile_m={tokens} needs "
+                         "ping_pong=True and swap_ab=True"):
+        RaggedConfig(**{**wide, "tile_m": tokens, **fields})
   with pytest.raises(ValueError, match="ping_pong needs a consumer tile"):
     RaggedConfig(**{**wide, "tile_n": 192})
   # Other tiles above 128 x 128 are the weight gradient's 128 x 192.
@@ -1103,6 +1110,7 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
   base = mosaic.heuristic(problem, HOPPER)
   for fields in (dict(ping_pong=True), dict(ping_pong=True, tile_m=192),
                  dict(ping_pong=True, tile_m=144),
+                 dict(ping_pong=True, tile_m=176),
                  dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):

@@ -4,8 +4,8 @@ One `RaggedConfig` serves both modes; the fields mean:
 
   mode "rows" (out (m, n) = lhs rows of g @ rhs[g]):
     tile_m     token rows of one CTA tile (64, 128, or 256 with split_rows:
-               wgmma's row groups; 192 with ping_pong and swap_ab, where the
-               tokens are wgmma's N).
+               wgmma's row groups; 144, 160, 176 or 192 with ping_pong and
+               swap_ab, where the tokens are wgmma's N).
     tile_n     output columns of each of the two consumer warpgroups; the CTA
                tile is tile_m x (2 * tile_n).
     tile_k     K depth of one pipeline stage.
@@ -141,10 +141,10 @@ One `RaggedConfig` serves both modes; the fields mean:
                rows, then the rest), sharing the weight strip: at
                tile_m=256 a 273-row group is two items of 144 rows, each
                loading the weights once. With ping_pong,
-               tile_m may be 192 (`SWAP_AB_MAX_TOKENS`): a turn-taking
-               consumer holds up to 128 columns x 192 tokens, and a group
-               of 273 rows is two items of 144. A "rows"-mode option;
-               needs a consumer accumulator of at most 128 x 128 f32
+               tile_m may be 144 to 192 (`SWAP_AB_TURN_TOKENS`): a
+               turn-taking consumer holds up to 128 columns x tile_m
+               tokens, and a group of 273 rows is two items of 144. A
+               "rows"-mode option; needs a consumer accumulator of at most 128 x 128 f32
                (128 x 192 as above) and swizzled_staging (so a 16-bit
                output), and excludes short_items, cluster_columns and
                epi_tile_m.
@@ -224,14 +224,19 @@ SWAP_AB_MAX_TOKENS = 192
 #: `RaggedConfig.swap_ab` consumer runs, in the width step of
 #: `swap_ab_widths` above 128 (16). A tile of exactly the width its items
 #: need stages fewer rows than the 192-token one, so its ring is deeper.
+#: The heuristic takes 192 where `BALANCED_ITEMS_TILE_M` says so, and none
+#: of the narrower ones: they cut items only from groups in narrow bands
+#: of rows, and the routing is not known when the config is chosen
+#: (experiments/results/nvidia_h200/ragged_options, "144-token turns").
 SWAP_AB_TURN_TOKENS = (144, 160, 176, SWAP_AB_MAX_TOKENS)
 #: A consumer warpgroup's f32 accumulator, in elements, wherever nothing
 #: below allows more: 128 x 128, 128 registers per thread.
 ACCUMULATOR_MAX_ELEMS = 128 * 128
 #: The largest tile a turn-taking consumer (`RaggedConfig.ping_pong`) holds
 #: whole in registers, in f32 elements: 128 x 192, 192 per thread. Above
-#: ACCUMULATOR_MAX_ELEMS only as the 192-token `swap_ab` tile ("rows" mode)
-#: or as 128 x 192 weight-gradient tiles ("contracting" mode, `check_mode`).
+#: ACCUMULATOR_MAX_ELEMS only as a `swap_ab` tile of up to 192 tokens
+#: ("rows" mode) or as 128 x 192 weight-gradient tiles ("contracting"
+#: mode, `check_mode`).
 TURN_TILE_MAX_ELEMS = 128 * SWAP_AB_MAX_TOKENS
 
 
@@ -408,7 +413,7 @@ class RaggedConfig:
         and self.tile_m * self.tile_n > ACCUMULATOR_MAX_ELEMS
         and not (self.swap_ab and self.tile_n <= 128)):
       raise ValueError(f"RaggedConfig.ping_pong in \"rows\" mode holds a "
-                       f"consumer tile above 128 x 128 f32 only as tile_m="
+                       f"consumer tile above 128 x 128 f32 only as up to "
                        f"{SWAP_AB_MAX_TOKENS} token rows with swap_ab and "
                        f"tile_n <= 128, got tile_m={self.tile_m}, "
                        f"tile_n={self.tile_n}, swap_ab={self.swap_ab}")

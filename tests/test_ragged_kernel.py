@@ -272,6 +272,22 @@ ROWS_CASES = [
      None, RaggedConfig(tile_m=144, tile_n=64, tile_k=64, stages=2,
                         epi_tile_n=64, grid_band=2, ping_pong=True,
                         out_slots=1, swizzled_staging=True, swap_ab=True)),
+    # ... and with one staging buffer the consumers take turns at
+    # (`shared_staging`): 9 items in 2 column strips, so each of the
+    # interpreter's 2 CTAs runs an odd number of tiles; rhs read
+    # transposed, silu.
+    (600, 64, 128, [274, 0, 145, 3, 144], 5, "bfloat16", "bfloat16", True,
+     "silu", RaggedConfig(tile_m=144, tile_n=64, tile_k=64, stages=2,
+                          epi_tile_n=64, grid_band=2, ping_pong=True,
+                          out_slots=1, swizzled_staging=True, swap_ab=True,
+                          shared_staging=True)),
+    # Turns at 128 x 128 with short items and a shared staging buffer of
+    # two slots: an even number of tiles per CTA.
+    (300, 64, 128, [30, 3, 70, 150, 9], 5, "bfloat16", "bfloat16", False,
+     "silu", RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
+                          epi_tile_n=64, grid_band=2, ping_pong=True,
+                          short_items=True, out_slots=2,
+                          swizzled_staging=True, shared_staging=True)),
     # The item table built by the Pallas-Triton work-list kernel (run by
     # the interpreter here): balanced items (swap_ab), an empty group, rows
     # of no group before and after the groups.
@@ -289,12 +305,14 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "cluster_ping_pong", "cluster_split_rows", "cluster_split_columns",
             "swap_ab_split_columns", "swap_ab_ping_pong",
             "swap_ab_split_rows", "swap_ab_ping_pong_192",
-            "swap_ab_ping_pong_144", "work_list_kernel"]
+            "swap_ab_ping_pong_144", "swap_ab_shared_staging",
+            "ping_pong_shared_staging", "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
                      "ping_pong_short_items", "cluster_ping_pong",
-                     "swap_ab_split_columns", "swap_ab_split_rows"}
+                     "swap_ab_split_columns", "swap_ab_split_rows",
+                     "swap_ab_shared_staging", "ping_pong_shared_staging"}
 
 
 def _named(ids, cases):
@@ -1111,11 +1129,30 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
   for fields in (dict(ping_pong=True), dict(ping_pong=True, tile_m=192),
                  dict(ping_pong=True, tile_m=144),
                  dict(ping_pong=True, tile_m=176),
+                 dict(ping_pong=True, tile_m=144, shared_staging=True),
+                 dict(ping_pong=True, tile_m=192, shared_staging=True),
                  dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):
     _lower_for_cuda(problem, configs._most_stages(dataclasses.replace(
         base, swap_ab=True, swizzled_staging=True, **fields), problem))
+
+
+def test_shared_staging_needs_turns():
+  for fields in (dict(ping_pong=False),
+                 dict(ping_pong=True, cluster_columns=True)):
+    with pytest.raises(ValueError, match="shared_staging needs ping_pong"):
+      RaggedConfig(tile_m=128, tile_n=64, shared_staging=True, **fields)
+  # One buffer for both consumers: the ring may take what it frees.
+  problem = RaggedProblem("rows", 16384, 2048, 1408, 60, "bfloat16",
+                          "bfloat16")
+  config = RaggedConfig(tile_m=144, tile_n=128, ping_pong=True, swap_ab=True,
+                        swizzled_staging=True)
+  own = configs._most_stages(config, problem)
+  shared = configs._most_stages(
+      dataclasses.replace(config, shared_staging=True), problem)
+  assert (own.stages, shared.stages) == (5, 6)
+  assert shared.staging_buffers == 1 and own.staging_buffers == 2
 
 
 def test_ping_pong_needs_one_warpgroup_tile():

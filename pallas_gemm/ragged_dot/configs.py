@@ -154,6 +154,13 @@ One `RaggedConfig` serves both modes; the fields mean:
                one (with out_slots=2 the ring keeps its depth) and the
                stored rows stay 128 bytes (a "rows"-mode option; needs
                out_slots dividing tile_n / epi_tile_n).
+    shared_staging
+               with ping_pong, one staging buffer for both consumers
+               instead of one each: they write it in the order of their
+               turns, each handing it over through a barrier once its
+               stores have read it. The ring may take the shared memory
+               freed (a 144-token swap_ab tile then has 6 stages, a
+               192-token one 5). Excludes cluster_columns.
     work_list_kernel
                build the item table (`mosaic_schedule.row_items`) in one
                Pallas-Triton launch (`work_list_kernel.row_items`) instead
@@ -271,6 +278,7 @@ MODE_ONLY_OPTIONS = {
                             "already",
         "swap_ab": "multiplies whole chunks of token rows",
         "work_list_kernel": "lists no row items",
+        "shared_staging": "stages each consumer's tiles in its own buffer",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -316,6 +324,7 @@ class RaggedConfig:
   short_tile_lookahead: int = checked(0, in_range(0, 8))
   work_list_kernel: bool = False
   operand_planes: bool = False
+  shared_staging: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -376,6 +385,13 @@ class RaggedConfig:
                        f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
                        f"128 x 128 f32 (registers; wgmma's N <= 256), got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
+    if self.shared_staging and not (self.ping_pong
+                                    and not self.cluster_columns):
+      raise ValueError(f"RaggedConfig.shared_staging needs ping_pong=True "
+                       f"(the consumers' epilogues take turns) and "
+                       f"cluster_columns=False, got "
+                       f"ping_pong={self.ping_pong}, "
+                       f"cluster_columns={self.cluster_columns}")
     if self.ping_pong and self.split_rows:
       raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
                        "other: with ping_pong each consumer runs whole tiles")
@@ -442,6 +458,12 @@ class RaggedConfig:
     staged at the 64-byte swizzle."""
     return self.tile_k < SWIZZLE_ELEMS_16BIT
 
+  @property
+  def staging_buffers(self) -> int:
+    """Staging buffers of the "rows" epilogue: one per consumer, or one
+    they take turns at (`shared_staging`)."""
+    return 1 if self.shared_staging else NUM_CONSUMERS
+
   def cta_tile(self, mode: str) -> tuple[int, int]:
     """(rows, columns) of one CTA's output tile."""
     if self.ping_pong:
@@ -466,8 +488,8 @@ class RaggedConfig:
     out_size = jnp.dtype(problem.out_dtype).itemsize
     cta_m, cta_n = self.cta_tile(problem.mode)
     stage = (cta_m + cta_n) * self.tile_k * in_size
-    staging = (NUM_CONSUMERS * self.out_slots * self.staged_rows(problem.mode)
-               * self.epi_tile_n * out_size)
+    staging = (self.staging_buffers * self.out_slots
+               * self.staged_rows(problem.mode) * self.epi_tile_n * out_size)
     zeros = (math.prod(ZERO_BOX) * out_size if self.zeros_by_producer
              else 0)
     return self.stages * stage + staging + zeros + SMEM_SLACK_BYTES

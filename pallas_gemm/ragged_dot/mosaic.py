@@ -64,7 +64,8 @@ from pallas_gemm.mosaic_backend.configs import Dim, hopper_device_unsupported
 from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, for_each_tile,
     index, interpret_params, ring_smem, rows_addressable,
-    run_producer, run_warpgroups, tile_coordinates, warp_specialised_kernel)
+    run_producer, run_warpgroups, tile_coordinates, tiles_of_this_cta,
+    warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv, power_of_two_at_most
 from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
 from pallas_gemm.ragged_dot import work_list_kernel
@@ -262,7 +263,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     return [(width, (needed > narrower) & (needed <= width))
             for width, narrower in zip(widths, (*widths[1:], -tile_m))]
 
-  def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem):
+  def scoped(lhs_smem, rhs_smem, stage_loaded, stage_consumed, out_smem,
+             staging_free=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
     # wgmma reads lhs through the tiled view, the TMA writes it through
     # the other (the same bytes).
@@ -313,6 +315,20 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       wg_cols = wg * tile_n if splits_columns else 0
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
       stores = cons_n // epi_n  # per staged row block
+      # With shared_staging both consumers write one staging buffer, in
+      # the order of their turns: each waits for the other's hand-over.
+      staging = 0 if config.shared_staging else wg
+
+      def take_staging():
+        if config.shared_staging:
+          plgpu.barrier_wait(staging_free.at[wg])
+
+      def hand_over_staging():
+        if config.shared_staging:
+          # The other consumer may write once this one's stores have read
+          # the buffer.
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          plgpu.barrier_arrive(staging_free.at[1 - wg])
 
       def mma_step(at, acc_ref, *, rows):
         if config.swap_ab:
@@ -427,22 +443,24 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         first_row = jnp.clip(row_lo - row0, 0, width)
         num_rows = jnp.clip(row_hi - row0, 0, width) - first_row
         col0 = n_idx * cta_n + wg_cols
+        take_staging()
         for ej in range(stores):
           slot = output_slot(linear, ej, stores, out_slots,
                              ping_pong=config.ping_pong)
           part = acc[ej * epi_n:(ej + 1) * epi_n]  # (columns, tokens)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-          out_written.at[wg, slot, pl.ds(0, width)].T[...] = part.astype(
+          out_written.at[staging, slot, pl.ds(0, width)].T[...] = part.astype(
               out_dtype)
           plgpu.commit_smem()
           col = col0 + ej * epi_n
           # As in compute_and_store: no store right of the last column.
           # The ladder of power-of-two stores spans the whole staging tile
           # (tile_m rows), of which the item's lie in the first `width`.
-          store_rows(out_stored.at[wg, slot], out_gmem,
+          store_rows(out_stored.at[staging, slot], out_gmem,
                      row0=row0, first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
                      max_rows=cons_m, cols=pl.ds(col, epi_n))
+        hand_over_staging()
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
                             steps, first_step, rows=cons_m):
@@ -452,6 +470,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                        acc_shape=(rows, cons_n))
         block_rows = min(epi_m, rows)
         blocks = rows // block_rows
+        take_staging()
         for ei in range(blocks):
           # This consumer's share of the item's rows [row_lo, row_hi) in its
           # ei-th block of staged rows.
@@ -469,10 +488,10 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             part = block[:, ej * epi_n:(ej + 1) * epi_n]
             # The TMA stores that last read this slot must be done with it.
             plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-            out_written.at[wg, slot, pl.ds(0, block_rows)][...] = part.astype(
-                out_dtype)
+            out_written.at[staging, slot, pl.ds(0, block_rows)][...] = (
+                part.astype(out_dtype))
             plgpu.commit_smem()
-            staged = out_stored.at[wg, slot, pl.ds(0, block_rows)]
+            staged = out_stored.at[staging, slot, pl.ds(0, block_rows)]
             col = col0 + ej * epi_n
             # Columns past the output's (a multiple of epi_n) are not stored
             # at all: a store from the un-swizzled staging tile whose window is
@@ -483,8 +502,20 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             store_rows(staged, out_gmem, row0=row0, first_row=first_row,
                        num_rows=jnp.where(col < n_out, num_rows, 0),
                        max_rows=block_rows, cols=pl.ds(col, epi_n))
+        hand_over_staging()
 
+      if config.shared_staging:
+        # The CTA's first tile is consumer 0's.
+        pl.when(wg == 1)(lambda: plgpu.barrier_arrive(staging_free.at[0]))
       for_each_tile(num_tiles, tile, index(0))
+      if config.shared_staging:
+        # The last hand-over went to the consumer whose turn the next tile
+        # would be: it observes it, so that no barrier phase is left
+        # unobserved.
+        next_turn = lax.rem(tiles_of_this_cta(num_tiles),
+                            index(NUM_CONSUMERS))
+        pl.when(next_turn == wg)(
+            lambda: plgpu.barrier_wait(staging_free.at[wg]))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     run_warpgroups(producer, consumer)
@@ -499,9 +530,12 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                   cluster_axes=("cluster",) if config.cluster_columns
                   else None,
                   row_addressed=("lhs_smem",) if in_place else ()),
-      out_smem=row_staging_smem(swizzled_staging,
-                                (NUM_CONSUMERS, out_slots, epi_m, epi_n),
-                                out_dtype),
+      out_smem=row_staging_smem(
+          swizzled_staging,
+          (config.staging_buffers, out_slots, epi_m, epi_n), out_dtype),
+      **({"staging_free": plgpu.Barrier(num_arrivals=1,
+                                        num_barriers=NUM_CONSUMERS)}
+         if config.shared_staging else {}),
       collective_axes="wg",
   )
 

@@ -282,12 +282,13 @@ ROWS_CASES = [
                           out_slots=1, swizzled_staging=True, swap_ab=True,
                           shared_staging=True)),
     # Turns at 128 x 128 with short items and a shared staging buffer of
-    # two slots: an even number of tiles per CTA.
-    (300, 64, 128, [30, 3, 70, 150, 9], 5, "bfloat16", "bfloat16", False,
+    # two slots, plain rows (a float32 output): an even number of tiles
+    # per CTA.
+    (300, 64, 128, [30, 3, 70, 150, 9], 5, "bfloat16", "float32", False,
      "silu", RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2,
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           short_items=True, out_slots=2,
-                          swizzled_staging=True, shared_staging=True)),
+                          shared_staging=True)),
     # The item table built by the Pallas-Triton work-list kernel (run by
     # the interpreter here): balanced items (swap_ab), an empty group, rows
     # of no group before and after the groups.
@@ -1125,7 +1126,8 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
   k, n = (1408, 2048) if transpose else (2048, 1408)
   problem = RaggedProblem("rows", 16384, k, n, 60, "bfloat16", "bfloat16",
                           transpose_rhs=transpose)
-  base = mosaic.heuristic(problem, HOPPER)
+  base = dataclasses.replace(mosaic.heuristic(problem, HOPPER),
+                             tile_m=128, shared_staging=False)
   for fields in (dict(ping_pong=True), dict(ping_pong=True, tile_m=192),
                  dict(ping_pong=True, tile_m=144),
                  dict(ping_pong=True, tile_m=176),
@@ -1366,6 +1368,42 @@ def test_h200_balanced_turns_config_is_correct():
   config = mosaic.heuristic(problem, HOPPER)
   assert config.ping_pong and config.cta_tile("rows") == (192, 128)
   _run(problem, [1026, 0, 513], config=config)
+
+
+def test_h200_turns_take_the_fewest_items():
+  """On the H200 the heuristic's turns run each expert at the token width
+  that cuts the average group into the fewest items on an equally deep
+  ring, sharing one staging buffer where that deepens it; the H100 keeps
+  128-token turns with a buffer per consumer."""
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  def config(m, groups, out_dtype="bfloat16", device=HOPPER):
+    return mosaic.heuristic(RaggedProblem("rows", m, 2048, 1408, groups,
+                                          "bfloat16", out_dtype), device)
+  # 273 rows: two items at 144 tokens, three at 128.
+  qwen = config(16384, 60)
+  assert (qwen.tile_m, qwen.stages, qwen.shared_staging) == (144, 6, True)
+  # 140 rows: one item at 144 tokens, two at 128.
+  assert config(140 * 64, 64).tile_m == 144
+  # 256 and 300 rows: as many items either way.
+  for rows in (256, 300):
+    same = config(rows * 64, 64)
+    assert (same.tile_m, same.stages, same.shared_staging) == (128, 6, False)
+  # 513 rows: 192-token items, a fifth stage in the shared buffer's room.
+  phi = config(513 * 16, 16)
+  assert (phi.tile_m, phi.stages, phi.shared_staging) == (192, 5, True)
+  # A float32 output stages plain 128 x 128 tiles, which no GPU has run
+  # shared: each consumer keeps its own (sharing would give a sixth stage,
+  # and lowers for the GPU).
+  wide_out = config(16384, 60, "float32")
+  assert (wide_out.tile_m, wide_out.swap_ab) == (128, False)
+  assert (wide_out.stages, wide_out.shared_staging) == (5, False)
+  problem = RaggedProblem("rows", 16384, 2048, 1408, 60, "bfloat16",
+                          "float32")
+  shared = configs._deeper_with_shared_staging(wide_out, problem)
+  assert (shared.stages, shared.shared_staging) == (6, True)
+  _lower_for_cuda(problem, shared)
+  old = config(16384, 60, device=h100)
+  assert (old.tile_m, old.shared_staging) == (128, False)
 
 
 def test_reduction_pieces_lower_for_cuda():

@@ -593,6 +593,52 @@ SWAP_AB_TALL_MAX_ROWS = 128
 SWAP_AB_TALL_DEVICES = ("nvidia_h100",)
 
 
+#: GPUs (`DeviceInfo.key`) on which the heuristic's "rows"-mode turns share
+#: one staging buffer (`RaggedConfig.shared_staging`) wherever that buys
+#: the ring a stage, and run each expert at the `SWAP_AB_TURN_TOKENS`
+#: width that cuts it into the fewest items at a ring as deep as the
+#: 128-token tile's (`_fewest_turn_items`). Measured on the H200 only
+#: (experiments/results/nvidia_h200/ragged_options, "One staging buffer
+#: for both consumers").
+SHARED_STAGING_DEVICES = ("nvidia_h200",)
+
+
+def _deeper_with_shared_staging(config: RaggedConfig,
+                                problem: RaggedProblem) -> RaggedConfig:
+  """`config` with the deepest ring that fits, sharing one staging buffer
+  between its turn-taking consumers where that makes the ring deeper (a
+  stage stalls both consumers' main loops; the shared buffer only orders
+  their epilogues, which alternate anyway)."""
+  own = _most_stages(config, problem)
+  if not config.ping_pong or config.cluster_columns:
+    return own
+  shared = _most_stages(dataclasses.replace(config, shared_staging=True),
+                        problem)
+  return shared if shared.stages > own.stages else own
+
+
+def _fewest_turn_items(base: RaggedConfig, rows_per_group: float,
+                       problem: RaggedProblem) -> RaggedConfig:
+  """The turn-taking `swap_ab` tile (`base`, 128 tokens) at the token
+  width of SWAP_AB_TURN_TOKENS that cuts the average group into fewer
+  balanced items than 128 tokens do, the fewest, on a ring as deep as
+  `base`'s (with shared staging); `base` where none does. Each item loads
+  its weight strip and runs the ring's handshakes once, so fewer items
+  computing the same token rows are faster (a 274-row group: two items of
+  137 at width 144, not three of 92 at 96), while a shallower ring costs
+  more than an item saves (the 192-token tile at 129-512 rows)."""
+  best, best_items = _deeper_with_shared_staging(base, problem), None
+  items_at = lambda tokens: math.ceil(rows_per_group / tokens)
+  for tokens in SWAP_AB_TURN_TOKENS:
+    wide = _deeper_with_shared_staging(
+        dataclasses.replace(base, tile_m=tokens), problem)
+    items = items_at(tokens)
+    if (wide.stages >= best.stages and items < items_at(base.tile_m)
+        and (best_items is None or items < best_items)):
+      best, best_items = wide, items
+  return best
+
+
 def _takes_turns(rows_per_group: float) -> bool:
   """Whether the heuristic has the consumers take turns at whole 128 x 128
   tiles: experts of more than one and at most PING_PONG_MAX_ROWS / 128
@@ -851,7 +897,13 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
         group_bands=group_bands), problem)
     if balanced_turns:
       base = dataclasses.replace(base, tile_m=balanced_tile_m)
-    return _most_stages(base, problem)
+    # Shared staging only where a GPU run checked and timed it: the
+    # transposed tiles' epilogue.
+    if device.key not in SHARED_STAGING_DEVICES or not base.swap_ab:
+      return _most_stages(base, problem)
+    if balanced_turns:
+      return _deeper_with_shared_staging(base, problem)
+    return _fewest_turn_items(base, rows_per_group, problem)
   if (balanced and balanced_tile_m == 256) or (
       tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
       and device.key in SWAP_AB_TALL_DEVICES):
@@ -952,15 +1004,16 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "rows":
-    # Turns at whole tiles of up to 192 tokens (wgmma's N): fewer items
-    # per expert. Only with token rows transposed, which a 16-bit output
-    # allows.
-    wide = _swapped_where_possible(RaggedConfig(
+    # Turns at whole tiles of 144 and 192 tokens (wgmma's N): fewer items
+    # per expert, the consumers sharing one staging buffer where that
+    # deepens the ring. Only with token rows transposed, which a 16-bit
+    # output allows.
+    turns = _swapped_where_possible(RaggedConfig(
         tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
         grid_band=4), problem)
-    if wide.swap_ab:
-      wide = _most_stages(dataclasses.replace(
-          wide, tile_m=SWAP_AB_MAX_TOKENS), problem)
+    for tokens in ((144, SWAP_AB_MAX_TOKENS) if turns.swap_ab else ()):
+      wide = _deeper_with_shared_staging(
+          dataclasses.replace(turns, tile_m=tokens), problem)
       if wide.fits(problem) and wide not in out:
         out.append(wide)
   if problem.mode == "contracting" and out:

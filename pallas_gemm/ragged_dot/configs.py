@@ -231,10 +231,10 @@ SWAP_AB_MAX_TOKENS = 192
 #: `RaggedConfig.swap_ab` consumer runs, in the width step of
 #: `swap_ab_widths` above 128 (16). A tile of exactly the width its items
 #: need stages fewer rows than the 192-token one, so its ring is deeper.
-#: The heuristic takes 192 where `BALANCED_ITEMS_TILE_M` says so, and none
-#: of the narrower ones: they cut items only from groups in narrow bands
-#: of rows, and the routing is not known when the config is chosen
-#: (experiments/results/nvidia_h200/ragged_options, "144-token turns").
+#: The heuristic takes 192 where `BALANCED_ITEMS_TILE_M` says so and,
+#: on the GPUs of `SHARED_STAGING_DEVICES`, a narrower one where it cuts
+#: the average group into fewer items on a ring as deep
+#: (`_fewest_turn_items`).
 SWAP_AB_TURN_TOKENS = (144, 160, 176, SWAP_AB_MAX_TOKENS)
 #: A consumer warpgroup's f32 accumulator, in elements, wherever nothing
 #: below allows more: 128 x 128, 128 registers per thread.

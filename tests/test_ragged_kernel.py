@@ -1382,10 +1382,11 @@ def test_h200_turns_take_the_fewest_items():
   # 273 rows: two items at 144 tokens, three at 128.
   qwen = config(16384, 60)
   assert (qwen.tile_m, qwen.stages, qwen.shared_staging) == (144, 6, True)
-  # 140 rows: one item at 144 tokens, two at 128.
-  assert config(140 * 64, 64).tile_m == 144
-  # 256 and 300 rows: as many items either way.
-  for rows in (256, 300):
+  # 140 and 400 rows: one item and three at 144 tokens, two and four at 128.
+  for rows in (140, 400):
+    assert config(rows * 64, 64).tile_m == 144
+  # 256, 300 and 450 rows: as many items either way.
+  for rows in (256, 300, 450):
     same = config(rows * 64, 64)
     assert (same.tile_m, same.stages, same.shared_staging) == (128, 6, False)
   # 513 rows: 192-token items, a fifth stage in the shared buffer's room.

@@ -144,10 +144,10 @@ One `RaggedConfig` serves both modes; the fields mean:
                tile_m may be 144 to 192 (`SWAP_AB_TURN_TOKENS`): a
                turn-taking consumer holds up to 128 columns x tile_m
                tokens, and a group of 273 rows is two items of 144. A
-               "rows"-mode option; needs a consumer accumulator of at most 128 x 128 f32
-               (128 x 192 as above) and swizzled_staging (so a 16-bit
-               output), and excludes short_items, cluster_columns and
-               epi_tile_m.
+               "rows"-mode option; needs a consumer accumulator of at most
+               128 x 128 f32 (128 x 192 as above) and swizzled_staging (so
+               a 16-bit output), and excludes short_items, cluster_columns
+               and epi_tile_m.
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -294,9 +294,10 @@ MODE_ONLY_OPTIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class RaggedConfig:
-  tile_m: int = checked(128, one_of(64, 128, *SWAP_AB_TURN_TOKENS, 256).because(
-      "wgmma's 64-row groups; a consumer keeps at most 128 rows in "
-      "registers, or with ping_pong and swap_ab up to 192 token rows"))
+  tile_m: int = checked(
+      128, one_of(64, 128, *SWAP_AB_TURN_TOKENS, 256).because(
+          "wgmma's 64-row groups; a consumer keeps at most 128 rows in "
+          "registers, or with ping_pong and swap_ab up to 192 token rows"))
   tile_n: int = checked(128, one_of(64, 128, 192, 256).because(
       "whole 128-byte swizzle spans, wgmma's N range"))
   tile_k: int = checked(64, one_of(32, 64, 128).because(
@@ -385,8 +386,7 @@ class RaggedConfig:
                        f"accumulator (tile_m / 2) x (2 * tile_n) of at most "
                        f"128 x 128 f32 (registers; wgmma's N <= 256), got "
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
-    if self.shared_staging and not (self.ping_pong
-                                    and not self.cluster_columns):
+    if self.shared_staging and not self.can_share_staging:
       raise ValueError(f"RaggedConfig.shared_staging needs ping_pong=True "
                        f"(the consumers' epilogues take turns) and "
                        f"cluster_columns=False, got "
@@ -457,6 +457,13 @@ class RaggedConfig:
     swizzle span of 16-bit elements: the weight gradient's 32-row chunks,
     staged at the 64-byte swizzle."""
     return self.tile_k < SWIZZLE_ELEMS_16BIT
+
+  @property
+  def can_share_staging(self) -> bool:
+    """Whether the consumers' epilogues alternate, one whole tile each
+    (turns, not clusters), so that they may share a staging buffer
+    (`shared_staging`)."""
+    return self.ping_pong and not self.cluster_columns
 
   @property
   def staging_buffers(self) -> int:
@@ -610,7 +617,7 @@ def _deeper_with_shared_staging(config: RaggedConfig,
   stage stalls both consumers' main loops; the shared buffer only orders
   their epilogues, which alternate anyway)."""
   own = _most_stages(config, problem)
-  if not config.ping_pong or config.cluster_columns:
+  if not config.can_share_staging:
     return own
   shared = _most_stages(dataclasses.replace(config, shared_staging=True),
                         problem)
@@ -627,14 +634,13 @@ def _fewest_turn_items(base: RaggedConfig, rows_per_group: float,
   computing the same token rows are faster (a 274-row group: two items of
   137 at width 144, not three of 92 at 96), while a shallower ring costs
   more than an item saves (the 192-token tile at 129-512 rows)."""
-  best, best_items = _deeper_with_shared_staging(base, problem), None
-  items_at = lambda tokens: math.ceil(rows_per_group / tokens)
+  best = _deeper_with_shared_staging(base, problem)
+  best_items = math.ceil(rows_per_group / base.tile_m)
   for tokens in SWAP_AB_TURN_TOKENS:
     wide = _deeper_with_shared_staging(
         dataclasses.replace(base, tile_m=tokens), problem)
-    items = items_at(tokens)
-    if (wide.stages >= best.stages and items < items_at(base.tile_m)
-        and (best_items is None or items < best_items)):
+    items = math.ceil(rows_per_group / tokens)
+    if wide.stages >= best.stages and items < best_items:
       best, best_items = wide, items
   return best
 

@@ -49,7 +49,9 @@
 #              line's option on its case instead of every option on every
 #              case (fields
 #              "padded_lhs": the kernel as is against its operands padded,
-#              ragged_profile_case.py --versus_padded_lhs)
+#              ragged_profile_case.py --versus_padded_lhs);
+#              RAGGED_PAIR_ARGS, more ragged_profile_case.py flags for
+#              every pair (e.g. --out_dtype=float32)
 #                                                  BUDGET_ragged_options=200
 #   ragged_ncu not in the default run: Nsight Compute on the grouped GEMM's
 #              kernel for the moe cases RAGGED_NCU_CASES (';'-separated
@@ -225,7 +227,7 @@ if wanted ragged_options; then
     [ "$2" != padded_lhs ] || versus=(--versus_padded_lhs)
     run_budgeted 90 "$PY" experiments/lab/ragged_profile_case.py \
       --case "$1" --kernel mosaic "${versus[@]}" --time 20 \
-      ${RAGGED_BASE:+--config "$RAGGED_BASE"} \
+      ${RAGGED_BASE:+--config "$RAGGED_BASE"} ${RAGGED_PAIR_ARGS:-} \
       2>&1 | grep -E "relative error|us \(CUPTI|time =|Error|ptxas|error:" \
       | tee -a "$OUT/ragged_options.txt"
   }

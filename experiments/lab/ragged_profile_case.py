@@ -18,7 +18,10 @@ interleaved with the first (the heuristic's, or `--config`'s), and with
 8-row tiles (and the forward's output sliced), as before they were read in
 place where rows are not a multiple of 8 (`mosaic.lhs_in_place`; in the
 weight gradient, lhs and dout: `mosaic_contracting.operands_in_place`). The case is `<layer> <distribution>
-<direction>` as `experiments/bench_moe.py` labels it. The output is compared
+<direction>` as `experiments/bench_moe.py` labels it, or a layer of no
+suite named `g<experts>_t<rows>_k<K>_n<N>` (e.g. "g64_t8704_k2048_n1408
+even forward", 136 rows per expert); `--out_dtype float32` asks for a
+float32 output. The output is compared
 with float64 on a row sample (`bench_moe.check_error`) so that a profile is
 never of a wrong kernel. On a CPU it runs a small layer in interpret mode.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
+import re
 import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -44,14 +48,23 @@ from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 
 
+#: A layer of no suite, named by its sizes: g<experts>_t<rows>_k<K>_n<N>.
+LAYER_BY_SIZES = re.compile(r"g(\d+)_t(\d+)_k(\d+)_n(\d+)")
+
+
 def find_case(label: str) -> arg_specs.MoeCase:
   layers = (arg_specs.MOE_LAYERS + arg_specs.MOE_HOLDOUT_LAYERS
             + arg_specs.MOE_SMALL_LAYERS)
+  sizes = LAYER_BY_SIZES.fullmatch(label.split(" ")[0])
+  if sizes and all(int(size) > 0 for size in sizes.groups()):
+    layers += (arg_specs.MoeLayer(sizes.group(0),
+                                  *map(int, sizes.groups())),)
   for case in arg_specs.cases(layers):
     if case.label == label:
       return case
   raise SystemExit(f"--case {label!r}: no such case; e.g. "
-                   f"{arg_specs.cases(layers)[0].label!r}")
+                   f"{arg_specs.cases(layers)[0].label!r} or "
+                   f"'g64_t8704_k2048_n1408 even forward'")
 
 
 def _at_least_one(text: str) -> int:
@@ -155,6 +168,8 @@ OPTIONS = (
     ("--case", dict(default="qwen1.5_moe_up even forward")),
     ("--kernel", dict(default="auto", choices=("auto", "mosaic", "xla"))),
     ("--calls", dict(type=_at_least_one, default=2)),
+    ("--out_dtype", dict(default="bfloat16", choices=(
+        "bfloat16", "float32"), help="the output's dtype")),
     ("--config", dict(default="", help=(
         "RaggedConfig fields over the heuristic's, e.g. "
         "grid_band=16,tile_n=64 (implies --kernel mosaic)"))),
@@ -185,7 +200,9 @@ def main(argv=None):
   # On a CPU: a small layer, with the asked-for distribution and direction.
   label = (args.case if on_gpu else
            " ".join(["small_g8_odd"] + args.case.split()[-2:]))
-  case = find_case(label)
+  case = dataclasses.replace(find_case(label), out_dtype=args.out_dtype)
+  if args.out_dtype != case.dtype:
+    label += f" ({args.out_dtype} output)"
   problem = case.problem
   if args.versus and args.versus_padded_lhs:
     parser.error("--versus and --versus_padded_lhs exclude each other")

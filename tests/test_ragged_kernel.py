@@ -1376,15 +1376,19 @@ def test_h200_turns_take_the_fewest_items():
   ring, sharing one staging buffer where that deepens it; the H100 keeps
   128-token turns with a buffer per consumer."""
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
-  def config(m, groups, out_dtype="bfloat16", device=HOPPER):
-    return mosaic.heuristic(RaggedProblem("rows", m, 2048, 1408, groups,
+  def config(m, groups, out_dtype="bfloat16", device=HOPPER, n=1408):
+    return mosaic.heuristic(RaggedProblem("rows", m, 2048, n, groups,
                                           "bfloat16", out_dtype), device)
   # 273 rows: two items at 144 tokens, three at 128.
   qwen = config(16384, 60)
   assert (qwen.tile_m, qwen.stages, qwen.shared_staging) == (144, 6, True)
   # 140 and 400 rows: one item and three at 144 tokens, two and four at 128.
-  for rows in (140, 400):
-    assert config(rows * 64, 64).tile_m == 144
+  assert config(140 * 64, 64, n=1024).tile_m == 144
+  assert config(400 * 64, 64).tile_m == 144
+  # ... but not where one expert holding all 8960 tokens would run its
+  # wider tiles in as many waves: 70 x 11 tiles at 128 tokens and 63 x 11
+  # at 144 are both six waves on 132 SMs.
+  assert config(140 * 64, 64).tile_m == 128
   # 256, 300 and 450 rows: as many items either way.
   for rows in (256, 300, 450):
     same = config(rows * 64, 64)

@@ -624,8 +624,31 @@ def _deeper_with_shared_staging(config: RaggedConfig,
   return shared if shared.stages > own.stages else own
 
 
+#: How much longer than the 128-token turns a wider turn may be predicted
+#: to run where one expert holds every token (`_one_hot_turn_rows`) and
+#: still be taken: the prediction's error on the one-hot pairs measured on
+#: the H200, with room (experiments/results/nvidia_h200/ragged_options,
+#: "The 144-token turns off the suite").
+ONE_HOT_WAVE_MARGIN = 1.05
+
+
+def _one_hot_turn_rows(config: RaggedConfig, problem: RaggedProblem,
+                       sms: int) -> int:
+  """Token rows each SM computes, in the worst wave, where one expert
+  holds all of `problem`'s rows: its balanced items of at most
+  `config.tile_m` rows (run at the narrowest `swap_ab` width that holds
+  them) times the column tiles, dealt over `sms` SMs. Routing is runtime
+  data; this is the one routing whose items a static shape fixes, and
+  where a wider item's fewer tiles can still need as many waves."""
+  row_align = 8  # lhs's 8-row tiles
+  items = cdiv(problem.m, config.tile_m)
+  per_item = cdiv(cdiv(problem.m, items), row_align) * row_align
+  width = min(w for w in swap_ab_widths(config.tile_m) if w >= per_item)
+  return cdiv(items * cdiv(problem.n, config.tile_n), sms) * width
+
+
 def _fewest_turn_items(base: RaggedConfig, rows_per_group: float,
-                       problem: RaggedProblem) -> RaggedConfig:
+                       problem: RaggedProblem, sms: int) -> RaggedConfig:
   """The turn-taking `swap_ab` tile (`base`, 128 tokens) at the token
   width of SWAP_AB_TURN_TOKENS that cuts the average group into fewer
   balanced items than 128 tokens do, the fewest, on a ring as deep as
@@ -633,14 +656,21 @@ def _fewest_turn_items(base: RaggedConfig, rows_per_group: float,
   its weight strip and runs the ring's handshakes once, so fewer items
   computing the same token rows are faster (a 274-row group: two items of
   137 at width 144, not three of 92 at 96), while a shallower ring costs
-  more than an item saves (the 192-token tile at 129-512 rows)."""
+  more than an item saves (the 192-token tile at 129-512 rows). A width
+  is also passed over where one expert holding every token would need as
+  many waves of its wider tiles (`_one_hot_turn_rows`, beyond
+  ONE_HOT_WAVE_MARGIN): on 132 SMs, 8704 rows over 1408 columns are six
+  waves at 128 tokens and six at 144."""
   best = _deeper_with_shared_staging(base, problem)
   best_items = math.ceil(rows_per_group / base.tile_m)
+  one_hot_limit = ONE_HOT_WAVE_MARGIN * _one_hot_turn_rows(base, problem,
+                                                           sms)
   for tokens in SWAP_AB_TURN_TOKENS:
     wide = _deeper_with_shared_staging(
         dataclasses.replace(base, tile_m=tokens), problem)
     items = math.ceil(rows_per_group / tokens)
-    if wide.stages >= best.stages and items < best_items:
+    if (wide.stages >= best.stages and items < best_items
+        and _one_hot_turn_rows(wide, problem, sms) <= one_hot_limit):
       best, best_items = wide, items
   return best
 
@@ -909,7 +939,8 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
       return _most_stages(base, problem)
     if balanced_turns:
       return _deeper_with_shared_staging(base, problem)
-    return _fewest_turn_items(base, rows_per_group, problem)
+    return _fewest_turn_items(base, rows_per_group, problem,
+                              device.planning_sms)
   if (balanced and balanced_tile_m == 256) or (
       tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
       and device.key in SWAP_AB_TALL_DEVICES):

@@ -259,6 +259,17 @@ def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
   return tuple(range(tile_m, 0, -step))
 
 
+def _balanced_items(rows: int, tile_m: int) -> tuple[int, int]:
+  """(items, width): a group of `rows` rows cut into balanced items
+  (`mosaic_schedule.row_items(balanced=True)`: as many as tile_m-row
+  tiles, each the same whole number of lhs's 8-row tiles) and the
+  narrowest `swap_ab` width of a tile_m-token tile that holds one."""
+  row_align = 8  # lhs's 8-row tiles
+  items = max(cdiv(rows, tile_m), 1)
+  per_item = cdiv(cdiv(rows, items), row_align) * row_align
+  return items, min(w for w in swap_ab_widths(tile_m) if w >= per_item)
+
+
 #: Pieces of whole reduction steps, so that the cuts inside a group need no
 #: masking.
 _WHOLE_STEPS = Requirement(
@@ -640,10 +651,7 @@ def _one_hot_turn_rows(config: RaggedConfig, problem: RaggedProblem,
   them) times the column tiles, dealt over `sms` SMs. Routing is runtime
   data; this is the one routing whose items a static shape fixes, and
   where a wider item's fewer tiles can still need as many waves."""
-  row_align = 8  # lhs's 8-row tiles
-  items = cdiv(problem.m, config.tile_m)
-  per_item = cdiv(cdiv(problem.m, items), row_align) * row_align
-  width = min(w for w in swap_ab_widths(config.tile_m) if w >= per_item)
+  items, width = _balanced_items(problem.m, config.tile_m)
   return cdiv(items * cdiv(problem.n, config.tile_n), sms) * width
 
 
@@ -720,11 +728,8 @@ def _balanced_items_pad_less(rows_per_group: float, tile_m: int) -> bool:
   three of 171 run at width 192 on the 256-token one (576): either wins.
   Group sizes are runtime data, so the estimate takes every group at the
   average."""
-  row_align = 8  # lhs's 8-row tiles
   rows = math.ceil(rows_per_group)
-  items = cdiv(rows, tile_m)
-  per_item = cdiv(cdiv(rows, items), row_align) * row_align
-  width = min(w for w in swap_ab_widths(tile_m) if w >= per_item)
+  items, width = _balanced_items(rows, tile_m)
   return items * width / BALANCED_TILE_EFFICIENCY < cdiv(rows, 128) * 128
 
 

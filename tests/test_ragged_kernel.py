@@ -1370,6 +1370,25 @@ def test_h200_balanced_turns_config_is_correct():
   _run(problem, [1026, 0, 513], config=config)
 
 
+@pytest.mark.parametrize("rows,columns,waves_128,waves_144", [
+    (8704, 1408, 6, 6),    # 68 x 11 tiles or 61 x 11: six waves either way
+    (8704, 1024, 5, 4),    # 68 x 8 or 61 x 8: a wave fewer at 144
+    (6528, 1408, 5, 4),    # 51 x 11 or 46 x 11
+])
+def test_one_hot_turn_rows_counts_waves_of_balanced_items(
+    rows, columns, waves_128, waves_144):
+  """The one-hot prediction behind the wider turns' guard: one expert's
+  rows in balanced items, times the column tiles, dealt over 132 SMs; each
+  wave costs its item width (all items here fill their width)."""
+  problem = RaggedProblem("rows", rows, 2048, columns, 64, "bfloat16",
+                          "bfloat16")
+  turns = RaggedConfig(tile_m=128, tile_n=128, ping_pong=True, swap_ab=True,
+                       swizzled_staging=True, split_rows=False)
+  wide = dataclasses.replace(turns, tile_m=144)
+  assert configs._one_hot_turn_rows(turns, problem, 132) == waves_128 * 128
+  assert configs._one_hot_turn_rows(wide, problem, 132) == waves_144 * 144
+
+
 def test_h200_turns_take_the_fewest_items():
   """On the H200 the heuristic's turns run each expert at the token width
   that cuts the average group into the fewest items on an equally deep

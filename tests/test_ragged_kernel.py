@@ -1360,6 +1360,15 @@ def test_contracting_turns_widen_where_both_routings_gain(groups, m, k, n,
   assert mosaic.heuristic(problem, h100).cta_tile("contracting") == (128, 128)
 
 
+@pytest.mark.parametrize("mode", ["rows", "contracting"])
+def test_negative_sizes_are_empty_groups(mode):
+  """Sizes are runtime data, so a negative one cannot raise: the kernel
+  reads it as an empty group, and the groups after it keep their rows (as
+  the xla implementation and the reference do)."""
+  problem = RaggedProblem(mode, 40, 32, 64, 4, "bfloat16", "bfloat16")
+  _run(problem, [9, -5, 20, 7])
+
+
 def test_h200_balanced_turns_config_is_correct():
   """The H200 heuristic's config above 512 rows per expert (turns at
   192-token tiles, its balanced items) on an odd shape: columns below one

@@ -5,7 +5,8 @@
 
 lhs (m, k) holds the tokens sorted by expert, rhs (groups, k, n) the expert
 weights, group_sizes (groups,) int32 how many consecutive rows go to each
-expert; out (m, n). Rows past the sum of the sizes come out zero.
+expert; out (m, n). Rows past the sum of the sizes come out zero; a
+negative size counts as zero.
 """
 
 from __future__ import annotations

@@ -93,8 +93,9 @@ class RaggedProblem:
 
 
 def group_bounds(group_sizes, m: int, row_offset: int = 0):
-  """(start, end) row of each group, clipped to [0, m), as NumPy int64."""
-  sizes = np.asarray(group_sizes, np.int64)
+  """(start, end) row of each group, clipped to [0, m), as NumPy int64; a
+  negative size counts as zero."""
+  sizes = np.maximum(np.asarray(group_sizes, np.int64), 0)
   ends = row_offset + np.cumsum(sizes)
   starts = ends - sizes
   return np.clip(starts, 0, m), np.clip(ends, 0, m)

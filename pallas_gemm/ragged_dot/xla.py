@@ -45,11 +45,12 @@ def heuristic(problem: RaggedProblem, device):
 
 
 def clipped_groups(group_sizes, row_offset, m: int):
-  """(first row, sizes) of the groups once clipped to [0, m), as int32.
+  """(first row, sizes) of the groups once clipped to [0, m), as int32; a
+  negative size counts as zero, as in the Mosaic kernels' schedule.
 
   The clipped sizes sum to at most m - first row, so the rows they cover
   never wrap around when the operands are rotated by the first row."""
-  sizes = group_sizes.astype(jnp.int32)
+  sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
   offset = jnp.reshape(row_offset, ()).astype(jnp.int32)
   ends = offset + jnp.cumsum(sizes)
   starts = ends - sizes

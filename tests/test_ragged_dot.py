@@ -514,3 +514,4 @@ def test_bench_moe_smoke(tmp_path):
               ("even", "forward", 0.85), ("one_hot", "forward", 0.85),
               ("even", "drhs", 0.75), ("one_hot", "drhs", 0.75)}
   assert "- `auto`: " in readme and "reach issue 18's roofline target" in readme
+  assert "of their target (" in readme

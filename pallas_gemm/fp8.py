@@ -87,6 +87,10 @@ def quantize_fp8(x, *, dtype=jnp.float8_e4m3fn, block=None):
       (128, 128) for weights; s then has shape
       (..., ceil(rows_x / rows), ceil(cols_x / cols)). Leading axes get
       their own scales.
+
+  Scales come from the finite values. A non-finite value stays non-finite
+  rather than clipping, or spoiling its block's other values: nan stays
+  nan, and inf becomes inf in e5m2 and nan in e4m3fn (which has no inf).
   """
   dtype = _check_fp8_dtype(dtype)
   x = jnp.asarray(x)
@@ -95,17 +99,21 @@ def quantize_fp8(x, *, dtype=jnp.float8_e4m3fn, block=None):
   block = _check_block(block, x.shape)
   max_value = fp8_max(dtype)
   x32 = x.astype(jnp.float32)
+  finite = jnp.isfinite(x32)
+  magnitude = jnp.where(finite, jnp.abs(x32), 0.0)
+
+  def quantized(full_scale):
+    return jnp.where(finite,
+                     jnp.clip(x32 / full_scale, -max_value, max_value),
+                     x32).astype(dtype)
+
   if block is None:
-    amax = jnp.max(jnp.abs(x32)) if x.size else jnp.float32(0)
+    amax = jnp.max(magnitude) if x.size else jnp.float32(0)
     scale = jnp.where(amax > 0, amax / max_value, 1.0).astype(jnp.float32)
-    q = jnp.clip(x32 / scale, -max_value, max_value).astype(dtype)
-    return q, scale
-  view = _blocks_view(x32, block)
-  amax = jnp.max(jnp.abs(view), axis=(-3, -1))
+    return quantized(scale), scale
+  amax = jnp.max(_blocks_view(magnitude, block), axis=(-3, -1))
   scale = jnp.where(amax > 0, amax / max_value, 1.0).astype(jnp.float32)
-  full = expand_block_scales(scale, block, x.shape)
-  q = jnp.clip(x32 / full, -max_value, max_value).astype(dtype)
-  return q, scale
+  return quantized(expand_block_scales(scale, block, x.shape)), scale
 
 
 def dequantize_fp8(q, scale, *, block=None):

@@ -126,6 +126,28 @@ def test_quantize_saturates_and_rounds_to_nearest():
   assert values[0, 0] == fp8_max(E4M3) and values[0, 2] == 0.0
 
 
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("block", [None, (1, 4)])
+def test_quantize_keeps_non_finite_values_apart(dtype, block):
+  """A nan or inf neither clips nor sets its block's scale: the finite
+  values beside it round-trip, and it stays non-finite (inf only where the
+  dtype has one)."""
+  x = jnp.array([[1000.0, jnp.nan, -3.0, jnp.inf],
+                 [5.0, -700.0, 0.5, -jnp.inf]])
+  q, s = quantize_fp8(x, dtype=dtype, block=block)
+  assert bool(jnp.all(jnp.isfinite(s)))
+  back = np.asarray(dequantize_fp8(q, s, block=block))
+  finite = np.isfinite(np.asarray(x))
+  budget = 0.07 if dtype == E4M3 else 0.13  # a half step of the mantissa
+  np.testing.assert_allclose(back[finite], np.asarray(x)[finite],
+                             rtol=budget)
+  assert np.isnan(back[0, 1])
+  if dtype == E5M2:
+    assert back[0, 3] == np.inf and back[1, 3] == -np.inf
+  else:
+    assert np.isnan(back[0, 3]) and np.isnan(back[1, 3])
+
+
 def test_quantize_e5m2_range():
   # e5m2 reaches 57344 and keeps tiny values that e4m3 flushes.
   x = jnp.array([[57344.0, 1e-4, -3e4, 2.0 ** -14]])

@@ -65,7 +65,8 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
     preferred_element_type: the output dtype (default: the input dtype).
       Accumulation is always float32.
     alpha, beta: Python floats, compiled into the kernel.
-    c: an array broadcastable to the output, scaled by `beta`.
+    c: an array broadcastable to the output, scaled by `beta`; a beta other
+      than 0 needs it.
     bias: a vector of length N added to every row.
     activation: None or one of "relu", "gelu" (tanh form), "silu",
       "sigmoid", "tanh".
@@ -189,6 +190,10 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
           f"{scalar_name} must be a Python float: it is compiled into the "
           f"kernel, so it cannot be a traced or array value (got "
           f"{type(scalar).__name__})")
+  if c is None and float(beta) != 0.0:
+    # BLAS's beta scales C; with no C it would be silently dropped.
+    raise ValueError(f"beta={beta!r} scales c, but c is None: pass c=, or "
+                     f"leave beta at 0")
   a_scale, a_scale_mode = _scale_operand(
       a_scale, "a_scale", operand="a", size=m, k=k, in_dtype=in_dtype,
       transposed=False, vector=squeeze_m)

@@ -376,6 +376,8 @@ def test_bad_epilogue_arguments():
     mm(a, b, bias=jnp.ones((4,)))
   with pytest.raises(ValueError, match="c.shape=.*does not broadcast"):
     mm(a, b, c=jnp.ones((2, 3)), beta=1.0)
+  with pytest.raises(ValueError, match="beta=1.0 scales c, but c is None"):
+    mm(a, b, beta=1.0)
   with pytest.raises(TypeError, match="alpha must be a Python float"):
     jax.jit(lambda alpha: mm(a, b, alpha=alpha))(2.0)
   with pytest.raises(TypeError, match="beta must be a Python float"):

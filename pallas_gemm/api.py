@@ -38,9 +38,9 @@ def _check_input_dtype(x, name):
 
 def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
            preferred_element_type=None, transpose_a: bool = False,
-           transpose_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
-           c=None, bias=None, activation: str | None = None,
-           a_scale=None, b_scale=None):
+           transpose_b: bool = False, alpha: float = 1.0,
+           beta: float | None = None, c=None, bias=None,
+           activation: str | None = None, a_scale=None, b_scale=None):
   """`jnp.matmul` on pallas_gemm kernels, with a fused BLAS-style epilogue.
 
   Computes `activation(alpha * (op(a) @ op(b)) + beta * c + bias)`, where
@@ -64,7 +64,9 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       16 bits, or need float8 or float64 operands they are not given, raise.
     preferred_element_type: the output dtype (default: the input dtype).
       Accumulation is always float32.
-    alpha, beta: Python floats, compiled into the kernel.
+    alpha, beta: Python floats, compiled into the kernel. beta defaults to
+      1 where `c` is given and 0 where it is not; beta=0 with a `c` leaves
+      c unread (BLAS's convention).
     c: an array broadcastable to the output, scaled by `beta`; a beta other
       than 0 needs it.
     bias: a vector of length N added to every row.
@@ -177,6 +179,8 @@ def matmul(a, b, *, kernel: str | None = None, config=None, precision=None,
       raise TypeError(f"bias has dtype {bias.dtype}; it must be a float array")
     if bias.shape != (n,):
       raise ValueError(f"bias.shape={bias.shape} must be ({n},), the output's N")
+  if beta is None:
+    beta = 0.0 if c is None else 1.0
   for scalar_name, scalar in (("alpha", alpha), ("beta", beta)):
     if isinstance(scalar, (bool, np.bool_)):
       raise TypeError(f"{scalar_name} must be a float, got bool {scalar!r}")

@@ -378,6 +378,18 @@ def test_bad_epilogue_arguments():
     mm(a, b, c=jnp.ones((2, 3)), beta=1.0)
   with pytest.raises(ValueError, match="beta=1.0 scales c, but c is None"):
     mm(a, b, beta=1.0)
+
+
+def test_c_without_beta_is_added_and_beta_zero_leaves_it_unread():
+  """A `c` passed without beta is added (beta defaults to 1 with c, so it
+  is never silently dropped); an explicit beta=0 leaves it unread, nan
+  included, as BLAS does."""
+  a, b, c = rand((5, 7)), rand((7, 3)), rand((5, 3))
+  want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+  np.testing.assert_allclose(mm(a, b, c=c), want + np.asarray(c, np.float64),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(mm(a, b, c=jnp.full((5, 3), jnp.nan), beta=0.0),
+                             want, rtol=1e-5, atol=1e-5)
   with pytest.raises(TypeError, match="alpha must be a Python float"):
     jax.jit(lambda alpha: mm(a, b, alpha=alpha))(2.0)
   with pytest.raises(TypeError, match="beta must be a Python float"):

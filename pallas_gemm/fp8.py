@@ -118,12 +118,19 @@ def quantize_fp8(x, *, dtype=jnp.float8_e4m3fn, block=None):
 
 def dequantize_fp8(q, scale, *, block=None):
   """q · s in float32, for `quantize_fp8`'s layouts (the inverse up to
-  rounding)."""
+  rounding): `block` must be the one `q` and `scale` were made with."""
   q32 = jnp.asarray(q).astype(jnp.float32)
   scale = jnp.asarray(scale, jnp.float32)
+  block = _check_block(block, q32.shape)
+  want = (() if block is None else q32.shape[:-2] + (
+      cdiv(q32.shape[-2], block[0]), cdiv(q32.shape[-1], block[1])))
+  if scale.shape != want:
+    raise ValueError(
+        f"scale.shape={scale.shape} does not match q.shape={q32.shape} with "
+        f"block={block}: quantize_fp8 makes scales of shape {want} there; "
+        f"pass the block the scales were made with")
   if block is None:
     return q32 * scale
-  block = _check_block(block, q32.shape)
   return q32 * expand_block_scales(scale, block, q32.shape)
 
 

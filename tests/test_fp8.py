@@ -166,6 +166,13 @@ def test_quantize_errors():
     quantize_fp8(jnp.ones((4, 4)), block=(0, 128))
   with pytest.raises(ValueError, match="block"):
     quantize_fp8(jnp.ones((4,)), block=(1, 128))
+  # Scales read with another block than they were made with would broadcast
+  # into a wrong answer (or fail inside jnp): the shape is checked.
+  q, s = quantize_fp8(jnp.ones((4, 256)), block=(1, 128))
+  for block in ((128, 128), None):
+    with pytest.raises(ValueError,
+                       match=r"scale.shape=\(4, 2\) does not match"):
+      dequantize_fp8(q, s, block=block)
 
 
 # ------------------------------------------------------- the XLA fallback ---

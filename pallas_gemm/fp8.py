@@ -59,14 +59,20 @@ def _check_block(block, shape):
   return tuple(block)
 
 
+def _block_grid(shape, block) -> tuple[int, int]:
+  """(R, C): the blocks over the last two axes of `shape`, the last ones
+  partial; a block-scaled array's scales are (..., R, C)."""
+  return cdiv(shape[-2], block[0]), cdiv(shape[-1], block[1])
+
+
 def _blocks_view(x, block):
   """x (..., r, c) zero-padded and viewed as (..., R, br, C, bc)."""
   rows, cols = x.shape[-2:]
-  br, bc = block
-  pr, pc = cdiv(rows, br) * br, cdiv(cols, bc) * bc
-  pad = [(0, 0)] * (x.ndim - 2) + [(0, pr - rows), (0, pc - cols)]
+  (br, bc), (grid_r, grid_c) = block, _block_grid(x.shape, block)
+  pad = [(0, 0)] * (x.ndim - 2) + [(0, grid_r * br - rows),
+                                   (0, grid_c * bc - cols)]
   xp = jnp.pad(x, pad)
-  return xp.reshape(x.shape[:-2] + (pr // br, br, pc // bc, bc))
+  return xp.reshape(x.shape[:-2] + (grid_r, br, grid_c, bc))
 
 
 def expand_block_scales(scales, block, shape):
@@ -122,8 +128,8 @@ def dequantize_fp8(q, scale, *, block=None):
   q32 = jnp.asarray(q).astype(jnp.float32)
   scale = jnp.asarray(scale, jnp.float32)
   block = _check_block(block, q32.shape)
-  want = (() if block is None else q32.shape[:-2] + (
-      cdiv(q32.shape[-2], block[0]), cdiv(q32.shape[-1], block[1])))
+  want = (() if block is None
+          else q32.shape[:-2] + _block_grid(q32.shape, block))
   if scale.shape != want:
     raise ValueError(
         f"scale.shape={scale.shape} does not match q.shape={q32.shape} with "

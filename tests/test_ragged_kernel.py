@@ -1424,9 +1424,9 @@ def test_h200_turns_take_the_fewest_items():
   # 513 rows: 192-token items, a fifth stage in the shared buffer's room.
   phi = config(513 * 16, 16)
   assert (phi.tile_m, phi.stages, phi.shared_staging) == (192, 5, True)
-  # A float32 output stages plain 128 x 128 tiles, which no GPU has run
-  # shared: each consumer keeps its own (sharing would give a sixth stage,
-  # and lowers for the GPU).
+  # A float32 output stages plain 128 x 128 tiles, where sharing was
+  # measured and not taken: each consumer keeps its own (sharing would
+  # give a sixth stage, and lowers for the GPU).
   wide_out = config(16384, 60, "float32")
   assert (wide_out.tile_m, wide_out.swap_ab) == (128, False)
   assert (wide_out.stages, wide_out.shared_staging) == (5, False)

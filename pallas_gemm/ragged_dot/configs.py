@@ -938,8 +938,10 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
         group_bands=group_bands), problem)
     if balanced_turns:
       base = dataclasses.replace(base, tile_m=balanced_tile_m)
-    # Shared staging only where a GPU run checked and timed it: the
-    # transposed tiles' epilogue.
+    # Shared staging only on the transposed tiles' epilogue: on the plain
+    # tiles of a float32 output it won on some routings of a layer and
+    # lost on others (experiments/results/nvidia_h200/ragged_options,
+    # "The shared buffer on float32 outputs").
     if device.key not in SHARED_STAGING_DEVICES or not base.swap_ab:
       return _most_stages(base, problem)
     if balanced_turns:

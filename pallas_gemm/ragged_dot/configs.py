@@ -87,6 +87,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                stretch of time wherever in the walk either lies, so the
                write bandwidth and the tensor cores work together (0, the
                default: as the walk meets them; a "contracting"-mode option).
+    zeros_staged
+               a consumer stores a tile of an empty group (zeros) from its
+               first staging slot without waiting for its earlier stores,
+               zeroing the slot only where a product overwrote it since
+               its last such tile: where most groups are empty, the zero
+               tiles are then stored at the write bandwidth rather than one
+               store in flight per consumer (a "contracting"-mode option;
+               excludes zeros_by_producer, whose consumers skip those
+               tiles).
     operand_planes
                hold each stage of lhs and dout as planes of 64 columns (one
                128-byte swizzle span per row), one TMA copy and one wgmma
@@ -296,6 +305,7 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
+        "zeros_staged": "stores the rows of no group with its items",
         "short_tile_lookahead": "keeps its whole ring in flight",
         "operand_planes": "reads rows in place through one swizzle span "
                           "already",
@@ -337,6 +347,7 @@ class RaggedConfig:
   work_list_kernel: bool = False
   operand_planes: bool = False
   shared_staging: bool = False
+  zeros_staged: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -366,6 +377,10 @@ class RaggedConfig:
         if getattr(self, option):
           raise ValueError(f"RaggedConfig.tile_k={self.tile_k} excludes "
                            f"{option} ({why})")
+    if self.zeros_staged and self.zeros_by_producer:
+      raise ValueError("RaggedConfig.zeros_staged excludes "
+                       "zeros_by_producer=True (its consumers skip the "
+                       "zero tiles, which the producer stores)")
     if self.zero_drip and not self.zeros_by_producer:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "
@@ -766,6 +781,20 @@ WIDE_TURN_TILE_TIME = 0.9
 WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 
 
+#: ZERO_BOX boxes the producer stores after each of its loads on the
+#: weight gradient's short-reduction tile (`RaggedConfig.zero_drip`), on the
+#: GPUs (`DeviceInfo.key`) where that measured faster: there the zero
+#: buffer costs no ring stage, so routings with no empty group run as
+#: before, and where one group holds every token the empty groups' zeros
+#: are written beside its long tiles instead of after them. On the H100
+#: the same drip slowed DeepSeek-V3's one-hot gradient, whose zeros alone
+#: already run at its copy bandwidth (experiments/results/nvidia_h100/
+#: ragged_zero_drip, experiments/results/nvidia_h200/ragged_options, "The
+#: producer's zero drip on the short-reduction tile").
+SHORT_TILE_ZERO_DRIP = 4
+ZERO_DRIP_DEVICES = ("nvidia_h200",)
+
+
 def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
   """Whether the weight gradient's turn-taking tiles are 128 x 192 rather
   than 128 x 128: faster (`WIDE_TURN_TILE_TIME`, columns padded to whole
@@ -812,14 +841,21 @@ def _contracting_heuristic(problem: RaggedProblem,
   # Group sizes are runtime data, so one config serves every routing. Two
   # options for the routing where one group holds most tokens stay off:
   # cutting its reduction into pieces (`piece_rows`, see
-  # `filling_piece_rows`) and having the producer store the other groups'
-  # zero tiles (`zeros_by_producer`) measured slower on the even and Zipf
+  # `filling_piece_rows`) and, except on the short-reduction tile below,
+  # having the producer store the other groups' zero tiles
+  # (`zeros_by_producer`, `zero_drip`) measured slower on the even and Zipf
   # routings, or on the one-hot routing itself, than they gained
   # (experiments/results/nvidia_h200/ragged_options). So do 2-CTA
   # clusters sharing lhs (`cluster_columns`): on the short-reduction tile
   # they removed a large slowdown of one DeepSeek-V3 projection on the H200
   # and caused one as large on the other projection on the H100.
   config = _most_stages(base, problem)
+  if config.short_tile_lookahead and device.key in ZERO_DRIP_DEVICES:
+    dripping = _most_stages(
+        dataclasses.replace(config, zeros_by_producer=True,
+                            zero_drip=SHORT_TILE_ZERO_DRIP), problem)
+    if dripping.stages == config.stages:
+      config = dripping
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full

@@ -595,48 +595,6 @@ def test_zero_drip_needs_zeros_by_producer():
     RaggedConfig(tile_m=64, tile_n=64, zero_drip=2)
 
 
-#: `RaggedConfig.zeros_staged`: a consumer stores the zero tiles of empty
-#: groups from its first staging slot, re-zeroed only after a product.
-_STAGED = dataclasses.replace(SMALL, zeros_staged=True)
-ZEROS_STAGED_CASES = [
-    # Zero tiles before, between and after the products: the slot is
-    # zeroed again after each product, and drained before the next one.
-    (200, 128, 128, [0, 180, 0, 0, 20], 3, "bfloat16", "bfloat16", _STAGED),
-    # Two slots of 32-column stores: a product's first store may use the
-    # slot the zero stores still read.
-    (300, 64, 128, [0, 100, 0, 0, 150, 0], 0, "bfloat16", "float32",
-     dataclasses.replace(_STAGED, out_slots=2, epi_tile_n=64, tile_n=128,
-                         stages=3)),
-    # Turns at whole tiles: each consumer keeps its own slot's state across
-    # the tiles it does not run.
-    (260, 128, 64, [0, 0, 130, 0, 60, 0, 0], 0, "float16", "float16",
-     dataclasses.replace(_STAGED, ping_pong=True, stages=3)),
-    # A cut group walked largest first: its unused pieces are skipped, the
-    # empty groups' tiles stored as zeros.
-    (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "float32",
-     dataclasses.replace(_STAGED, ping_pong=True, largest_first=True,
-                         piece_rows=64, stages=3)),
-    # Every group empty, and rows of no group.
-    (96, 128, 64, [0, 0, 0], 5, "bfloat16", "bfloat16", _STAGED),
-    # 2-CTA clusters: each CTA stores its own column strip's zeros.
-    (150, 128, 192, [30, 0, 70, 0], 2, "bfloat16", "bfloat16",
-     dataclasses.replace(_STAGED, cluster_columns=True)),
-]
-
-
-@pytest.mark.parametrize("case", ZEROS_STAGED_CASES,
-                         ids=["between", "two_slots", "turns", "pieces",
-                              "all_empty", "clusters"])
-def test_contracting_zeros_staged(case):
-  _run_contracting(case, detect_races=case is ZEROS_STAGED_CASES[0])
-
-
-def test_zeros_staged_excludes_zeros_by_producer():
-  with pytest.raises(ValueError, match="zeros_staged excludes"):
-    RaggedConfig(tile_m=64, tile_n=64, zeros_staged=True,
-                 zeros_by_producer=True)
-
-
 #: `RaggedConfig.short_tile_lookahead`: while loading a tile of at most L
 #: reduction chunks the producer keeps at most L ring steps in flight.
 LOOKAHEAD_CASES = [

@@ -87,15 +87,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                stretch of time wherever in the walk either lies, so the
                write bandwidth and the tensor cores work together (0, the
                default: as the walk meets them; a "contracting"-mode option).
-    zeros_staged
-               a consumer stores a tile of an empty group (zeros) from its
-               first staging slot without waiting for its earlier stores,
-               zeroing the slot only where a product overwrote it since
-               its last such tile: where most groups are empty, the zero
-               tiles are then stored at the write bandwidth rather than one
-               store in flight per consumer (a "contracting"-mode option;
-               excludes zeros_by_producer, whose consumers skip those
-               tiles).
     operand_planes
                hold each stage of lhs and dout as planes of 64 columns (one
                128-byte swizzle span per row), one TMA copy and one wgmma
@@ -305,7 +296,6 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
-        "zeros_staged": "stores the rows of no group with its items",
         "short_tile_lookahead": "keeps its whole ring in flight",
         "operand_planes": "reads rows in place through one swizzle span "
                           "already",
@@ -347,7 +337,6 @@ class RaggedConfig:
   work_list_kernel: bool = False
   operand_planes: bool = False
   shared_staging: bool = False
-  zeros_staged: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -377,10 +366,6 @@ class RaggedConfig:
         if getattr(self, option):
           raise ValueError(f"RaggedConfig.tile_k={self.tile_k} excludes "
                            f"{option} ({why})")
-    if self.zeros_staged and self.zeros_by_producer:
-      raise ValueError("RaggedConfig.zeros_staged excludes "
-                       "zeros_by_producer=True (its consumers skip the "
-                       "zero tiles, which the producer stores)")
     if self.zero_drip and not self.zeros_by_producer:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "

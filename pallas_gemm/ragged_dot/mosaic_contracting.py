@@ -56,13 +56,6 @@ strips, and each multicasts half of the lhs chunk they share into both
 CTAs' stage; a stage is released once the consumers of both CTAs are done
 with it (a cluster barrier).
 
-With `RaggedConfig.zeros_staged`, a consumer stores a tile of no rows
-straight from its first staging slot, zeroing it only where an earlier
-product overwrote it, and without waiting for its previous stores: those
-only read the slot. Stored like a product, each such tile waited for the
-store before it to finish reading the slot, so one consumer had one store
-in flight at a time.
-
 With `RaggedConfig.ping_pong`, the consumers take turns at whole tiles
 (the CTA's first, third, ... tile to the first consumer) instead of each
 computing half of every tile: the ring holds one set of `loaded` barriers
@@ -336,12 +329,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
 
-      def tile(linear, carry):
-        # With zeros_staged the carry also says whether the consumer's
-        # first staging slot holds zeros that nothing has overwritten.
-        first_step, zeros_held = carry if config.zeros_staged else (carry,
-                                                                    None)
-        if not (config.ping_pong or skips_tiles or config.zeros_staged):
+      def tile(linear, first_step):
+        if not (config.ping_pong or skips_tiles):
           return compute_and_store(linear, first_step)
         info = tile_info(linear)
         steps = info[-1]
@@ -351,55 +340,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         if skips_tiles:
           kept = consumers_run(info[0], steps)
           runs = kept if runs is None else runs & kept
-        if not config.zeros_staged:
-          @pl.when(runs)
-          def _run():
-            compute_and_store(linear, first_step)
-          return first_step + steps
 
-        runs = jnp.bool_(True) if runs is None else runs
-        zero = steps == 0
-
-        @pl.when(runs & zero)
-        def _zeros():
-          store_zero_tile_from_staging(info, zeros_held)
-
-        @pl.when(runs & ~zero)
-        def _product():
-          # The zero stores still reading the first slot finish before a
-          # product is staged in it.
-          @pl.when(zeros_held)
-          def _drain():
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        @pl.when(runs)
+        def _run():
           compute_and_store(linear, first_step)
-        return first_step + steps, jnp.where(runs, zero, zeros_held)
-
-      def store_output(staged, g, rows, cols):
-        if pieces_gmem is None:
-          plgpu.copy_smem_to_gmem(staged, out_gmem.at[g, rows, cols])
-        else:
-          store_piece(staged, g, rows, cols)
-
-      def store_zero_tile_from_staging(info, zeros_held):
-        """A tile of no rows (RaggedConfig.zeros_staged): every store from
-        the consumer's first staging slot, zeroed first unless it still
-        holds the zeros of an earlier such tile; none waits for the stores
-        before it, which only read the slot."""
-        g, k_idx, n_idx = info[:3]
-        zero_slot = out_smem.at[wg, 0]
-
-        @pl.when(~zeros_held)
-        def _stage_zeros():
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          zero_slot[...] = plgpu.layout_cast(
-              jnp.zeros(zero_slot.shape, zero_slot.dtype),
-              plgpu.Layout.WGMMA)
-          plgpu.commit_smem()
-
-        rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
-        for ej in range(stores):
-          store_output(zero_slot, g, rows,
-                       pl.ds(n_idx * tile_n + ej * epi_n, epi_n))
+        return first_step + steps
 
       def compute_and_store(linear, first_step):
         g, k_idx, n_idx, row_lo, row_hi, first_row, steps = tile_info(
@@ -474,12 +419,14 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           stage_output(slot, ej)
           plgpu.commit_smem()
           cols = pl.ds(n_idx * tile_n + ej * epi_n, epi_n)
-          store_output(out_smem.at[wg, slot], g, rows, cols)
+          if pieces_gmem is None:
+            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                    out_gmem.at[g, rows, cols])
+          else:
+            store_piece(out_smem.at[wg, slot], g, rows, cols)
         return first_step + steps
 
-      for_each_tile(num_tiles, tile,
-                    (index(0), jnp.bool_(False)) if config.zeros_staged
-                    else index(0))
+      for_each_tile(num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     run_warpgroups(producer, consumer)

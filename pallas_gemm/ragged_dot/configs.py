@@ -1069,14 +1069,15 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     if config.fits(problem) and config not in out:
       out.append(config)
   if problem.mode == "rows":
-    # Turns at whole tiles of 144 and 192 tokens (wgmma's N): fewer items
-    # per expert, the consumers sharing one staging buffer where that
-    # deepens the ring. Only with token rows transposed, which a 16-bit
-    # output allows.
+    # Turns at whole tiles of the narrowest and the widest wider token
+    # counts (wgmma's N): fewer items per expert, the consumers sharing one
+    # staging buffer where that deepens the ring. Only with token rows
+    # transposed, which a 16-bit output allows.
     turns = _swapped_where_possible(RaggedConfig(
         tile_m=128, tile_n=128, ping_pong=True, group_bands=True,
         grid_band=4), problem)
-    for tokens in ((144, SWAP_AB_MAX_TOKENS) if turns.swap_ab else ()):
+    widths = (SWAP_AB_TURN_TOKENS[0], SWAP_AB_MAX_TOKENS)
+    for tokens in (widths if turns.swap_ab else ()):
       wide = _deeper_with_shared_staging(
           dataclasses.replace(turns, tile_m=tokens), problem)
       if wide.fits(problem) and wide not in out:

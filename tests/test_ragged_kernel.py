@@ -1386,16 +1386,25 @@ def test_short_reduction_tile_drips_zeros_on_the_h200(groups, m, k, n):
   assert config.fits(problem)
 
 
-def test_h200_short_reduction_tile_config_is_correct():
+@pytest.mark.parametrize("m,k,n,sizes,offset,planes", [
+    # Columns past a tile's width; empty groups before, between and after.
+    (500, 136, 264, [0, 90, 0, 0, 130, 7, 0, 0], 11, False),
+    # Rows not in whole 8-row tiles: the operands held as 64-column planes.
+    (1001, 128, 256, [0, 300, 0, 0, 200, 7, 0, 0, 1, 0, 0, 0, 400, 0, 0, 0],
+     3, True),
+], ids=["odd_columns", "operand_planes"])
+def test_h200_short_reduction_tile_config_is_correct(m, k, n, sizes, offset,
+                                                     planes):
   """The H200 heuristic's short-reduction weight-gradient config (zeros
-  dripped by the producer, lookahead capped) on an odd shape: empty groups
-  before, between and after the others, rows of no group, columns past a
-  tile's width."""
-  problem = RaggedProblem("contracting", 500, 136, 264, 8, "bfloat16",
+  dripped by the producer, lookahead capped) on odd shapes, with rows of
+  no group."""
+  problem = RaggedProblem("contracting", m, k, n, len(sizes), "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
   assert config.zero_drip and config.short_tile_lookahead
-  _run(problem, [0, 90, 0, 0, 130, 7, 0, 0], row_offset=11, config=config)
+  assert config.operand_planes == planes
+  _run(problem, sizes, row_offset=offset, config=config,
+       detect_races=planes)
 
 
 @pytest.mark.parametrize("mode", ["rows", "contracting"])

@@ -287,6 +287,7 @@ def measure(args):
       "copy_bandwidth_tbs": bandwidth, "copy_bandwidth_how": bandwidth_how,
       "unavailable_implementations": dict(implementations.UNAVAILABLE),
       "complete": False,
+      "cases_planned": len(cases),
   }
   print(f"moe: {len(cases)} cases x {args.kernels} on {device.device_kind}, "
         f"copy bandwidth {bandwidth} TB/s ({bandwidth_how})", flush=True)
@@ -295,6 +296,7 @@ def measure(args):
     if args.max_seconds and time.monotonic() - start > args.max_seconds:
       print(f"moe: --max_seconds={args.max_seconds} reached after {index} "
             f"cases", flush=True)
+      metadata["not_run"] = [c.label for c in cases[index:]]
       break
     rows.extend(run_case(case, args, iters, on_gpu, bandwidth, dense_ms))
     write(out_dir, metadata, rows)
@@ -431,7 +433,8 @@ def write(out_dir, metadata, rows):
            f"{metadata['timing']}, copy bandwidth "
            f"{metadata['copy_bandwidth_tbs']} TB/s; "
            f"`{metadata['command_line']}`", "",
-           *target_summary(rows), header, "|" + "---|" * 10]
+           *run_status(metadata, rows), *target_summary(rows), header,
+           "|" + "---|" * 10]
   for r in rows:
     if r.get("status") != "ok":
       lines.append(f"| {r['case']} | {r['kernel']} | error: "
@@ -447,6 +450,21 @@ def write(out_dir, metadata, rows):
         f"{_target_cell(r)} | "
         f"{'' if r['rel_error'] is None else f'{r['rel_error']:.1e}'} |")
   (out_dir / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def run_status(metadata, rows) -> list[str]:
+  """README lines for a run that did not time every case it planned: how
+  many it did and, where --max_seconds stopped it, the cases left (to run
+  again with --shapes, --distributions and --directions)."""
+  planned = metadata.get("cases_planned")
+  if metadata.get("complete") or planned is None:
+    return []
+  done = len(dict.fromkeys(r["case"] for r in rows))
+  not_run = metadata.get("not_run")
+  if not_run:
+    return [f"**Stopped by --max_seconds after {done} of {planned} cases**; "
+            f"not run: {', '.join(not_run)}.", ""]
+  return [f"**Incomplete:** {done} of {planned} cases so far.", ""]
 
 
 def _target_cell(row) -> str:

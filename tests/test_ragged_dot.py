@@ -515,3 +515,21 @@ def test_bench_moe_smoke(tmp_path):
               ("even", "drhs", 0.75), ("one_hot", "drhs", 0.75)}
   assert "- `auto`: " in readme and "reach issue 18's roofline target" in readme
   assert "of their target (" in readme
+  assert "Stopped by" not in readme and "Incomplete" not in readme
+
+
+def test_bench_moe_names_the_cases_a_budget_left():
+  """A run that --max_seconds stopped says so in its README, with the
+  cases it did not run; one still running says how far it got."""
+  from experiments import bench_moe
+  metadata = {"complete": False, "cases_planned": 3,
+              "not_run": ["b even drhs", "c even drhs"]}
+  rows = [{"case": "a even drhs", "kernel": "auto"},
+          {"case": "a even drhs", "kernel": "xla"}]
+  assert bench_moe.run_status(metadata, rows)[0] == (
+      "**Stopped by --max_seconds after 1 of 3 cases**; not run: "
+      "b even drhs, c even drhs.")
+  del metadata["not_run"]
+  assert bench_moe.run_status(metadata, rows)[0] == (
+      "**Incomplete:** 1 of 3 cases so far.")
+  assert bench_moe.run_status({**metadata, "complete": True}, rows) == []

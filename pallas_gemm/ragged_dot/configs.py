@@ -408,13 +408,13 @@ class RaggedConfig:
                        "other: with ping_pong each consumer runs whole tiles")
     if self.swap_ab:
       if (accumulator > ACCUMULATOR_MAX_ELEMS and not self.split_rows
-          and not (self.ping_pong and self.tile_n <= 128)):
+          and not self.ping_pong):
         raise ValueError(f"RaggedConfig.swap_ab needs a consumer accumulator "
                          f"tile_n x tile_m of at most 128 x 128 f32 (one "
                          f"warpgroup's registers), or with ping_pong "
-                         f"tile_n <= 128 by up to {SWAP_AB_MAX_TOKENS} "
-                         f"tokens, got tile_m={self.tile_m}, "
-                         f"tile_n={self.tile_n}")
+                         f"{TURN_TILE_MAX_ELEMS} elements (128 x "
+                         f"{SWAP_AB_MAX_TOKENS} either way), got "
+                         f"tile_m={self.tile_m}, tile_n={self.tile_n}")
       if not self.swizzled_staging:
         raise ValueError("RaggedConfig.swap_ab needs swizzled_staging=True: "
                          "Mosaic writes the transposed accumulator only "
@@ -438,12 +438,13 @@ class RaggedConfig:
     kernel does not take."""
     if (mode == "rows" and self.ping_pong
         and self.tile_m * self.tile_n > ACCUMULATOR_MAX_ELEMS
-        and not (self.swap_ab and self.tile_n <= 128)):
+        and not self.swap_ab):
       raise ValueError(f"RaggedConfig.ping_pong in \"rows\" mode holds a "
-                       f"consumer tile above 128 x 128 f32 only as up to "
-                       f"{SWAP_AB_MAX_TOKENS} token rows with swap_ab and "
-                       f"tile_n <= 128, got tile_m={self.tile_m}, "
-                       f"tile_n={self.tile_n}, swap_ab={self.swap_ab}")
+                       f"consumer tile above 128 x 128 f32 only transposed "
+                       f"(swap_ab: up to {SWAP_AB_MAX_TOKENS} token rows "
+                       f"by 128 columns, or 128 by {SWAP_AB_MAX_TOKENS}), "
+                       f"got tile_m={self.tile_m}, tile_n={self.tile_n}, "
+                       f"swap_ab={self.swap_ab}")
     if mode == "rows" and self.narrow_chunks:
       raise ValueError(f"RaggedConfig.tile_k={self.tile_k} is a "
                        f"\"contracting\"-mode chunk: the \"rows\" kernel's "

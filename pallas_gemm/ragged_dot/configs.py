@@ -684,6 +684,29 @@ def _fewest_turn_items(base: RaggedConfig, rows_per_group: float,
   return best
 
 
+#: Time per output element of the "rows"-mode turn-taking tile at 128
+#: tokens x 192 columns relative to 128 x 128, where neither pads: each
+#: turn reads a quarter more weight columns per token row loaded, so fewer
+#: operand bytes per flop come from L2, which bounds these short-reduction
+#: tiles. Rounded down from the pairs measured on the H200 (experiments/
+#: results/nvidia_h200/ragged_options, "128 x 192 turns in the forward and
+#: dlhs"), so that the rule below takes the wide tile only where it pads
+#: the columns by less than about 4 %.
+WIDE_COLUMN_TURN_TIME = 0.96
+
+
+def _wide_column_turns_pay(config: RaggedConfig,
+                           problem: RaggedProblem) -> bool:
+  """Whether the 128-token turn-taking `swap_ab` tile (`config`) is faster
+  at 192 columns than at 128: its columns padded to whole tiles, at
+  WIDE_COLUMN_TURN_TIME. The token items are the same either way (a
+  consumer holds 128 x 192 only at 128 tokens), so the walk over them
+  does not enter."""
+  return (config.tile_m == 128 and config.tile_n == 128
+          and cdiv(problem.n, SWAP_AB_MAX_TOKENS) * SWAP_AB_MAX_TOKENS
+          * WIDE_COLUMN_TURN_TIME < cdiv(problem.n, 128) * 128)
+
+
 def _takes_turns(rows_per_group: float) -> bool:
   """Whether the heuristic has the consumers take turns at whole 128 x 128
   tiles: experts of more than one and at most PING_PONG_MAX_ROWS / 128
@@ -968,8 +991,16 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
       return _most_stages(base, problem)
     if balanced_turns:
       return _deeper_with_shared_staging(base, problem)
-    return _fewest_turn_items(base, rows_per_group, problem,
-                              device.planning_sms)
+    turns = _fewest_turn_items(base, rows_per_group, problem,
+                               device.planning_sms)
+    if _wide_column_turns_pay(turns, problem):
+      # Where the token width stayed at 128 (more would cut no group into
+      # fewer items), wider column strips instead.
+      wide = _deeper_with_shared_staging(
+          dataclasses.replace(turns, tile_n=SWAP_AB_MAX_TOKENS), problem)
+      if wide.fits(problem):
+        return wide
+    return turns
   if (balanced and balanced_tile_m == 256) or (
       tile_m == 128 and rows_per_group <= SWAP_AB_TALL_MAX_ROWS
       and device.key in SWAP_AB_TALL_DEVICES):

@@ -60,7 +60,10 @@
 #              workload, warp stalls, and each SM's active cycles (min,
 #              average, max: the balance between SMs), as
 #              experiments/lab/ncu_common.sh profiles (details page, SASS
-#              digest), packed into $OUT/ragged_ncu.tar.gz
+#              digest), packed into $OUT/ragged_ncu.tar.gz; the
+#              profiled launch is the one after RAGGED_NCU_SKIP (default
+#              1: the compiling call's) Mosaic launches, so a config that
+#              also launches the merge kernel of `piece_rows` takes 2
 #                                                      BUDGET_ragged_ncu=200
 #   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
 #              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS, each
@@ -266,7 +269,7 @@ if wanted ragged_ncu; then
     echo "== $case"
     # The second launch of the Mosaic kernel: the first one compiles.
     run_budgeted "$left" bash -c '. experiments/lab/ncu_common.sh && ncu_profile "$@"' _ \
-      "ncu_${case// /_}" mosaic_gpu 1 \
+      "ncu_${case// /_}" mosaic_gpu "${RAGGED_NCU_SKIP:-1}" \
       "Duration|sm__cycles|L2 Cache Throughput|DRAM Throughput|highest-utilized|Stall|Error|error:" \
       "$PY" experiments/lab/ragged_profile_case.py --case "$case" --kernel mosaic \
       ${RAGGED_BASE:+--config "$RAGGED_BASE"}

@@ -281,6 +281,16 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           out_slots=1, swizzled_staging=True, swap_ab=True,
                           shared_staging=True)),
+    # ... and at 128 tokens by 192 columns (wgmma's M three 64-row
+    # groups), one staging buffer: three column strips, the last 66
+    # columns wide (its second store partial, its third past the output);
+    # rows of no group before and after the groups, rhs read transposed,
+    # silu.
+    (600, 64, 450, [274, 0, 145, 3, 144], 5, "bfloat16", "bfloat16", True,
+     "silu", RaggedConfig(tile_m=128, tile_n=192, tile_k=64, stages=2,
+                          epi_tile_n=64, grid_band=2, ping_pong=True,
+                          out_slots=1, swizzled_staging=True, swap_ab=True,
+                          shared_staging=True)),
     # Turns at 128 x 128 with short items and a shared staging buffer of
     # two slots, plain rows (a float32 output): an even number of tiles
     # per CTA.
@@ -307,13 +317,15 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swap_ab_split_columns", "swap_ab_ping_pong",
             "swap_ab_split_rows", "swap_ab_ping_pong_192",
             "swap_ab_ping_pong_144", "swap_ab_shared_staging",
-            "ping_pong_shared_staging", "work_list_kernel"]
+            "swap_ab_wide_columns", "ping_pong_shared_staging",
+            "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
                      "ping_pong_short_items", "cluster_ping_pong",
                      "swap_ab_split_columns", "swap_ab_split_rows",
-                     "swap_ab_shared_staging", "ping_pong_shared_staging"}
+                     "swap_ab_shared_staging", "swap_ab_wide_columns",
+                     "ping_pong_shared_staging"}
 
 
 def _named(ids, cases):
@@ -1098,11 +1110,20 @@ def test_swap_ab_options():
         RaggedConfig(**{**wide, "tile_m": tokens, **fields})
   with pytest.raises(ValueError, match="ping_pong needs a consumer tile"):
     RaggedConfig(**{**wide, "tile_n": 192})
-  # Other tiles above 128 x 128 are the weight gradient's 128 x 192.
+  # 128 x 192 is the weight gradient's tile, and in "rows" mode only
+  # transposed: 128 token rows by 192 columns.
   wide_columns = RaggedConfig(tile_m=128, tile_n=192, ping_pong=True)
   wide_columns.check_mode("contracting")
   with pytest.raises(ValueError, match="ping_pong in \"rows\" mode"):
     wide_columns.check_mode("rows")
+  dataclasses.replace(wide_columns, swap_ab=True,
+                      swizzled_staging=True).check_mode("rows")
+  with pytest.raises(ValueError, match="ping_pong needs a consumer tile"):
+    RaggedConfig(tile_m=144, tile_n=192, ping_pong=True, swap_ab=True,
+                 swizzled_staging=True)
+  with pytest.raises(ValueError, match="swap_ab needs a consumer "
+                     "accumulator"):
+    RaggedConfig(tile_m=128, tile_n=192, swap_ab=True, swizzled_staging=True)
   # A sweep offers it where token rows can be transposed (16-bit outputs).
   for out_dtype, offered in (("bfloat16", True), ("float32", False)):
     rows = RaggedProblem("rows", 16384, 2048, 1408, 60, "bfloat16", out_dtype)
@@ -1121,8 +1142,8 @@ def test_swap_ab_options():
 @pytest.mark.parametrize("transpose", [False, True], ids=["fwd", "dlhs"])
 def test_rows_swap_ab_lowers_for_cuda(transpose):
   """Token rows as wgmma's N at Qwen1.5-MoE's shapes lower for the GPU:
-  turn-taking 128 x 128 and 192-token x 128 tiles, and 128-token tiles
-  whose consumers split 256 columns."""
+  turn-taking 128 x 128, 192-token x 128 and 128-token x 192 tiles, and
+  128-token tiles whose consumers split 256 columns."""
   k, n = (1408, 2048) if transpose else (2048, 1408)
   problem = RaggedProblem("rows", 16384, k, n, 60, "bfloat16", "bfloat16",
                           transpose_rhs=transpose)
@@ -1133,6 +1154,7 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
                  dict(ping_pong=True, tile_m=176),
                  dict(ping_pong=True, tile_m=144, shared_staging=True),
                  dict(ping_pong=True, tile_m=192, shared_staging=True),
+                 dict(ping_pong=True, tile_n=192, shared_staging=True),
                  dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):
@@ -1358,6 +1380,37 @@ def test_contracting_turns_widen_where_both_routings_gain(groups, m, k, n,
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
   assert h100.key not in configs.WIDE_TURN_TILE_DEVICES
   assert mosaic.heuristic(problem, h100).cta_tile("contracting") == (128, 128)
+
+
+@pytest.mark.parametrize("groups,m,k,n,transpose,tokens,columns", [
+    (128, 32768, 2048, 768, False, 128, 192),  # Qwen3-30B up: 4 strips
+    (128, 32768, 768, 2048, False, 128, 192),  # ... down: 2048 -> 2112
+    (128, 32768, 768, 2048, True, 128, 192),   # ... up's dlhs
+    (64, 12282, 1408, 2048, False, 128, 192),  # DeepSeek-V2-Lite down
+    (32, 12000, 2048, 2880, False, 128, 192),  # gpt-oss-20b up: 15 strips
+    (64, 16384, 2048, 1408, False, 128, 128),  # g64: 1408 -> 1536
+    (64, 32768, 2048, 1024, False, 128, 128),  # OLMoE up: 1024 -> 1152
+    (60, 16384, 2048, 2048, False, 144, 128),  # Qwen1.5-MoE: 144 tokens
+], ids=["qwen3_up", "qwen3_down", "qwen3_up_dlhs", "deepseek_v2_lite_down",
+        "gpt_oss_up", "g64", "olmoe_up", "qwen1.5_tokens_144"])
+def test_rows_turns_widen_columns_where_they_pad_little(groups, m, k, n,
+                                                        transpose, tokens,
+                                                        columns):
+  """On the H200 the forward's and dlhs's 128-token turns run 192-column
+  strips where those pad the columns by less than about 4 %
+  (`_wide_column_turns_pay`); a wider token tile (fewer items) keeps 128
+  columns, and the H100 keeps its 128 x 128 turns."""
+  problem = RaggedProblem("rows", m, k, n, groups, "bfloat16", "bfloat16",
+                          transpose_rhs=transpose)
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.ping_pong and config.swap_ab
+  assert (config.tile_m, config.tile_n) == (tokens, columns)
+  assert config.fits(problem)
+  if columns == 192:
+    assert config.shared_staging and config.stages == 5
+    _lower_for_cuda(problem, config)
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  assert mosaic.heuristic(problem, h100).tile_n == 128
 
 
 @pytest.mark.parametrize("groups,m,k,n", [
@@ -1734,3 +1787,17 @@ def test_operand_planes_rejects_what_it_cannot_run():
                          config=RaggedConfig(tile_m=64, tile_n=128,
                                              stages=2, operand_planes=True),
                          interpret=True)
+
+
+@pytest.mark.parametrize("count", [
+    0, 1, 7, mosaic_schedule.MASKED_SUM_MAX_ENTRIES,
+    mosaic_schedule.MASKED_SUM_MAX_ENTRIES + 1, 5000])
+def test_inclusive_sum_is_cumsum_at_any_length(count):
+  """The schedule's prefix sums, as one masked reduction for short lists
+  and as a scan for long ones (a vmapped batch folded into the groups),
+  agree with NumPy's cumsum, negative entries included."""
+  values = np.random.default_rng(count).integers(-50, 3000, count,
+                                                 dtype=np.int32)
+  got = jax.jit(mosaic_schedule.inclusive_sum)(jnp.asarray(values))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(np.asarray(got), np.cumsum(values))

@@ -43,11 +43,19 @@ def read_entry(table_ref, column):
   return tuple(table_ref[row, column] for row in range(table_ref.shape[0]))
 
 
+#: Entries up to which `inclusive_sum` is one masked reduction. Its work
+#: grows as the square of the count, and vmap folds a batch into the
+#: groups, so a long list takes the scan instead.
+MASKED_SUM_MAX_ENTRIES = 1024
+
+
 def inclusive_sum(values):
   """cumsum of a short int32 vector as one masked reduction: XLA fuses it
   into a single small kernel where a scan takes several, and these lists
-  are built on every call."""
+  are built on every call. Above MASKED_SUM_MAX_ENTRIES, jnp.cumsum."""
   count = values.shape[0]
+  if count > MASKED_SUM_MAX_ENTRIES:
+    return jnp.cumsum(values, dtype=jnp.int32)
   below = (jnp.arange(count, dtype=jnp.int32)[None, :]
            <= jnp.arange(count, dtype=jnp.int32)[:, None])
   return jnp.sum(jnp.where(below, values[None, :], 0), axis=1,

@@ -106,8 +106,9 @@ One `RaggedConfig` serves both modes; the fields mean:
                each SM has two tiles' loads in flight. Needs tile_m *
                tile_n <= 128 * 192 (a whole tile's accumulator in one
                warpgroup's registers, `TURN_TILE_MAX_ELEMS`; above
-               128 * 128 only as "rows" mode's 192-token swap_ab tile or
-               "contracting" mode's 128 x 192), and excludes split_rows.
+               128 * 128 only as "rows" mode's swap_ab tiles of 192
+               tokens x 128 columns or 128 x 192, or "contracting" mode's
+               128 x 192), and excludes split_rows.
     group_bands
                the bands of `grid_band` row items restart at each group (and
                at each stretch of rows of no group), so that a band never
@@ -241,8 +242,9 @@ SWAP_AB_TURN_TOKENS = (144, 160, 176, SWAP_AB_MAX_TOKENS)
 ACCUMULATOR_MAX_ELEMS = 128 * 128
 #: The largest tile a turn-taking consumer (`RaggedConfig.ping_pong`) holds
 #: whole in registers, in f32 elements: 128 x 192, 192 per thread. Above
-#: ACCUMULATOR_MAX_ELEMS only as a `swap_ab` tile of up to 192 tokens
-#: ("rows" mode) or as 128 x 192 weight-gradient tiles ("contracting"
+#: ACCUMULATOR_MAX_ELEMS only as a `swap_ab` tile ("rows" mode: up to 192
+#: tokens by 128 columns, or 128 tokens by 192 columns, three of wgmma's
+#: 64-row groups) or as 128 x 192 weight-gradient tiles ("contracting"
 #: mode, `check_mode`).
 TURN_TILE_MAX_ELEMS = 128 * SWAP_AB_MAX_TOKENS
 
@@ -686,8 +688,8 @@ def _fewest_turn_items(base: RaggedConfig, rows_per_group: float,
 
 #: Time per output element of the "rows"-mode turn-taking tile at 128
 #: tokens x 192 columns relative to 128 x 128, where neither pads: each
-#: turn reads a quarter more weight columns per token row loaded, so fewer
-#: operand bytes per flop come from L2, which bounds these short-reduction
+#: turn loads half again as many weight columns per token row, a sixth
+#: fewer operand bytes per flop from L2, which bounds these short-reduction
 #: tiles. Rounded down from the pairs measured on the H200 (experiments/
 #: results/nvidia_h200/ragged_options, "128 x 192 turns in the forward and
 #: dlhs"), so that the rule below takes the wide tile only where it pads

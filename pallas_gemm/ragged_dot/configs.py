@@ -616,11 +616,13 @@ SWAP_AB_TALL_DEVICES = ("nvidia_h100",)
 
 #: GPUs (`DeviceInfo.key`) on which the heuristic's "rows"-mode turns share
 #: one staging buffer (`RaggedConfig.shared_staging`) wherever that buys
-#: the ring a stage, and run each expert at the `SWAP_AB_TURN_TOKENS`
+#: the ring a stage, run each expert at the `SWAP_AB_TURN_TOKENS`
 #: width that cuts it into the fewest items at a ring as deep as the
-#: 128-token tile's (`_fewest_turn_items`). Measured on the H200 only
-#: (experiments/results/nvidia_h200/ragged_options, "One staging buffer
-#: for both consumers").
+#: 128-token tile's (`_fewest_turn_items`), and, where that width stays
+#: 128, run 192 columns where those pad little (`_wide_column_turns_pay`).
+#: Measured on the H200 only (experiments/results/nvidia_h200/
+#: ragged_options, "One staging buffer for both consumers", "128 x 192
+#: turns in the forward and dlhs").
 SHARED_STAGING_DEVICES = ("nvidia_h200",)
 
 

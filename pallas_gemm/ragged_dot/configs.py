@@ -706,9 +706,10 @@ def _wide_column_turns_pay(config: RaggedConfig,
   WIDE_COLUMN_TURN_TIME. The token items are the same either way (a
   consumer holds 128 x 192 only at 128 tokens), so the walk over them
   does not enter."""
+  padded_columns = lambda width: cdiv(problem.n, width) * width
   return (config.tile_m == 128 and config.tile_n == 128
-          and cdiv(problem.n, SWAP_AB_MAX_TOKENS) * SWAP_AB_MAX_TOKENS
-          * WIDE_COLUMN_TURN_TIME < cdiv(problem.n, 128) * 128)
+          and padded_columns(SWAP_AB_MAX_TOKENS) * WIDE_COLUMN_TURN_TIME
+          < padded_columns(config.tile_n))
 
 
 def _takes_turns(rows_per_group: float) -> bool:

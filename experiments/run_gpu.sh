@@ -63,7 +63,9 @@
 #              digest), packed into $OUT/ragged_ncu.tar.gz; the
 #              profiled launch is the one after RAGGED_NCU_SKIP (default
 #              1: the compiling call's) Mosaic launches, so a config that
-#              also launches the merge kernel of `piece_rows` takes 2
+#              also launches the merge kernel of `piece_rows` takes 2;
+#              RAGGED_NCU_METRICS, more metric names (comma-separated)
+#              listed on each details page
 #                                                      BUDGET_ragged_ncu=200
 #   fp8_cuda   not in the default run: the raw-CUDA block-wise fp8 steps
 #              (experiments/lab/fp8_wgmma/NN_*.cu, or FP8_CUDA_STEPS, each
@@ -260,7 +262,7 @@ if wanted ragged_ncu; then
   # ncu_common.sh's profile per case, plus each SM's active cycles; its
   # reports are packed into one file (the device returns only a few).
   export PY DIR="${WORK:-/tmp/pallas_gemm_ragged_ncu}"
-  export NCU_METRICS=sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max
+  export NCU_METRICS=sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max${RAGGED_NCU_METRICS:+,$RAGGED_NCU_METRICS}
   rm -rf "$DIR" && mkdir -p "$DIR"
   IFS=';' read -r -a ncu_cases <<< "${RAGGED_NCU_CASES:-qwen3_30b_a3b_up even drhs;qwen3_30b_a3b_up zipf drhs}"
   for case in "${ncu_cases[@]}"; do

@@ -215,3 +215,28 @@ def test_versus_padded_lhs_traces_the_padded_call_on_its_own(monkeypatch):
   as_is(*operands)
   padded(*operands)
   assert seen == [True, False]
+
+
+def test_ragged_operand_traffic_counts_chunks_tiles_and_stages(capsys):
+  """The weight gradient's bytes between L2 and the SMs: chunks as the
+  schedule counts them x tiles per group x one stage's lhs and dout
+  blocks, and the output once; and the script reads a committed run."""
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab import ragged_operand_traffic as traffic
+  from experiments.lab.ragged_profile_case import find_case
+  from pallas_gemm.ragged_dot import configs
+  case = find_case("qwen3_30b_a3b_up even drhs")
+  config = configs.heuristic(case.problem, traffic.hopper("NVIDIA H200"))
+  assert config.cta_tile("contracting") == (128, 128)
+  operand, out = traffic.traffic(case, config)
+  # 128 experts of 256 rows: 4 chunks of 64 each; 16 x 6 tiles of
+  # 128 x 128; a stage is (128 + 128) x 64 bf16.
+  assert operand == 128 * 4 * (16 * 6) * (256 * 64 * 2)
+  assert out == 128 * 2048 * 768 * 2
+  results = sorted((REPO_ROOT / "experiments" / "results")
+                   .glob("nvidia_h200/moe_a21e353/suite/run_c/results.json"))
+  assert results
+  assert traffic.main([str(results[0])]) == 0
+  out_text = capsys.readouterr().out
+  assert "| qwen3_30b_a3b_up even drhs | 128 x 128 | yes | 1.61 |" in out_text
+  assert "forward" not in out_text

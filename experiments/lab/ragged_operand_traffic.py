@@ -15,10 +15,12 @@ L2 (an operand byte is fetched from DRAM about once), and with the output
 stores they are the traffic between L2 and the SMs; this divides it by the
 measured time.
 
-The question it answers: is a case bound by that traffic? Runs whose
-configs keep the tensor cores busy move 9-11 TB/s this way on an H200, so a
-case at that rate with few flops per byte loaded (a narrow tile, a short
-reduction) can only get faster with fewer bytes per flop. No GPU: it reads
+The question it asks: does a case move as much as the busiest cases do?
+Runs whose configs keep the tensor cores busy move 9-11 TB/s this way on an
+H200; a case at that rate with few flops per byte loaded (a narrow tile, a
+short reduction) may need fewer bytes per flop to get faster, and one well
+below it is held by something else (experiments/results/nvidia_h200/
+ragged_options, "What the weight gradient's operand traffic says"). No GPU: it reads
 results files and the suite's group sizes. 2-CTA clusters
 (`cluster_columns`) are counted as if each CTA loaded its whole lhs block.
 """

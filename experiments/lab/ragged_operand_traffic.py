@@ -20,9 +20,11 @@ Runs whose configs keep the tensor cores busy move 9-11 TB/s this way on an
 H200; a case at that rate with few flops per byte loaded (a narrow tile, a
 short reduction) may need fewer bytes per flop to get faster, and one well
 below it is held by something else (experiments/results/nvidia_h200/
-ragged_options, "What the weight gradient's operand traffic says"). No GPU: it reads
-results files and the suite's group sizes. 2-CTA clusters
-(`cluster_columns`) are counted as if each CTA loaded its whole lhs block.
+ragged_options, "What the weight gradient's operand traffic says").
+
+No GPU: it reads results files and the suite's group sizes. 2-CTA
+clusters (`cluster_columns`) are counted as if each CTA loaded its whole
+lhs block.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import pathlib
 import sys
 
 import jax.numpy as jnp
-import numpy as np
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:

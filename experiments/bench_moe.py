@@ -67,7 +67,8 @@ def parse_args(argv=None):
                       help="default: moe on a GPU, moe_small on a CPU")
   parser.add_argument("--kernels", default=",".join(TARGETS))
   parser.add_argument("--shapes", default="",
-                      help="comma-separated substrings of layer names")
+                      help="comma-separated substrings of layer names (each "
+                      "must match a layer of the suite)")
   parser.add_argument("--distributions", default=",".join(arg_specs.DISTRIBUTIONS))
   parser.add_argument("--directions", default=",".join(arg_specs.DIRECTIONS))
   parser.add_argument("--dtype", default="bfloat16")
@@ -98,8 +99,16 @@ def ordered_cases(args, on_gpu):
   suite = args.suite or ("moe" if on_gpu else "moe_small")
   # A CPU run is a smoke test of the pipeline: one small layer by default.
   shapes = args.shapes or ("" if on_gpu else "small_g8_odd")
+  names = [s for s in shapes.split(",") if s]
+  unmatched = [s for s in names
+               if not any(s in l.name for l in arg_specs.SUITES[suite])]
+  if unmatched:
+    raise SystemExit(
+        f"--shapes: {unmatched} match no layer of the {suite!r} suite "
+        f"({', '.join(l.name for l in arg_specs.SUITES[suite])}); pass "
+        f"--suite for another suite's layers")
   layers = [l for l in arg_specs.SUITES[suite]
-            if not shapes or any(s in l.name for s in shapes.split(","))]
+            if not names or any(s in l.name for s in names)]
   cases = arg_specs.cases(layers, args.distributions, args.directions,
                           dtype=args.dtype, seed=args.seed)
   table = {l.name for l in arg_specs.MOE_LAYERS[:3]}

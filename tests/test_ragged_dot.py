@@ -518,6 +518,29 @@ def test_bench_moe_smoke(tmp_path):
   assert "Stopped by" not in readme and "Incomplete" not in readme
 
 
+def test_bench_moe_shapes_that_match_no_layer_are_an_error():
+  """A --shapes entry that names no layer of the suite stops the run with
+  the suite's layers, instead of running the other entries (or nothing)."""
+  from experiments import bench_moe
+  args = bench_moe.parse_args(["--shapes=qwen3_30b,qwen4"])
+  with pytest.raises(SystemExit, match=r"\['qwen4'\] match no layer of the "
+                     r"'moe' suite \(g8_t16384"):
+    bench_moe.ordered_cases(args, on_gpu=True)
+  # A layer of another suite is found with --suite.
+  args = bench_moe.parse_args(["--suite=moe_holdout", "--shapes=olmoe",
+                               "--directions=dlhs"])
+  suite, cases = bench_moe.ordered_cases(args, on_gpu=True)
+  assert suite == "moe_holdout"
+  assert [c.label for c in cases] == [
+      "olmoe_up even dlhs", "olmoe_up zipf dlhs", "olmoe_up one_hot dlhs"]
+  # Matching is by substring: deepseek_v3_up also names the decode batch.
+  args = bench_moe.parse_args(["--shapes=deepseek_v3_up",
+                               "--directions=forward",
+                               "--distributions=even"])
+  assert [c.label for c in bench_moe.ordered_cases(args, on_gpu=True)[1]] == [
+      "deepseek_v3_up even forward", "deepseek_v3_up_decode even forward"]
+
+
 def test_bench_moe_names_the_cases_a_budget_left():
   """A run that --max_seconds stopped says so in its README, with the
   cases it did not run; one still running says how far it got."""

@@ -380,7 +380,9 @@ def main(argv=None):
                       help="weight layouts: pair and/or fused (k, 2, n)")
   parser.add_argument("--activation", default="silu",
                       choices=sorted(GLU_ACTIVATIONS))
-  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--iters", type=int, default=None,
+                      help="timed iterations (default 20 on a GPU, 2 on a "
+                      "CPU)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--max_seconds", type=float,
                       default=float(os.environ.get("BUDGET_glu", 200)) - 25,
@@ -402,13 +404,17 @@ def main(argv=None):
     bad = [v for v in value if v not in allowed]
     if bad:
       parser.error(f"{flag}: {bad} not in {allowed}")
+  if args.iters is not None and args.iters < 1:
+    parser.error(f"--iters={args.iters} must be at least 1")
+  if args.max_cases < 0:
+    parser.error(f"--max_cases={args.max_cases} must be 0 (all) or more")
 
   device = device_info()
   on_gpu = device.is_gpu
   cases = list(glu_suite()) if on_gpu else list(GLU_SMOKE)
   if args.max_cases:
     cases = cases[:args.max_cases]
-  iters = args.iters if on_gpu else 2
+  iters = args.iters or (20 if on_gpu else 2)
   if on_gpu:
     default_dir = _ROOT / "experiments" / "results" / device.key / "glu"
   else:

@@ -79,6 +79,8 @@ def parse_args(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--output_dir", default=None)
   args = parser.parse_args(argv)
+  if args.iters is not None and args.iters < 1:
+    parser.error(f"--iters={args.iters} must be at least 1")
   args.kernels = _split(args.kernels, TARGETS, "--kernels")
   args.distributions = _split(args.distributions, arg_specs.DISTRIBUTIONS,
                               "--distributions")

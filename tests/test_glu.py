@@ -412,6 +412,15 @@ def test_bench_glu_smoke(tmp_path):
   assert "× xla" in (tmp_path / "README.md").read_text()
 
 
+def test_bench_glu_rejects_counts_it_cannot_honour():
+  """--iters below 1 and a negative --max_cases stop the run (a negative
+  count used to drop shapes from the end)."""
+  from experiments import bench_glu
+  for bad in ("--iters=0", "--max_cases=-1"):
+    with pytest.raises(SystemExit):
+      bench_glu.main(["--targets=xla", bad])
+
+
 def _fake_paired_cupti(monkeypatch):
   """Fakes CUPTI under paired timing: in each ABBA round of two calls xla
   takes 3 us a call and the kernel 2 us. Returns the list of timed calls."""

@@ -526,6 +526,8 @@ def test_bench_moe_shapes_that_match_no_layer_are_an_error():
   with pytest.raises(SystemExit, match=r"\['qwen4'\] match no layer of the "
                      r"'moe' suite \(g8_t16384"):
     bench_moe.ordered_cases(args, on_gpu=True)
+  with pytest.raises(SystemExit):
+    bench_moe.parse_args(["--iters=0"])
   # A layer of another suite is found with --suite.
   args = bench_moe.parse_args(["--suite=moe_holdout", "--shapes=olmoe",
                                "--directions=dlhs"])

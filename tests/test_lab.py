@@ -240,3 +240,19 @@ def test_ragged_operand_traffic_counts_chunks_tiles_and_stages(capsys):
   out_text = capsys.readouterr().out
   assert "| qwen3_30b_a3b_up even drhs | 128 x 128 | yes | 1.61 |" in out_text
   assert "forward" not in out_text
+
+
+def test_pair_fields_keep_the_staging_slots_they_name():
+  """A pair line that sets `out_slots` gets those slots and the deepest
+  ring that fits beside them (the heuristic's deepening would choose the
+  slots again: on Qwen3-30B's weight gradient one slot and 6 stages)."""
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab.ragged_operand_traffic import hopper
+  from experiments.lab.ragged_profile_case import config_with_fields, find_case
+  problem = find_case("qwen3_30b_a3b_up even drhs").problem
+  h200 = hopper("NVIDIA H200")
+  base = config_with_fields(problem, "ping_pong=true", h200)
+  assert (base.stages, base.out_slots) == (6, 1)
+  two = config_with_fields(problem, "out_slots=2", h200)
+  assert (two.stages, two.out_slots) == (5, 2) and two.fits(problem)
+  assert config_with_fields(problem, "out_slots=2,stages=5", h200) == two

@@ -79,7 +79,8 @@ def config_with_fields(problem, text: str,
   """The heuristic's config for `problem` (on `device`, by default this
   machine's) with `text`'s fields replaced (name=value pairs, ints or
   true/false), the ring then made as deep as fits unless `stages` is
-  given."""
+  given. A given `out_slots` is kept (the heuristic's own deepening would
+  choose the slots again, one where a second costs a stage)."""
   fields = {}
   for pair in text.split(","):
     name, _, value = pair.partition("=")
@@ -90,7 +91,16 @@ def config_with_fields(problem, text: str,
       configs.heuristic(problem, device or device_info()), **fields)
   if "stages" in fields:
     return config
-  return configs._most_stages(config, problem)
+  if "out_slots" not in fields:
+    return configs._most_stages(config, problem)
+  for stages in range(configs.MAX_STAGES, 1, -1):
+    if stages <= config.short_tile_lookahead:
+      break
+    deeper = dataclasses.replace(config, stages=stages)
+    if deeper.fits(problem):
+      return deeper
+  raise ValueError(f"{text!r}: no ring of at least 2 stages fits beside "
+                   f"out_slots={config.out_slots} for {problem}")
 
 
 def _call(problem, kernel: str, config_text: str):

@@ -223,10 +223,11 @@ def test_ragged_operand_traffic_counts_chunks_tiles_and_stages(capsys):
   blocks, and the output once; and the script reads a committed run."""
   sys.path.insert(0, str(REPO_ROOT))
   from experiments.lab import ragged_operand_traffic as traffic
+  from experiments.lab.dispatch_holdout import hopper_device
   from experiments.lab.ragged_profile_case import find_case
   from pallas_gemm.ragged_dot import configs
   case = find_case("qwen3_30b_a3b_up even drhs")
-  config = configs.heuristic(case.problem, traffic.hopper("NVIDIA H200"))
+  config = configs.heuristic(case.problem, hopper_device("NVIDIA H200"))
   assert config.cta_tile("contracting") == (128, 128)
   operand, out = traffic.traffic(case, config)
   # 128 experts of 256 rows: 4 chunks of 64 each; 16 x 6 tiles of
@@ -247,10 +248,10 @@ def test_pair_fields_keep_the_staging_slots_they_name():
   ring that fits beside them (the heuristic's deepening would choose the
   slots again: on Qwen3-30B's weight gradient one slot and 6 stages)."""
   sys.path.insert(0, str(REPO_ROOT))
-  from experiments.lab.ragged_operand_traffic import hopper
+  from experiments.lab.dispatch_holdout import hopper_device
   from experiments.lab.ragged_profile_case import config_with_fields, find_case
   problem = find_case("qwen3_30b_a3b_up even drhs").problem
-  h200 = hopper("NVIDIA H200")
+  h200 = hopper_device("NVIDIA H200")
   base = config_with_fields(problem, "ping_pong=true", h200)
   assert (base.stages, base.out_slots) == (6, 1)
   two = config_with_fields(problem, "out_slots=2", h200)

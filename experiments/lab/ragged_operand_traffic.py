@@ -41,21 +41,11 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
   sys.path.insert(0, str(_ROOT))
 
+from experiments.lab.dispatch_holdout import hopper_device  # noqa: E402
 from experiments.lab.ragged_padding_bound import ROW_ALIGN  # noqa: E402
 from experiments.lab.ragged_profile_case import find_case  # noqa: E402
-from pallas_gemm.devices import DeviceInfo  # noqa: E402
 from pallas_gemm.ragged_dot import configs  # noqa: E402
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule  # noqa: E402
-
-#: SMs of the GPUs the suite runs on (H100 and H200 SXM): the heuristic
-#: plans its tiles for them.
-HOPPER_SXM_SMS = 132
-
-
-def hopper(device_kind: str) -> DeviceInfo:
-  """The DeviceInfo a run on `device_kind` (an H100 or H200) planned with."""
-  return DeviceInfo(platform="gpu", device_kind=device_kind,
-                    compute_capability=(9, 0), num_sms=HOPPER_SXM_SMS)
 
 
 def traffic(case, config) -> tuple[int, int]:
@@ -81,7 +71,7 @@ def rows(results_files):
   case measured in `results_files`."""
   for path in results_files:
     results = json.loads(pathlib.Path(path).read_text())
-    device = hopper(results["metadata"]["device"])
+    device = hopper_device(results["metadata"]["device"])
     for r in results["results"]:
       if r.get("status") != "ok" or r["direction"] != "drhs":
         continue

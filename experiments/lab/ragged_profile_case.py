@@ -93,14 +93,14 @@ def config_with_fields(problem, text: str,
     return config
   if "out_slots" not in fields:
     return configs._most_stages(config, problem)
-  for stages in range(configs.MAX_STAGES, 1, -1):
-    if stages <= config.short_tile_lookahead:
-      break
-    deeper = dataclasses.replace(config, stages=stages)
-    if deeper.fits(problem):
-      return deeper
-  raise ValueError(f"{text!r}: no ring of at least 2 stages fits beside "
-                   f"out_slots={config.out_slots} for {problem}")
+  deepest = configs._most_stages(config, problem,
+                                 slot_choices=(config.out_slots,))
+  # Where no depth fits, _most_stages falls back to other fields.
+  if (deepest != dataclasses.replace(config, stages=deepest.stages)
+      or not deepest.fits(problem)):
+    raise ValueError(f"{text!r}: no ring of at least 2 stages fits beside "
+                     f"out_slots={config.out_slots} for {problem}")
+  return deepest
 
 
 def _call(problem, kernel: str, config_text: str):

@@ -551,11 +551,14 @@ def _swapped_where_possible(config: RaggedConfig,
   return dataclasses.replace(config, swap_ab=True)
 
 
-def _most_stages(config: RaggedConfig, problem: RaggedProblem) -> RaggedConfig:
+def _most_stages(config: RaggedConfig, problem: RaggedProblem,
+                 slot_choices: tuple[int, ...] = (2, 1)) -> RaggedConfig:
   """The deepest ring that fits; a second output slot only where it costs
-  no stage (the main loop's latency hiding matters more)."""
+  no stage (the main loop's latency hiding matters more). `slot_choices`,
+  the out_slots tried at each depth in order (one to keep a given
+  count)."""
   # zeros_by_producer needs the slots to divide a tile's stores.
-  slot_counts = [slots for slots in (2, 1)
+  slot_counts = [slots for slots in slot_choices
                  if not config.zeros_by_producer
                  or config.slots_divide_stores(slots)]
   # A capped lookahead needs a deeper ring than its cap.

@@ -951,6 +951,25 @@ def test_largest_first_sorts_entries_and_names_their_outputs():
   assert np.array_equal(got[:4], np.asarray(table)[:, got[4]])
 
 
+@pytest.mark.parametrize("entries", [1, 7, 136, 300], ids=str)
+def test_largest_first_matches_a_stable_sort(entries, monkeypatch):
+  """The masked-sum ranks against a stable argsort, with many ties (few
+  distinct row counts), on both sides of the masked sum's size limit."""
+  rng = np.random.default_rng(entries)
+  lo = rng.integers(0, 1000, entries)
+  hi = lo + rng.choice([0, 0, 64, 65, 300], entries)
+  table = np.stack([lo, hi, lo // 8 * 8, rng.integers(0, 9, entries)])
+  order = np.argsort(lo - hi, kind="stable")
+  want = np.concatenate([table[:, order], order[None, :]])
+  got = np.asarray(jax.jit(mosaic_schedule.largest_first)(
+      jnp.asarray(table, jnp.int32)))
+  assert np.array_equal(got, want)
+  monkeypatch.setattr(mosaic_schedule, "MASKED_SUM_MAX_ENTRIES", 4)
+  got = np.asarray(mosaic_schedule.largest_first(jnp.asarray(table,
+                                                             jnp.int32)))
+  assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("option", [dict(largest_first=True),
                                     dict(piece_rows=64)], ids=str)
 def test_rows_rejects_contracting_options(option):

@@ -249,9 +249,29 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
 def largest_first(table):
   """A "contracting"-mode table (4, entries) with its entries sorted by row
   count, largest first (ties in entry order), and a fifth row: each sorted
-  entry's original index, the output group its tiles store to."""
-  order = jnp.argsort(table[0] - table[1], stable=True).astype(jnp.int32)
-  return jnp.concatenate([table[:, order], order[None, :]]).astype(jnp.int32)
+  entry's original index, the output group its tiles store to.
+
+  Up to MASKED_SUM_MAX_ENTRIES entries, as two masked reductions (each
+  entry's rank: the entries with more rows, and the earlier ones with as
+  many; then each rank's entry), which XLA runs as two small kernels where
+  a stable sort, the key's subtraction and the concatenation took three
+  launches and the sort alone more time than the other two together."""
+  entries = table.shape[1]
+  index = jnp.arange(entries, dtype=jnp.int32)
+  rows = table[GROUP_ROW_HI] - table[GROUP_ROW_LO]
+  if entries > MASKED_SUM_MAX_ENTRIES:
+    order = jnp.argsort(-rows, stable=True).astype(jnp.int32)
+    return jnp.concatenate([table[:, order], order[None, :]]).astype(
+        jnp.int32)
+  other, this = rows[None, :], rows[:, None]
+  ahead = (other > this) | ((other == this)
+                            & (index[None, :] < index[:, None]))
+  rank = jnp.sum(ahead, axis=1, dtype=jnp.int32)
+  # Column r of the result is the entry of rank r (ranks are a permutation).
+  source = jnp.concatenate([table.astype(jnp.int32), index[None, :]])
+  lands = rank[None, :] == index[:, None]  # (rank, entry)
+  return jnp.sum(jnp.where(lands[None], source[:, None, :], 0), axis=2,
+                 dtype=jnp.int32)
 
 
 def snake_deal(linear, num_ctas, num_tiles):

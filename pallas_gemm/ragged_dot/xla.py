@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_gemm.problem import ACTIVATIONS
+from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 NAME = "xla"
@@ -46,16 +47,14 @@ def heuristic(problem: RaggedProblem, device):
 
 def clipped_groups(group_sizes, row_offset, m: int):
   """(first row, sizes) of the groups once clipped to [0, m), as int32; a
-  negative size counts as zero, as in the Mosaic kernels' schedule.
+  negative size counts as zero: the rows of the Mosaic kernels' schedule
+  (`mosaic_schedule.group_rows`, plain jnp ops).
 
   The clipped sizes sum to at most m - first row, so the rows they cover
   never wrap around when the operands are rotated by the first row."""
-  sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-  offset = jnp.reshape(row_offset, ()).astype(jnp.int32)
-  ends = offset + jnp.cumsum(sizes)
-  starts = ends - sizes
-  ends, starts = jnp.clip(ends, 0, m), jnp.clip(starts, 0, m)
-  return jnp.clip(offset, 0, m), ends - starts
+  offset = jnp.reshape(row_offset, (1,)).astype(jnp.int32)
+  starts, ends = schedule.group_rows(group_sizes, offset, m)
+  return jnp.clip(offset[0], 0, m), ends - starts
 
 
 def group_row_mask(group_sizes, row_offset, m: int):

@@ -87,7 +87,11 @@
 # Results go to experiments/results/<gpu>/<suite>/ and, because the device
 # machine returns only a few files, are packed into $OUT/results.tar.gz
 # (unpack at the repository root). $OUT also gets log.txt (everything),
-# summary.md (the tables) and pytest logs. Pass the revision as
+# summary.md (the tables) and pytest logs. Each invocation writes about
+# four files there, and the device returns at most eight per call: a call
+# that runs the script several times gives each run an OUT of its own
+# outside the returned folder and copies back only the files it needs
+# (e.g. ragged_options.txt, ragged_ncu.tar.gz). Pass the revision as
 # PALLAS_GEMM_GIT_SHA: the copied tree may carry no .git.
 set -uo pipefail
 

@@ -259,16 +259,15 @@ def largest_first(table):
   entries = table.shape[1]
   index = jnp.arange(entries, dtype=jnp.int32)
   rows = table[GROUP_ROW_HI] - table[GROUP_ROW_LO]
+  # The table with each entry's index as its fifth row, to be reordered.
+  source = jnp.concatenate([table.astype(jnp.int32), index[None, :]])
   if entries > MASKED_SUM_MAX_ENTRIES:
-    order = jnp.argsort(-rows, stable=True).astype(jnp.int32)
-    return jnp.concatenate([table[:, order], order[None, :]]).astype(
-        jnp.int32)
+    return source[:, jnp.argsort(-rows, stable=True)]
   other, this = rows[None, :], rows[:, None]
   ahead = (other > this) | ((other == this)
                             & (index[None, :] < index[:, None]))
   rank = jnp.sum(ahead, axis=1, dtype=jnp.int32)
   # Column r of the result is the entry of rank r (ranks are a permutation).
-  source = jnp.concatenate([table.astype(jnp.int32), index[None, :]])
   lands = rank[None, :] == index[:, None]  # (rank, entry)
   return jnp.sum(jnp.where(lands[None], source[:, None, :], 0), axis=2,
                  dtype=jnp.int32)

@@ -444,6 +444,54 @@ def _run_contracting(case, *, detect_races):
   assert np.all(got[empty] == 0)
 
 
+#: `RaggedConfig.claim_tiles`: the CTAs claim their tiles (in the
+#: interpreter in the round-robin order) and each producer hands them to
+#: its consumers through a queue in shared memory.
+CLAIM_CASES = [
+    # Consumers splitting each tile; an empty group (its zero tiles handed
+    # over and stored by the consumers), rows of no group; more tiles per
+    # CTA than the queue has slots.
+    (230, 192, 128, [60, 130, 0, 33], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, claim_tiles=True)),
+    # Turns at whole tiles (the consumer of each follows the queue's turn
+    # numbers), two staging slots over an odd number of stores per tile,
+    # groups claimed largest first.
+    (230, 192, 192, [60, 130, 0, 33], 5, "bfloat16", "float32",
+     dataclasses.replace(SMALL, ping_pong=True, out_slots=2, stages=3,
+                         largest_first=True, claim_tiles=True)),
+    # Most tokens in one group, cut into pieces, the producer storing the
+    # empty groups' zero tiles: neither those nor the unused pieces are
+    # handed over.
+    (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, ping_pong=True, zeros_by_producer=True,
+                         piece_rows=64, largest_first=True, stages=3,
+                         claim_tiles=True)),
+    # No rows at all: every tile a zero tile.
+    (64, 64, 64, [0, 0, 0], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, claim_tiles=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CLAIM_CASES)),
+                         ids=["split", "turns", "pieces", "no_rows"])
+def test_contracting_claim_tiles(case):
+  _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2))
+
+
+@pytest.mark.parametrize("option", ["cluster_columns", "zero_drip"])
+def test_claim_tiles_excludes(option):
+  value = dict(zero_drip=2, zeros_by_producer=True) if option == "zero_drip" \
+      else {option: True}
+  with pytest.raises(ValueError, match=f"claim_tiles excludes {option}"):
+    RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True, **value)
+
+
+def test_claim_tiles_is_a_contracting_option():
+  config = dataclasses.replace(SMALL, claim_tiles=True)
+  with pytest.raises(ValueError, match="claim_tiles is a \"contracting\""):
+    config.check_mode("rows")
+
+
 #: `RaggedConfig.operand_planes`: lhs and dout held as 64-column planes, one
 #: 64 x 64 wgmma per pair. On the GPU, rows not a multiple of 8 are read in
 #: place (m = 230, 150, 261); in the interpreter they are padded.

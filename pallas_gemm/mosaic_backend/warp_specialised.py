@@ -199,7 +199,8 @@ class SideWork(NamedTuple):
 
 
 def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
-                 side_work: SideWork | None = None, lookahead=None):
+                 side_work: SideWork | None = None, lookahead=None,
+                 walk=None):
   """The producer warpgroup of a persistent, warp-specialised kernel.
 
   It gives registers away, walks this CTA's tiles (`coords(linear)` names
@@ -217,6 +218,12 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
 
   `side_work` (only with a traced step count) runs between the loads.
 
+  `walk(body, carry)` (only with a traced step count) replaces the
+  round-robin walk over the CTA's tiles: it calls `body(linear, turn,
+  carry)` for each tile it picks, `turn` its number among the tiles the
+  consumers run, and the producer then names the tile as
+  `coords(linear, turn)` (`tile_claims.producer_walk`).
+
   `lookahead(tile)` (only with a traced step count), a traced count of at
   least 2, caps the ring steps this tile's loads keep in flight (loaded and
   not yet released) below the ring's depth: before loading step s the
@@ -227,9 +234,10 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
   """
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
-  if (side_work is not None or lookahead is not None) and not callable(steps):
-    raise ValueError("run_producer's side_work and lookahead need a traced "
-                     "step count (steps a function of the tile)")
+  if ((side_work is not None or lookahead is not None or walk is not None)
+      and not callable(steps)):
+    raise ValueError("run_producer's side_work, lookahead and walk need a "
+                     "traced step count (steps a function of the tile)")
   after_load = side_work.after_load if side_work else lambda carry: carry
 
   def await_release(step):
@@ -261,17 +269,19 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
                          (side, awaited))
 
   if callable(steps):
-    def next_tile(linear, carry):
+    def next_tile(linear, turn, carry):
       first_step, side, awaited = carry
-      tile = coords(linear)
+      tile = coords(linear) if walk is None else coords(linear, turn)
       tile_steps = steps(tile)
       side, awaited = load_tile(tile, first_step, tile_steps, side, awaited)
       return first_step + tile_steps, side, awaited
 
-    total_steps, side, awaited = for_each_tile(
-        num_tiles, next_tile,
-        (index(0), side_work.init if side_work else None,
-         None if lookahead is None else index(0)))
+    if walk is None:
+      walk = lambda body, carry: for_each_tile(
+          num_tiles, lambda linear, c: body(linear, None, c), carry)
+    total_steps, side, awaited = walk(
+        next_tile, (index(0), side_work.init if side_work else None,
+                    None if lookahead is None else index(0)))
     if side_work is not None:
       side_work.finish(side)
   else:

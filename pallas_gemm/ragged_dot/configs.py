@@ -48,6 +48,20 @@ One `RaggedConfig` serves both modes; the fields mean:
                ping_pong, to the CTAs' consumers) in a snake, so that
                uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    claim_tiles
+               each CTA claims its next tile from a counter in global
+               memory (an atomic add by its producer, which hands the tile
+               to its consumers through a queue in shared memory) instead
+               of running a fixed round-robin share of the tiles
+               (`mosaic_backend.tile_claims`): where a few tiles carry long
+               reductions (one group holding most tokens), the other CTAs
+               go on taking short tiles and zero tiles meanwhile, rather
+               than each CTA waiting out its share. With largest_first the
+               groups are claimed largest first (no snake deal). Excludes
+               cluster_columns (both CTAs of a cluster walk the same tiles)
+               and zero_drip (its cursor walks the CTA's dealt share); a
+               "contracting"-mode option. In GPU interpret mode the claims
+               follow the round-robin order.
     cluster_columns
                two CTAs of a 2-CTA cluster run the neighbouring column
                strips of one tile row in lockstep ("contracting": of one
@@ -298,6 +312,8 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
+        "claim_tiles": "deals its row items round-robin (claims are built "
+                       "for the weight gradient's long reductions)",
         "short_tile_lookahead": "keeps its whole ring in flight",
         "operand_planes": "reads rows in place through one swizzle span "
                           "already",
@@ -339,9 +355,17 @@ class RaggedConfig:
   work_list_kernel: bool = False
   operand_planes: bool = False
   shared_staging: bool = False
+  claim_tiles: bool = False
 
   def __post_init__(self):
     validate(self)
+    for option, why in (("cluster_columns", "both CTAs of a cluster walk "
+                         "the same tiles"),
+                        ("zero_drip", "its cursor walks the CTA's dealt "
+                         "share of the tiles")):
+      if self.claim_tiles and getattr(self, option):
+        raise ValueError(f"RaggedConfig.claim_tiles excludes {option} "
+                         f"({why})")
     if self.short_tile_lookahead and not (
         2 <= self.short_tile_lookahead < self.stages):
       raise ValueError(

@@ -118,26 +118,29 @@ def _tile_number(linear):
   return lax.div(index(linear) - cta, num_ctas)
 
 
-def ping_pong_turn(linear):
+def ping_pong_turn(linear, turn=None):
   """With `RaggedConfig.ping_pong`: the consumer whose turn `linear` (one of
   this CTA's tiles, dealt round-robin) is, and how many tiles that consumer
-  ran before it. The CTA's tiles alternate between the consumers."""
-  local = _tile_number(linear)
+  ran before it. The CTA's tiles alternate between the consumers. `turn`:
+  the tile's number among the CTA's tiles where they were claimed
+  (`tile_claims`), not dealt."""
+  local = _tile_number(linear) if turn is None else index(turn)
   consumers = index(NUM_CONSUMERS)
   return lax.rem(local, consumers), lax.div(local, consumers)
 
 
 def output_slot(linear, store, stores_per_tile: int, out_slots: int, *,
-                ping_pong: bool = False):
+                ping_pong: bool = False, turn=None):
   """The staging slot of a tile's `store`-th output store. The slots
   alternate over the consumer's consecutive stores, across tiles too, so
   that a store never overwrites the slot of the one just before it (which
   may still be reading it); static unless a tile has an odd number of
-  stores. With `ping_pong` a consumer runs every other tile of its CTA."""
+  stores. With `ping_pong` a consumer runs every other tile of its CTA.
+  `turn` as for `ping_pong_turn`."""
   if stores_per_tile % out_slots == 0:
     return store % out_slots
-  tile_number = (ping_pong_turn(linear)[1] if ping_pong
-                 else _tile_number(linear))
+  tile_number = (ping_pong_turn(linear, turn)[1] if ping_pong
+                 else _tile_number(linear) if turn is None else index(turn))
   return lax.rem(tile_number * stores_per_tile + store, index(out_slots))
 
 

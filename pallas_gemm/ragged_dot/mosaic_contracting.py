@@ -85,7 +85,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend import tile_claims, tma
 from pallas_gemm.mosaic_backend.configs import WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
@@ -105,18 +105,22 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                       config: RaggedConfig, k_tiles: int, n_units: int,
-                      groups: int, in_place: bool):
+                      groups: int, in_place: bool, claims_on_device: bool):
   """Walks `groups` output groups. `in_place` (with operand_planes): lhs
   and dout have any row count (at least a chunk) and are loaded through
   the untiled views of their planes (`operands_in_place`). `refs`: with
   RaggedConfig.zero_drip,
-  first `empty_gmem`, (1,) int32, how many groups are empty; then out_gmem;
+  first `empty_gmem`, (1,) int32, how many groups are empty; with
+  RaggedConfig.claim_tiles, `counter_gmem`, (1,) int32, zero at launch
+  (claimed with atomics where `claims_on_device`); then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
-  empty_gmem = None
+  empty_gmem = counter_gmem = None
   if config.zero_drip:
     empty_gmem, *refs = refs
+  if config.claim_tiles:
+    counter_gmem, *refs = refs
   out_gmem, pieces_gmem = (*refs, None)[:2]
   tile_m, tile_n, chunk = config.tile_m, config.tile_n, config.tile_k
   cta_m = config.cta_tile("contracting")[0]
@@ -128,7 +132,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   stores = tile_n // epi_n
 
   def tile_info(linear):
-    if config.largest_first:
+    if config.largest_first and not config.claim_tiles:
       # With ping_pong a CTA's consecutive slots alternate between its two
       # consumers, which each run their own tiles one after another: the
       # snake then turns after every round of the CTAs' consumers (two
@@ -268,17 +272,29 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # planes starting at plane `wg_rows // PLANE`.
   lhs_planes, dout_planes = cta_m // PLANE, tile_n // PLANE
 
+  def handed(linear):
+    """With claim_tiles: whether the consumers run tile `linear` (all but
+    the tiles they would skip)."""
+    if not skips_tiles:
+      return jnp.bool_(True)
+    info = tile_info(linear)
+    return consumers_run(info[0], info[-1])
+
   def scoped(lhs_smem, dout_smem, stage_loaded, stage_consumed, out_smem,
-             zeros_smem=None):
+             zeros_smem=None, claimed_smem=None, queue_smem=None,
+             tile_ready=None, tile_taken=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
+    queue = (tile_claims.TileQueue(counter_gmem, claimed_smem, queue_smem,
+                                   tile_ready, tile_taken, claims_on_device)
+             if config.claim_tiles else None)
     # wgmma reads the planes through their tiled views; in place, the TMA
     # writes them through the untiled ones (the same bytes).
     lhs_smem, lhs_loaded = lhs_smem if in_place else (lhs_smem, lhs_smem)
     dout_smem, dout_loaded = dout_smem if in_place else (dout_smem, dout_smem)
 
-    def producer_tile(linear):
+    def producer_tile(linear, turn=None):
       g, k_idx, n_idx, _, _, first_row, steps = tile_info(linear)
-      owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
+      owner = ping_pong_turn(linear, turn)[0] if config.ping_pong else 0
       if zeros_by_producer and not config.zero_drip:
         @pl.when(steps == 0)
         def _zeros():
@@ -319,9 +335,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         # a longer one, the whole ring.
         lookahead = lambda tile: jnp.where(
             tile_steps(tile) <= short, index(short), index(stages))
+      walk = None
+      if queue is not None:
+        walk = lambda body, carry: tile_claims.producer_walk(
+            queue, num_tiles, body, carry, handed=handed)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
-                   side_work=side_work, lookahead=lookahead)
+                   side_work=side_work, lookahead=lookahead, walk=walk)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -329,24 +349,28 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
 
-      def tile(linear, first_step):
+      def tile(linear, turn, first_step):
         if not (config.ping_pong or skips_tiles):
-          return compute_and_store(linear, first_step)
+          return compute_and_store(linear, turn, first_step)
         info = tile_info(linear)
         steps = info[-1]
         runs = None
         if config.ping_pong:
-          runs = ping_pong_turn(linear)[0] == wg
-        if skips_tiles:
+          runs = ping_pong_turn(linear, turn)[0] == wg
+        if skips_tiles and queue is None:  # a claimed tile is one to run
           kept = consumers_run(info[0], steps)
           runs = kept if runs is None else runs & kept
 
+        if runs is None:
+          compute_and_store(linear, turn, first_step)
+          return first_step + steps
+
         @pl.when(runs)
         def _run():
-          compute_and_store(linear, first_step)
+          compute_and_store(linear, turn, first_step)
         return first_step + steps
 
-      def compute_and_store(linear, first_step):
+      def compute_and_store(linear, turn, first_step):
         g, k_idx, n_idx, row_lo, row_hi, first_row, steps = tile_info(
             linear)
 
@@ -414,7 +438,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(stores):
           slot = output_slot(linear, ej, stores, out_slots,
-                             ping_pong=config.ping_pong)
+                             ping_pong=config.ping_pong, turn=turn)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           stage_output(slot, ej)
           plgpu.commit_smem()
@@ -426,7 +450,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
             store_piece(out_smem.at[wg, slot], g, rows, cols)
         return first_step + steps
 
-      for_each_tile(num_tiles, tile, index(0))
+      if queue is None:
+        for_each_tile(num_tiles, lambda linear, first_step: tile(
+            linear, None, first_step), index(0))
+      else:
+        tile_claims.consumer_walk(queue, num_tiles, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     run_warpgroups(producer, consumer)
@@ -449,6 +477,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       **({"zeros_smem": plgpu.SMEM(ZERO_BOX, out_dtype)}
          if zeros_by_producer else {}),
+      **(tile_claims.queue_smem(stages) if config.claim_tiles else {}),
       collective_axes="wg",
   )
 
@@ -520,13 +549,20 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                                                out_type.dtype))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
-                        n_units=n_units, groups=pieces, in_place=in_place),
+                        n_units=n_units, groups=pieces, in_place=in_place,
+                        claims_on_device=params is None),
       out_type=out_type,
       grid=(max(1, min(num_ctas_for(params) // cluster_size,
                        pieces * k_tiles * n_units)),),
       interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
+  if config.claim_tiles:
+    launch = kernel
+
+    def kernel(*operands):
+      # The claims' counter: a fresh zero for every call.
+      return launch(*operands, jax.new_ref(jnp.zeros((1,), jnp.int32)))
   out = call_kernel(kernel, [table, lhs, dout, *empty_groups], out_type,
                     params)
   if pieces > groups:

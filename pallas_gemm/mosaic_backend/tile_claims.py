@@ -63,46 +63,93 @@ def queue_smem(stages: int) -> dict:
   (`claimed_smem`, `queue_smem`, `tile_ready`, `tile_taken`) for a ring of
   `stages` stages."""
   depth = stages + QUEUE_SLACK
-  return dict(claimed_smem=plgpu.SMEM((1,), jnp.int32),
+  return dict(claimed_smem=plgpu.SMEM((CLAIMS_IN_FLIGHT,), jnp.int32),
               queue_smem=plgpu.SMEM((depth,), jnp.int32),
               tile_ready=plgpu.Barrier(num_arrivals=1, num_barriers=depth),
               tile_taken=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
                                        num_barriers=depth))
 
 
-def _fetch_add_into(counter_gmem, claimed_smem):
-  """One thread of the warpgroup adds 1 to the counter and writes the value
-  it held to `claimed_smem[0]`; the warpgroup synchronises before (every
-  thread has read the previous claim) and after (the new one is
-  written)."""
-  # Imported here: Mosaic's own helpers, used only when compiling.
+#: Claims a producer has issued and not yet read: the next tile's claim is
+#: issued as a tile starts and read once its loads are issued, so that the
+#: atomic's round trip overlaps them. Each claim lands in a slot of its own.
+CLAIMS_IN_FLIGHT = 2
+#: The producer thread that issues the claims: the first of its warpgroup's
+#: second warp, so that its wait for the atomic's result does not hold up
+#: the first warp, which issues the TMA loads.
+_CLAIMING_THREAD = 32
+
+
+def _mosaic():
+  """Mosaic GPU's own builders, used only when compiling."""
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import memref
+  from jax._src.lib.mlir.dialects import arith, memref
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  return ir, arith, memref, mgpu_utils
+
+
+def _issue_claim(counter_gmem, claimed_smem):
+  """One producer thread adds 1 to the counter and writes the value it held
+  to `claimed_smem[0]`, without synchronising the warpgroup (`_read_claim`
+  does)."""
+  ir, arith, memref, mgpu_utils = _mosaic()
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def fetch_add(_, counter, claimed):
     i32 = ir.IntegerType.get_signless(32)
-    mgpu_utils.warpgroup_barrier()
-    with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
+    thread = arith.remui(mgpu_utils.thread_idx(),
+                         mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE, i32))
+    claiming = arith.cmpi(arith.CmpIPredicate.eq, thread,
+                          mgpu_utils.c(_CLAIMING_THREAD, i32))
+    with mgpu_utils.when(claiming):
       held = mgpu_utils.inline_ptx(
           "atom.global.add.u32 $0, [$1], $2;",
           mgpu_utils.memref_ptr(counter), mgpu_utils.c(1, i32),
           result_types=i32, has_side_effects=True)
       memref.store(held, claimed, [mgpu_utils.c(0, ir.IndexType.get())])
-    mgpu_utils.warpgroup_barrier()
 
   fetch_add(counter_gmem, claimed_smem)
 
 
-def claim(queue: TileQueue, claims):
-  """The tile of this CTA's producer's claim number `claims` (a number at
-  or past the tile count: none left)."""
+def _warpgroup_sync(queue: TileQueue):
+  """Every thread of the warpgroup waits for the others (their shared-memory
+  writes and reads before it are done). Compiled, a plain warpgroup barrier;
+  interpreted, `commit_smem`, which includes one."""
+  if not queue.on_device:
+    plgpu.commit_smem()
+    return
+  _, _, _, mgpu_utils = _mosaic()
+  plgpu.inline_mgpu()(lambda _: mgpu_utils.warpgroup_barrier())()
+
+
+def _claimed_slot(queue: TileQueue, claims, act):
+  """`act(ref)` on the (1,) slot of `claimed` that claim number `claims`
+  lands in (static slices: a traced parity picks one of them)."""
+  for slot in range(CLAIMS_IN_FLIGHT):
+    @pl.when(lax.rem(index(claims), index(CLAIMS_IN_FLIGHT)) == slot)
+    def _act():
+      act(queue.claimed.at[pl.ds(slot, 1)])
+
+
+def issue_claim(queue: TileQueue, claims):
+  """Starts this CTA's producer's claim number `claims` (on the device; in
+  interpret mode claims are computed when read)."""
+  if queue.on_device:
+    _claimed_slot(queue, claims,
+                  lambda ref: _issue_claim(queue.counter, ref))
+
+
+def read_claim(queue: TileQueue, claims):
+  """The tile of claim number `claims` (issued before, `issue_claim`): a
+  number at or past the tile count when none is left."""
   if not queue.on_device:
     cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
     return cta + index(claims) * num_ctas
-  _fetch_add_into(queue.counter, queue.claimed)
-  return index(queue.claimed[0])
+  # The claiming thread's write is done, and every thread has read the
+  # claim before last, whose slot the next claim takes.
+  _warpgroup_sync(queue)
+  return index(queue.claimed[lax.rem(index(claims),
+                                     index(CLAIMS_IN_FLIGHT))])
 
 
 def _hand_over(queue: TileQueue, turn, linear):
@@ -115,7 +162,7 @@ def _hand_over(queue: TileQueue, turn, linear):
     plgpu.barrier_wait(queue.taken.at[slot])
 
   queue.tiles[slot] = linear
-  plgpu.commit_smem()  # every thread's write lands before the arrival
+  _warpgroup_sync(queue)  # every thread's write lands before the arrival
   plgpu.barrier_arrive(queue.ready.at[slot])
 
 
@@ -132,6 +179,7 @@ def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
   def next_tile(state):
     # `claims`: the number of the claim that gave `linear`.
     linear, claims, turn, carry = state
+    issue_claim(queue, claims + 1)  # in flight while this tile's loads go
     hand = handed(linear)
 
     @pl.when(hand)
@@ -139,11 +187,12 @@ def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
       _hand_over(queue, turn, linear)
 
     carry = body(linear, turn, carry)
-    return (claim(queue, claims + 1), claims + 1,
+    return (read_claim(queue, claims + 1), claims + 1,
             turn + hand.astype(jnp.int32), carry)
 
+  issue_claim(queue, 0)
   _, _, turns, carry = lax.while_loop(
-      more, next_tile, (claim(queue, 0), index(0), index(0), carry))
+      more, next_tile, (read_claim(queue, 0), index(0), index(0), carry))
   _hand_over(queue, turns, num_tiles)
 
   def await_taken(turn, _):
@@ -159,7 +208,7 @@ def _take(queue: TileQueue, turn):
   slot = queue.slot(turn)
   plgpu.barrier_wait(queue.ready.at[slot])
   linear = index(queue.tiles[slot])
-  plgpu.commit_smem()  # every thread has read the slot before the release
+  _warpgroup_sync(queue)  # every thread has read the slot before the release
   plgpu.barrier_arrive(queue.taken.at[slot])
   return linear
 

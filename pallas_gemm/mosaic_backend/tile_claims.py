@@ -63,93 +63,66 @@ def queue_smem(stages: int) -> dict:
   (`claimed_smem`, `queue_smem`, `tile_ready`, `tile_taken`) for a ring of
   `stages` stages."""
   depth = stages + QUEUE_SLACK
-  return dict(claimed_smem=plgpu.SMEM((CLAIMS_IN_FLIGHT,), jnp.int32),
+  return dict(claimed_smem=plgpu.SMEM((2,), jnp.int32),
               queue_smem=plgpu.SMEM((depth,), jnp.int32),
               tile_ready=plgpu.Barrier(num_arrivals=1, num_barriers=depth),
               tile_taken=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
                                        num_barriers=depth))
 
 
-#: Claims a producer has issued and not yet read: the next tile's claim is
-#: issued as a tile starts and read once its loads are issued, so that the
-#: atomic's round trip overlaps them. Each claim lands in a slot of its own.
-CLAIMS_IN_FLIGHT = 2
-#: The producer thread that issues the claims: the first of its warpgroup's
-#: second warp, so that its wait for the atomic's result does not hold up
-#: the first warp, which issues the TMA loads.
-_CLAIMING_THREAD = 32
+#: A claim takes as many consecutive tiles as add up to about this many ring
+#: steps (by the step count of the tile the producer has just walked), so
+#: that short tiles, whose time an atomic's round trip would be a share of,
+#: are claimed a few at a time; tiles with a long reduction one at a time.
+CLAIM_STEPS = 16
+#: ... and at most this many tiles (zero tiles, of no steps, among them).
+MAX_CLAIMED_TILES = 16
 
 
-def _mosaic():
-  """Mosaic GPU's own builders, used only when compiling."""
+def claimed_tiles(steps):
+  """How many tiles a claim takes after a tile of `steps` ring steps."""
+  return jnp.clip(index(CLAIM_STEPS) // jnp.maximum(index(steps), 1),
+                  1, MAX_CLAIMED_TILES).astype(jnp.int32)
+
+
+def _fetch_add_into(counter_gmem, claimed_smem):
+  """One thread of the warpgroup adds `claimed_smem[1]` to the counter and
+  writes the value it held to `claimed_smem[0]`; the warpgroup
+  synchronises before (every thread has read the previous claim and
+  written the count) and after (the new claim is written)."""
+  # Imported here: Mosaic's own helpers, used only when compiling.
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, memref
+  from jax._src.lib.mlir.dialects import memref
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
-  return ir, arith, memref, mgpu_utils
-
-
-def _issue_claim(counter_gmem, claimed_smem):
-  """One producer thread adds 1 to the counter and writes the value it held
-  to `claimed_smem[0]`, without synchronising the warpgroup (`_read_claim`
-  does)."""
-  ir, arith, memref, mgpu_utils = _mosaic()
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def fetch_add(_, counter, claimed):
     i32 = ir.IntegerType.get_signless(32)
-    thread = arith.remui(mgpu_utils.thread_idx(),
-                         mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE, i32))
-    claiming = arith.cmpi(arith.CmpIPredicate.eq, thread,
-                          mgpu_utils.c(_CLAIMING_THREAD, i32))
-    with mgpu_utils.when(claiming):
+    mgpu_utils.warpgroup_barrier()
+    with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
+      count = memref.load(claimed, [mgpu_utils.c(1, ir.IndexType.get())])
       held = mgpu_utils.inline_ptx(
           "atom.global.add.u32 $0, [$1], $2;",
-          mgpu_utils.memref_ptr(counter), mgpu_utils.c(1, i32),
+          mgpu_utils.memref_ptr(counter), count,
           result_types=i32, has_side_effects=True)
       memref.store(held, claimed, [mgpu_utils.c(0, ir.IndexType.get())])
+    mgpu_utils.warpgroup_barrier()
 
   fetch_add(counter_gmem, claimed_smem)
 
 
-def _warpgroup_sync(queue: TileQueue):
-  """Every thread of the warpgroup waits for the others (their shared-memory
-  writes and reads before it are done). Compiled, a plain warpgroup barrier;
-  interpreted, `commit_smem`, which includes one."""
-  if not queue.on_device:
-    plgpu.commit_smem()
-    return
-  _, _, _, mgpu_utils = _mosaic()
-  plgpu.inline_mgpu()(lambda _: mgpu_utils.warpgroup_barrier())()
-
-
-def _claimed_slot(queue: TileQueue, claims, act):
-  """`act(ref)` on the (1,) slot of `claimed` that claim number `claims`
-  lands in (static slices: a traced parity picks one of them)."""
-  for slot in range(CLAIMS_IN_FLIGHT):
-    @pl.when(lax.rem(index(claims), index(CLAIMS_IN_FLIGHT)) == slot)
-    def _act():
-      act(queue.claimed.at[pl.ds(slot, 1)])
-
-
-def issue_claim(queue: TileQueue, claims):
-  """Starts this CTA's producer's claim number `claims` (on the device; in
-  interpret mode claims are computed when read)."""
-  if queue.on_device:
-    _claimed_slot(queue, claims,
-                  lambda ref: _issue_claim(queue.counter, ref))
-
-
-def read_claim(queue: TileQueue, claims):
-  """The tile of claim number `claims` (issued before, `issue_claim`): a
-  number at or past the tile count when none is left."""
+def claim(queue: TileQueue, claims, count):
+  """(first, end) of the tiles of this CTA's producer's claim number
+  `claims`, of `count` tiles (a first tile at or past the tile count: none
+  left). Interpreted, one tile of the round-robin deal."""
   if not queue.on_device:
     cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
-    return cta + index(claims) * num_ctas
-  # The claiming thread's write is done, and every thread has read the
-  # claim before last, whose slot the next claim takes.
-  _warpgroup_sync(queue)
-  return index(queue.claimed[lax.rem(index(claims),
-                                     index(CLAIMS_IN_FLIGHT))])
+    first = cta + index(claims) * num_ctas
+    return first, first + 1
+  queue.claimed[1] = index(count)
+  _fetch_add_into(queue.counter, queue.claimed)
+  first = index(queue.claimed[0])
+  return first, first + index(count)
 
 
 def _hand_over(queue: TileQueue, turn, linear):
@@ -162,24 +135,27 @@ def _hand_over(queue: TileQueue, turn, linear):
     plgpu.barrier_wait(queue.taken.at[slot])
 
   queue.tiles[slot] = linear
-  _warpgroup_sync(queue)  # every thread's write lands before the arrival
+  plgpu.commit_smem()  # every thread's write lands before the arrival
   plgpu.barrier_arrive(queue.ready.at[slot])
 
 
-def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
+def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed,
+                  steps_of):
   """The producer's walk over the tiles it claims: `body(linear, turn,
   carry)` for each, `turn` the number of tiles handed to the consumers
   before it; a tile for which `handed(linear)` holds is handed over first.
-  Ends the queue, awaits the slots not yet taken, and returns the carry."""
+  `steps_of(linear)`: the tile's ring steps, which size the next claim
+  (`claimed_tiles`). Ends the queue, awaits the slots not yet taken, and
+  returns the carry."""
   num_tiles = index(num_tiles)
 
   def more(state):
     return state[0] < num_tiles
 
   def next_tile(state):
-    # `claims`: the number of the claim that gave `linear`.
-    linear, claims, turn, carry = state
-    issue_claim(queue, claims + 1)  # in flight while this tile's loads go
+    # [linear, end): the claimed tiles not yet walked; `claims`: how many
+    # claims gave them.
+    linear, end, claims, turn, carry = state
     hand = handed(linear)
 
     @pl.when(hand)
@@ -187,12 +163,15 @@ def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
       _hand_over(queue, turn, linear)
 
     carry = body(linear, turn, carry)
-    return (read_claim(queue, claims + 1), claims + 1,
-            turn + hand.astype(jnp.int32), carry)
+    linear, end, claims = lax.cond(
+        linear + 1 < end,
+        lambda: (linear + 1, end, claims),
+        lambda: (*claim(queue, claims, claimed_tiles(steps_of(linear))),
+                 claims + 1))
+    return linear, end, claims, turn + hand.astype(jnp.int32), carry
 
-  issue_claim(queue, 0)
-  _, _, turns, carry = lax.while_loop(
-      more, next_tile, (read_claim(queue, 0), index(0), index(0), carry))
+  _, _, _, turns, carry = lax.while_loop(
+      more, next_tile, (*claim(queue, 0, 1), index(1), index(0), carry))
   _hand_over(queue, turns, num_tiles)
 
   def await_taken(turn, _):
@@ -208,7 +187,7 @@ def _take(queue: TileQueue, turn):
   slot = queue.slot(turn)
   plgpu.barrier_wait(queue.ready.at[slot])
   linear = index(queue.tiles[slot])
-  _warpgroup_sync(queue)  # every thread has read the slot before the release
+  plgpu.commit_smem()  # every thread has read the slot before the release
   plgpu.barrier_arrive(queue.taken.at[slot])
   return linear
 

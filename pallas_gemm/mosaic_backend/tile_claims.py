@@ -63,33 +63,18 @@ def queue_smem(stages: int) -> dict:
   (`claimed_smem`, `queue_smem`, `tile_ready`, `tile_taken`) for a ring of
   `stages` stages."""
   depth = stages + QUEUE_SLACK
-  return dict(claimed_smem=plgpu.SMEM((2,), jnp.int32),
+  return dict(claimed_smem=plgpu.SMEM((1,), jnp.int32),
               queue_smem=plgpu.SMEM((depth,), jnp.int32),
               tile_ready=plgpu.Barrier(num_arrivals=1, num_barriers=depth),
               tile_taken=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
                                        num_barriers=depth))
 
 
-#: A claim takes as many consecutive tiles as add up to about this many ring
-#: steps (by the step count of the tile the producer has just walked), so
-#: that short tiles, whose time an atomic's round trip would be a share of,
-#: are claimed a few at a time; tiles with a long reduction one at a time.
-CLAIM_STEPS = 16
-#: ... and at most this many tiles (zero tiles, of no steps, among them).
-MAX_CLAIMED_TILES = 16
-
-
-def claimed_tiles(steps):
-  """How many tiles a claim takes after a tile of `steps` ring steps."""
-  return jnp.clip(index(CLAIM_STEPS) // jnp.maximum(index(steps), 1),
-                  1, MAX_CLAIMED_TILES).astype(jnp.int32)
-
-
 def _fetch_add_into(counter_gmem, claimed_smem):
-  """One thread of the warpgroup adds `claimed_smem[1]` to the counter and
-  writes the value it held to `claimed_smem[0]`; the warpgroup
-  synchronises before (every thread has read the previous claim and
-  written the count) and after (the new claim is written)."""
+  """One thread of the warpgroup adds 1 to the counter and writes the value
+  it held to `claimed_smem[0]`; the warpgroup synchronises before (every
+  thread has read the previous claim) and after (the new one is
+  written)."""
   # Imported here: Mosaic's own helpers, used only when compiling.
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import memref
@@ -100,10 +85,9 @@ def _fetch_add_into(counter_gmem, claimed_smem):
     i32 = ir.IntegerType.get_signless(32)
     mgpu_utils.warpgroup_barrier()
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
-      count = memref.load(claimed, [mgpu_utils.c(1, ir.IndexType.get())])
       held = mgpu_utils.inline_ptx(
           "atom.global.add.u32 $0, [$1], $2;",
-          mgpu_utils.memref_ptr(counter), count,
+          mgpu_utils.memref_ptr(counter), mgpu_utils.c(1, i32),
           result_types=i32, has_side_effects=True)
       memref.store(held, claimed, [mgpu_utils.c(0, ir.IndexType.get())])
     mgpu_utils.warpgroup_barrier()
@@ -111,18 +95,14 @@ def _fetch_add_into(counter_gmem, claimed_smem):
   fetch_add(counter_gmem, claimed_smem)
 
 
-def claim(queue: TileQueue, claims, count):
-  """(first, end) of the tiles of this CTA's producer's claim number
-  `claims`, of `count` tiles (a first tile at or past the tile count: none
-  left). Interpreted, one tile of the round-robin deal."""
+def claim(queue: TileQueue, claims):
+  """The tile of this CTA's producer's claim number `claims` (a number at
+  or past the tile count: none left)."""
   if not queue.on_device:
     cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
-    first = cta + index(claims) * num_ctas
-    return first, first + 1
-  queue.claimed[1] = index(count)
+    return cta + index(claims) * num_ctas
   _fetch_add_into(queue.counter, queue.claimed)
-  first = index(queue.claimed[0])
-  return first, first + index(count)
+  return index(queue.claimed[0])
 
 
 def _hand_over(queue: TileQueue, turn, linear):
@@ -139,23 +119,19 @@ def _hand_over(queue: TileQueue, turn, linear):
   plgpu.barrier_arrive(queue.ready.at[slot])
 
 
-def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed,
-                  steps_of):
+def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
   """The producer's walk over the tiles it claims: `body(linear, turn,
   carry)` for each, `turn` the number of tiles handed to the consumers
   before it; a tile for which `handed(linear)` holds is handed over first.
-  `steps_of(linear)`: the tile's ring steps, which size the next claim
-  (`claimed_tiles`). Ends the queue, awaits the slots not yet taken, and
-  returns the carry."""
+  Ends the queue, awaits the slots not yet taken, and returns the carry."""
   num_tiles = index(num_tiles)
 
   def more(state):
     return state[0] < num_tiles
 
   def next_tile(state):
-    # [linear, end): the claimed tiles not yet walked; `claims`: how many
-    # claims gave them.
-    linear, end, claims, turn, carry = state
+    # `claims`: the number of the claim that gave `linear`.
+    linear, claims, turn, carry = state
     hand = handed(linear)
 
     @pl.when(hand)
@@ -163,15 +139,11 @@ def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed,
       _hand_over(queue, turn, linear)
 
     carry = body(linear, turn, carry)
-    linear, end, claims = lax.cond(
-        linear + 1 < end,
-        lambda: (linear + 1, end, claims),
-        lambda: (*claim(queue, claims, claimed_tiles(steps_of(linear))),
-                 claims + 1))
-    return linear, end, claims, turn + hand.astype(jnp.int32), carry
+    return (claim(queue, claims + 1), claims + 1,
+            turn + hand.astype(jnp.int32), carry)
 
-  _, _, _, turns, carry = lax.while_loop(
-      more, next_tile, (*claim(queue, 0, 1), index(1), index(0), carry))
+  _, _, turns, carry = lax.while_loop(
+      more, next_tile, (claim(queue, 0), index(0), index(0), carry))
   _hand_over(queue, turns, num_tiles)
 
   def await_taken(turn, _):

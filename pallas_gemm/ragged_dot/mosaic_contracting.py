@@ -338,8 +338,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       walk = None
       if queue is not None:
         walk = lambda body, carry: tile_claims.producer_walk(
-            queue, num_tiles, body, carry, handed=handed,
-            steps_of=lambda linear: tile_info(linear)[-1])
+            queue, num_tiles, body, carry, handed=handed)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
                    side_work=side_work, lookahead=lookahead, walk=walk)

@@ -45,7 +45,8 @@ _INVALID_FIELDS = {
         "ping_pong": (1,), "zeros_by_producer": (1,), "zero_drip": (-1, 17, 1.0),
         "short_items": (1,),
         "cluster_columns": (1,), "group_bands": (1,),
-        "swizzled_staging": (1,), "epi_tile_m": (32, 128, 64.0)},
+        "swizzled_staging": (1,), "epi_tile_m": (32, 128, 64.0),
+        "claim_tiles": (1,)},
     TritonConfig: {
         "block_k": (24, 32.0), "num_warps": (3,), "split_k": (0,),
         "programs_per_sm": (9,), "k_major": (1,)},

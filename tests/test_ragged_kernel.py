@@ -1487,22 +1487,23 @@ def test_rows_turns_widen_columns_where_they_pad_little(groups, m, k, n,
     (256, 2048, 7168, 2048),    # DeepSeek-V3 decode batch
     (96, 5000, 520, 136),       # odd columns, 52 rows per group
 ], ids=["deepseek_v3_up", "deepseek_v3_down", "g128", "decode", "odd"])
-def test_short_reduction_tile_drips_zeros_on_the_h200(groups, m, k, n):
-  """On the H200 the weight gradient's short-reduction tile has the
-  producer drip the empty groups' zeros between its loads
-  (`configs.SHORT_TILE_ZERO_DRIP`), where the zero buffer costs no ring
-  stage; elsewhere (ZERO_DRIP_DEVICES) its config is the one without."""
+def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
+  """On the H200 the weight gradient's short-reduction tile has its CTAs
+  claim their tiles, largest group first, and its producer store the empty
+  groups' zeros (`configs.CLAIMED_TILES_DEVICES`), where the zero buffer
+  costs no ring stage; elsewhere its config is the one without."""
   problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
   assert config.short_tile_lookahead and config.zeros_by_producer
-  assert config.zero_drip == configs.SHORT_TILE_ZERO_DRIP
+  assert config.claim_tiles and config.largest_first and not config.zero_drip
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
-  assert h100.key not in configs.ZERO_DRIP_DEVICES
+  assert h100.key not in configs.CLAIMED_TILES_DEVICES
   plain = mosaic.heuristic(problem, h100)
-  assert not plain.zeros_by_producer and not plain.zero_drip
+  assert not (plain.zeros_by_producer or plain.claim_tiles
+              or plain.largest_first)
   assert config == dataclasses.replace(plain, zeros_by_producer=True,
-                                       zero_drip=configs.SHORT_TILE_ZERO_DRIP)
+                                       claim_tiles=True, largest_first=True)
   assert config.fits(problem)
 
 
@@ -1515,13 +1516,13 @@ def test_short_reduction_tile_drips_zeros_on_the_h200(groups, m, k, n):
 ], ids=["odd_columns", "operand_planes"])
 def test_h200_short_reduction_tile_config_is_correct(m, k, n, sizes, offset,
                                                      planes):
-  """The H200 heuristic's short-reduction weight-gradient config (zeros
-  dripped by the producer, lookahead capped) on odd shapes, with rows of
-  no group."""
+  """The H200 heuristic's short-reduction weight-gradient config (tiles
+  claimed largest group first, zeros stored by the producer, lookahead
+  capped) on odd shapes, with rows of no group."""
   problem = RaggedProblem("contracting", m, k, n, len(sizes), "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
-  assert config.zero_drip and config.short_tile_lookahead
+  assert config.claim_tiles and config.short_tile_lookahead
   assert config.operand_planes == planes
   _run(problem, sizes, row_offset=offset, config=config,
        detect_races=planes)

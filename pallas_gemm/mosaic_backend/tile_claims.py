@@ -70,6 +70,13 @@ def queue_smem(stages: int) -> dict:
                                        num_barriers=depth))
 
 
+def queue_bytes(stages: int) -> int:
+  """The shared memory of `queue_smem(stages)`: the claim and the queue's
+  int32 slots, and two 8-byte barriers per slot."""
+  depth = stages + QUEUE_SLACK
+  return 4 * (1 + depth) + 2 * 8 * depth
+
+
 def _fetch_add_into(counter_gmem, claimed_smem):
   """One thread of the warpgroup adds 1 to the counter and writes the value
   it held to `claimed_smem[0]`; the warpgroup synchronises before (every

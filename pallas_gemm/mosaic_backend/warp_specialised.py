@@ -271,12 +271,12 @@ def run_producer(ring: Ring, *, num_tiles, steps, coords, load_step,
   if callable(steps):
     def next_tile(linear, turn, carry):
       first_step, side, awaited = carry
-      tile = coords(linear) if walk is None else coords(linear, turn)
+      tile = coords(linear) if turn is None else coords(linear, turn)
       tile_steps = steps(tile)
       side, awaited = load_tile(tile, first_step, tile_steps, side, awaited)
       return first_step + tile_steps, side, awaited
 
-    if walk is None:
+    if walk is None:  # round-robin: no turn numbers
       walk = lambda body, carry: for_each_tile(
           num_tiles, lambda linear, c: body(linear, None, c), carry)
     total_steps, side, awaited = walk(

@@ -208,6 +208,7 @@ from pallas_gemm.config_fields import (Requirement, at_least, checked,
                                        validate)
 from pallas_gemm.devices import NOMINAL_INTERPRET_SMS as NOMINAL_SMS
 from pallas_gemm.devices import DeviceInfo
+from pallas_gemm.mosaic_backend import tile_claims
 from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 NUM_CONSUMERS,
                                                 SMEM_SLACK_BYTES)
@@ -537,7 +538,10 @@ class RaggedConfig:
                * self.staged_rows(problem.mode) * self.epi_tile_n * out_size)
     zeros = (math.prod(ZERO_BOX) * out_size if self.zeros_by_producer
              else 0)
-    return self.stages * stage + staging + zeros + SMEM_SLACK_BYTES
+    claims = (tile_claims.queue_bytes(self.stages) if self.claim_tiles
+              else 0)
+    return (self.stages * stage + staging + zeros + claims
+            + SMEM_SLACK_BYTES)
 
   def fits(self, problem: RaggedProblem) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
@@ -822,18 +826,19 @@ WIDE_TURN_TILE_TIME = 0.9
 WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 
 
-#: ZERO_BOX boxes the producer stores after each of its loads on the
-#: weight gradient's short-reduction tile (`RaggedConfig.zero_drip`), on the
-#: GPUs (`DeviceInfo.key`) where that measured faster: there the zero
-#: buffer costs no ring stage, so routings with no empty group run as
-#: before, and where one group holds every token the empty groups' zeros
-#: are written beside its long tiles instead of after them. On the H100
-#: the same drip slowed DeepSeek-V3's one-hot gradient, whose zeros alone
-#: already run at its copy bandwidth (experiments/results/nvidia_h100/
-#: ragged_zero_drip, experiments/results/nvidia_h200/ragged_options, "The
-#: producer's zero drip on the short-reduction tile").
-SHORT_TILE_ZERO_DRIP = 4
-ZERO_DRIP_DEVICES = ("nvidia_h200",)
+#: The GPUs (`DeviceInfo.key`) on which the weight gradient's
+#: short-reduction tile has its CTAs claim their tiles, largest group first,
+#: and its producer store the empty groups' zero tiles (`claim_tiles`,
+#: `largest_first`, `zeros_by_producer`; the zero buffer costs no ring stage
+#: there): a CTA that drew a long tile no longer holds a fixed share of the
+#: others, so uneven routings spread over the SMs, and the zeros are written
+#: by whichever CTAs are free. It replaced the producer's zero drip
+#: (`zero_drip`), which it measured faster than on 11 of 12 DeepSeek-V3,
+#: g128 and decode-batch cases (experiments/results/nvidia_h200/
+#: ragged_options, "Claimed tiles"). The H100 never took the drip (it
+#: slowed DeepSeek-V3's one-hot gradient there: experiments/results/
+#: nvidia_h100/ragged_zero_drip), and claims are not measured on it.
+CLAIMED_TILES_DEVICES = ("nvidia_h200",)
 
 
 def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
@@ -889,14 +894,17 @@ def _contracting_heuristic(problem: RaggedProblem,
   # (experiments/results/nvidia_h200/ragged_options). So do 2-CTA
   # clusters sharing lhs (`cluster_columns`): on the short-reduction tile
   # they removed a large slowdown of one DeepSeek-V3 projection on the H200
-  # and caused one as large on the other projection on the H100.
+  # and caused one as large on the other projection on the H100. Claimed
+  # tiles (`claim_tiles`) gain on the one-hot routing of the longer
+  # reductions' turns too, but cost 5-9 % on their even routing, so they
+  # are kept to the short-reduction tile below.
   config = _most_stages(base, problem)
-  if config.short_tile_lookahead and device.key in ZERO_DRIP_DEVICES:
-    dripping = _most_stages(
-        dataclasses.replace(config, zeros_by_producer=True,
-                            zero_drip=SHORT_TILE_ZERO_DRIP), problem)
-    if dripping.stages == config.stages:
-      config = dripping
+  if config.short_tile_lookahead and device.key in CLAIMED_TILES_DEVICES:
+    claiming = _most_stages(
+        dataclasses.replace(config, zeros_by_producer=True, claim_tiles=True,
+                            largest_first=True), problem)
+    if claiming.stages == config.stages:
+      config = claiming
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full
@@ -1154,6 +1162,9 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
                          problem)
     if zeros.fits(problem):
       out.append(zeros)
+    # ... and claimed by the CTAs as each is free, largest group first.
+    out.append(_most_stages(dataclasses.replace(
+        out[0], claim_tiles=True, largest_first=True), problem))
     # Not 32-row reduction chunks (`tile_k=32`): slower on every layer
     # measured, padded or not (experiments/results/nvidia_h200/
     # ragged_options, "32-row reduction chunks timed").

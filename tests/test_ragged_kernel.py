@@ -1104,8 +1104,22 @@ def test_zero_drip_lowers_for_cuda(case):
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == f"{case} one_hot drhs"]
   config = configs._most_stages(dataclasses.replace(
-      configs.heuristic(problem, HOPPER), zeros_by_producer=True,
-      zero_drip=2), problem)
+      configs.heuristic(problem, HOPPER), claim_tiles=False,
+      zeros_by_producer=True, zero_drip=2), problem)
+  _lower_for_cuda(problem, config)
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3_up", "qwen3_30b_a3b_up"])
+def test_claim_tiles_lower_for_cuda(case):
+  """The claims (an atomic add in inline PTX, the queue's barriers) lower
+  for the GPU at the heuristic's tiles of a weight gradient: the
+  short-reduction tile, where the H200 heuristic claims already, and
+  Qwen3's turn-taking 128 x 128 tiles, largest first."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == f"{case} one_hot drhs"]
+  config = configs._most_stages(dataclasses.replace(
+      configs.heuristic(problem, HOPPER), claim_tiles=True,
+      largest_first=True), problem)
   _lower_for_cuda(problem, config)
 
 

@@ -469,21 +469,37 @@ CLAIM_CASES = [
     # No rows at all: every tile a zero tile.
     (64, 64, 64, [0, 0, 0], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, claim_tiles=True)),
+    # The empty groups' zero tiles claimed apart, a box after each load
+    # (more boxes than loads: the rest claimed after the last tile); a cut
+    # group's unused pieces after them, never walked.
+    (260, 128, 128, [0, 200, 0, 0, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                         largest_first=True, piece_rows=64,
+                         claim_tiles=True)),
+    # ... with turns, and no empty group: nothing to claim apart.
+    (200, 64, 128, [50, 100, 50], 3, "bfloat16", "float32",
+     dataclasses.replace(SMALL, ping_pong=True, zeros_by_producer=True,
+                         zero_drip=2, largest_first=True, stages=3,
+                         claim_tiles=True)),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CLAIM_CASES)),
-                         ids=["split", "turns", "pieces", "no_rows"])
+                         ids=["split", "turns", "pieces", "no_rows",
+                              "zeros_claimed", "zeros_none"])
 def test_contracting_claim_tiles(case):
-  _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2))
+  _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4))
 
 
-@pytest.mark.parametrize("option", ["cluster_columns", "zero_drip"])
-def test_claim_tiles_excludes(option):
-  value = dict(zero_drip=2, zeros_by_producer=True) if option == "zero_drip" \
-      else {option: True}
-  with pytest.raises(ValueError, match=f"claim_tiles excludes {option}"):
-    RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True, **value)
+def test_claim_tiles_excludes_clusters():
+  with pytest.raises(ValueError, match="claim_tiles excludes cluster_columns"):
+    RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True, cluster_columns=True)
+
+
+def test_claimed_zeros_need_largest_first():
+  with pytest.raises(ValueError, match="zero_drip needs largest_first"):
+    RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True,
+                 zeros_by_producer=True, zero_drip=2)
 
 
 def test_claim_tiles_is_a_contracting_option():

@@ -9,12 +9,16 @@ its producer is ready for one, so a CTA that drew short tiles takes more of
 them while another runs a long one, and the CTAs in flight still hold
 neighbouring tiles of the walk (their shared operands stay in L2).
 
+A second counter serves work the producer does itself between its loads
+(`claim_work`): the zero tiles of empty groups, claimed a few boxes at a
+time.
+
 The producer warpgroup claims; the consumers learn the tiles they run from
 a queue in shared memory (`TileQueue`): the producer writes each tile's
 number to the next slot and arrives on the slot's `ready` barrier before
 issuing the tile's loads; every consumer reads the slot and arrives on its
 `taken` barrier, after which the producer may reuse it. The producer ends
-the queue with a number past the last tile.
+the queue with END.
 
 In GPU interpret mode (no atomics) the claims follow the round-robin deal,
 so the queue and its barriers are exercised and the result is the same.
@@ -30,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend.configs import NUM_CONSUMERS
-from pallas_gemm.mosaic_backend.warp_specialised import index
+from pallas_gemm.mosaic_backend.warp_specialised import SideWork, index
 
 #: Queue slots beyond the ring's stages: the producer, at most `stages` ring
 #: steps ahead, has at most that many tiles of at least one step in flight,
@@ -38,11 +42,19 @@ from pallas_gemm.mosaic_backend.warp_specialised import index
 QUEUE_SLACK = 2
 
 
+#: The queue's end mark: no tile number is negative.
+END = -1
+#: The counters of a kernel's claims (`TileQueue.counter`): its tiles, and
+#: the producer's own work between loads (`claim_work`).
+TILES, SIDE_WORK = range(2)
+COUNTERS = 2
+
+
 class TileQueue(NamedTuple):
-  """The claimed tiles' counter and hand-over queue (`queue_smem` makes its
-  shared memory). `counter` is a (1,) int32 ref in global memory, zero at
-  launch; `on_device`: claim with an atomic add (compiled), else in the
-  round-robin order (interpret mode)."""
+  """The claimed tiles' counters and hand-over queue (`queue_smem` makes its
+  shared memory). `counter` is a (COUNTERS,) int32 ref in global memory,
+  zero at launch; `on_device`: claim with an atomic add (compiled), else
+  in the round-robin order (interpret mode)."""
   counter: Any
   claimed: Any
   tiles: Any
@@ -77,10 +89,10 @@ def queue_bytes(stages: int) -> int:
   return 4 * (1 + depth) + 2 * 8 * depth
 
 
-def _fetch_add_into(counter_gmem, claimed_smem):
-  """One thread of the warpgroup adds 1 to the counter and writes the value
-  it held to `claimed_smem[0]`; the warpgroup synchronises before (every
-  thread has read the previous claim) and after (the new one is
+def _fetch_add_into(counter_gmem, claimed_smem, count: int):
+  """One thread of the warpgroup adds `count` to the counter and writes the
+  value it held to `claimed_smem[0]`; the warpgroup synchronises before
+  (every thread has read the previous claim) and after (the new one is
   written)."""
   # Imported here: Mosaic's own helpers, used only when compiling.
   from jax._src.lib.mlir import ir
@@ -94,7 +106,7 @@ def _fetch_add_into(counter_gmem, claimed_smem):
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
       held = mgpu_utils.inline_ptx(
           "atom.global.add.u32 $0, [$1], $2;",
-          mgpu_utils.memref_ptr(counter), mgpu_utils.c(1, i32),
+          mgpu_utils.memref_ptr(counter), mgpu_utils.c(count, i32),
           result_types=i32, has_side_effects=True)
       memref.store(held, claimed, [mgpu_utils.c(0, ir.IndexType.get())])
     mgpu_utils.warpgroup_barrier()
@@ -102,14 +114,53 @@ def _fetch_add_into(counter_gmem, claimed_smem):
   fetch_add(counter_gmem, claimed_smem)
 
 
-def claim(queue: TileQueue, claims):
-  """The tile of this CTA's producer's claim number `claims` (a number at
-  or past the tile count: none left)."""
+def claim(queue: TileQueue, claims, *, counter: int = TILES, count: int = 1):
+  """The first of the `count` consecutive units (tiles, or boxes of side
+  work) that claim number `claims` of this CTA's producer on `counter`
+  takes (at or past the units' count: none left). Interpreted, the
+  round-robin deal of `count`-unit blocks."""
   if not queue.on_device:
     cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
-    return cta + index(claims) * num_ctas
-  _fetch_add_into(queue.counter, queue.claimed)
+    return (cta + index(claims) * num_ctas) * index(count)
+  _fetch_add_into(queue.counter.at[pl.ds(counter, 1)], queue.claimed, count)
   return index(queue.claimed[0])
+
+
+def claim_work(queue: TileQueue, total, do_unit, *, per_load: int,
+               at_end: int):
+  """The producer's side work (`warp_specialised.SideWork`) over `total`
+  units (a traced count) claimed on the SIDE_WORK counter: `per_load`
+  units after each of its loads and, once its tiles are walked, the rest
+  `at_end` at a time (fewer atomics where nothing else is left).
+  `do_unit(u)` does unit u. The carry: how many claims so far, and
+  whether one came back empty. Interpreted, every claim takes `per_load`
+  units (the round-robin blocks must be of one size)."""
+  total = index(total)
+  if not queue.on_device:
+    at_end = per_load
+
+  def take(carry, count):
+    claims, done = carry
+
+    def run():
+      first = claim(queue, claims, counter=SIDE_WORK, count=count)
+
+      def one(u, _):
+        @pl.when(first + u < total)
+        def _do():
+          do_unit(first + u)
+
+      lax.fori_loop(index(0), index(count), one, None)
+      return claims + 1, first + count >= total
+
+    return lax.cond(done, lambda: (claims, done), run)
+
+  def finish(carry):
+    lax.while_loop(lambda c: ~c[1], lambda c: take(c, at_end), carry)
+
+  return SideWork(init=(index(0), total <= 0),
+                  after_load=lambda carry: take(carry, per_load),
+                  finish=finish)
 
 
 def _hand_over(queue: TileQueue, turn, linear):
@@ -138,6 +189,8 @@ def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
 
   def next_tile(state):
     # `claims`: the number of the claim that gave `linear`.
+    # (Tiles past num_tiles, e.g. the zero tiles claimed as side work,
+    # end the walk.)
     linear, claims, turn, carry = state
     hand = handed(linear)
 
@@ -151,7 +204,7 @@ def producer_walk(queue: TileQueue, num_tiles, body, carry, *, handed):
 
   _, _, turns, carry = lax.while_loop(
       more, next_tile, (claim(queue, 0), index(0), index(0), carry))
-  _hand_over(queue, turns, num_tiles)
+  _hand_over(queue, turns, index(END))
 
   def await_taken(turn, _):
     plgpu.barrier_wait(queue.taken.at[queue.slot(turn)])
@@ -171,13 +224,12 @@ def _take(queue: TileQueue, turn):
   return linear
 
 
-def consumer_walk(queue: TileQueue, num_tiles, body, carry):
+def consumer_walk(queue: TileQueue, body, carry):
   """A consumer's walk over the tiles its producer hands over, in turn
-  order: `body(linear, turn, carry)`; returns the carry."""
-  num_tiles = index(num_tiles)
-
+  order, up to the END mark: `body(linear, turn, carry)`; returns the
+  carry."""
   def more(state):
-    return state[0] < num_tiles
+    return state[0] != END
 
   def next_tile(state):
     linear, turn, carry = state

@@ -57,11 +57,13 @@ One `RaggedConfig` serves both modes; the fields mean:
                reductions (one group holding most tokens), the other CTAs
                go on taking short tiles and zero tiles meanwhile, rather
                than each CTA waiting out its share. With largest_first the
-               groups are claimed largest first (no snake deal). Excludes
-               cluster_columns (both CTAs of a cluster walk the same tiles)
-               and zero_drip (its cursor walks the CTA's dealt share); a
-               "contracting"-mode option. In GPU interpret mode the claims
-               follow the round-robin order.
+               groups are claimed largest first (no snake deal). With
+               zero_drip (which then needs largest_first) the empty
+               groups' zero tiles are claimed apart, zero_drip boxes
+               after each load, from a second counter. Excludes
+               cluster_columns (both CTAs of a cluster walk the same
+               tiles); a "contracting"-mode option. In GPU interpret mode
+               the claims follow the round-robin order.
     cluster_columns
                two CTAs of a 2-CTA cluster run the neighbouring column
                strips of one tile row in lockstep ("contracting": of one
@@ -360,13 +362,13 @@ class RaggedConfig:
 
   def __post_init__(self):
     validate(self)
-    for option, why in (("cluster_columns", "both CTAs of a cluster walk "
-                         "the same tiles"),
-                        ("zero_drip", "its cursor walks the CTA's dealt "
-                         "share of the tiles")):
-      if self.claim_tiles and getattr(self, option):
-        raise ValueError(f"RaggedConfig.claim_tiles excludes {option} "
-                         f"({why})")
+    if self.claim_tiles and self.cluster_columns:
+      raise ValueError("RaggedConfig.claim_tiles excludes cluster_columns "
+                       "(both CTAs of a cluster walk the same tiles)")
+    if self.claim_tiles and self.zero_drip and not self.largest_first:
+      raise ValueError("RaggedConfig.claim_tiles with zero_drip needs "
+                       "largest_first=True (the empty groups' zero tiles, "
+                       "claimed apart, are then the walk's last)")
     if self.short_tile_lookahead and not (
         2 <= self.short_tile_lookahead < self.stages):
       raise ValueError(

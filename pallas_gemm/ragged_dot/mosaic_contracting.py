@@ -110,7 +110,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   and dout have any row count (at least a chunk) and are loaded through
   the untiled views of their planes (`operands_in_place`). `refs`: with
   RaggedConfig.zero_drip,
-  first `empty_gmem`, (1,) int32, how many groups are empty; with
+  first `empty_gmem`, (2,) int32, how many groups are empty and how many
+  table entries (groups or pieces) have rows; with
   RaggedConfig.claim_tiles, `counter_gmem`, (1,) int32, zero at launch
   (claimed with atomics where `claims_on_device`); then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
@@ -215,6 +216,30 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       for i in range(cta_m // box_m):
         for j in range(tile_n // box_n):
           store_zero_box(zeros_smem, g, k_idx, n_idx, i, j)
+
+  def claimed_zero_work(zeros_smem, queue):
+    """With claim_tiles: the empty groups' zero tiles, the walk's last
+    (largest_first), claimed box by box on their own counter
+    (`tile_claims.claim_work`): RaggedConfig.zero_drip boxes after each
+    load, then CLAIMED_ZERO_BOXES_AT_END at a time."""
+    box_m, box_n = zeros_smem.shape
+    box_cols = tile_n // box_n
+    boxes = (cta_m // box_m) * box_cols
+    tiles_per_entry = index(k_tiles * n_units)
+    first_zero = index(empty_gmem[1]) * tiles_per_entry
+
+    def store_box(unit):
+      tile = lax.div(unit, index(boxes))
+      box = lax.rem(unit, index(boxes))
+      g, k_idx, n_idx = tile_info(first_zero + tile)[:3]
+      store_zero_box(zeros_smem, g, k_idx, n_idx,
+                     lax.div(box, index(box_cols)),
+                     lax.rem(box, index(box_cols)))
+
+    return tile_claims.claim_work(
+        queue, index(empty_gmem[0]) * tiles_per_entry * index(boxes),
+        store_box, per_load=config.zero_drip,
+        at_end=CLAIMED_ZERO_BOXES_AT_END)
 
   def zero_drip_work(zeros_smem):
     """The producer's cursor over this CTA's zero tiles (RaggedConfig.
@@ -327,7 +352,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         zeros_smem[...] = jnp.zeros(zeros_smem.shape, zeros_smem.dtype)
         plgpu.commit_smem()  # visible to the TMA stores that read it
         if config.zero_drip:
-          side_work = zero_drip_work(zeros_smem)
+          side_work = (claimed_zero_work(zeros_smem, queue)
+                       if queue is not None
+                       else zero_drip_work(zeros_smem))
       lookahead = None
       if config.short_tile_lookahead:
         short = config.short_tile_lookahead
@@ -337,8 +364,12 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
             tile_steps(tile) <= short, index(short), index(stages))
       walk = None
       if queue is not None:
+        # With the zeros claimed apart, the walk ends at the first entry
+        # without rows (largest first, all such entries come last).
+        walked = (index(empty_gmem[1]) * index(k_tiles * n_units)
+                  if config.zero_drip else num_tiles)
         walk = lambda body, carry: tile_claims.producer_walk(
-            queue, num_tiles, body, carry, handed=handed)
+            queue, walked, body, carry, handed=handed)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
                    side_work=side_work, lookahead=lookahead, walk=walk)
@@ -454,7 +485,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         for_each_tile(num_tiles, lambda linear, first_step: tile(
             linear, None, first_step), index(0))
       else:
-        tile_claims.consumer_walk(queue, num_tiles, tile, index(0))
+        tile_claims.consumer_walk(queue, tile, index(0))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     run_warpgroups(producer, consumer)
@@ -516,10 +547,12 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)
-  # With zero_drip the kernel also reads how many groups are empty: those
-  # whose first piece (entry g < groups) has no chunk.
-  empty_groups = ([jnp.sum(table[schedule.GROUP_CHUNKS, :groups] == 0,
-                           dtype=jnp.int32, keepdims=True)]
+  # With zero_drip the kernel also reads how many groups are empty (those
+  # whose first piece, entry g < groups, has no chunk) and how many entries
+  # have rows.
+  chunks = table[schedule.GROUP_CHUNKS]
+  empty_groups = ([jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
+                              jnp.sum(chunks > 0, dtype=jnp.int32)])]
                   if config.zero_drip else [])
   if config.largest_first:
     table = schedule.largest_first(table)
@@ -562,13 +595,19 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
 
     def kernel(*operands):
       # The claims' counter: a fresh zero for every call.
-      return launch(*operands, jax.new_ref(jnp.zeros((1,), jnp.int32)))
+      return launch(*operands, jax.new_ref(
+          jnp.zeros((tile_claims.COUNTERS,), jnp.int32)))
   out = call_kernel(kernel, [table, lhs, dout, *empty_groups], out_type,
                     params)
   if pieces > groups:
     out = merge_pieces(*out, extras, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out
 
+
+#: ZERO_BOX boxes a claim takes once a producer's tiles are walked
+#: (`RaggedConfig.claim_tiles` with `zero_drip`): only zeros are left then,
+#: so fewer, larger claims.
+CLAIMED_ZERO_BOXES_AT_END = 64
 
 #: The output tile (rows, columns) of one `merge_pieces` CTA.
 MERGE_TILE = (128, 128)

@@ -841,6 +841,17 @@ WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 #: slowed DeepSeek-V3's one-hot gradient there: experiments/results/
 #: nvidia_h100/ragged_zero_drip), and claims are not measured on it.
 CLAIMED_TILES_DEVICES = ("nvidia_h200",)
+#: ZERO_BOX boxes of the empty groups' zero tiles each producer claims after
+#: each of its loads on that tile (`zero_drip` with `claim_tiles`), where
+#: one group's tiles fill every SM (`_one_group_fills_the_sms`): with every
+#: CTA on a long tile, nothing else writes the zeros meanwhile, and claimed
+#: after the long tiles they wait for them (0.88-0.95x the time on the
+#: one-hot gradients of DeepSeek-V3, g128 and a 32-expert layer; even and
+#: Zipf routings 1.00x). Where a group's tiles leave SMs free, those write
+#: the zeros beside the long tiles already, and the drip slowed the long
+#: tiles (1.17x on a 128-expert, 2048 x 768 one-hot gradient;
+#: experiments/results/nvidia_h200/ragged_options, "Claimed tiles").
+CLAIMED_ZERO_DRIP = 4
 
 
 def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
@@ -907,12 +918,23 @@ def _contracting_heuristic(problem: RaggedProblem,
                             largest_first=True), problem)
     if claiming.stages == config.stages:
       config = claiming
+      if _one_group_fills_the_sms(problem, config, device.planning_sms):
+        config = dataclasses.replace(config, zero_drip=CLAIMED_ZERO_DRIP)
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full
     # copies of the operands.
     config = dataclasses.replace(config, operand_planes=True)
   return config
+
+
+def _one_group_fills_the_sms(problem: RaggedProblem, config: RaggedConfig,
+                             sms: int) -> bool:
+  """Whether one group's output tiles (a weight gradient's K x N at the CTA
+  tile) are at least as many as the SMs: then, where one group holds most
+  tokens, every CTA runs its long tiles and none is left free."""
+  cta_m, cta_n = config.cta_tile("contracting")
+  return cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n) >= sms
 
 
 def contracting_operand_swizzle(config: RaggedConfig, dtype) -> int | None:

@@ -843,15 +843,19 @@ WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 CLAIMED_TILES_DEVICES = ("nvidia_h200",)
 #: ZERO_BOX boxes of the empty groups' zero tiles each producer claims after
 #: each of its loads on that tile (`zero_drip` with `claim_tiles`), where
-#: one group's tiles fill every SM (`_one_group_fills_the_sms`): with every
-#: CTA on a long tile, nothing else writes the zeros meanwhile, and claimed
-#: after the long tiles they wait for them (0.88-0.95x the time on the
-#: one-hot gradients of DeepSeek-V3, g128 and a 32-expert layer; even and
-#: Zipf routings 1.00x). Where a group's tiles leave SMs free, those write
-#: the zeros beside the long tiles already, and the drip slowed the long
-#: tiles (1.17x on a 128-expert, 2048 x 768 one-hot gradient;
-#: experiments/results/nvidia_h200/ragged_options, "Claimed tiles").
+#: one group's tiles would keep most SMs busy (`_one_group_fills_the_sms`):
+#: with (nearly) every CTA on a long tile, few are left to write the zeros
+#: meanwhile, and claimed after the long tiles the zeros wait for them. The
+#: line lies between the measured cases: a group of 0.97 and more tiles per
+#: SM gained (0.87-0.95x the time on one-hot gradients, but for the
+#: 2048-token decode batch, 1.08x, whose long tiles are short), one of 0.67
+#: gained 1 %, one of 0.36 lost (1.17x: the SMs left free write the zeros
+#: beside the long tiles already, and the drip slowed those). Even and Zipf
+#: routings, with no empty group, 1.00x (experiments/results/nvidia_h200/
+#: ragged_options, "Claimed tiles").
 CLAIMED_ZERO_DRIP = 4
+#: ... where one group's tiles are at least this share of the SMs.
+CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM = 0.5
 
 
 def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
@@ -931,10 +935,12 @@ def _contracting_heuristic(problem: RaggedProblem,
 def _one_group_fills_the_sms(problem: RaggedProblem, config: RaggedConfig,
                              sms: int) -> bool:
   """Whether one group's output tiles (a weight gradient's K x N at the CTA
-  tile) are at least as many as the SMs: then, where one group holds most
-  tokens, every CTA runs its long tiles and none is left free."""
+  tile) are at least CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM of the SMs: then,
+  where one group holds most tokens, most CTAs run its long tiles and few
+  are left free."""
   cta_m, cta_n = config.cta_tile("contracting")
-  return cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n) >= sms
+  tiles = cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n)
+  return tiles >= CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM * sms
 
 
 def contracting_operand_swizzle(config: RaggedConfig, dtype) -> int | None:

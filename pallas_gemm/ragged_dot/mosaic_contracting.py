@@ -68,11 +68,22 @@ ring steps loaded and not yet released while it loads a tile of at most L
 steps (a whole short reduction), rather than running a whole ring ahead
 into the next tiles; longer tiles use the whole ring.
 
+With `RaggedConfig.claim_tiles`, each CTA's producer claims its tiles
+one at a time from a counter in global memory (`mosaic_backend.
+tile_claims`) instead of walking a round-robin share, and hands those its
+consumers run to them through a queue in shared memory; the consumers'
+turns (ping_pong) and staging slots follow the queue's turn numbers. With
+`zero_drip` as well (and largest_first, so that the empty groups' tiles are
+the walk's last), the walk stops at the first entry without rows, and the
+producers claim those zero tiles' boxes from a second counter, a few after
+each load (`tile_claims.claim_work`).
+
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,
 and the tiles are dealt to the CTAs (with ping_pong: to the CTAs'
 consumers) in a snake (`mosaic_schedule.snake_deal`), so that the long
-tiles of large groups start first and spread evenly over them.
+tiles of large groups start first and spread evenly over them; with
+claim_tiles, claimed in that order instead.
 """
 
 from __future__ import annotations
@@ -112,8 +123,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   RaggedConfig.zero_drip,
   first `empty_gmem`, (2,) int32, how many groups are empty and how many
   table entries (groups or pieces) have rows; with
-  RaggedConfig.claim_tiles, `counter_gmem`, (1,) int32, zero at launch
-  (claimed with atomics where `claims_on_device`); then out_gmem;
+  RaggedConfig.claim_tiles, `counter_gmem`, (tile_claims.COUNTERS,) int32,
+  zero at launch: the tiles' claims and the zero boxes' (claimed with
+  atomics where `claims_on_device`); then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""

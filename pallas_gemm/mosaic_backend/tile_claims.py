@@ -70,11 +70,15 @@ class TileQueue(NamedTuple):
     return lax.rem(index(turn), index(self.depth))
 
 
+def _queue_depth(stages: int) -> int:
+  return stages + QUEUE_SLACK
+
+
 def queue_smem(stages: int) -> dict:
   """The queue's shared memory, as `pl.run_scoped` keyword arguments
   (`claimed_smem`, `queue_smem`, `tile_ready`, `tile_taken`) for a ring of
   `stages` stages."""
-  depth = stages + QUEUE_SLACK
+  depth = _queue_depth(stages)
   return dict(claimed_smem=plgpu.SMEM((1,), jnp.int32),
               queue_smem=plgpu.SMEM((depth,), jnp.int32),
               tile_ready=plgpu.Barrier(num_arrivals=1, num_barriers=depth),
@@ -85,7 +89,7 @@ def queue_smem(stages: int) -> dict:
 def queue_bytes(stages: int) -> int:
   """The shared memory of `queue_smem(stages)`: the claim and the queue's
   int32 slots, and two 8-byte barriers per slot."""
-  depth = stages + QUEUE_SLACK
+  depth = _queue_depth(stages)
   return 4 * (1 + depth) + 2 * 8 * depth
 
 

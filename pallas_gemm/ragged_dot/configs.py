@@ -834,25 +834,24 @@ WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 #: `largest_first`, `zeros_by_producer`; the zero buffer costs no ring stage
 #: there): a CTA that drew a long tile no longer holds a fixed share of the
 #: others, so uneven routings spread over the SMs, and the zeros are written
-#: by whichever CTAs are free. It replaced the producer's zero drip
-#: (`zero_drip`), which it measured faster than on 11 of 12 DeepSeek-V3,
-#: g128 and decode-batch cases (experiments/results/nvidia_h200/
-#: ragged_options, "Claimed tiles"). The H100 never took the drip (it
-#: slowed DeepSeek-V3's one-hot gradient there: experiments/results/
-#: nvidia_h100/ragged_zero_drip), and claims are not measured on it.
+#: by whichever CTAs are free. It replaced the producer's zero drip over a
+#: dealt share (`zero_drip` alone), which it measured faster than on nearly
+#: every DeepSeek-V3, g128 and decode-batch case (experiments/results/
+#: nvidia_h200/ragged_options, "Claimed tiles"). The H100 never took the
+#: drip (experiments/results/nvidia_h100/ragged_zero_drip), and claims are
+#: not measured on it.
 CLAIMED_TILES_DEVICES = ("nvidia_h200",)
 #: ZERO_BOX boxes of the empty groups' zero tiles each producer claims after
 #: each of its loads on that tile (`zero_drip` with `claim_tiles`), where
 #: one group's tiles would keep most SMs busy (`_one_group_fills_the_sms`):
 #: with (nearly) every CTA on a long tile, few are left to write the zeros
-#: meanwhile, and claimed after the long tiles the zeros wait for them. The
-#: line lies between the measured cases: a group of 0.97 and more tiles per
-#: SM gained (0.87-0.95x the time on one-hot gradients, but for the
-#: 2048-token decode batch, 1.08x, whose long tiles are short), one of 0.67
-#: gained 1 %, one of 0.36 lost (1.17x: the SMs left free write the zeros
-#: beside the long tiles already, and the drip slowed those). Even and Zipf
-#: routings, with no empty group, 1.00x (experiments/results/nvidia_h200/
-#: ragged_options, "Claimed tiles").
+#: meanwhile, and claimed after the long tiles the zeros wait for them.
+#: Where a group's tiles leave many SMs free, those write the zeros beside
+#: the long tiles already, and the drip only slowed the long tiles. The
+#: line lies between the layers measured on either side; the 2048-token
+#: decode batch, whose long tiles are short, is a loss it cannot tell
+#: apart. Routings with no empty group do not change (experiments/results/
+#: nvidia_h200/ragged_options, "Claimed tiles").
 CLAIMED_ZERO_DRIP = 4
 #: ... where one group's tiles are at least this share of the SMs.
 CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM = 0.5
@@ -913,8 +912,9 @@ def _contracting_heuristic(problem: RaggedProblem,
   # they removed a large slowdown of one DeepSeek-V3 projection on the H200
   # and caused one as large on the other projection on the H100. Claimed
   # tiles (`claim_tiles`) gain on the one-hot routing of the longer
-  # reductions' turns too, but cost 5-9 % on their even routing, so they
-  # are kept to the short-reduction tile below.
+  # reductions' turns too, but cost more than that on their even routing
+  # (same notes, "Claimed tiles"), so they are kept to the short-reduction
+  # tile below.
   config = _most_stages(base, problem)
   if config.short_tile_lookahead and device.key in CLAIMED_TILES_DEVICES:
     claiming = _most_stages(

@@ -118,13 +118,20 @@ def _tile_number(linear):
   return lax.div(index(linear) - cta, num_ctas)
 
 
+def _turn_number(linear, turn=None):
+  """How many tiles this CTA ran before `linear`: `turn` where the tiles
+  were claimed (`tile_claims`, which numbers them), else from the
+  round-robin deal."""
+  return _tile_number(linear) if turn is None else index(turn)
+
+
 def ping_pong_turn(linear, turn=None):
   """With `RaggedConfig.ping_pong`: the consumer whose turn `linear` (one of
   this CTA's tiles, dealt round-robin) is, and how many tiles that consumer
   ran before it. The CTA's tiles alternate between the consumers. `turn`:
   the tile's number among the CTA's tiles where they were claimed
   (`tile_claims`), not dealt."""
-  local = _tile_number(linear) if turn is None else index(turn)
+  local = _turn_number(linear, turn)
   consumers = index(NUM_CONSUMERS)
   return lax.rem(local, consumers), lax.div(local, consumers)
 
@@ -140,7 +147,7 @@ def output_slot(linear, store, stores_per_tile: int, out_slots: int, *,
   if stores_per_tile % out_slots == 0:
     return store % out_slots
   tile_number = (ping_pong_turn(linear, turn)[1] if ping_pong
-                 else _tile_number(linear) if turn is None else index(turn))
+                 else _turn_number(linear, turn))
   return lax.rem(tile_number * stores_per_tile + store, index(out_slots))
 
 

@@ -121,7 +121,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   and dout have any row count (at least a chunk) and are loaded through
   the untiled views of their planes (`operands_in_place`). `refs`: with
   RaggedConfig.zero_drip,
-  first `empty_gmem`, (2,) int32, how many groups are empty and how many
+  first `counts_gmem`, (2,) int32, how many groups are empty and how many
   table entries (groups or pieces) have rows; with
   RaggedConfig.claim_tiles, `counter_gmem`, (tile_claims.COUNTERS,) int32,
   zero at launch: the tiles' claims and the zero boxes' (claimed with
@@ -129,9 +129,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
-  empty_gmem = counter_gmem = None
+  counts_gmem = counter_gmem = None
   if config.zero_drip:
-    empty_gmem, *refs = refs
+    counts_gmem, *refs = refs
   if config.claim_tiles:
     counter_gmem, *refs = refs
   out_gmem, pieces_gmem = (*refs, None)[:2]
@@ -238,7 +238,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     box_cols = tile_n // box_n
     boxes = (cta_m // box_m) * box_cols
     tiles_per_entry = index(k_tiles * n_units)
-    first_zero = index(empty_gmem[1]) * tiles_per_entry
+    first_zero = tiles_with_rows()
 
     def store_box(unit):
       tile = lax.div(unit, index(boxes))
@@ -249,7 +249,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                      lax.rem(box, index(box_cols)))
 
     return tile_claims.claim_work(
-        queue, index(empty_gmem[0]) * tiles_per_entry * index(boxes),
+        queue, index(counts_gmem[0]) * tiles_per_entry * index(boxes),
         store_box, per_load=config.zero_drip,
         at_end=CLAIMED_ZERO_BOXES_AT_END)
 
@@ -297,7 +297,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       state = lax.while_loop(more, visit, (*cursor, budget))
       return state[:-1]
 
-    start = jnp.where(empty_gmem[0] > 0, index(0), my_tiles)
+    start = jnp.where(counts_gmem[0] > 0, index(0), my_tiles)
     return SideWork(
         init=(start, index(0), *read_tile(start)),
         after_load=lambda cursor: advance(cursor, index(config.zero_drip)),
@@ -308,6 +308,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # With operand_planes: 64-column planes of each stage, a consumer's lhs
   # planes starting at plane `wg_rows // PLANE`.
   lhs_planes, dout_planes = cta_m // PLANE, tile_n // PLANE
+
+  def tiles_with_rows():
+    """With zero_drip: the tiles of the table's entries that have rows,
+    the first ones of a largest-first walk."""
+    return index(counts_gmem[1]) * index(k_tiles * n_units)
 
   def handed(linear):
     """With claim_tiles: whether the consumers run tile `linear` (all but
@@ -378,8 +383,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       if queue is not None:
         # With the zeros claimed apart, the walk ends at the first entry
         # without rows (largest first, all such entries come last).
-        walked = (index(empty_gmem[1]) * index(k_tiles * n_units)
-                  if config.zero_drip else num_tiles)
+        walked = tiles_with_rows() if config.zero_drip else num_tiles
         walk = lambda body, carry: tile_claims.producer_walk(
             queue, walked, body, carry, handed=handed)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
@@ -563,7 +567,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   # whose first piece, entry g < groups, has no chunk) and how many entries
   # have rows.
   chunks = table[schedule.GROUP_CHUNKS]
-  empty_groups = ([jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
+  entry_counts = ([jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
                               jnp.sum(chunks > 0, dtype=jnp.int32)])]
                   if config.zero_drip else [])
   if config.largest_first:
@@ -609,7 +613,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
       # The claims' counter: a fresh zero for every call.
       return launch(*operands, jax.new_ref(
           jnp.zeros((tile_claims.COUNTERS,), jnp.int32)))
-  out = call_kernel(kernel, [table, lhs, dout, *empty_groups], out_type,
+  out = call_kernel(kernel, [table, lhs, dout, *entry_counts], out_type,
                     params)
   if pieces > groups:
     out = merge_pieces(*out, extras, params)

@@ -655,14 +655,41 @@ ZERO_DRIP_CASES = [
     # 2-CTA clusters: each CTA's cursor stores its own column strips.
     (150, 128, 192, [30, 0, 70, 0], 2, "bfloat16", "bfloat16",
      dataclasses.replace(_DRIP, cluster_columns=True, zero_drip=2)),
+    # The zero box as wide as the 256-column CTA tile (16 rows of bf16),
+    # and for a float32 output (8 rows) on 64-column tiles (32 rows).
+    (130, 128, 256, [0, 100, 0, 30], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(_DRIP, tile_n=256, epi_tile_n=128, out_slots=2,
+                         zero_drip=2, wide_zero_box=True)),
+    (200, 128, 128, [0, 180, 0, 0, 20], 3, "bfloat16", "float32",
+     dataclasses.replace(_DRIP, zero_drip=1, wide_zero_box=True)),
 ]
 
 
 @pytest.mark.parametrize("case", ZERO_DRIP_CASES,
                          ids=lambda c: f"m{c[0]}_g{len(c[3])}_drip"
-                         f"{c[7].zero_drip}")
+                         f"{c[7].zero_drip}"
+                         f"{'_wide_box' if c[7].wide_zero_box else ''}")
 def test_contracting_zero_drip(case):
   _run_contracting(case, detect_races=case is ZERO_DRIP_CASES[0])
+
+
+def test_wide_zero_box_shapes():
+  """`RaggedConfig.wide_zero_box`: the CTA tile's columns (at most 256) in
+  ZERO_BOX's bytes; ZERO_BOX without it."""
+  short = RaggedConfig(tile_m=64, tile_n=256, epi_tile_n=128, out_slots=2,
+                       zeros_by_producer=True, wide_zero_box=True)
+  assert short.zero_box("bfloat16") == (16, 256)
+  assert short.zero_box("float32") == (8, 256)
+  turns = RaggedConfig(tile_m=128, tile_n=192, ping_pong=True,
+                       zeros_by_producer=True, wide_zero_box=True)
+  assert turns.zero_box("bfloat16") == (16, 192)
+  assert dataclasses.replace(short, wide_zero_box=False).zero_box(
+      "bfloat16") == configs.ZERO_BOX
+
+
+def test_wide_zero_box_needs_zeros_by_producer():
+  with pytest.raises(ValueError, match="wide_zero_box needs zeros_by_prod"):
+    RaggedConfig(tile_m=64, tile_n=64, wide_zero_box=True)
 
 
 def test_zero_drip_needs_zeros_by_producer():
@@ -1136,6 +1163,19 @@ def test_claim_tiles_lower_for_cuda(case):
   config = configs._most_stages(dataclasses.replace(
       configs.heuristic(problem, HOPPER), claim_tiles=True,
       largest_first=True), problem)
+  _lower_for_cuda(problem, config)
+
+
+def test_wide_zero_box_lowers_for_cuda():
+  """The claimed zero drip's boxes as wide as DeepSeek-V3's 128 x 256
+  short-reduction tile (16 rows of 256 columns) lower for the GPU."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == "deepseek_v3_up one_hot drhs"]
+  config = configs._most_stages(dataclasses.replace(
+      configs.heuristic(problem, HOPPER), claim_tiles=True,
+      largest_first=True, zeros_by_producer=True, zero_drip=4,
+      wide_zero_box=True), problem)
+  assert config.zero_box(problem.out_dtype) == (16, 256)
   _lower_for_cuda(problem, config)
 
 

@@ -103,6 +103,12 @@ One `RaggedConfig` serves both modes; the fields mean:
                stretch of time wherever in the walk either lies, so the
                write bandwidth and the tensor cores work together (0, the
                default: as the walk meets them; a "contracting"-mode option).
+    wide_zero_box
+               with zeros_by_producer: the zero box spans the CTA tile's
+               columns (up to 256) in as many rows as keep ZERO_BOX's bytes
+               (`zero_box`), so that each of its rows is one run of up to
+               512 consecutive output bytes rather than ZERO_BOX's 128
+               (a "contracting"-mode option).
     operand_planes
                hold each stage of lhs and dout as planes of 64 columns (one
                128-byte swizzle span per row), one TMA copy and one wgmma
@@ -230,6 +236,9 @@ SHORT_ITEM_ROWS = 64
 #: output (rows, columns), stored as often as an empty tile needs; it
 #: divides every CTA tile.
 ZERO_BOX = (64, 64)
+#: The widest zero box of `RaggedConfig.wide_zero_box` (a TMA box's
+#: dimension holds at most 256 elements).
+WIDE_ZERO_BOX_MAX_COLS = 256
 #: The narrowest token width of `RaggedConfig.swap_ab` (wgmma's N step).
 SWAP_AB_MIN_WIDTH = 8
 #: How many static token widths a `RaggedConfig.swap_ab` tile of a
@@ -315,6 +324,7 @@ MODE_ONLY_OPTIONS = {
         "largest_first": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
+        "wide_zero_box": "stores the rows of no group with its items",
         "claim_tiles": "deals its row items round-robin (claims are built "
                        "for the weight gradient's long reductions)",
         "short_tile_lookahead": "keeps its whole ring in flight",
@@ -359,6 +369,7 @@ class RaggedConfig:
   operand_planes: bool = False
   shared_staging: bool = False
   claim_tiles: bool = False
+  wide_zero_box: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -395,6 +406,10 @@ class RaggedConfig:
         if getattr(self, option):
           raise ValueError(f"RaggedConfig.tile_k={self.tile_k} excludes "
                            f"{option} ({why})")
+    if self.wide_zero_box and not self.zeros_by_producer:
+      raise ValueError("RaggedConfig.wide_zero_box needs "
+                       "zeros_by_producer=True (it shapes the box the "
+                       "producer stores the zero tiles with)")
     if self.zero_drip and not self.zeros_by_producer:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "
@@ -538,12 +553,26 @@ class RaggedConfig:
     stage = (cta_m + cta_n) * self.tile_k * in_size
     staging = (self.staging_buffers * self.out_slots
                * self.staged_rows(problem.mode) * self.epi_tile_n * out_size)
-    zeros = (math.prod(ZERO_BOX) * out_size if self.zeros_by_producer
-             else 0)
+    zeros = (math.prod(self.zero_box(problem.out_dtype)) * out_size
+             if self.zeros_by_producer else 0)
     claims = (tile_claims.queue_bytes(self.stages) if self.claim_tiles
               else 0)
     return (self.stages * stage + staging + zeros + claims
             + SMEM_SLACK_BYTES)
+
+  def zero_box(self, out_dtype) -> tuple[int, int]:
+    """(rows, columns) of the zero box `zeros_by_producer` stores: ZERO_BOX,
+    or with `wide_zero_box` the CTA tile's columns (at most
+    WIDE_ZERO_BOX_MAX_COLS) and as many rows as keep ZERO_BOX's bytes (a
+    power of two, at least one), so that each of its rows is a longer run
+    of consecutive output bytes."""
+    if not self.wide_zero_box:
+      return ZERO_BOX
+    cta_m, cta_n = self.cta_tile("contracting")
+    cols = min(cta_n, WIDE_ZERO_BOX_MAX_COLS)
+    rows = max(math.prod(ZERO_BOX) * 2
+               // (cols * jnp.dtype(out_dtype).itemsize), 1)
+    return min(1 << (rows.bit_length() - 1), cta_m), cols
 
   def fits(self, problem: RaggedProblem) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES

@@ -105,7 +105,7 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,
-                                          SWIZZLE_ELEMS_16BIT, ZERO_BOX,
+                                          SWIZZLE_ELEMS_16BIT,
                                           RaggedConfig,
                                           contracting_operand_swizzle,
                                           planes_read_in_place)
@@ -522,7 +522,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                   cluster_axes=("cluster",) if config.cluster_columns
                   else None),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
-      **({"zeros_smem": plgpu.SMEM(ZERO_BOX, out_dtype)}
+      **({"zeros_smem": plgpu.SMEM(config.zero_box(out_dtype), out_dtype)}
          if zeros_by_producer else {}),
       **(tile_claims.queue_smem(stages) if config.claim_tiles else {}),
       collective_axes="wg",

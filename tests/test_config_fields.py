@@ -41,7 +41,7 @@ _INVALID_FIELDS = {
         "tile_m": (96, 64.0), "tile_n": (100,), "tile_k": (16, 96),
         "stages": (1, True), "epi_tile_n": (48,), "grid_band": (0,),
         "out_slots": (3,), "interleave_groups": (1,),
-        "piece_rows": (96, -64, 64.0), "largest_first": (1,),
+        "piece_rows": (96, -64, 64.0), "largest_first": (1,), "empty_last": (1,),
         "ping_pong": (1,), "zeros_by_producer": (1,), "zero_drip": (-1, 17, 1.0),
         "short_items": (1,),
         "cluster_columns": (1,), "group_bands": (1,),

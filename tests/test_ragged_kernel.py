@@ -476,6 +476,12 @@ CLAIM_CASES = [
      dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
                          largest_first=True, piece_rows=64,
                          claim_tiles=True)),
+    # ... with the groups that have rows claimed in table order (empty
+    # last) and the zero box as wide as the tile.
+    (260, 128, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                         empty_last=True, wide_zero_box=True, tile_n=128,
+                         piece_rows=64, claim_tiles=True)),
     # ... with turns, and no empty group: nothing to claim apart.
     (200, 64, 128, [50, 100, 50], 3, "bfloat16", "float32",
      dataclasses.replace(SMALL, ping_pong=True, zeros_by_producer=True,
@@ -486,9 +492,9 @@ CLAIM_CASES = [
 
 @pytest.mark.parametrize("case", range(len(CLAIM_CASES)),
                          ids=["split", "turns", "pieces", "no_rows",
-                              "zeros_claimed", "zeros_none"])
+                              "zeros_claimed", "empty_last", "zeros_none"])
 def test_contracting_claim_tiles(case):
-  _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4))
+  _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
 
 
 def test_claim_tiles_excludes_clusters():
@@ -500,6 +506,11 @@ def test_claimed_zeros_need_largest_first():
   with pytest.raises(ValueError, match="zero_drip needs largest_first"):
     RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True,
                  zeros_by_producer=True, zero_drip=2)
+
+
+def test_largest_first_and_empty_last_exclude_each_other():
+  with pytest.raises(ValueError, match="largest_first and empty_last"):
+    RaggedConfig(tile_m=64, tile_n=64, largest_first=True, empty_last=True)
 
 
 def test_claim_tiles_is_a_contracting_option():
@@ -1042,6 +1053,14 @@ def test_largest_first_sorts_entries_and_names_their_outputs():
   assert np.array_equal(got[:4], np.asarray(table)[:, got[4]])
 
 
+def test_empty_last_moves_only_the_empty_entries():
+  table = jnp.asarray([[0, 5, 5, 40, 42], [5, 5, 40, 42, 42],
+                       [0, 0, 0, 0, 0], [1, 0, 1, 1, 0]], jnp.int32)
+  got = np.asarray(mosaic_schedule.empty_last(table))
+  assert got[4].tolist() == [0, 2, 3, 1, 4]  # rows in order, then empty
+  assert np.array_equal(got[:4], np.asarray(table)[:, got[4]])
+
+
 @pytest.mark.parametrize("entries", [1, 7, 136, 300], ids=str)
 def test_largest_first_matches_a_stable_sort(entries, monkeypatch):
   """The masked-sum ranks against a stable argsort, with many ties (few
@@ -1162,19 +1181,18 @@ def test_claim_tiles_lower_for_cuda(case):
                 if c.label == f"{case} one_hot drhs"]
   config = configs._most_stages(dataclasses.replace(
       configs.heuristic(problem, HOPPER), claim_tiles=True,
-      largest_first=True), problem)
+      largest_first=True, empty_last=False), problem)
   _lower_for_cuda(problem, config)
 
 
 def test_wide_zero_box_lowers_for_cuda():
-  """The claimed zero drip's boxes as wide as DeepSeek-V3's 128 x 256
-  short-reduction tile (16 rows of 256 columns) lower for the GPU."""
+  """The H200 heuristic's short-reduction tile, its claimed zero drip's
+  boxes as wide as DeepSeek-V3's 128 x 256 tile (16 rows of 256 columns),
+  the groups with rows claimed in table order, lowers for the GPU."""
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == "deepseek_v3_up one_hot drhs"]
-  config = configs._most_stages(dataclasses.replace(
-      configs.heuristic(problem, HOPPER), claim_tiles=True,
-      largest_first=True, zeros_by_producer=True, zero_drip=4,
-      wide_zero_box=True), problem)
+  config = configs.heuristic(problem, HOPPER)
+  assert config.empty_last and config.zero_drip
   assert config.zero_box(problem.out_dtype) == (16, 256)
   _lower_for_cuda(problem, config)
 
@@ -1559,14 +1577,16 @@ def test_rows_turns_widen_columns_where_they_pad_little(groups, m, k, n,
 ], ids=["deepseek_v3_up", "deepseek_v3_down", "g128", "decode", "odd"])
 def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
   """On the H200 the weight gradient's short-reduction tile has its CTAs
-  claim their tiles, largest group first, and its producer store the empty
-  groups' zeros (`configs.CLAIMED_TILES_DEVICES`), where the zero buffer
-  costs no ring stage; elsewhere its config is the one without."""
+  claim their tiles, the empty groups' last, and its producer store those
+  groups' zeros in wide boxes (`configs.CLAIMED_TILES_DEVICES`), where the
+  zero buffer costs no ring stage; elsewhere its config is the one
+  without."""
   problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
   assert config.short_tile_lookahead and config.zeros_by_producer
-  assert config.claim_tiles and config.largest_first
+  assert config.claim_tiles and config.empty_last and config.wide_zero_box
+  assert not config.largest_first
   # The empty groups' zeros claimed between loads where one group's tiles
   # are at least half the SMs (every layer here but the odd one's 2 x 2).
   cta_m, cta_n = config.cta_tile("contracting")
@@ -1578,9 +1598,11 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
   assert h100.key not in configs.CLAIMED_TILES_DEVICES
   plain = mosaic.heuristic(problem, h100)
   assert not (plain.zeros_by_producer or plain.claim_tiles
-              or plain.largest_first or plain.zero_drip)
+              or plain.reorders_entries or plain.zero_drip
+              or plain.wide_zero_box)
   assert config == dataclasses.replace(plain, zeros_by_producer=True,
-                                       claim_tiles=True, largest_first=True,
+                                       claim_tiles=True, empty_last=True,
+                                       wide_zero_box=True,
                                        zero_drip=config.zero_drip)
   assert config.fits(problem)
 
@@ -1595,7 +1617,7 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
 def test_h200_short_reduction_tile_config_is_correct(m, k, n, sizes, offset,
                                                      planes):
   """The H200 heuristic's short-reduction weight-gradient config (tiles
-  claimed largest group first, zeros stored by the producer, lookahead
+  claimed, the empty groups' last, zeros stored by the producer, lookahead
   capped) on odd shapes, with rows of no group."""
   problem = RaggedProblem("contracting", m, k, n, len(sizes), "bfloat16",
                           "bfloat16")

@@ -48,6 +48,12 @@ One `RaggedConfig` serves both modes; the fields mean:
                ping_pong, to the CTAs' consumers) in a snake, so that
                uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    empty_last walk the entries (groups or pieces) that have rows first, in
+               table order, and the empty ones after them: the order the
+               claimed zero drip (claim_tiles with zero_drip) needs,
+               without sorting by size, which puts the long tiles of large
+               groups all first and the store-bound short ones all last
+               (excludes largest_first; a "contracting"-mode option).
     claim_tiles
                each CTA claims its next tile from a counter in global
                memory (an atomic add by its producer, which hands the tile
@@ -58,7 +64,8 @@ One `RaggedConfig` serves both modes; the fields mean:
                go on taking short tiles and zero tiles meanwhile, rather
                than each CTA waiting out its share. With largest_first the
                groups are claimed largest first (no snake deal). With
-               zero_drip (which then needs largest_first) the empty
+               zero_drip (which then needs largest_first or empty_last) the
+               empty
                groups' zero tiles are claimed apart, zero_drip boxes
                after each load, from a second counter. Excludes
                cluster_columns (both CTAs of a cluster walk the same
@@ -322,6 +329,7 @@ MODE_ONLY_OPTIONS = {
     "contracting": {
         "interleave_groups": "walks its row items in order",
         "largest_first": "gives each item's tiles equal work",
+        "empty_last": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
         "wide_zero_box": "stores the rows of no group with its items",
@@ -354,6 +362,7 @@ class RaggedConfig:
   interleave_groups: bool = False
   piece_rows: int = checked(0, _WHOLE_STEPS)
   largest_first: bool = False
+  empty_last: bool = False
   ping_pong: bool = False
   zeros_by_producer: bool = False
   zero_drip: int = checked(0, in_range(0, 16))
@@ -376,9 +385,13 @@ class RaggedConfig:
     if self.claim_tiles and self.cluster_columns:
       raise ValueError("RaggedConfig.claim_tiles excludes cluster_columns "
                        "(both CTAs of a cluster walk the same tiles)")
-    if self.claim_tiles and self.zero_drip and not self.largest_first:
+    if self.largest_first and self.empty_last:
+      raise ValueError("RaggedConfig.largest_first and empty_last exclude "
+                       "each other (two orders of the table's entries)")
+    if self.claim_tiles and self.zero_drip and not self.reorders_entries:
       raise ValueError("RaggedConfig.claim_tiles with zero_drip needs "
-                       "largest_first=True (the empty groups' zero tiles, "
+                       "largest_first=True or empty_last=True (the empty "
+                       "groups' zero tiles, "
                        "claimed apart, are then the walk's last)")
     if self.short_tile_lookahead and not (
         2 <= self.short_tile_lookahead < self.stages):
@@ -559,6 +572,12 @@ class RaggedConfig:
               else 0)
     return (self.stages * stage + staging + zeros + claims
             + SMEM_SLACK_BYTES)
+
+  @property
+  def reorders_entries(self) -> bool:
+    """Whether the kernel walks its table's entries in an order of their
+    own (`largest_first`, `empty_last`), each with its output group."""
+    return self.largest_first or self.empty_last
 
   def zero_box(self, out_dtype) -> tuple[int, int]:
     """(rows, columns) of the zero box `zeros_by_producer` stores: ZERO_BOX,
@@ -858,15 +877,20 @@ WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 
 
 #: The GPUs (`DeviceInfo.key`) on which the weight gradient's
-#: short-reduction tile has its CTAs claim their tiles, largest group first,
-#: and its producer store the empty groups' zero tiles (`claim_tiles`,
-#: `largest_first`, `zeros_by_producer`; the zero buffer costs no ring stage
-#: there): a CTA that drew a long tile no longer holds a fixed share of the
-#: others, so uneven routings spread over the SMs, and the zeros are written
-#: by whichever CTAs are free. It replaced the producer's zero drip over a
-#: dealt share (`zero_drip` alone), which it measured faster than on nearly
-#: every DeepSeek-V3, g128 and decode-batch case (experiments/results/
-#: nvidia_h200/ragged_options, "Claimed tiles"). The H100 never took the
+#: short-reduction tile has its CTAs claim their tiles, the empty groups'
+#: last, and its producer store those zero tiles in boxes as wide as the
+#: tile (`claim_tiles`, `empty_last`, `zeros_by_producer`, `wide_zero_box`;
+#: the zero buffer costs no ring stage there): a CTA that drew a long tile
+#: no longer holds a fixed share of the others, so uneven routings spread
+#: over the SMs, and the zeros are written by whichever CTAs are free. It
+#: replaced the producer's zero drip over a dealt share (`zero_drip` alone),
+#: which it measured faster than on nearly every DeepSeek-V3, g128 and
+#: decode-batch case (experiments/results/nvidia_h200/ragged_options,
+#: "Claimed tiles"). The groups with rows are claimed in table order, not
+#: largest first: sorted, all the long, compute-bound tiles of the large
+#: groups ran first and the short, store-bound ones after them, where in
+#: table order (experts of any size side by side) both run together (same
+#: notes, "The short tiles' order and zero box"). The H100 never took the
 #: drip (experiments/results/nvidia_h100/ragged_zero_drip), and claims are
 #: not measured on it.
 CLAIMED_TILES_DEVICES = ("nvidia_h200",)
@@ -948,7 +972,7 @@ def _contracting_heuristic(problem: RaggedProblem,
   if config.short_tile_lookahead and device.key in CLAIMED_TILES_DEVICES:
     claiming = _most_stages(
         dataclasses.replace(config, zeros_by_producer=True, claim_tiles=True,
-                            largest_first=True), problem)
+                            empty_last=True, wide_zero_box=True), problem)
     if claiming.stages == config.stages:
       config = claiming
       if _one_group_fills_the_sms(problem, config, device.planning_sms):

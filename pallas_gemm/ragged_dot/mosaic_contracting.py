@@ -73,8 +73,8 @@ one at a time from a counter in global memory (`mosaic_backend.
 tile_claims`) instead of walking a round-robin share, and hands those its
 consumers run to them through a queue in shared memory; the consumers'
 turns (ping_pong) and staging slots follow the queue's turn numbers. With
-`zero_drip` as well (and largest_first, so that the empty groups' tiles are
-the walk's last), the walk stops at the first entry without rows, and the
+`zero_drip` as well (and largest_first or empty_last, so that the empty
+groups' tiles are the walk's last), the walk stops at the first entry without rows, and the
 producers claim those zero tiles' boxes from a second counter, a few after
 each load (`tile_claims.claim_work`).
 
@@ -83,7 +83,8 @@ sorted by row count, largest first, with the output group as a fifth row,
 and the tiles are dealt to the CTAs (with ping_pong: to the CTAs'
 consumers) in a snake (`mosaic_schedule.snake_deal`), so that the long
 tiles of large groups start first and spread evenly over them; with
-claim_tiles, claimed in that order instead.
+claim_tiles, claimed in that order instead. `RaggedConfig.empty_last`
+moves only the entries without rows, after the others (no snake deal).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       n_idx = n_idx * 2 + lax.axis_index("cluster")
     entry = schedule.read_entry(groups_gmem, g)
     row_lo, row_hi, first_row, steps = entry[:4]
-    if config.largest_first:  # columns sorted; the output group comes last
+    if config.reorders_entries:  # the output group comes last
       g = entry[4]
     return g, k_idx, n_idx, row_lo, row_hi, first_row, steps
 
@@ -231,7 +232,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
   def claimed_zero_work(zeros_smem, queue):
     """With claim_tiles: the empty groups' zero tiles, the walk's last
-    (largest_first), claimed box by box on their own counter
+    (largest_first or empty_last), claimed box by box on their own counter
     (`tile_claims.claim_work`): RaggedConfig.zero_drip boxes after each
     load, then CLAIMED_ZERO_BOXES_AT_END at a time."""
     box_m, box_n = zeros_smem.shape
@@ -572,6 +573,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                   if config.zero_drip else [])
   if config.largest_first:
     table = schedule.largest_first(table)
+  elif config.empty_last:
+    table = schedule.empty_last(table)
   # The kernel sees every piece as a group of its own; the pieces beyond
   # the groups' first go to an output of their own, so that adding them
   # updates the groups' output in place.

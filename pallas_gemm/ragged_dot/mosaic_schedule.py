@@ -256,14 +256,27 @@ def largest_first(table):
   many; then each rank's entry) instead of a stable sort and a gather: XLA
   runs them as two short kernels, where its sort kernel alone took longer
   than both (experiments/results/nvidia_h200/ragged_options)."""
+  return _sorted_entries(table, table[GROUP_ROW_HI] - table[GROUP_ROW_LO])
+
+
+def empty_last(table):
+  """`largest_first`'s table, but only the entries without rows moved,
+  after the others (both in entry order): a stable sort on whether an
+  entry has rows."""
+  return _sorted_entries(
+      table, (table[GROUP_ROW_HI] > table[GROUP_ROW_LO]).astype(jnp.int32))
+
+
+def _sorted_entries(table, key):
+  """`table` with a fifth row, each entry's original index, its entries
+  stably sorted by `key` (one int32 per entry), largest first."""
   entries = table.shape[1]
   index = jnp.arange(entries, dtype=jnp.int32)
-  rows = table[GROUP_ROW_HI] - table[GROUP_ROW_LO]
   # The table with each entry's index as its fifth row, to be reordered.
   source = jnp.concatenate([table.astype(jnp.int32), index[None, :]])
   if entries > MASKED_SUM_MAX_ENTRIES:
-    return source[:, jnp.argsort(-rows, stable=True)]
-  other, this = rows[None, :], rows[:, None]
+    return source[:, jnp.argsort(-key, stable=True)]
+  other, this = key[None, :], key[:, None]
   ahead = (other > this) | ((other == this)
                             & (index[None, :] < index[:, None]))
   rank = jnp.sum(ahead, axis=1, dtype=jnp.int32)

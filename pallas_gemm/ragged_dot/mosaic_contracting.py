@@ -398,8 +398,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
 
       def tile(linear, turn, first_step):
-        if not (config.ping_pong or skips_tiles):
-          return compute_and_store(linear, turn, first_step)
+        # The tile's table entry, read once for both the decision and the
+        # work.
         info = tile_info(linear)
         steps = info[-1]
         runs = None
@@ -410,17 +410,16 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           runs = kept if runs is None else runs & kept
 
         if runs is None:
-          compute_and_store(linear, turn, first_step)
+          compute_and_store(info, linear, turn, first_step)
           return first_step + steps
 
         @pl.when(runs)
         def _run():
-          compute_and_store(linear, turn, first_step)
+          compute_and_store(info, linear, turn, first_step)
         return first_step + steps
 
-      def compute_and_store(linear, turn, first_step):
-        g, k_idx, n_idx, row_lo, row_hi, first_row, steps = tile_info(
-            linear)
+      def compute_and_store(info, linear, turn, first_step):
+        g, k_idx, n_idx, row_lo, row_hi, first_row, steps = info
 
         def lhs_parts(slot):
           """The consumer's lhs in the stage: one (chunk, tile_m) part, or
@@ -496,7 +495,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                                     out_gmem.at[g, rows, cols])
           else:
             store_piece(out_smem.at[wg, slot], g, rows, cols)
-        return first_step + steps
 
       if queue is None:
         for_each_tile(num_tiles, lambda linear, first_step: tile(

@@ -64,10 +64,9 @@ One `RaggedConfig` serves both modes; the fields mean:
                go on taking short tiles and zero tiles meanwhile, rather
                than each CTA waiting out its share. With largest_first the
                groups are claimed largest first (no snake deal). With
-               zero_drip (which then needs largest_first or empty_last) the
-               empty
-               groups' zero tiles are claimed apart, zero_drip boxes
-               after each load, from a second counter. Excludes
+               zero_drip (which then needs largest_first or empty_last)
+               the empty groups' zero tiles are claimed apart, zero_drip
+               boxes after each load, from a second counter. Excludes
                cluster_columns (both CTAs of a cluster walk the same
                tiles); a "contracting"-mode option. In GPU interpret mode
                the claims follow the round-robin order.
@@ -391,8 +390,8 @@ class RaggedConfig:
     if self.claim_tiles and self.zero_drip and not self.reorders_entries:
       raise ValueError("RaggedConfig.claim_tiles with zero_drip needs "
                        "largest_first=True or empty_last=True (the empty "
-                       "groups' zero tiles, "
-                       "claimed apart, are then the walk's last)")
+                       "groups' zero tiles, claimed apart, are then the "
+                       "walk's last)")
     if self.short_tile_lookahead and not (
         2 <= self.short_tile_lookahead < self.stages):
       raise ValueError(

@@ -74,9 +74,9 @@ tile_claims`) instead of walking a round-robin share, and hands those its
 consumers run to them through a queue in shared memory; the consumers'
 turns (ping_pong) and staging slots follow the queue's turn numbers. With
 `zero_drip` as well (and largest_first or empty_last, so that the empty
-groups' tiles are the walk's last), the walk stops at the first entry without rows, and the
-producers claim those zero tiles' boxes from a second counter, a few after
-each load (`tile_claims.claim_work`).
+groups' tiles are the walk's last), the walk stops at the first entry
+without rows, and the producers claim those zero tiles' boxes from a second
+counter, a few after each load (`tile_claims.claim_work`).
 
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,

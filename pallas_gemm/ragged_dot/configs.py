@@ -90,18 +90,18 @@ One `RaggedConfig` serves both modes; the fields mean:
                "contracting" has no row items, and raises there).
     zeros_by_producer
                the producer warpgroup stores the zero output tiles of empty
-               groups (TMA stores of one zeroed ZERO_BOX buffer, never
+               groups (TMA stores of one zeroed box, `zero_box`, never
                awaited until the end) and the consumers skip them, so that
                writing the zeros overlaps the consumers' wgmmas instead of
                taking their turns: it matters where one group holds most
                tokens and the others' zero tiles are most of the output
                (a "contracting"-mode option; "rows" raises on it). Needs
-               the ZERO_BOX buffer's shared memory, and out_slots dividing
+               the zero box's shared memory, and out_slots dividing
                the stores per tile (tile_n / epi_tile_n): otherwise a
                tile's staging slot depends on its number, and a skipped
                tile would have two stores in a row use the same slot.
     zero_drip  with zeros_by_producer: where some group is empty, the
-               producer stores at most this many ZERO_BOX boxes of its
+               producer stores at most this many zero boxes of its
                CTA's zero tiles after each of its loads (a cursor over the
                CTA's tiles, apart from its walk), and the rest after its
                last load, instead of each tile's zeros when its walk meets
@@ -111,10 +111,10 @@ One `RaggedConfig` serves both modes; the fields mean:
                default: as the walk meets them; a "contracting"-mode option).
     wide_zero_box
                with zeros_by_producer: the zero box spans the CTA tile's
-               columns (up to 256) in as many rows as keep ZERO_BOX's bytes
-               (`zero_box`), so that each of its rows is one run of up to
-               512 consecutive output bytes rather than ZERO_BOX's 128
-               (a "contracting"-mode option).
+               columns (up to 256) in WIDE_ZERO_BOX_BYTES (`zero_box`), so
+               that each of its rows is one run of up to 512 consecutive
+               16-bit output bytes rather than ZERO_BOX's 128 (a
+               "contracting"-mode option).
     operand_planes
                hold each stage of lhs and dout as planes of 64 columns (one
                128-byte swizzle span per row), one TMA copy and one wgmma
@@ -243,8 +243,10 @@ SHORT_ITEM_ROWS = 64
 #: divides every CTA tile.
 ZERO_BOX = (64, 64)
 #: The widest zero box of `RaggedConfig.wide_zero_box` (a TMA box's
-#: dimension holds at most 256 elements).
+#: dimension holds at most 256 elements), and its bytes: ZERO_BOX's at a
+#: 16-bit output, so that it takes no more shared memory.
 WIDE_ZERO_BOX_MAX_COLS = 256
+WIDE_ZERO_BOX_BYTES = 64 * 64 * 2
 #: The narrowest token width of `RaggedConfig.swap_ab` (wgmma's N step).
 SWAP_AB_MIN_WIDTH = 8
 #: How many static token widths a `RaggedConfig.swap_ab` tile of a
@@ -581,14 +583,14 @@ class RaggedConfig:
   def zero_box(self, out_dtype) -> tuple[int, int]:
     """(rows, columns) of the zero box `zeros_by_producer` stores: ZERO_BOX,
     or with `wide_zero_box` the CTA tile's columns (at most
-    WIDE_ZERO_BOX_MAX_COLS) and as many rows as keep ZERO_BOX's bytes (a
-    power of two, at least one), so that each of its rows is a longer run
-    of consecutive output bytes."""
+    WIDE_ZERO_BOX_MAX_COLS) and as many rows as fit in WIDE_ZERO_BOX_BYTES
+    (a power of two, at least one), so that each of its rows is a longer
+    run of consecutive output bytes."""
     if not self.wide_zero_box:
       return ZERO_BOX
     cta_m, cta_n = self.cta_tile("contracting")
     cols = min(cta_n, WIDE_ZERO_BOX_MAX_COLS)
-    rows = max(math.prod(ZERO_BOX) * 2
+    rows = max(WIDE_ZERO_BOX_BYTES
                // (cols * jnp.dtype(out_dtype).itemsize), 1)
     return min(1 << (rows.bit_length() - 1), cta_m), cols
 
@@ -893,7 +895,7 @@ WIDE_TURN_TILE_DEVICES = ("nvidia_h200",)
 #: drip (experiments/results/nvidia_h100/ragged_zero_drip), and claims are
 #: not measured on it.
 CLAIMED_TILES_DEVICES = ("nvidia_h200",)
-#: ZERO_BOX boxes of the empty groups' zero tiles each producer claims after
+#: Zero boxes of the empty groups' zero tiles each producer claims after
 #: each of its loads on that tile (`zero_drip` with `claim_tiles`), where
 #: one group's tiles would keep most SMs busy (`_one_group_fills_the_sms`):
 #: with (nearly) every CTA on a long tile, few are left to write the zeros

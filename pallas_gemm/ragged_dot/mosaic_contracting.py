@@ -220,6 +220,19 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                                 pl.ds(n_idx * tile_n + box_col * box_n,
                                       box_n)])
 
+  def zero_box_grid(zeros_smem):
+    """(boxes, boxes per row) of the zero box in an output tile."""
+    box_m, box_n = zeros_smem.shape
+    box_cols = tile_n // box_n
+    return (cta_m // box_m) * box_cols, box_cols
+
+  def store_zero_box_number(zeros_smem, g, k_idx, n_idx, box):
+    """`store_zero_box` of the tile's box number `box` (traced), counted
+    row by row."""
+    box_cols = index(zero_box_grid(zeros_smem)[1])
+    store_zero_box(zeros_smem, g, k_idx, n_idx, lax.div(box, box_cols),
+                   lax.rem(box, box_cols))
+
   def store_zero_tile(zeros_smem, g, k_idx, n_idx):
     """Every box of an empty group's output tile."""
     box_m, box_n = zeros_smem.shape
@@ -235,19 +248,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     (largest_first or empty_last), claimed box by box on their own counter
     (`tile_claims.claim_work`): RaggedConfig.zero_drip boxes after each
     load, then CLAIMED_ZERO_BOXES_AT_END at a time."""
-    box_m, box_n = zeros_smem.shape
-    box_cols = tile_n // box_n
-    boxes = (cta_m // box_m) * box_cols
+    boxes = zero_box_grid(zeros_smem)[0]
     tiles_per_entry = index(k_tiles * n_units)
     first_zero = tiles_with_rows()
 
     def store_box(unit):
       tile = lax.div(unit, index(boxes))
-      box = lax.rem(unit, index(boxes))
       g, k_idx, n_idx = tile_info(first_zero + tile)[:3]
-      store_zero_box(zeros_smem, g, k_idx, n_idx,
-                     lax.div(box, index(box_cols)),
-                     lax.rem(box, index(box_cols)))
+      store_zero_box_number(zeros_smem, g, k_idx, n_idx,
+                            lax.rem(unit, index(boxes)))
 
     return tile_claims.claim_work(
         queue, index(counts_gmem[0]) * tiles_per_entry * index(boxes),
@@ -261,9 +270,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     table once per tile. Each advance visits at most `budget` boxes or
     non-empty tiles; without an empty group the cursor starts past the
     CTA's last tile."""
-    box_m, box_n = zeros_smem.shape
-    box_cols = tile_n // box_n
-    boxes = (cta_m // box_m) * box_cols
+    boxes = zero_box_grid(zeros_smem)[0]
     cta = index(lax.axis_index("sm"))
     num_ctas = index(lax.axis_size("sm"))
     my_tiles = tiles_of_this_cta(num_tiles)
@@ -284,9 +291,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
         @pl.when(zero)
         def _store():
-          store_zero_box(zeros_smem, g, k_idx, n_idx,
-                         lax.div(box, index(box_cols)),
-                         lax.rem(box, index(box_cols)))
+          store_zero_box_number(zeros_smem, g, k_idx, n_idx, box)
 
         box = jnp.where(zero, box + 1, index(boxes))
         i, box, tile = lax.cond(
@@ -312,7 +317,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
 
   def tiles_with_rows():
     """With zero_drip: the tiles of the table's entries that have rows,
-    the first ones of a largest-first walk."""
+    the first ones of a walk in largest_first's or empty_last's order."""
     return index(counts_gmem[1]) * index(k_tiles * n_units)
 
   def handed(linear):
@@ -383,7 +388,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       walk = None
       if queue is not None:
         # With the zeros claimed apart, the walk ends at the first entry
-        # without rows (largest first, all such entries come last).
+        # without rows (largest_first and empty_last put all such entries
+        # last).
         walked = tiles_with_rows() if config.zero_drip else num_tiles
         walk = lambda body, carry: tile_claims.producer_walk(
             queue, walked, body, carry, handed=handed)
@@ -621,9 +627,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out
 
 
-#: ZERO_BOX boxes a claim takes once a producer's tiles are walked
-#: (`RaggedConfig.claim_tiles` with `zero_drip`): only zeros are left then,
-#: so fewer, larger claims.
+#: Zero boxes (`RaggedConfig.zero_box`) a claim takes once a producer's
+#: tiles are walked (`RaggedConfig.claim_tiles` with `zero_drip`): only
+#: zeros are left then, so fewer, larger claims.
 CLAIMED_ZERO_BOXES_AT_END = 64
 
 #: The output tile (rows, columns) of one `merge_pieces` CTA.

@@ -135,7 +135,13 @@ def _run(problem, sizes, *, row_offset=0, config=SMALL, detect_races=False):
   scale = max(np.linalg.norm(want), 1.0)
   assert np.linalg.norm(got - want) / scale <= tol, (sizes, row_offset)
   # Rows (rows mode) or groups (contracting) with no data are exactly zero.
-  assert np.all(got[want == 0] == 0) or problem.activation == "sigmoid"
+  # They are found from the absolute values' product, which is zero only
+  # where no term contributes: a sum of a few products can also cancel to
+  # exactly zero in float64 where the kernel's float32 sum leaves a rounding.
+  no_data = reference(np.abs(as64(lhs)), np.abs(as64(rhs)), sizes,
+                      dataclasses.replace(problem, activation=None),
+                      row_offset) == 0
+  assert np.all(got[no_data] == 0) or problem.activation == "sigmoid"
   return got, want
 
 

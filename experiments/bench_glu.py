@@ -56,7 +56,8 @@ from pallas_gemm.gated_linear_unit.problem import np_activation  # noqa: E402
 
 from experiments.bench.cases import CPU_TIMING_NOTE  # noqa: E402
 from experiments.bench.checks import _sample_indices  # noqa: E402
-from experiments.bench.options import command_line  # noqa: E402
+from experiments.bench.options import (add_iters_flag, command_line,  # noqa: E402
+                                       op_bench_iters)
 from experiments.bench.output import (driver_version,  # noqa: E402
                                       git_revision)
 from experiments.bench.report import format_markdown_table  # noqa: E402
@@ -380,9 +381,7 @@ def main(argv=None):
                       help="weight layouts: pair and/or fused (k, 2, n)")
   parser.add_argument("--activation", default="silu",
                       choices=sorted(GLU_ACTIVATIONS))
-  parser.add_argument("--iters", type=int, default=None,
-                      help="timed iterations (default 20 on a GPU, 2 on a "
-                      "CPU)")
+  add_iters_flag(parser)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--max_seconds", type=float,
                       default=float(os.environ.get("BUDGET_glu", 200)) - 25,
@@ -404,8 +403,6 @@ def main(argv=None):
     bad = [v for v in value if v not in allowed]
     if bad:
       parser.error(f"{flag}: {bad} not in {allowed}")
-  if args.iters is not None and args.iters < 1:
-    parser.error(f"--iters={args.iters} must be at least 1")
   if args.max_cases < 0:
     parser.error(f"--max_cases={args.max_cases} must be 0 (all) or more")
 
@@ -414,7 +411,7 @@ def main(argv=None):
   cases = list(glu_suite()) if on_gpu else list(GLU_SMOKE)
   if args.max_cases:
     cases = cases[:args.max_cases]
-  iters = args.iters or (20 if on_gpu else 2)
+  iters = op_bench_iters(args.iters, on_gpu)
   if on_gpu:
     default_dir = _ROOT / "experiments" / "results" / device.key / "glu"
   else:

@@ -51,6 +51,7 @@ from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.ragged_dot import arg_specs, implementations  # noqa: E402
 from pallas_gemm.ragged_dot.problem import group_bounds  # noqa: E402
 from experiments.bench import output  # noqa: E402
+from experiments.bench.options import add_iters_flag, op_bench_iters  # noqa: E402
 
 TARGETS = ("auto", "mosaic", "xla", "dense", "tokamax", "batched")
 _ROWS = jax.lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
@@ -72,15 +73,12 @@ def parse_args(argv=None):
   parser.add_argument("--distributions", default=",".join(arg_specs.DISTRIBUTIONS))
   parser.add_argument("--directions", default=",".join(arg_specs.DIRECTIONS))
   parser.add_argument("--dtype", default="bfloat16")
-  parser.add_argument("--iters", type=int, default=None,
-                      help="timed iterations (default 20 on a GPU, 2 on a CPU)")
+  add_iters_flag(parser)
   parser.add_argument("--max_seconds", type=float, default=0.0,
                       help="stop starting new cases after this long (0: none)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--output_dir", default=None)
   args = parser.parse_args(argv)
-  if args.iters is not None and args.iters < 1:
-    parser.error(f"--iters={args.iters} must be at least 1")
   args.kernels = _split(args.kernels, TARGETS, "--kernels")
   args.distributions = _split(args.distributions, arg_specs.DISTRIBUTIONS,
                               "--distributions")
@@ -278,7 +276,7 @@ def copy_bandwidth_tbs(on_gpu):
 
 def measure(args):
   on_gpu = jax.default_backend() == "gpu"
-  iters = args.iters or (20 if on_gpu else 2)
+  iters = op_bench_iters(args.iters, on_gpu)
   device = device_info()
   suite, cases = ordered_cases(args, on_gpu)
   out_dir = pathlib.Path(args.output_dir) if args.output_dir else (

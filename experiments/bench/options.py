@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 import shlex
@@ -15,6 +16,34 @@ _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- options ---
+
+
+#: Timed iterations of the op benchmarks (`bench_moe`, `bench_glu`) where
+#: --iters is not given: a GPU's medians need a few samples, a CPU's
+#: interpreted runs only show that the path works.
+OP_BENCH_ITERS = {"gpu": 20, "cpu": 2}
+
+
+def positive_int(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+  return value
+
+
+def add_iters_flag(parser: argparse.ArgumentParser) -> None:
+  """The op benchmarks' --iters flag: a whole number of at least 1, or
+  None for `op_bench_iters`'s default."""
+  parser.add_argument(
+      "--iters", type=positive_int, default=None,
+      help=f"timed iterations (default {OP_BENCH_ITERS['gpu']} on a GPU, "
+      f"{OP_BENCH_ITERS['cpu']} on a CPU)")
+
+
+def op_bench_iters(flag: int | None, on_gpu: bool) -> int:
+  """--iters as given, else OP_BENCH_ITERS for the device."""
+  return flag or OP_BENCH_ITERS["gpu" if on_gpu else "cpu"]
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -216,6 +216,7 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_gemm.config_fields import (Requirement, at_least, checked,
                                        in_range, multiple_dividing, one_of,
@@ -228,12 +229,20 @@ from pallas_gemm.mosaic_backend.configs import (HOPPER_SMEM_BYTES,
                                                 SMEM_SLACK_BYTES)
 from pallas_gemm.mosaic_backend.tma import WGMMA_SWIZZLES
 from pallas_gemm.problem import cdiv, power_of_two_at_most
+from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 #: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64
+#: Rows of one tile of a 16-bit lhs's swizzled shared-memory layout: a row
+#: item's tile starts on a multiple of it (`mosaic.lhs_row_align`).
+LHS_ROW_TILE = 8
+#: Rows of the plain row item (the 128 x 128 tile's), which the balanced
+#: items of the token-transposed tiles are weighed against
+#: (`_balanced_items_pad_less`).
+PLAIN_ITEM_ROWS = 128
 MAX_STAGES = 6
 #: Rows of the short-item wgmma of `RaggedConfig.short_items` (wgmma's
 #: row group).
@@ -296,14 +305,15 @@ def swap_ab_widths(tile_m: int) -> tuple[int, ...]:
 
 
 def _balanced_items(rows: int, tile_m: int) -> tuple[int, int]:
-  """(items, width): a group of `rows` rows cut into balanced items
-  (`mosaic_schedule.row_items(balanced=True)`: as many as tile_m-row
-  tiles, each the same whole number of lhs's 8-row tiles) and the
-  narrowest `swap_ab` width of a tile_m-token tile that holds one."""
-  row_align = 8  # lhs's 8-row tiles
-  items = max(cdiv(rows, tile_m), 1)
-  per_item = cdiv(cdiv(rows, items), row_align) * row_align
-  return items, min(w for w in swap_ab_widths(tile_m) if w >= per_item)
+  """(items, width): a group of `rows` rows, from a tile's first row, cut
+  into balanced items (`mosaic_schedule.piece_items(balanced=True)`: as
+  many as tile_m-row tiles, each the same whole number of a 16-bit lhs's
+  8-row tiles) and the narrowest `swap_ab` width of a tile_m-token tile
+  that holds one."""
+  _, items, per_item = (int(x) for x in schedule.piece_items(
+      0, rows, tile_m=tile_m, row_align=LHS_ROW_TILE, balanced=True, xp=np))
+  return max(items, 1), min(w for w in swap_ab_widths(tile_m)
+                            if w >= per_item)
 
 
 #: Pieces of whole reduction steps, so that the cuts inside a group need no
@@ -841,7 +851,8 @@ def _balanced_items_pad_less(rows_per_group: float, tile_m: int) -> bool:
   average."""
   rows = math.ceil(rows_per_group)
   items, width = _balanced_items(rows, tile_m)
-  return items * width / BALANCED_TILE_EFFICIENCY < cdiv(rows, 128) * 128
+  return (items * width / BALANCED_TILE_EFFICIENCY
+          < cdiv(rows, PLAIN_ITEM_ROWS) * PLAIN_ITEM_ROWS)
 
 
 #: Column tiles of the weight gradient's short-reduction tile (64 x 256 per

@@ -127,12 +127,14 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
 
 
 def piece_items(lo, hi, *, tile_m: int, row_align: int,
-                balanced: bool = False):
+                balanced: bool = False, xp=jnp):
   """(first tile row, item count, rows per item) of pieces of rows
   [lo, hi), 0 <= lo <= hi, as `row_items` cuts them: tiles of tile_m rows
   from lo rounded down to `row_align`, or with `balanced` as many items,
-  each the same whole number of `row_align` rows. Plain jnp ops, so that
-  the work-list kernel (`work_list_kernel`) runs the same definition."""
+  each the same whole number of `row_align` rows. Plain ops of the array
+  module `xp`, so that the work-list kernel (`work_list_kernel`, jnp) and
+  the heuristic's estimate (`configs`, NumPy on Python ints) run the same
+  definition."""
   if tile_m % row_align:
     raise ValueError(f"tile_m={tile_m} must be a multiple of "
                      f"row_align={row_align}")
@@ -141,11 +143,11 @@ def piece_items(lo, hi, *, tile_m: int, row_align: int,
     return (a + b - 1) // b
 
   first_row = lo // row_align * row_align
-  count = jnp.where(hi > lo, ceil_div(hi - first_row, tile_m), 0)
+  count = xp.where(hi > lo, ceil_div(hi - first_row, tile_m), 0)
   if balanced:
-    per_item = ceil_div(hi - first_row, jnp.maximum(count, 1))
+    per_item = ceil_div(hi - first_row, xp.maximum(count, 1))
     return first_row, count, ceil_div(per_item, row_align) * row_align
-  return first_row, count, jnp.full_like(count, tile_m)
+  return first_row, count, xp.full_like(count, tile_m)
 
 
 def item_count(table):

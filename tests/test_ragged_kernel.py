@@ -493,19 +493,22 @@ CLAIM_CASES = [
      dataclasses.replace(SMALL, ping_pong=True, zeros_by_producer=True,
                          zero_drip=2, largest_first=True, stages=3,
                          claim_tiles=True)),
+    # 2-CTA clusters claiming together (an odd strip count: the second
+    # CTA's last strip lies past the edge), the zero boxes claimed per
+    # rank.
+    (260, 128, 192, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                         empty_last=True, cluster_columns=True,
+                         claim_tiles=True)),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CLAIM_CASES)),
                          ids=["split", "turns", "pieces", "no_rows",
-                              "zeros_claimed", "empty_last", "zeros_none"])
+                              "zeros_claimed", "empty_last", "zeros_none",
+                              "clusters"])
 def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
-
-
-def test_claim_tiles_excludes_clusters():
-  with pytest.raises(ValueError, match="claim_tiles excludes cluster_columns"):
-    RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True, cluster_columns=True)
 
 
 def test_claimed_zeros_need_largest_first():
@@ -1188,6 +1191,20 @@ def test_claim_tiles_lower_for_cuda(case):
   config = configs._most_stages(dataclasses.replace(
       configs.heuristic(problem, HOPPER), claim_tiles=True,
       largest_first=True, empty_last=False), problem)
+  _lower_for_cuda(problem, config)
+
+
+@pytest.mark.parametrize("drip", [0, 4], ids=["zeros_walked", "zero_drip"])
+def test_claims_in_clusters_lower_for_cuda(drip):
+  """2-CTA clusters claiming together (the leader's atomic, the mailbox's
+  spins and releases in inline PTX), the zero boxes claimed per rank, lower
+  for the GPU at the H200 heuristic's short-reduction tile of DeepSeek-V3
+  (the interpreter claims round-robin, so only the GPU runs them)."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == "deepseek_v3_up one_hot drhs"]
+  config = dataclasses.replace(configs.heuristic(problem, HOPPER),
+                               cluster_columns=True, zero_drip=drip)
+  assert config.claim_tiles and config.empty_last
   _lower_for_cuda(problem, config)
 
 

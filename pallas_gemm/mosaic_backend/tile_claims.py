@@ -20,12 +20,26 @@ issuing the tile's loads; every consumer reads the slot and arrives on its
 `taken` barrier, after which the producer may reuse it. The producer ends
 the queue with END.
 
-In GPU interpret mode (no atomics) the claims follow the round-robin deal,
-so the queue and its barriers are exercised and the result is the same.
+In a grid of 2-CTA clusters whose CTAs run the same tiles in lockstep
+(each its own column strips, sharing the multicast loads of the rest), the
+cluster claims once: the leader (cluster rank 0) takes the tile from the
+counter and publishes it in the cluster's mailbox in global memory, a ring
+of MAILBOX_SLOTS words, and its partner reads it from there
+(`_claim_for_cluster`). Two counts beside the ring, each raised with a
+release and awaited with an acquire, order the two: how many claims the
+leader has published, and how many the partner has read (the leader reuses
+a slot only once the partner has read the claim that was in it). The
+side work is claimed per CTA of the cluster, on a counter of each rank,
+since each rank stores its own column strips.
+
+In GPU interpret mode (no atomics) the claims follow the round-robin deal
+(over the clusters, both CTAs of one drawing the same tiles), so the queue
+and its barriers are exercised and the result is the same.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -44,23 +58,53 @@ QUEUE_SLACK = 2
 
 #: The queue's end mark: no tile number is negative.
 END = -1
-#: The counters of a kernel's claims (`TileQueue.counter`): its tiles, and
-#: the producer's own work between loads (`claim_work`).
+#: The CTAs of a cluster that claims together (`TileQueue.cluster`).
+CLUSTER_RANKS = 2
+#: The counters of a kernel's claims (`TileQueue.counter`): its tiles, then
+#: the producer's own work between loads (`claim_work`), one counter per
+#: cluster rank (`SIDE_WORK + rank`; rank 0 without clusters).
 TILES, SIDE_WORK = range(2)
-COUNTERS = 2
+COUNTERS = SIDE_WORK + CLUSTER_RANKS
+#: Slots of a cluster's mailbox: the claims its leader may publish ahead of
+#: its partner's reads. The producers of a cluster share their ring stages,
+#: so they drift apart by little more than a ring's tiles, and then only
+#: over tiles without steps (zero tiles).
+MAILBOX_SLOTS = 8
+#: A cluster's words after the counters: the mailbox's slots, the claims
+#: published, the claims read.
+MAILBOX_WORDS = MAILBOX_SLOTS + 2
+_PUBLISHED, _READ = MAILBOX_SLOTS, MAILBOX_SLOTS + 1
+#: Words of `TileQueue.claimed`: the last claim's first unit, and for the
+#: cluster's claims the claim's number, the cluster's first mailbox word in
+#: the counter buffer, and the count this CTA awaits (the leader the
+#: partner's reads, the partner the leader's publications) as last read, so
+#: that it reads the count again only when the value last read does not
+#: yet let it go on.
+_CLAIMED, _CLAIM_NUMBER, _MAILBOX, _COUNT_SEEN = range(4)
+CLAIMED_WORDS = 4
+
+
+def counter_words(num_clusters: int = 0) -> int:
+  """Words of the counter buffer (int32, zero at launch): the counters,
+  and with `num_clusters` 2-CTA clusters claiming together each cluster's
+  mailbox."""
+  return COUNTERS + num_clusters * MAILBOX_WORDS
 
 
 class TileQueue(NamedTuple):
   """The claimed tiles' counters and hand-over queue (`queue_smem` makes its
-  shared memory). `counter` is a (COUNTERS,) int32 ref in global memory,
-  zero at launch; `on_device`: claim with an atomic add (compiled), else
-  in the round-robin order (interpret mode)."""
+  shared memory). `counter` is a (`counter_words`,) int32 ref in global
+  memory, zero at launch; `on_device`: claim with an atomic add
+  (compiled), else in the round-robin order (interpret mode); `cluster`:
+  the grid's 2-CTA clusters (axis "cluster") claim together, their CTAs
+  running the same tiles."""
   counter: Any
   claimed: Any
   tiles: Any
   ready: Any
   taken: Any
   on_device: bool
+  cluster: bool = False
 
   @property
   def depth(self) -> int:
@@ -79,7 +123,7 @@ def queue_smem(stages: int) -> dict:
   (`claimed_smem`, `queue_smem`, `tile_ready`, `tile_taken`) for a ring of
   `stages` stages."""
   depth = _queue_depth(stages)
-  return dict(claimed_smem=plgpu.SMEM((1,), jnp.int32),
+  return dict(claimed_smem=plgpu.SMEM((CLAIMED_WORDS,), jnp.int32),
               queue_smem=plgpu.SMEM((depth,), jnp.int32),
               tile_ready=plgpu.Barrier(num_arrivals=1, num_barriers=depth),
               tile_taken=plgpu.Barrier(num_arrivals=NUM_CONSUMERS,
@@ -87,10 +131,10 @@ def queue_smem(stages: int) -> dict:
 
 
 def queue_bytes(stages: int) -> int:
-  """The shared memory of `queue_smem(stages)`: the claim and the queue's
-  int32 slots, and two 8-byte barriers per slot."""
+  """The shared memory of `queue_smem(stages)`: the claim's and the
+  queue's int32 words, and two 8-byte barriers per slot."""
   depth = _queue_depth(stages)
-  return 4 * (1 + depth) + 2 * 8 * depth
+  return 4 * (CLAIMED_WORDS + depth) + 2 * 8 * depth
 
 
 def _fetch_add_into(counter_gmem, claimed_smem, count: int):
@@ -112,22 +156,142 @@ def _fetch_add_into(counter_gmem, claimed_smem, count: int):
           "atom.global.add.u32 $0, [$1], $2;",
           mgpu_utils.memref_ptr(counter), mgpu_utils.c(count, i32),
           result_types=i32, has_side_effects=True)
-      memref.store(held, claimed, [mgpu_utils.c(0, ir.IndexType.get())])
+      memref.store(held, claimed,
+                   [mgpu_utils.c(_CLAIMED, ir.IndexType.get())])
     mgpu_utils.warpgroup_barrier()
 
   fetch_add(counter_gmem, claimed_smem)
 
 
+def _word(ref, offset):
+  """A pointer to int32 word `offset` (an i32 value) of a 1-D ref."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  at = arith.index_cast(ir.IndexType.get(), offset)
+  return mgpu_utils.memref_ptr(
+      mgpu_utils.memref_slice(ref, mgpu_utils.ds(at, 1)))
+
+
+def _spin_until_at_least(ptr, value):
+  """One thread reads the int32 at `ptr` (relaxed, GPU scope) until it is
+  at least `value`, then fences with acquire: what was written before the
+  release that raised it is visible after. Returns the value read."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, scf
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  i32 = ir.IntegerType.get_signless(32)
+  spin = scf.WhileOp([i32], [value])
+  before = spin.before.blocks.append(i32)
+  with ir.InsertionPoint(before):
+    held = mgpu_utils.inline_ptx(
+        "ld.relaxed.gpu.global.b32 $0, [$1];", ptr, result_types=i32,
+        has_side_effects=True)
+    scf.condition(arith.cmpi(arith.CmpIPredicate.slt, held, value), [held])
+  after = spin.after.blocks.append(i32)
+  with ir.InsertionPoint(after):
+    scf.yield_([value])
+  mgpu_utils.inline_ptx("fence.acquire.gpu;", has_side_effects=True)
+  return spin.result
+
+
+def _claim_for_cluster(counter_gmem, claimed_smem, *, leader: bool):
+  """The cluster's claim number `claimed_smem[_CLAIM_NUMBER]`, from the
+  mailbox at word `claimed_smem[_MAILBOX]` of `counter_gmem`: the leader
+  takes one tile from the TILES counter and publishes it, the partner
+  reads it; either writes it to `claimed_smem[_CLAIMED]`. One thread of
+  the warpgroup works; the warpgroup synchronises before and after, as in
+  `_fetch_add_into`."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, memref, scf
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def claim_in_cluster(_, counter, claimed):
+    i32 = ir.IntegerType.get_signless(32)
+    at = lambda i: [mgpu_utils.c(i, ir.IndexType.get())]
+    const = lambda v: mgpu_utils.c(v, i32)
+    mgpu_utils.warpgroup_barrier()
+    with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
+      number = memref.load(claimed, at(_CLAIM_NUMBER))
+      mailbox = memref.load(claimed, at(_MAILBOX))
+      word = lambda offset: _word(counter, arith.addi(mailbox,
+                                                      const(offset)))
+      slot = _word(counter, arith.addi(
+          mailbox, arith.remsi(number, const(MAILBOX_SLOTS))))
+      number_minus = lambda d: arith.subi(number, const(d))
+      # The leader reuses a slot once its previous claim (number -
+      # MAILBOX_SLOTS) is read: the partner's read count is then at least
+      # number - MAILBOX_SLOTS + 1. The partner reads claim `number` once
+      # it is published: the leader's count is then at least number + 1.
+      needed, count = ((number_minus(MAILBOX_SLOTS - 1), _READ) if leader
+                       else (number_minus(-1), _PUBLISHED))
+      seen = memref.load(claimed, at(_COUNT_SEEN))
+      stale = scf.IfOp(arith.cmpi(arith.CmpIPredicate.sgt, needed, seen))
+      with ir.InsertionPoint(stale.then_block):
+        memref.store(_spin_until_at_least(word(count), needed), claimed,
+                     at(_COUNT_SEEN))
+        scf.yield_([])
+      if leader:
+        tile = mgpu_utils.inline_ptx(
+            "atom.global.add.u32 $0, [$1], $2;",
+            _word(counter, const(TILES)), const(1), result_types=i32,
+            has_side_effects=True)
+        mgpu_utils.inline_ptx("st.relaxed.gpu.global.b32 [$0], $1;", slot,
+                              tile, has_side_effects=True)
+      else:
+        tile = mgpu_utils.inline_ptx(
+            "ld.relaxed.gpu.global.b32 $0, [$1];", slot, result_types=i32,
+            has_side_effects=True)
+      # A release: the leader's store above is visible to a partner that
+      # reads the new count; the partner's read is done before the leader
+      # can see the slot free.
+      mgpu_utils.inline_ptx("red.release.gpu.global.add.u32 [$0], $1;",
+                            word(_PUBLISHED if leader else _READ), const(1),
+                            has_side_effects=True)
+      memref.store(tile, claimed, at(_CLAIMED))
+    mgpu_utils.warpgroup_barrier()
+
+  claim_in_cluster(counter_gmem, claimed_smem)
+
+
 def claim(queue: TileQueue, claims, *, counter: int = TILES, count: int = 1):
   """The first of the `count` consecutive units (tiles, or boxes of side
   work) that claim number `claims` of this CTA's producer on `counter`
-  takes (at or past the units' count: none left). Interpreted, the
-  round-robin deal of `count`-unit blocks."""
+  takes (at or past the units' count: none left). With `queue.cluster`
+  the tiles are claimed once per cluster (`_claim_for_cluster`, `count`
+  1) and the side work per rank. Interpreted, the round-robin deal of
+  `count`-unit blocks over the grid (of clusters)."""
   if not queue.on_device:
     cta, num_ctas = index(lax.axis_index("sm")), index(lax.axis_size("sm"))
     return (cta + index(claims) * num_ctas) * index(count)
-  _fetch_add_into(queue.counter.at[pl.ds(counter, 1)], queue.claimed, count)
-  return index(queue.claimed[0])
+  if not queue.cluster:
+    _fetch_add_into(queue.counter.at[pl.ds(counter, 1)], queue.claimed,
+                    count)
+    return index(queue.claimed[_CLAIMED])
+  rank = lax.axis_index("cluster")
+  if counter == TILES:
+    if count != 1:
+      raise ValueError(f"a cluster claims one tile at a time, got "
+                       f"count={count}")
+    claims = jnp.asarray(claims, jnp.int32)
+    queue.claimed[_CLAIM_NUMBER] = claims
+    queue.claimed[_MAILBOX] = (COUNTERS + lax.axis_index("sm")
+                               * MAILBOX_WORDS).astype(jnp.int32)
+
+    @pl.when(claims == 0)
+    def _no_count_read_yet():
+      queue.claimed[_COUNT_SEEN] = jnp.int32(0)
+
+    for r in range(CLUSTER_RANKS):
+      pl.when(rank == r)(functools.partial(
+          _claim_for_cluster, queue.counter, queue.claimed, leader=r == 0))
+  else:
+    for r in range(CLUSTER_RANKS):
+      pl.when(rank == r)(functools.partial(
+          _fetch_add_into, queue.counter.at[pl.ds(counter + r, 1)],
+          queue.claimed, count))
+  return index(queue.claimed[_CLAIMED])
 
 
 def claim_work(queue: TileQueue, total, do_unit, *, per_load: int,

@@ -66,10 +66,12 @@ One `RaggedConfig` serves both modes; the fields mean:
                groups are claimed largest first (no snake deal). With
                zero_drip (which then needs largest_first or empty_last)
                the empty groups' zero tiles are claimed apart, zero_drip
-               boxes after each load, from a second counter. Excludes
-               cluster_columns (both CTAs of a cluster walk the same
-               tiles); a "contracting"-mode option. In GPU interpret mode
-               the claims follow the round-robin order.
+               boxes after each load, from a second counter. With
+               cluster_columns a cluster claims each tile once, for both
+               its CTAs (its first passes the tile to the second through
+               a mailbox in global memory); the zero boxes are claimed per
+               CTA. A "contracting"-mode option. In GPU interpret mode the
+               claims follow the round-robin order.
     cluster_columns
                two CTAs of a 2-CTA cluster run the neighbouring column
                strips of one tile row in lockstep ("contracting": of one
@@ -393,9 +395,6 @@ class RaggedConfig:
 
   def __post_init__(self):
     validate(self)
-    if self.claim_tiles and self.cluster_columns:
-      raise ValueError("RaggedConfig.claim_tiles excludes cluster_columns "
-                       "(both CTAs of a cluster walk the same tiles)")
     if self.largest_first and self.empty_last:
       raise ValueError("RaggedConfig.largest_first and empty_last exclude "
                        "each other (two orders of the table's entries)")

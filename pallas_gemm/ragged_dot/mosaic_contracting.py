@@ -76,7 +76,11 @@ turns (ping_pong) and staging slots follow the queue's turn numbers. With
 `zero_drip` as well (and largest_first or empty_last, so that the empty
 groups' tiles are the walk's last), the walk stops at the first entry
 without rows, and the producers claim those zero tiles' boxes from a second
-counter, a few after each load (`tile_claims.claim_work`).
+counter, a few after each load (`tile_claims.claim_work`). With
+cluster_columns as well, each cluster claims its tiles once, its first CTA
+passing each to the second through a mailbox in global memory, and the
+zero boxes are claimed per CTA of the cluster (each stores its own column
+strips).
 
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
 sorted by row count, largest first, with the output group as a fifth row,
@@ -124,9 +128,10 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   RaggedConfig.zero_drip,
   first `counts_gmem`, (2,) int32, how many groups are empty and how many
   table entries (groups or pieces) have rows; with
-  RaggedConfig.claim_tiles, `counter_gmem`, (tile_claims.COUNTERS,) int32,
-  zero at launch: the tiles' claims and the zero boxes' (claimed with
-  atomics where `claims_on_device`); then out_gmem;
+  RaggedConfig.claim_tiles, `counter_gmem`, (tile_claims.counter_words,)
+  int32, zero at launch: the tiles' claims and the zero boxes' (claimed
+  with atomics where `claims_on_device`), and with cluster_columns the
+  clusters' mailboxes; then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
@@ -333,7 +338,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
              tile_ready=None, tile_taken=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
     queue = (tile_claims.TileQueue(counter_gmem, claimed_smem, queue_smem,
-                                   tile_ready, tile_taken, claims_on_device)
+                                   tile_ready, tile_taken, claims_on_device,
+                                   cluster=config.cluster_columns)
              if config.claim_tiles else None)
     # wgmma reads the planes through their tiled views; in place, the TMA
     # writes them through the untiled ones (the same bytes).
@@ -603,13 +609,14 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if pieces > groups:
     out_type = (out_type, jax.ShapeDtypeStruct((pieces - groups, k_out, n_out),
                                                out_type.dtype))
+  grid = max(1, min(num_ctas_for(params) // cluster_size,
+                    pieces * k_tiles * n_units))
   kernel = warp_specialised_kernel(
       functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
                         n_units=n_units, groups=pieces, in_place=in_place,
                         claims_on_device=params is None),
       out_type=out_type,
-      grid=(max(1, min(num_ctas_for(params) // cluster_size,
-                       pieces * k_tiles * n_units)),),
+      grid=(grid,),
       interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
@@ -617,9 +624,11 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
     launch = kernel
 
     def kernel(*operands):
-      # The claims' counter: a fresh zero for every call.
-      return launch(*operands, jax.new_ref(
-          jnp.zeros((tile_claims.COUNTERS,), jnp.int32)))
+      # The claims' counters (and the clusters' mailboxes): a fresh zero
+      # for every call.
+      words = tile_claims.counter_words(grid if config.cluster_columns
+                                        else 0)
+      return launch(*operands, jax.new_ref(jnp.zeros((words,), jnp.int32)))
   out = call_kernel(kernel, [table, lhs, dout, *entry_counts], out_type,
                     params)
   if pieces > groups:

@@ -39,16 +39,31 @@ def tolerance(in_dtype: str, precision: str, out_dtype: str | None = None) -> fl
 
 
 _seed_counter = itertools.count()
+#: The base seed of `fresh_key` calls that give none (`seed_fresh_keys`);
+#: None: a new one from the OS on every call.
+_default_seed: int | None = None
+
+
+def seed_fresh_keys(seed: int | None) -> None:
+  """Makes `fresh_key()` calls without a base seed draw from `seed` (None:
+  from the OS again), counting their keys from the first: the tests seed
+  each test this way, so that a failure reproduces from the seed it
+  reports."""
+  global _default_seed, _seed_counter
+  _default_seed = seed
+  _seed_counter = itertools.count()
 
 
 def fresh_key(base_seed: int | None = None):
   """A new PRNG key on every call: tests never reuse inputs by accident.
 
   With `base_seed` the sequence is reproducible (the benchmark passes its
-  --seed flag); otherwise it is seeded from the OS.
+  --seed flag); otherwise it comes from the seed `seed_fresh_keys` set, or
+  where none is set from the OS.
   """
   if base_seed is None:
-    base_seed = int(np.random.SeedSequence().generate_state(1)[0])
+    base_seed = (_default_seed if _default_seed is not None
+                 else int(np.random.SeedSequence().generate_state(1)[0]))
   return jax.random.fold_in(jax.random.key(base_seed), next(_seed_counter))
 
 

@@ -1,11 +1,13 @@
 """Shared pytest set-up: the repo on sys.path, warning filters, GPU markers,
-and parametrization of kernel test classes from their class attributes."""
+the random inputs' seed (`PALLAS_GEMM_TEST_SEED`), and parametrization of
+kernel test classes from their class attributes."""
 
 from __future__ import annotations
 
 import os
 import sys
 import warnings
+import zlib
 
 # pytest -n 2 runs two processes on one GPU: each takes memory as it needs
 # it instead of JAX's default 75 % of the device up front.
@@ -23,6 +25,74 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 ON_GPU = jax.default_backend() == "gpu"
+
+#: The environment variable that fixes the tests' random inputs: each test
+#: draws its keys (`numerics.fresh_key`) from this seed and its own node id,
+#: so that a test reruns on the same inputs however the tests are spread
+#: over workers. Unset, every run draws a new seed; the header and each
+#: failure report it.
+TEST_SEED_ENV = "PALLAS_GEMM_TEST_SEED"
+_SEED_KEY = pytest.StashKey[int]()
+_WORKER_SEED = "pallas_gemm_test_seed"
+
+
+def _run_seed(config) -> int:
+  workerinput = getattr(config, "workerinput", None)
+  if workerinput is not None and _WORKER_SEED in workerinput:
+    return workerinput[_WORKER_SEED]  # an xdist worker: the run's seed
+  text = os.environ.get(TEST_SEED_ENV, "").strip()
+  if not text:
+    import numpy as np
+    return int(np.random.SeedSequence().generate_state(1)[0])
+  try:
+    return int(text)
+  except ValueError:
+    raise pytest.UsageError(f"{TEST_SEED_ENV}={text!r} must be a whole "
+                            f"number") from None
+
+
+def pytest_configure(config):
+  config.stash[_SEED_KEY] = _run_seed(config)
+  # Tests that rerun a case in a child pytest (the interpreter's cluster
+  # cases) hand it the same seed.
+  os.environ[TEST_SEED_ENV] = str(config.stash[_SEED_KEY])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+  """pytest-xdist: every worker draws from the controller's seed."""
+  node.workerinput[_WORKER_SEED] = node.config.stash[_SEED_KEY]
+
+
+def pytest_report_header(config):
+  seed = config.stash[_SEED_KEY]
+  return f"random inputs: {TEST_SEED_ENV}={seed} reruns them"
+
+
+def _test_seed(item) -> int:
+  return item.config.stash[_SEED_KEY] ^ zlib.crc32(item.nodeid.encode())
+
+
+@pytest.fixture(autouse=True)
+def _seeded_inputs(request):
+  """Each test's `numerics.fresh_key()` keys come from the run's seed and
+  the test's node id."""
+  from pallas_gemm import numerics
+  numerics.seed_fresh_keys(_test_seed(request.node))
+  yield
+  numerics.seed_fresh_keys(None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  report = outcome.get_result()
+  if report.failed:
+    seed = item.config.stash[_SEED_KEY]
+    report.sections.append((
+        "random inputs",
+        f"rerun on the same inputs with {TEST_SEED_ENV}={seed} pytest "
+        f"'{item.nodeid}'"))
 
 
 def pytest_collection_modifyitems(config, items):

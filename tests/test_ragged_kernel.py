@@ -87,7 +87,7 @@ def _cluster_case_in_child(config) -> bool:
   dispatch is JAX's to change: a child that hangs is killed and the case
   tried again, so that a hang costs time, not the run; a failure fails at
   once."""
-  if ON_GPU or not config.cluster_columns or os.environ.get(
+  if ON_GPU or not config.clustered or os.environ.get(
       _CLUSTER_CHILD_ENV):
     return False
   node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]
@@ -417,6 +417,11 @@ CONTRACTING_CASES = [
     (260, 64, 128, [0, 200, 0, 50], 0, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, ping_pong=True, cluster_columns=True,
                          zeros_by_producer=True, piece_rows=64, stages=3)),
+    # Pairs of CTAs running neighbouring K strips, sharing the dout chunk
+    # by multicast: three K strips (the second CTA's last one past the
+    # edge), an empty group, producer-stored zeros.
+    (150, 192, 128, [30, 0, 70, 20], 2, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, cluster_rows=True, zeros_by_producer=True)),
     # Two staging slots over one store per tile: no tile may be skipped
     # (the slot follows the tile's number), so the consumers store the
     # zeros and every piece, used or not.
@@ -495,10 +500,14 @@ CLAIM_CASES = [
                          claim_tiles=True)),
     # 2-CTA clusters claiming together (an odd strip count: the second
     # CTA's last strip lies past the edge), the zero boxes claimed per
-    # rank.
+    # rank; sharing lhs, then dout.
     (260, 128, 192, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
                          empty_last=True, cluster_columns=True,
+                         claim_tiles=True)),
+    (260, 192, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "float32",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                         empty_last=True, cluster_rows=True,
                          claim_tiles=True)),
 ]
 
@@ -506,9 +515,21 @@ CLAIM_CASES = [
 @pytest.mark.parametrize("case", range(len(CLAIM_CASES)),
                          ids=["split", "turns", "pieces", "no_rows",
                               "zeros_claimed", "empty_last", "zeros_none",
-                              "clusters"])
+                              "clusters", "cluster_rows"])
 def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
+
+
+def test_cluster_rows_rejects_what_it_cannot_run():
+  """cluster_rows: one shared operand a cluster (not with cluster_columns),
+  a "contracting"-mode option; each error names the option."""
+  with pytest.raises(ValueError, match="cluster_columns and cluster_rows "
+                     "exclude each other"):
+    RaggedConfig(tile_m=64, tile_n=64, cluster_rows=True,
+                 cluster_columns=True)
+  with pytest.raises(ValueError, match="cluster_rows is a \"contracting\""):
+    RaggedConfig(cluster_rows=True).check_mode("rows")
+  assert RaggedConfig(cluster_rows=True).clustered
 
 
 def test_claimed_zeros_need_largest_first():
@@ -606,6 +627,8 @@ def test_32_row_chunks_are_contracting_only():
     RaggedConfig(tile_k=32, operand_planes=True)
   with pytest.raises(ValueError, match="tile_k=32 excludes cluster_columns"):
     RaggedConfig(tile_k=32, cluster_columns=True)
+  with pytest.raises(ValueError, match="tile_k=32 excludes cluster_rows"):
+    RaggedConfig(tile_k=32, cluster_rows=True)
   with pytest.raises(ValueError, match="tile_k"):
     RaggedConfig(tile_k=16)
   rows = RaggedProblem("rows", 256, 128, 128, 4, "bfloat16", "bfloat16")
@@ -1195,15 +1218,17 @@ def test_claim_tiles_lower_for_cuda(case):
 
 
 @pytest.mark.parametrize("drip", [0, 4], ids=["zeros_walked", "zero_drip"])
-def test_claims_in_clusters_lower_for_cuda(drip):
+@pytest.mark.parametrize("shared", ["cluster_columns", "cluster_rows"])
+def test_claims_in_clusters_lower_for_cuda(drip, shared):
   """2-CTA clusters claiming together (the leader's atomic, the mailbox's
   spins and releases in inline PTX), the zero boxes claimed per rank, lower
-  for the GPU at the H200 heuristic's short-reduction tile of DeepSeek-V3
-  (the interpreter claims round-robin, so only the GPU runs them)."""
+  for the GPU at the H200 heuristic's short-reduction tile of DeepSeek-V3,
+  sharing lhs or dout (the interpreter claims round-robin, so only the GPU
+  runs them)."""
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == "deepseek_v3_up one_hot drhs"]
   config = dataclasses.replace(configs.heuristic(problem, HOPPER),
-                               cluster_columns=True, zero_drip=drip)
+                               zero_drip=drip, **{shared: True})
   assert config.claim_tiles and config.empty_last
   _lower_for_cuda(problem, config)
 
@@ -1964,9 +1989,10 @@ def test_merge_pieces_adds_each_cut_groups_pieces_in_place():
 def test_operand_planes_rejects_what_it_cannot_run():
   """operand_planes: excludes 2-CTA clusters, a "contracting"-mode option,
   16-bit inputs only; each error names the option."""
-  with pytest.raises(ValueError, match="operand_planes excludes "
-                     "cluster_columns"):
-    RaggedConfig(operand_planes=True, cluster_columns=True)
+  for shared in ("cluster_columns", "cluster_rows"):
+    with pytest.raises(ValueError, match="operand_planes excludes "
+                       "cluster_columns and cluster_rows"):
+      RaggedConfig(operand_planes=True, **{shared: True})
   with pytest.raises(ValueError, match="operand_planes"):
     RaggedConfig(operand_planes=True).check_mode("rows")
   problem = RaggedProblem("contracting", 150, 128, 128, 2, "float32",

@@ -21,16 +21,16 @@ issuing the tile's loads; every consumer reads the slot and arrives on its
 the queue with END.
 
 In a grid of 2-CTA clusters whose CTAs run the same tiles in lockstep
-(each its own column strips, sharing the multicast loads of the rest), the
-cluster claims once: the leader (cluster rank 0) takes the tile from the
-counter and publishes it in the cluster's mailbox in global memory, a ring
-of MAILBOX_SLOTS words, and its partner reads it from there
+(each its own strip of the output, sharing the multicast loads of one
+operand), the cluster claims once: the leader (cluster rank 0) takes the
+tile from the counter and publishes it in the cluster's mailbox in global
+memory, a ring of MAILBOX_SLOTS words, and its partner reads it from there
 (`_claim_for_cluster`). Two counts beside the ring, each raised with a
 release and awaited with an acquire, order the two: how many claims the
 leader has published, and how many the partner has read (the leader reuses
 a slot only once the partner has read the claim that was in it). The
 side work is claimed per CTA of the cluster, on a counter of each rank,
-since each rank stores its own column strips.
+since each rank stores its own strips.
 
 In GPU interpret mode (no atomics) the claims follow the round-robin deal
 (over the clusters, both CTAs of one drawing the same tiles), so the queue

@@ -20,8 +20,8 @@ One `RaggedConfig` serves both modes; the fields mean:
                operands' stages swizzled by 64 bytes
                (`contracting_operand_swizzle`), so that an expert whose
                rows end mid-chunk computes at most 31 rows of zeros
-               instead of 63 (excludes operand_planes and
-               cluster_columns; "rows" mode raises on it).
+               instead of 63 (excludes operand_planes, cluster_columns
+               and cluster_rows; "rows" mode raises on it).
     split_rows the two consumers split the CTA tile's rows instead of its
                columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
                wgmma per step (needs tile_m 128 or 256 and
@@ -67,11 +67,11 @@ One `RaggedConfig` serves both modes; the fields mean:
                zero_drip (which then needs largest_first or empty_last)
                the empty groups' zero tiles are claimed apart, zero_drip
                boxes after each load, from a second counter. With
-               cluster_columns a cluster claims each tile once, for both
-               its CTAs (its first passes the tile to the second through
-               a mailbox in global memory); the zero boxes are claimed per
-               CTA. A "contracting"-mode option. In GPU interpret mode the
-               claims follow the round-robin order.
+               cluster_columns or cluster_rows a cluster claims each tile
+               once, for both its CTAs (its first passes the tile to the
+               second through a mailbox in global memory); the zero boxes
+               are claimed per CTA. A "contracting"-mode option. In GPU
+               interpret mode the claims follow the round-robin order.
     cluster_columns
                two CTAs of a 2-CTA cluster run the neighbouring column
                strips of one tile row in lockstep ("contracting": of one
@@ -82,6 +82,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                bandwidth, and in "rows" mode the two strips that read the
                same lhs rows stay together, so that lhs is not fetched
                from HBM again once the CTAs drift apart (both modes).
+    cluster_rows
+               the weight gradient's other pairing: two CTAs of a 2-CTA
+               cluster run the neighbouring K strips (output row strips)
+               of one (group, column strip) in lockstep, and each
+               TMA-multicasts half of the dout chunk they share into both.
+               dout's strip is tile_n wide and lhs's only the CTA's rows,
+               so at the short-reduction tile (128 x 256) sharing dout
+               saves twice the L2 reads that sharing lhs does (a
+               "contracting"-mode option; excludes cluster_columns).
     short_items
                with ping_pong in "rows" mode: an item whose rows all lie in
                its tile's first SHORT_ITEM_ROWS (the short last item of a
@@ -351,6 +360,8 @@ MODE_ONLY_OPTIONS = {
         "short_tile_lookahead": "keeps its whole ring in flight",
         "operand_planes": "reads rows in place through one swizzle span "
                           "already",
+        "cluster_rows": "pairs row items only by their columns "
+                        "(cluster_columns)",
     },
 }
 
@@ -392,6 +403,7 @@ class RaggedConfig:
   shared_staging: bool = False
   claim_tiles: bool = False
   wide_zero_box: bool = False
+  cluster_rows: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -425,6 +437,8 @@ class RaggedConfig:
       for option, why in (("operand_planes", "a plane is one 128-byte "
                            "swizzle span"),
                           ("cluster_columns", "not built for the 64-byte "
+                           "swizzle's stages"),
+                          ("cluster_rows", "not built for the 64-byte "
                            "swizzle's stages")):
         if getattr(self, option):
           raise ValueError(f"RaggedConfig.tile_k={self.tile_k} excludes "
@@ -466,10 +480,10 @@ class RaggedConfig:
                        f"tile_m={self.tile_m}, tile_n={self.tile_n}")
     if self.shared_staging and not self.can_share_staging:
       raise ValueError(f"RaggedConfig.shared_staging needs ping_pong=True "
-                       f"(the consumers' epilogues take turns) and "
-                       f"cluster_columns=False, got "
-                       f"ping_pong={self.ping_pong}, "
-                       f"cluster_columns={self.cluster_columns}")
+                       f"(the consumers' epilogues take turns) and no "
+                       f"clusters, got ping_pong={self.ping_pong}, "
+                       f"cluster_columns={self.cluster_columns}, "
+                       f"cluster_rows={self.cluster_rows}")
     if self.ping_pong and self.split_rows:
       raise ValueError("RaggedConfig.ping_pong and split_rows exclude each "
                        "other: with ping_pong each consumer runs whole tiles")
@@ -492,9 +506,15 @@ class RaggedConfig:
                            f"transposed tile's token rows are wgmma's N, "
                            f"which swap_ab narrows to each item's rows "
                            f"itself")
-    if self.operand_planes and self.cluster_columns:
+    if self.operand_planes and self.clustered:
       raise ValueError("RaggedConfig.operand_planes excludes cluster_columns "
-                       "(the cluster multicasts whole lhs stages)")
+                       "and cluster_rows (the cluster multicasts whole "
+                       "stages of an operand)")
+    if self.cluster_columns and self.cluster_rows:
+      raise ValueError("RaggedConfig.cluster_columns and cluster_rows "
+                       "exclude each other (a cluster shares one operand: "
+                       "lhs between neighbouring column strips, or dout "
+                       "between neighbouring K strips)")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
@@ -538,11 +558,17 @@ class RaggedConfig:
     return self.tile_k < SWIZZLE_ELEMS_16BIT
 
   @property
+  def clustered(self) -> bool:
+    """Whether the grid is of 2-CTA clusters sharing an operand
+    (`cluster_columns` or `cluster_rows`)."""
+    return self.cluster_columns or self.cluster_rows
+
+  @property
   def can_share_staging(self) -> bool:
     """Whether the consumers' epilogues alternate, one whole tile each
     (turns, not clusters), so that they may share a staging buffer
     (`shared_staging`)."""
-    return self.ping_pong and not self.cluster_columns
+    return self.ping_pong and not self.clustered
 
   @property
   def staging_buffers(self) -> int:
@@ -1024,7 +1050,7 @@ def planes_read_in_place(config: RaggedConfig,
   whole number of 8-row tiles (at least a chunk of them), 16-bit inputs,
   and columns that need no padding of their own (whole 64-column planes,
   at least a tile's)."""
-  if (problem.mode != "contracting" or config.cluster_columns
+  if (problem.mode != "contracting" or config.clustered
       or config.narrow_chunks
       or jnp.dtype(problem.in_dtype).itemsize != 2):
     return False

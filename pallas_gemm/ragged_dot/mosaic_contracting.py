@@ -54,7 +54,9 @@ With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
 CTAs walk the same tiles, each computing one of two neighbouring column
 strips, and each multicasts half of the lhs chunk they share into both
 CTAs' stage; a stage is released once the consumers of both CTAs are done
-with it (a cluster barrier).
+with it (a cluster barrier). `RaggedConfig.cluster_rows` pairs the CTAs
+along K instead: each computes one of two neighbouring K strips of one
+column strip, and they share the dout chunk.
 
 With `RaggedConfig.ping_pong`, the consumers take turns at whole tiles
 (the CTA's first, third, ... tile to the first consumer) instead of each
@@ -77,9 +79,9 @@ turns (ping_pong) and staging slots follow the queue's turn numbers. With
 groups' tiles are the walk's last), the walk stops at the first entry
 without rows, and the producers claim those zero tiles' boxes from a second
 counter, a few after each load (`tile_claims.claim_work`). With
-cluster_columns as well, each cluster claims its tiles once, its first CTA
+clusters as well, each cluster claims its tiles once, its first CTA
 passing each to the second through a mailbox in global memory, and the
-zero boxes are claimed per CTA of the cluster (each stores its own column
+zero boxes are claimed per CTA of the cluster (each stores its own
 strips).
 
 With `RaggedConfig.largest_first`, the table's groups (or pieces) are
@@ -120,7 +122,7 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 
 def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
-                      config: RaggedConfig, k_tiles: int, n_units: int,
+                      config: RaggedConfig, k_units: int, n_units: int,
                       groups: int, in_place: bool, claims_on_device: bool):
   """Walks `groups` output groups. `in_place` (with operand_planes): lhs
   and dout have any row count (at least a chunk) and are loaded through
@@ -130,8 +132,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   table entries (groups or pieces) have rows; with
   RaggedConfig.claim_tiles, `counter_gmem`, (tile_claims.counter_words,)
   int32, zero at launch: the tiles' claims and the zero boxes' (claimed
-  with atomics where `claims_on_device`), and with cluster_columns the
-  clusters' mailboxes; then out_gmem;
+  with atomics where `claims_on_device`), and with clusters the clusters'
+  mailboxes; then out_gmem;
   then, with `pieces_gmem` (RaggedConfig.piece_rows), the first
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
@@ -146,8 +148,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   epi_n, stages, out_slots = config.epi_tile_n, config.stages, config.out_slots
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   # With cluster_columns a unit is a pair of neighbouring column strips,
-  # one per CTA of the cluster (both walk the same units in lockstep).
-  num_tiles = index(groups * k_tiles * n_units)
+  # with cluster_rows a pair of neighbouring K strips, one per CTA of the
+  # cluster (both walk the same units in lockstep).
+  num_tiles = index(groups * k_units * n_units)
   stores = tile_n // epi_n
 
   def tile_info(linear):
@@ -164,16 +167,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     if config.interleave_groups:
       g = lax.rem(linear, index(groups))
       _, k_idx, n_idx = tile_coordinates(
-          lax.div(linear, index(groups)), m_tiles=k_tiles, n_tiles=n_units,
+          lax.div(linear, index(groups)), m_tiles=k_units, n_tiles=n_units,
           band_dim=Dim.M, band=config.grid_band)
     else:
-      g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_tiles,
+      g, k_idx, n_idx = tile_coordinates(linear, m_tiles=k_units,
                                          n_tiles=n_units, band_dim=Dim.M,
                                          band=config.grid_band)
+    # With an odd strip count the second CTA's last strip lies past the
+    # edge: its loads read zeros and its stores are dropped by the TMA.
     if config.cluster_columns:
-      # With an odd strip count the second CTA's last strip lies past the
-      # edge: its loads read zeros and its stores are dropped by the TMA.
       n_idx = n_idx * 2 + lax.axis_index("cluster")
+    if config.cluster_rows:
+      k_idx = k_idx * 2 + lax.axis_index("cluster")
     entry = schedule.read_entry(groups_gmem, g)
     row_lo, row_hi, first_row, steps = entry[:4]
     if config.reorders_entries:  # the output group comes last
@@ -254,7 +259,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     (`tile_claims.claim_work`): RaggedConfig.zero_drip boxes after each
     load, then CLAIMED_ZERO_BOXES_AT_END at a time."""
     boxes = zero_box_grid(zeros_smem)[0]
-    tiles_per_entry = index(k_tiles * n_units)
+    tiles_per_entry = index(k_units * n_units)
     first_zero = tiles_with_rows()
 
     def store_box(unit):
@@ -323,7 +328,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   def tiles_with_rows():
     """With zero_drip: the tiles of the table's entries that have rows,
     the first ones of a walk in largest_first's or empty_last's order."""
-    return index(counts_gmem[1]) * index(k_tiles * n_units)
+    return index(counts_gmem[1]) * index(k_units * n_units)
 
   def handed(linear):
     """With claim_tiles: whether the consumers run tile `linear` (all but
@@ -339,7 +344,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     ring = Ring(stages, stage_loaded, stage_consumed)
     queue = (tile_claims.TileQueue(counter_gmem, claimed_smem, queue_smem,
                                    tile_ready, tile_taken, claims_on_device,
-                                   cluster=config.cluster_columns)
+                                   cluster=config.clustered)
              if config.claim_tiles else None)
     # wgmma reads the planes through their tiled views; in place, the TMA
     # writes them through the untiled ones (the same bytes).
@@ -369,11 +374,14 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                 src.at[rows, pl.ds(cols.start + p * PLANE, PLANE)],
                 dst.at[slot, p], loaded)
         return
+      # A clustered pair's shared operand: each CTA loads half of it into
+      # both CTAs' stages.
       plgpu.copy_gmem_to_smem(
           lhs_gmem.at[rows, k_cols], lhs_smem.at[slot], loaded,
           collective_axes="cluster" if config.cluster_columns else None)
-      plgpu.copy_gmem_to_smem(dout_gmem.at[rows, n_cols],
-                              dout_smem.at[slot], loaded)
+      plgpu.copy_gmem_to_smem(
+          dout_gmem.at[rows, n_cols], dout_smem.at[slot], loaded,
+          collective_axes="cluster" if config.cluster_rows else None)
 
     def producer():
       side_work = None
@@ -530,8 +538,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                   row_addressed=tuple(blocks) if in_place else (),
                   swizzle=contracting_operand_swizzle(config, in_dtype),
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
-                  cluster_axes=("cluster",) if config.cluster_columns
-                  else None),
+                  cluster_axes=("cluster",) if config.clustered else None),
       out_smem=out_staging_smem(out_slots, (tile_m, epi_n), out_dtype),
       **({"zeros_smem": plgpu.SMEM(config.zero_box(out_dtype), out_dtype)}
          if zeros_by_producer else {}),
@@ -601,33 +608,35 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                              (chunk, tile_n))
   k_out = max(cdiv(k, 8) * 8, config.tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
-  k_tiles, n_tiles = cdiv(k, cta_m), cdiv(n, tile_n)
-  cluster_size = 2 if config.cluster_columns else 1
-  n_units = cdiv(n_tiles, cluster_size)
+  # Units of the walk: K and N strips, or with clusters pairs of them
+  # along the shared operand's other dimension.
+  cluster_size = 2 if config.clustered else 1
+  k_units = cdiv(cdiv(k, cta_m), cluster_size if config.cluster_rows else 1)
+  n_units = cdiv(cdiv(n, tile_n),
+                 cluster_size if config.cluster_columns else 1)
   out_type = jax.ShapeDtypeStruct((groups, k_out, n_out),
                                   jnp.dtype(problem.out_dtype))
   if pieces > groups:
     out_type = (out_type, jax.ShapeDtypeStruct((pieces - groups, k_out, n_out),
                                                out_type.dtype))
   grid = max(1, min(num_ctas_for(params) // cluster_size,
-                    pieces * k_tiles * n_units))
+                    pieces * k_units * n_units))
   kernel = warp_specialised_kernel(
-      functools.partial(_contracting_body, config=config, k_tiles=k_tiles,
+      functools.partial(_contracting_body, config=config, k_units=k_units,
                         n_units=n_units, groups=pieces, in_place=in_place,
                         claims_on_device=params is None),
       out_type=out_type,
       grid=(grid,),
       interpret=params,
-      **(dict(cluster=(2,), cluster_names=("cluster",))
-         if config.cluster_columns else {}))
+      **(dict(cluster=(cluster_size,), cluster_names=("cluster",))
+         if config.clustered else {}))
   if config.claim_tiles:
     launch = kernel
 
     def kernel(*operands):
       # The claims' counters (and the clusters' mailboxes): a fresh zero
       # for every call.
-      words = tile_claims.counter_words(grid if config.cluster_columns
-                                        else 0)
+      words = tile_claims.counter_words(grid if config.clustered else 0)
       return launch(*operands, jax.new_ref(jnp.zeros((words,), jnp.int32)))
   out = call_kernel(kernel, [table, lhs, dout, *entry_counts], out_type,
                     params)

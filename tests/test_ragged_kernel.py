@@ -420,7 +420,7 @@ CONTRACTING_CASES = [
     # Pairs of CTAs running neighbouring K strips, sharing the dout chunk
     # by multicast: three K strips (the second CTA's last one past the
     # edge), an empty group, producer-stored zeros.
-    (150, 192, 128, [30, 0, 70, 20], 2, "bfloat16", "bfloat16",
+    (150, 320, 128, [30, 0, 70, 20], 2, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, cluster_rows=True, zeros_by_producer=True)),
     # Two staging slots over one store per tile: no tile may be skipped
     # (the slot follows the tile's number), so the consumers store the
@@ -505,7 +505,7 @@ CLAIM_CASES = [
      dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
                          empty_last=True, cluster_columns=True,
                          claim_tiles=True)),
-    (260, 192, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "float32",
+    (260, 320, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "float32",
      dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
                          empty_last=True, cluster_rows=True,
                          claim_tiles=True)),

@@ -24,6 +24,17 @@ def test_lab_readme_indexes_every_lab_script():
   assert not missing, f"experiments/lab/README.md does not index {missing}"
 
 
+def test_ragged_pairs_readme_indexes_every_plan():
+  """Every plan in experiments/lab/ragged_pairs/ is linked from its README."""
+  folder = LAB / "ragged_pairs"
+  index = (folder / "README.md").read_text()
+  plans = sorted(p.name for p in folder.iterdir() if p.suffix == ".txt")
+  assert plans, "experiments/lab/ragged_pairs holds no plans"
+  missing = [name for name in plans if f"[`{name}`]({name})" not in index]
+  assert not missing, (
+      f"experiments/lab/ragged_pairs/README.md does not index {missing}")
+
+
 def test_triton_sweep_dry_run_times_the_search_space(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

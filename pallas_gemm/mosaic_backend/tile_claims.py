@@ -175,8 +175,8 @@ def _word(ref, offset):
 
 def _spin_until_at_least(ptr, value):
   """One thread reads the int32 at `ptr` (relaxed, GPU scope) until it is
-  at least `value`, then fences with acquire: what was written before the
-  release that raised it is visible after. Returns the value read."""
+  at least `value`, then fences (acquire-release): what was written before
+  the release that raised it is visible after. Returns the value read."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, scf
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -191,7 +191,10 @@ def _spin_until_at_least(ptr, value):
   after = spin.after.blocks.append(i32)
   with ir.InsertionPoint(after):
     scf.yield_([value])
-  mgpu_utils.inline_ptx("fence.acquire.gpu;", has_side_effects=True)
+  # acq_rel, which every PTX version since sm_70's takes, rather than
+  # acquire alone, which only recent ones do: no weaker, and valid
+  # whatever PTX version Mosaic emits.
+  mgpu_utils.inline_ptx("fence.acq_rel.gpu;", has_side_effects=True)
   return spin.result
 
 

@@ -23,8 +23,9 @@ below it is held by something else (experiments/results/nvidia_h200/
 ragged_options, "What the weight gradient's operand traffic says").
 
 No GPU: it reads results files and the suite's group sizes. 2-CTA
-clusters (`cluster_columns`) are counted as if each CTA loaded its whole
-lhs block.
+clusters (`cluster_columns`, `cluster_rows`) are counted as if each CTA
+loaded its whole shared block (lhs's or dout's); the heuristic picks
+neither today.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pallas_gemm.ragged_dot import arg_specs, configs, mosaic, mosaic_schedule
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
-from pallas_gemm.mosaic_backend import tma
+from pallas_gemm.mosaic_backend import tile_claims, tma
 from pallas_gemm.mosaic_backend.warp_specialised import interpret_params
 from kernel_test_base import lower_for_cuda
 
@@ -1231,6 +1231,45 @@ def test_claims_in_clusters_lower_for_cuda(drip, shared):
                                zero_drip=drip, **{shared: True})
   assert config.claim_tiles and config.empty_last
   _lower_for_cuda(problem, config)
+
+
+def _ptx_as_cuda_asm(ptx: str) -> str:
+  """`ptx` (an `mgpu_utils.inline_ptx` string) as a CUDA asm statement:
+  operands in brackets are 64-bit addresses, an atom's or ld's $0 its
+  result, any other a 32-bit value."""
+  import re
+  numbers = sorted({int(n) for n in re.findall(r"\$(\d+)", ptx)})
+  addresses = {int(n) for n in re.findall(r"\[\$(\d+)\]", ptx)}
+  returns = ptx.startswith(("atom.", "ld.")) and numbers[:1] == [0]
+  outputs = ['"=r"(result)'] if returns else []
+  inputs = [f'"l"(word + {n})' if n in addresses else '"r"(value)'
+            for n in numbers if not (returns and n == 0)]
+  text = re.sub(r"\$(\d+)", r"%\1", ptx)
+  return (f'asm volatile("{text}" : {", ".join(outputs)} : '
+          f'{", ".join(inputs)} : "memory");')
+
+
+def test_claims_inline_ptx_assembles_for_sm_90a(tmp_path):
+  """Every PTX instruction the claims inline (`tile_claims.INLINE_PTX`)
+  assembles for sm_90a: nvcc checks it on a CPU, where the interpreter
+  never runs it."""
+  from pallas_gemm.ffi import build
+  try:
+    nvcc = build.find_nvcc()
+  except build.NvccNotFoundError:
+    pytest.skip("no nvcc")
+  body = "\n  ".join(_ptx_as_cuda_asm(ptx) for ptx in tile_claims.INLINE_PTX)
+  source = tmp_path / "claims_ptx.cu"
+  source.write_text(
+      "__global__ void claims_ptx(unsigned* word, unsigned value) {\n"
+      "  unsigned result = 0;\n"
+      f"  {body}\n"
+      "  word[0] = result;\n"
+      "}\n")
+  done = subprocess.run([nvcc, "-arch=sm_90a", "-c", str(source), "-o",
+                         str(tmp_path / "claims_ptx.o")],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:] + source.read_text()
 
 
 def test_wide_zero_box_lowers_for_cuda():

@@ -84,6 +84,22 @@ _CLAIMED, _CLAIM_NUMBER, _MAILBOX, _COUNT_SEEN = range(4)
 CLAIMED_WORDS = 4
 
 
+#: The PTX the claims inline (operands $0, $1, ... as
+#: `mgpu_utils.inline_ptx` numbers them; an atom or ld returns $0). The
+#: tests assemble each for sm_90a with nvcc, so that a slip in one shows on
+#: a CPU, not at a GPU's first compile.
+PTX_FETCH_ADD = "atom.global.add.u32 $0, [$1], $2;"
+PTX_LOAD_RELAXED = "ld.relaxed.gpu.global.b32 $0, [$1];"
+PTX_STORE_RELAXED = "st.relaxed.gpu.global.b32 [$0], $1;"
+PTX_ADD_RELEASE = "red.release.gpu.global.add.u32 [$0], $1;"
+# acq_rel, which every PTX version since sm_70's takes, rather than acquire
+# alone, which only recent ones do: no weaker, and valid whatever PTX
+# version Mosaic emits.
+PTX_FENCE_ACQUIRE = "fence.acq_rel.gpu;"
+INLINE_PTX = (PTX_FETCH_ADD, PTX_LOAD_RELAXED, PTX_STORE_RELAXED,
+              PTX_ADD_RELEASE, PTX_FENCE_ACQUIRE)
+
+
 def counter_words(num_clusters: int = 0) -> int:
   """Words of the counter buffer (int32, zero at launch): the counters,
   and with `num_clusters` 2-CTA clusters claiming together each cluster's
@@ -153,7 +169,7 @@ def _fetch_add_into(counter_gmem, claimed_smem, count: int):
     mgpu_utils.warpgroup_barrier()
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
       held = mgpu_utils.inline_ptx(
-          "atom.global.add.u32 $0, [$1], $2;",
+          PTX_FETCH_ADD,
           mgpu_utils.memref_ptr(counter), mgpu_utils.c(count, i32),
           result_types=i32, has_side_effects=True)
       memref.store(held, claimed,
@@ -184,17 +200,13 @@ def _spin_until_at_least(ptr, value):
   spin = scf.WhileOp([i32], [value])
   before = spin.before.blocks.append(i32)
   with ir.InsertionPoint(before):
-    held = mgpu_utils.inline_ptx(
-        "ld.relaxed.gpu.global.b32 $0, [$1];", ptr, result_types=i32,
-        has_side_effects=True)
+    held = mgpu_utils.inline_ptx(PTX_LOAD_RELAXED, ptr, result_types=i32,
+                                 has_side_effects=True)
     scf.condition(arith.cmpi(arith.CmpIPredicate.slt, held, value), [held])
   after = spin.after.blocks.append(i32)
   with ir.InsertionPoint(after):
     scf.yield_([value])
-  # acq_rel, which every PTX version since sm_70's takes, rather than
-  # acquire alone, which only recent ones do: no weaker, and valid
-  # whatever PTX version Mosaic emits.
-  mgpu_utils.inline_ptx("fence.acq_rel.gpu;", has_side_effects=True)
+  mgpu_utils.inline_ptx(PTX_FENCE_ACQUIRE, has_side_effects=True)
   return spin.result
 
 
@@ -237,19 +249,18 @@ def _claim_for_cluster(counter_gmem, claimed_smem, *, leader: bool):
         scf.yield_([])
       if leader:
         tile = mgpu_utils.inline_ptx(
-            "atom.global.add.u32 $0, [$1], $2;",
+            PTX_FETCH_ADD,
             _word(counter, const(TILES)), const(1), result_types=i32,
             has_side_effects=True)
-        mgpu_utils.inline_ptx("st.relaxed.gpu.global.b32 [$0], $1;", slot,
-                              tile, has_side_effects=True)
+        mgpu_utils.inline_ptx(PTX_STORE_RELAXED, slot, tile,
+                              has_side_effects=True)
       else:
-        tile = mgpu_utils.inline_ptx(
-            "ld.relaxed.gpu.global.b32 $0, [$1];", slot, result_types=i32,
-            has_side_effects=True)
+        tile = mgpu_utils.inline_ptx(PTX_LOAD_RELAXED, slot,
+                                     result_types=i32, has_side_effects=True)
       # A release: the leader's store above is visible to a partner that
       # reads the new count; the partner's read is done before the leader
       # can see the slot free.
-      mgpu_utils.inline_ptx("red.release.gpu.global.add.u32 [$0], $1;",
+      mgpu_utils.inline_ptx(PTX_ADD_RELEASE,
                             word(_PUBLISHED if leader else _READ), const(1),
                             has_side_effects=True)
       memref.store(tile, claimed, at(_CLAIMED))

@@ -153,11 +153,21 @@ def queue_bytes(stages: int) -> int:
   return 4 * (CLAIMED_WORDS + depth) + 2 * 8 * depth
 
 
+def _fetch_add(ptr, count: int):
+  """Inside `inline_mgpu`, in one thread: the atomic add of `count` to the
+  int32 at `ptr`; returns the value it held."""
+  from jax._src.lib.mlir import ir
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  i32 = ir.IntegerType.get_signless(32)
+  return mgpu_utils.inline_ptx(PTX_FETCH_ADD, ptr, mgpu_utils.c(count, i32),
+                               result_types=i32, has_side_effects=True)
+
+
 def _fetch_add_into(counter_gmem, claimed_smem, count: int):
   """One thread of the warpgroup adds `count` to the counter and writes the
-  value it held to `claimed_smem[0]`; the warpgroup synchronises before
-  (every thread has read the previous claim) and after (the new one is
-  written)."""
+  value it held to `claimed_smem[_CLAIMED]`; the warpgroup synchronises
+  before (every thread has read the previous claim) and after (the new one
+  is written)."""
   # Imported here: Mosaic's own helpers, used only when compiling.
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import memref
@@ -165,13 +175,9 @@ def _fetch_add_into(counter_gmem, claimed_smem, count: int):
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def fetch_add(_, counter, claimed):
-    i32 = ir.IntegerType.get_signless(32)
     mgpu_utils.warpgroup_barrier()
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
-      held = mgpu_utils.inline_ptx(
-          PTX_FETCH_ADD,
-          mgpu_utils.memref_ptr(counter), mgpu_utils.c(count, i32),
-          result_types=i32, has_side_effects=True)
+      held = _fetch_add(mgpu_utils.memref_ptr(counter), count)
       memref.store(held, claimed,
                    [mgpu_utils.c(_CLAIMED, ir.IndexType.get())])
     mgpu_utils.warpgroup_barrier()
@@ -248,10 +254,7 @@ def _claim_for_cluster(counter_gmem, claimed_smem, *, leader: bool):
                      at(_COUNT_SEEN))
         scf.yield_([])
       if leader:
-        tile = mgpu_utils.inline_ptx(
-            PTX_FETCH_ADD,
-            _word(counter, const(TILES)), const(1), result_types=i32,
-            has_side_effects=True)
+        tile = _fetch_add(_word(counter, const(TILES)), 1)
         mgpu_utils.inline_ptx(PTX_STORE_RELAXED, slot, tile,
                               has_side_effects=True)
       else:
@@ -290,11 +293,13 @@ def claim(queue: TileQueue, claims, *, counter: int = TILES, count: int = 1):
                        f"count={count}")
     claims = jnp.asarray(claims, jnp.int32)
     queue.claimed[_CLAIM_NUMBER] = claims
-    queue.claimed[_MAILBOX] = (COUNTERS + lax.axis_index("sm")
-                               * MAILBOX_WORDS).astype(jnp.int32)
 
     @pl.when(claims == 0)
-    def _no_count_read_yet():
+    def _first_claim():
+      # The cluster's mailbox, and no count read yet: both hold for the
+      # CTA's whole walk.
+      queue.claimed[_MAILBOX] = (COUNTERS + lax.axis_index("sm")
+                                 * MAILBOX_WORDS).astype(jnp.int32)
       queue.claimed[_COUNT_SEEN] = jnp.int32(0)
 
     for r in range(CLUSTER_RANKS):

@@ -266,7 +266,7 @@ ZERO_BOX = (64, 64)
 #: dimension holds at most 256 elements), and its bytes: ZERO_BOX's at a
 #: 16-bit output, so that it takes no more shared memory.
 WIDE_ZERO_BOX_MAX_COLS = 256
-WIDE_ZERO_BOX_BYTES = 64 * 64 * 2
+WIDE_ZERO_BOX_BYTES = math.prod(ZERO_BOX) * 2
 #: The narrowest token width of `RaggedConfig.swap_ab` (wgmma's N step).
 SWAP_AB_MIN_WIDTH = 8
 #: How many static token widths a `RaggedConfig.swap_ab` tile of a

@@ -31,7 +31,7 @@ from pallas_gemm.ragged_dot import arg_specs, configs, mosaic, mosaic_schedule
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
-from pallas_gemm.mosaic_backend import tile_claims, tma
+from pallas_gemm.mosaic_backend import bulk_stores, tile_claims, tma
 from pallas_gemm.mosaic_backend.warp_specialised import interpret_params
 from kernel_test_base import lower_for_cuda
 
@@ -509,13 +509,27 @@ CLAIM_CASES = [
      dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
                          empty_last=True, cluster_rows=True,
                          claim_tiles=True)),
+    # The claimed zeros as runs of whole rows of the empty groups' output
+    # (compiled; the interpreter stores the boxes): 200 rows, runs of 32,
+    # the last run overlapping the one before.
+    (260, 200, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                         empty_last=True, wide_zero_box=True, tile_n=128,
+                         claim_tiles=True, streamed_zeros=True)),
+    # ... and as runs within a row, where a float32 row (2112 columns) is
+    # longer than the zero box's 8 KB.
+    (130, 64, 2112, [0, 100, 0, 30], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=2,
+                         empty_last=True, wide_zero_box=True,
+                         claim_tiles=True, streamed_zeros=True)),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CLAIM_CASES)),
                          ids=["split", "turns", "pieces", "no_rows",
                               "zeros_claimed", "empty_last", "zeros_none",
-                              "clusters", "cluster_rows"])
+                              "clusters", "cluster_rows", "streamed_zeros",
+                              "streamed_zeros_in_rows"])
 def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
 
@@ -530,6 +544,50 @@ def test_cluster_rows_rejects_what_it_cannot_run():
   with pytest.raises(ValueError, match="cluster_rows is a \"contracting\""):
     RaggedConfig(cluster_rows=True).check_mode("rows")
   assert RaggedConfig(cluster_rows=True).clustered
+
+
+@pytest.mark.parametrize("rows,cols,itemsize", [
+    (200, 128, 2), (7168, 2048, 2), (5, 64, 4), (3, 2112, 4), (9, 6144, 2),
+    (1, 64, 2)])
+def test_zero_runs_cover_the_slab(rows, cols, itemsize):
+  """`bulk_stores.zero_runs`: every element of a slab lies in some run,
+  each run is inside the slab, contiguous (whole rows, or part of one),
+  at most the buffer's bytes and a multiple of 16 of them."""
+  buffer_bytes = 8192
+  runs = bulk_stores.zero_runs(rows, cols, itemsize, buffer_bytes)
+  covered = np.zeros((rows, cols), bool)
+  for run in range(runs.runs):
+    row, col = runs.start(run, rows=rows, cols=cols)
+    assert 0 <= row <= rows - runs.run_rows and 0 <= col <= cols - runs.run_cols
+    assert runs.run_rows == 1 or runs.run_cols == cols
+    size = runs.run_rows * runs.run_cols * itemsize
+    assert size <= buffer_bytes and size % 16 == 0
+    covered[row:row + runs.run_rows, col:col + runs.run_cols] = True
+  assert covered.all()
+
+
+def test_streamed_zeros_need_claimed_zeros():
+  """streamed_zeros streams the claimed zero units: it needs claim_tiles
+  and zero_drip, excludes clusters, and the error names each."""
+  claimed = dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                                empty_last=True, claim_tiles=True)
+  assert dataclasses.replace(claimed, streamed_zeros=True).streamed_zeros
+  for fields in (dict(claim_tiles=False), dict(zero_drip=0),
+                 dict(cluster_rows=True)):
+    with pytest.raises(ValueError, match="streamed_zeros needs claim_tiles"):
+      dataclasses.replace(claimed, streamed_zeros=True, **fields)
+  assert "streamed_zeros" in configs.MODE_ONLY_OPTIONS["contracting"]
+
+
+def test_streamed_zeros_lower_for_cuda():
+  """The H200's short-reduction tile with its claimed zeros streamed as
+  runs of DeepSeek-V3's contiguous group outputs lowers for the GPU, with
+  the evict-first copies in it."""
+  (problem,) = [c.problem for c in arg_specs.cases()
+                if c.label == "deepseek_v3_up one_hot drhs"]
+  config = dataclasses.replace(configs.heuristic(problem, HOPPER),
+                               streamed_zeros=True)
+  assert "L2::evict_first" in str(_lower_for_cuda(problem, config).as_text())
 
 
 def test_claimed_zeros_need_largest_first():
@@ -1249,16 +1307,17 @@ def _ptx_as_cuda_asm(ptx: str) -> str:
           f'{", ".join(inputs)} : "memory");')
 
 
-def test_claims_inline_ptx_assembles_for_sm_90a(tmp_path):
-  """Every PTX instruction the claims inline (`tile_claims.INLINE_PTX`)
-  assembles for sm_90a: nvcc checks it on a CPU, where the interpreter
-  never runs it."""
+def test_inline_ptx_assembles_for_sm_90a(tmp_path):
+  """Every PTX instruction the claims and the streamed zeros inline
+  (`tile_claims.INLINE_PTX`, `bulk_stores.INLINE_PTX`) assembles for
+  sm_90a: nvcc checks it on a CPU, where the interpreter never runs it."""
   from pallas_gemm.ffi import build
   try:
     nvcc = build.find_nvcc()
   except build.NvccNotFoundError:
     pytest.skip("no nvcc")
-  body = "\n  ".join(_ptx_as_cuda_asm(ptx) for ptx in tile_claims.INLINE_PTX)
+  body = "\n  ".join(_ptx_as_cuda_asm(ptx) for ptx in (
+      *tile_claims.INLINE_PTX, *bulk_stores.INLINE_PTX))
   source = tmp_path / "claims_ptx.cu"
   source.write_text(
       "__global__ void claims_ptx(unsigned* word, unsigned value) {\n"

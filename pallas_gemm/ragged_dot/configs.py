@@ -126,6 +126,16 @@ One `RaggedConfig` serves both modes; the fields mean:
                that each of its rows is one run of up to 512 consecutive
                16-bit output bytes rather than ZERO_BOX's 128 (a
                "contracting"-mode option).
+    streamed_zeros
+               with claim_tiles and zero_drip: each claimed zero unit is a
+               run of an empty group's contiguous output (whole rows, the
+               zero box's bytes) stored by one bulk copy under an L2
+               evict-first policy (`mosaic_backend.bulk_stores`), instead
+               of a 2-D box of a zero tile by a TMA store, which takes no
+               cache policy: the zeros then leave L2 before the operand
+               chunks that the long tiles beside them read again (excludes
+               cluster_columns and cluster_rows; a "contracting"-mode
+               option; the interpreter stores the boxes).
     operand_planes
                hold each stage of lhs and dout as planes of 64 columns (one
                128-byte swizzle span per row), one TMA copy and one wgmma
@@ -355,6 +365,7 @@ MODE_ONLY_OPTIONS = {
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
         "wide_zero_box": "stores the rows of no group with its items",
+        "streamed_zeros": "stores the rows of no group with its items",
         "claim_tiles": "deals its row items round-robin (claims are built "
                        "for the weight gradient's long reductions)",
         "short_tile_lookahead": "keeps its whole ring in flight",
@@ -404,6 +415,7 @@ class RaggedConfig:
   claim_tiles: bool = False
   wide_zero_box: bool = False
   cluster_rows: bool = False
+  streamed_zeros: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -447,6 +459,15 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.wide_zero_box needs "
                        "zeros_by_producer=True (it shapes the box the "
                        "producer stores the zero tiles with)")
+    if self.streamed_zeros and not (self.claim_tiles and self.zero_drip
+                                    and not self.clustered):
+      raise ValueError(f"RaggedConfig.streamed_zeros needs claim_tiles=True "
+                       f"and zero_drip > 0 (it streams the claimed zero "
+                       f"units) and no clusters (each CTA of a cluster "
+                       f"stores its own strips' boxes), got claim_tiles="
+                       f"{self.claim_tiles}, zero_drip={self.zero_drip}, "
+                       f"cluster_columns={self.cluster_columns}, "
+                       f"cluster_rows={self.cluster_rows}")
     if self.zero_drip and not self.zeros_by_producer:
       raise ValueError(f"RaggedConfig.zero_drip={self.zero_drip} needs "
                        f"zeros_by_producer=True (the producer stores the "

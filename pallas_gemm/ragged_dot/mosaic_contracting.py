@@ -96,6 +96,7 @@ moves only the entries without rows, after the others (no snake deal).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -103,7 +104,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_gemm.mosaic_backend import tile_claims, tma
+from pallas_gemm.mosaic_backend import bulk_stores, tile_claims, tma
 from pallas_gemm.mosaic_backend.configs import WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
@@ -195,6 +196,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # empty groups from a zeroed buffer, and the consumers skip those tiles.
   zeros_by_producer = config.zeros_by_producer
   assert can_skip or not zeros_by_producer  # RaggedConfig checks it
+  # RaggedConfig.streamed_zeros compiled (the interpreter has no bulk
+  # copies with a cache policy, so it stores the boxes, the same zeros).
+  streams_zeros = config.streamed_zeros and claims_on_device
 
   # Whether the consumers skip some tiles: those of pieces beyond a group's
   # first that got no rows (`merge_pieces` never reads them), and with
@@ -257,21 +261,38 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     """With claim_tiles: the empty groups' zero tiles, the walk's last
     (largest_first or empty_last), claimed box by box on their own counter
     (`tile_claims.claim_work`): RaggedConfig.zero_drip boxes after each
-    load, then CLAIMED_ZERO_BOXES_AT_END at a time."""
-    boxes = zero_box_grid(zeros_smem)[0]
+    load, then CLAIMED_ZERO_BOXES_AT_END at a time. With streams_zeros a
+    unit is a run of an empty group's contiguous output of the box's bytes
+    instead (`bulk_stores.zero_runs`)."""
     tiles_per_entry = index(k_units * n_units)
     first_zero = tiles_with_rows()
+    if streams_zeros:
+      _, rows, cols = out_gmem.shape
+      runs = bulk_stores.zero_runs(
+          rows, cols, out_gmem.dtype.itemsize,
+          math.prod(zeros_smem.shape) * zeros_smem.dtype.itemsize)
+      per_entry = index(runs.runs)
 
-    def store_box(unit):
-      tile = lax.div(unit, index(boxes))
-      g, k_idx, n_idx = tile_info(first_zero + tile)[:3]
-      store_zero_box_number(zeros_smem, g, k_idx, n_idx,
-                            lax.rem(unit, index(boxes)))
+      def store_unit(unit):
+        g = tile_info(first_zero + lax.div(unit, per_entry)
+                      * tiles_per_entry)[0]
+        row, col = runs.start(lax.rem(unit, per_entry), rows=rows,
+                              cols=cols, minimum=jnp.minimum)
+        bulk_stores.store_zeros(
+            zeros_smem, out_gmem.at[g, pl.ds(row, runs.run_rows),
+                                    pl.ds(col, runs.run_cols)])
+    else:
+      boxes = index(zero_box_grid(zeros_smem)[0])
+      per_entry = tiles_per_entry * boxes
+
+      def store_unit(unit):
+        g, k_idx, n_idx = tile_info(first_zero + lax.div(unit, boxes))[:3]
+        store_zero_box_number(zeros_smem, g, k_idx, n_idx,
+                              lax.rem(unit, boxes))
 
     return tile_claims.claim_work(
-        queue, index(counts_gmem[0]) * tiles_per_entry * index(boxes),
-        store_box, per_load=config.zero_drip,
-        at_end=CLAIMED_ZERO_BOXES_AT_END)
+        queue, index(counts_gmem[0]) * per_entry, store_unit,
+        per_load=config.zero_drip, at_end=CLAIMED_ZERO_BOXES_AT_END)
 
   def zero_drip_work(zeros_smem):
     """The producer's cursor over this CTA's zero tiles (RaggedConfig.
@@ -412,6 +433,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
                    side_work=side_work, lookahead=lookahead, walk=walk)
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        if streams_zeros:
+          bulk_stores.await_zero_stores(zeros_smem)
 
     def consumer(wg):
       wg_rows = 0 if config.ping_pong else wg * tile_m

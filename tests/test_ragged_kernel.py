@@ -579,17 +579,6 @@ def test_streamed_zeros_need_claimed_zeros():
   assert "streamed_zeros" in configs.MODE_ONLY_OPTIONS["contracting"]
 
 
-def test_streamed_zeros_lower_for_cuda():
-  """The H200's short-reduction tile with its claimed zeros streamed as
-  runs of DeepSeek-V3's contiguous group outputs lowers for the GPU, with
-  the evict-first copies in it."""
-  (problem,) = [c.problem for c in arg_specs.cases()
-                if c.label == "deepseek_v3_up one_hot drhs"]
-  config = dataclasses.replace(configs.heuristic(problem, HOPPER),
-                               streamed_zeros=True)
-  assert "L2::evict_first" in str(_lower_for_cuda(problem, config).as_text())
-
-
 def test_claimed_zeros_need_largest_first():
   with pytest.raises(ValueError, match="zero_drip needs largest_first"):
     RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True,
@@ -1331,16 +1320,20 @@ def test_inline_ptx_assembles_for_sm_90a(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:] + source.read_text()
 
 
-def test_wide_zero_box_lowers_for_cuda():
-  """The H200 heuristic's short-reduction tile, its claimed zero drip's
-  boxes as wide as DeepSeek-V3's 128 x 256 tile (16 rows of 256 columns),
-  the groups with rows claimed in table order, lowers for the GPU."""
+def test_claimed_zeros_lower_for_cuda():
+  """The H200 heuristic's short-reduction tile, the groups with rows
+  claimed in table order, its claimed zero drip streamed as runs of the
+  size of a box as wide as DeepSeek-V3's 128 x 256 tile (16 rows of 256
+  columns), lowers for the GPU, with the evict-first copies in it; and
+  with the TMA boxes themselves."""
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == "deepseek_v3_up one_hot drhs"]
   config = configs.heuristic(problem, HOPPER)
-  assert config.empty_last and config.zero_drip
+  assert config.empty_last and config.zero_drip and config.streamed_zeros
   assert config.zero_box(problem.out_dtype) == (16, 256)
-  _lower_for_cuda(problem, config)
+  assert "L2::evict_first" in _lower_for_cuda(problem, config).as_text()
+  boxes = dataclasses.replace(config, streamed_zeros=False)
+  assert "L2::evict_first" not in _lower_for_cuda(problem, boxes).as_text()
 
 
 def test_group_bands_lower_for_cuda():

@@ -1246,7 +1246,7 @@ def test_zero_drip_lowers_for_cuda(case):
                 if c.label == f"{case} one_hot drhs"]
   config = configs._most_stages(dataclasses.replace(
       configs.heuristic(problem, HOPPER), claim_tiles=False,
-      zeros_by_producer=True, zero_drip=2), problem)
+      streamed_zeros=False, zeros_by_producer=True, zero_drip=2), problem)
   _lower_for_cuda(problem, config)
 
 
@@ -1275,7 +1275,8 @@ def test_claims_in_clusters_lower_for_cuda(drip, shared):
   (problem,) = [c.problem for c in arg_specs.cases()
                 if c.label == "deepseek_v3_up one_hot drhs"]
   config = dataclasses.replace(configs.heuristic(problem, HOPPER),
-                               zero_drip=drip, **{shared: True})
+                               zero_drip=drip, streamed_zeros=False,
+                               **{shared: True})
   assert config.claim_tiles and config.empty_last
   _lower_for_cuda(problem, config)
 
@@ -1726,8 +1727,9 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
   assert config.short_tile_lookahead and config.zeros_by_producer
   assert config.claim_tiles and config.empty_last and config.wide_zero_box
   assert not config.largest_first
-  # The empty groups' zeros claimed between loads where one group's tiles
-  # are at least half the SMs (every layer here but the odd one's 2 x 2).
+  # The empty groups' zeros claimed between loads, streamed, where one
+  # group's tiles are at least half the SMs (every layer here but the odd
+  # one's 2 x 2).
   cta_m, cta_n = config.cta_tile("contracting")
   fills = (-(-k // cta_m) * -(-n // cta_n)
            >= configs.CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM * HOPPER.planning_sms)
@@ -1739,10 +1741,12 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
   assert not (plain.zeros_by_producer or plain.claim_tiles
               or plain.reorders_entries or plain.zero_drip
               or plain.wide_zero_box)
+  assert config.streamed_zeros == bool(config.zero_drip)
   assert config == dataclasses.replace(plain, zeros_by_producer=True,
                                        claim_tiles=True, empty_last=True,
                                        wide_zero_box=True,
-                                       zero_drip=config.zero_drip)
+                                       zero_drip=config.zero_drip,
+                                       streamed_zeros=config.streamed_zeros)
   assert config.fits(problem)
 
 

@@ -1867,8 +1867,10 @@ def test_heuristic_prefers_64_rows_for_few_tokens_per_group():
   many = RaggedProblem("rows", 16384, 4096, 14336, 8, "bfloat16", "bfloat16")
   assert mosaic.heuristic(few, HOPPER).tile_m == 64
   assert mosaic.heuristic(many, HOPPER).tile_m == 128
-  assert mosaic.heuristic(many, device_info()) == mosaic.heuristic(
-      many, DeviceInfo("cpu", "cpu"))
+  # On whatever this runs on too (the H200's own rules, e.g. its work
+  # list, make its config differ from the CPU's in other fields).
+  for device in (device_info(), DeviceInfo("cpu", "cpu")):
+    assert mosaic.heuristic(many, device).tile_m == 128
 
 
 def test_weight_gradient_walks_narrow_outputs_one_k_strip_at_a_time():

@@ -93,15 +93,14 @@ def store_zeros(zeros_smem, run_gmem):
   store(zeros_smem, run_gmem)
 
 
-def await_zero_stores(zeros_smem):
+def await_zero_stores():
   """The thread that issued `store_zeros` waits until every one of them has
   read the buffer (before the CTA's shared memory goes)."""
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
-  def await_reads(_, zeros):
-    del zeros  # only orders the wait after the stores that read it
+  @plgpu.inline_mgpu()
+  def await_reads(_):
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
       mgpu_utils.inline_ptx(PTX_AWAIT_READS, has_side_effects=True)
 
-  await_reads(zeros_smem)
+  await_reads()

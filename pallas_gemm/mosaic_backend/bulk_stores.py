@@ -93,14 +93,16 @@ def store_zeros(zeros_smem, run_gmem):
   store(zeros_smem, run_gmem)
 
 
-def await_zero_stores():
+def await_zero_stores(zeros_smem):
   """The thread that issued `store_zeros` waits until every one of them has
-  read the buffer (before the CTA's shared memory goes)."""
+  read the buffer (before the CTA's shared memory goes). The buffer is
+  passed only to tie the wait to it; this is the form the GPU ran."""
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-  @plgpu.inline_mgpu()
-  def await_reads(_):
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
+  def await_reads(_, zeros):
+    del zeros  # only orders the wait after the stores that read it
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):
       mgpu_utils.inline_ptx(PTX_AWAIT_READS, has_side_effects=True)
 
-  await_reads()
+  await_reads(zeros_smem)

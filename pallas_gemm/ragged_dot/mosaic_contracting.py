@@ -434,7 +434,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
       if zeros_by_producer:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         if streams_zeros:
-          bulk_stores.await_zero_stores()
+          bulk_stores.await_zero_stores(zeros_smem)
 
     def consumer(wg):
       wg_rows = 0 if config.ping_pong else wg * tile_m

@@ -312,21 +312,6 @@ ROWS_CASES = [
      "bfloat16", True, "silu",
      dataclasses.replace(SMALL, swap_ab=True, swizzled_staging=True,
                          work_list_kernel=True)),
-    # ... and listed largest first (rows per item), dealt in a snake, each
-    # group's tiles walked on their own.
-    (300, 128, 192, [1, 9, 0, 17, 33, 64, 100, 40], 3, "bfloat16",
-     "bfloat16", True, "silu",
-     dataclasses.replace(SMALL, swap_ab=True, swizzled_staging=True,
-                         work_list_kernel=True, largest_first=True,
-                         group_bands=True)),
-    # Largest first on 192-token turns, the list from XLA ops: the groups
-    # of 273 (two items of 144), 130 (one of 136), 193 (two of 104) and 3
-    # rows in that order, the rows of no group last.
-    (700, 64, 128, [273, 0, 193, 3, 130], 5, "bfloat16", "bfloat16", True,
-     "silu", RaggedConfig(tile_m=192, tile_n=64, tile_k=64, stages=2,
-                          epi_tile_n=64, grid_band=2, ping_pong=True,
-                          out_slots=1, swizzled_staging=True, swap_ab=True,
-                          group_bands=True, largest_first=True)),
 ]
 
 
@@ -339,8 +324,7 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swap_ab_split_rows", "swap_ab_ping_pong_192",
             "swap_ab_ping_pong_144", "swap_ab_shared_staging",
             "swap_ab_wide_columns", "ping_pong_shared_staging",
-            "work_list_kernel", "largest_first_work_list",
-            "largest_first_turns"]
+            "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
@@ -879,8 +863,7 @@ def test_rows_zero_k_applies_activation_to_group_rows():
   np.testing.assert_array_equal(np.asarray(out), want)
 
 
-def _checked_row_items(sizes, offset, m, tile_m, balanced=False,
-                       largest_first=False):
+def _checked_row_items(sizes, offset, m, tile_m, balanced=False):
   """The "rows" work list, checked for what the compiled kernel relies on
   and the interpreter does not check: every item's tile lies inside lhs
   and holds the item's rows, with lhs padded to whole 8-row tiles (the
@@ -893,12 +876,10 @@ def _checked_row_items(sizes, offset, m, tile_m, balanced=False,
   as many and equally long, a multiple of 8 rows. Returns (item count,
   owner group of each row)."""
   items = jax.jit(mosaic_schedule.row_items,
-                  static_argnames=("m", "tile_m", "row_align", "balanced",
-                                   "largest_first"))
+                  static_argnames=("m", "tile_m", "row_align", "balanced"))
   table = np.asarray(items(jnp.asarray(sizes, jnp.int32),
                            jnp.asarray([offset], jnp.int32), m=m,
-                           tile_m=tile_m, row_align=8, balanced=balanced,
-                           largest_first=largest_first))
+                           tile_m=tile_m, row_align=8, balanced=balanced))
   count = int(mosaic_schedule.item_count(table))
   # The count sits in an extra last column; the entries past it are zeros.
   table = table[:, :-1]
@@ -934,21 +915,6 @@ def _checked_row_items(sizes, offset, m, tile_m, balanced=False,
     assert np.all(owner[lo:hi] == group)
     covered[lo:hi] += 1
   np.testing.assert_array_equal(covered, 1)
-  # The pieces in the list's order: with largest_first the groups by rows
-  # per item (the stride `piece_items` cuts them at), most first, ties in
-  # row order, then the rows of no group in row order; else row order.
-  keys, row_los = [], []
-  for first in sorted(set(table[mosaic_schedule.ITEM_PIECE_FIRST, :count])):
-    group, lo, _, _, items = table[:, first]
-    hi = table[mosaic_schedule.ITEM_ROW_HI, first + items - 1]
-    per_item = -(-(int(hi) - int(lo) // 8 * 8) // int(items))
-    stride = -(-per_item // 8) * 8 if balanced else tile_m
-    keys.append(stride if group >= 0 else -1)
-    row_los.append(int(lo))
-  order = (sorted(range(len(keys)), key=lambda i: (-keys[i], row_los[i]))
-           if largest_first else sorted(range(len(keys)),
-                                        key=lambda i: row_los[i]))
-  assert order == list(range(len(keys))), (keys, row_los)
   return count, owner
 
 
@@ -986,61 +952,28 @@ def _group_layouts(draw):
 @hypothesis.given(_group_layouts())
 def test_row_item_tiles_start_on_row_tiles_inside_lhs(layout):
   count = _checked_row_items(*layout)[0]
-  # Balanced items are as many, and so are the items listed largest first.
+  # Balanced items are as many.
   assert _checked_row_items(*layout, balanced=True)[0] == count
-  assert _checked_row_items(*layout, balanced=True,
-                            largest_first=True)[0] == count
-  assert _checked_row_items(*layout, largest_first=True)[0] == count
 
 
 def _work_list_kernel_table(sizes, offset, m, tile_m, balanced,
-                            interpret=True, largest_first=False):
+                            interpret=True):
   return np.asarray(work_list_kernel.row_items(
       jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
-      tile_m=tile_m, row_align=8, balanced=balanced,
-      largest_first=largest_first, interpret=interpret))
+      tile_m=tile_m, row_align=8, balanced=balanced, interpret=interpret))
 
 
 @hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
-@hypothesis.given(_group_layouts(), st.booleans(), st.booleans())
-def test_work_list_kernel_builds_the_row_items_table(layout, balanced,
-                                                     largest_first):
+@hypothesis.given(_group_layouts(), st.booleans())
+def test_work_list_kernel_builds_the_row_items_table(layout, balanced):
   """The Pallas-Triton work-list kernel (interpreted) writes the table of
-  `mosaic_schedule.row_items` entry by entry, count column included, in
-  row order or largest first."""
+  `mosaic_schedule.row_items` entry by entry, count column included."""
   sizes, offset, m, tile_m = layout
   want = mosaic_schedule.row_items(
       jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
-      tile_m=tile_m, row_align=8, balanced=balanced,
-      largest_first=largest_first)
+      tile_m=tile_m, row_align=8, balanced=balanced)
   np.testing.assert_array_equal(
-      _work_list_kernel_table(sizes, offset, m, tile_m, balanced,
-                              largest_first=largest_first), want)
-
-
-@pytest.mark.parametrize("groups", [
-    work_list_kernel.LARGEST_FIRST_MAX_GROUPS,
-    mosaic_schedule.MASKED_SUM_MAX_ENTRIES + 1])
-def test_rows_largest_first_at_many_groups(groups):
-  """Listed largest first: the work-list kernel at its most groups
-  (compiled where there is a GPU), and the list's stable sort past the
-  masked reduction's entries; the kernel refuses more groups, naming
-  the option."""
-  rng = np.random.default_rng(groups)
-  sizes = rng.integers(-2, 300, groups)
-  m = int(np.maximum(sizes, 0).sum()) + 11
-  if groups <= work_list_kernel.LARGEST_FIRST_MAX_GROUPS:
-    want = mosaic_schedule.row_items(
-        jnp.asarray(sizes, jnp.int32), jnp.asarray([5], jnp.int32), m=m,
-        tile_m=128, row_align=8, balanced=True, largest_first=True)
-    np.testing.assert_array_equal(
-        _work_list_kernel_table(sizes, 5, m, 128, True, largest_first=True,
-                                interpret=jax.default_backend() != "gpu"),
-        want)
-  else:
-    _checked_row_items(sizes, 5, m, 128, balanced=True, largest_first=True)
-    with pytest.raises(ValueError, match="with largest_first"):
-      _work_list_kernel_table(sizes, 5, m, 128, True, largest_first=True)
+      _work_list_kernel_table(sizes, offset, m, tile_m, balanced), want)
 
 
 @pytest.mark.parametrize("groups", [1, 257, work_list_kernel.MAX_GROUPS])
@@ -1229,8 +1162,6 @@ def test_largest_first_matches_a_stable_sort(entries, monkeypatch):
 @pytest.mark.parametrize("option", [dict(largest_first=True),
                                     dict(piece_rows=64)], ids=str)
 def test_rows_rejects_contracting_options(option):
-  """piece_rows is a "contracting"-mode option; largest_first in "rows"
-  mode needs swap_ab (SMALL has none)."""
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "float32")
   with pytest.raises(ValueError, match=next(iter(option))):
     mosaic.ragged_matmul(

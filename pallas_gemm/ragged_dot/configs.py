@@ -46,11 +46,8 @@ One `RaggedConfig` serves both modes; the fields mean:
                walk the groups (or pieces) in order of their row counts,
                largest first, and deal the tiles to the CTAs (with
                ping_pong, to the CTAs' consumers) in a snake, so that
-               uneven groups load the SMs evenly. In "rows" mode (which
-               needs swap_ab, where an item runs at a width near its rows
-               and so costs about as much) the groups are walked in order
-               of their rows per item, the rows of no group last; each
-               group's items stay together.
+               uneven groups load the SMs evenly (a "contracting"-mode
+               option; "rows" raises on it).
     empty_last walk the entries (groups or pieces) that have rows first, in
                table order, and the empty ones after them: the order the
                claimed zero drip (claim_tiles with zero_drip) needs,
@@ -219,8 +216,7 @@ One `RaggedConfig` serves both modes; the fields mean:
                Pallas-Triton launch (`work_list_kernel.row_items`) instead
                of a chain of small XLA kernels, which on short calls (small
                experts) is a share of the call's time. Needs at most
-               `work_list_kernel.MAX_GROUPS` groups (with largest_first
-               `LARGEST_FIRST_MAX_GROUPS`; a "rows"-mode option,
+               `work_list_kernel.MAX_GROUPS` groups (a "rows"-mode option,
                as the "contracting" kernel lists no row items, and raises
                on it).
   both:
@@ -364,6 +360,7 @@ MODE_ONLY_OPTIONS = {
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
+        "largest_first": "gives each item's tiles equal work",
         "empty_last": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
@@ -556,11 +553,6 @@ class RaggedConfig:
                        f"by 128 columns, or 128 by {SWAP_AB_MAX_TOKENS}), "
                        f"got tile_m={self.tile_m}, tile_n={self.tile_n}, "
                        f"swap_ab={self.swap_ab}")
-    if mode == "rows" and self.largest_first and not self.swap_ab:
-      raise ValueError("RaggedConfig.largest_first in \"rows\" mode needs "
-                       "swap_ab=True: it orders the groups by the cost of "
-                       "their items, which differs only where an item runs "
-                       "at a width near its rows")
     if mode == "rows" and self.narrow_chunks:
       raise ValueError(f"RaggedConfig.tile_k={self.tile_k} is a "
                        f"\"contracting\"-mode chunk: the \"rows\" kernel's "

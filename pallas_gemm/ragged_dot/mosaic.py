@@ -234,13 +234,6 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   assert in_place or lhs_rows % row_align == 0, lhs_gmem.shape
 
   def tile_info(linear):
-    if config.largest_first:
-      # The list runs costliest group first: dealt in a snake that turns
-      # after every round of the CTAs' consumers (mosaic_contracting's
-      # reason), the consumer dealt a costly tile is dealt a cheap one next.
-      workers = NUM_CONSUMERS if config.ping_pong else 1
-      linear = schedule.snake_deal(
-          linear, index(lax.axis_size("sm")) * workers, num_tiles)
     if config.group_bands:
       # The tiles of a piece (a group, or rows of no group) are the
       # consecutive run of its items times n_units, so the item whose
@@ -602,13 +595,13 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   cta_n = config.cta_tile("rows")[1]
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
-  order = dict(m=m, tile_m=tile_m, row_align=row_align,
-               balanced=config.swap_ab, largest_first=config.largest_first)
   if config.work_list_kernel:
-    items = work_list_kernel.row_items(group_sizes, row_offset, **order,
-                                       interpret=params is not None)
+    items = work_list_kernel.row_items(
+        group_sizes, row_offset, m=m, tile_m=tile_m, row_align=row_align,
+        balanced=config.swap_ab, interpret=params is not None)
   else:
-    items = schedule.row_items(group_sizes, row_offset, **order)
+    items = schedule.row_items(group_sizes, row_offset, m=m, tile_m=tile_m,
+                               row_align=row_align, balanced=config.swap_ab)
   in_place = lhs_in_place(config, problem, params)
   lhs_tiling = tma.tma_tiling(tile_k, in_dtype)
   if in_place:  # rows as they are (at least one tile of them)

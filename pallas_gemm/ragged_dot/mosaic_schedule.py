@@ -80,8 +80,7 @@ def max_row_items(m: int, groups: int, tile_m: int, row_align: int) -> int:
 
 
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
-              row_align: int, balanced: bool = False,
-              largest_first: bool = False):
+              row_align: int, balanced: bool = False):
   """The "rows"-mode item table (5, max_row_items + 1) int32 (see the
   module docstring; rows ITEM_*; group -1 marks rows that belong to no
   group): the items in its first columns, zeros past the valid ones, and
@@ -93,11 +92,7 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   is three items of 96 rather than 128, 128 and 17, for kernels that run an
   item at a width near its rows (`RaggedConfig.swap_ab`), where a short
   last item would still load the expert's whole weight strip for a few
-  rows.
-
-  With `largest_first` (`RaggedConfig.largest_first`) the pieces are listed
-  in `pieces_largest_first` order instead of row order; each piece's items
-  stay consecutive and in row order."""
+  rows."""
   groups = group_sizes.shape[0]
   starts, ends = group_rows(group_sizes, row_offset, m)
   zero = jnp.zeros((1,), jnp.int32)
@@ -110,12 +105,8 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
   first_tile_row, counts, stride = piece_items(
       lo, hi, tile_m=tile_m, row_align=row_align, balanced=balanced)
   counts = counts.astype(jnp.int32)
-  if largest_first:
-    first_item = pieces_largest_first(piece_group, counts, stride)
-    ends_incl = first_item + counts
-  else:
-    ends_incl = inclusive_sum(counts)
-    first_item = ends_incl - counts
+  ends_incl = inclusive_sum(counts)
+  first_item = ends_incl - counts
   # Every entry as one masked sum over the pieces (the piece that holds the
   # item contributes its values, the others zero), the item count in the
   # extra last column: one reduction, which XLA runs as one kernel, where
@@ -133,29 +124,6 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
       jnp.where(holds, first_item, 0),
       jnp.where(holds, counts, 0)])
   return jnp.sum(entries, axis=2, dtype=jnp.int32)
-
-
-def pieces_largest_first(piece_group, counts, rows_per_item):
-  """The first item of each piece when the pieces are listed by their rows
-  per item, most first (ties in row order), the pieces of no group
-  (`piece_group` -1) after all groups, in row order: an item's cost in the
-  transposed tile follows its rows, so that a round-robin deal of the list
-  in a snake ends on the cheapest tiles. int32 vectors of one entry per
-  piece; as one masked reduction over the pieces (`inclusive_sum`'s
-  reason) up to MASKED_SUM_MAX_ENTRIES, else a stable sort."""
-  key = jnp.where(piece_group >= 0, rows_per_item.astype(jnp.int32), -1)
-  count = key.shape[0]
-  if count > MASKED_SUM_MAX_ENTRIES:
-    order = jnp.argsort(-key, stable=True)
-    sorted_first = jnp.cumsum(counts[order], dtype=jnp.int32) - counts[order]
-    return jnp.zeros_like(counts).at[order].set(sorted_first)
-  index = jnp.arange(count, dtype=jnp.int32)
-  # ahead[p, q]: piece q is listed before piece p.
-  before, this = key[None, :], key[:, None]
-  ahead = (before > this) | ((before == this)
-                             & (index[None, :] < index[:, None]))
-  return jnp.sum(jnp.where(ahead, counts[None, :], 0), axis=1,
-                 dtype=jnp.int32)
 
 
 def piece_items(lo, hi, *, tile_m: int, row_align: int,

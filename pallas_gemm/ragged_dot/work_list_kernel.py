@@ -39,33 +39,24 @@ MAX_WARPS = 4
 #: ... so that up to MAX_GROUPS the vectors stay a few registers a thread;
 #: with more groups the table is built from XLA ops.
 MAX_GROUPS = GROUPS_PER_WARP * MAX_WARPS
-#: The most groups with `largest_first`, whose order compares every pair of
-#: groups in each program (groups x groups values).
-LARGEST_FIRST_MAX_GROUPS = GROUPS_PER_WARP
 #: A fixed warp count instead (experiments/lab/work_list_kernel_sweep.py).
 NUM_WARPS: int | None = None
 
 
-def max_groups(largest_first: bool = False) -> int:
-  return LARGEST_FIRST_MAX_GROUPS if largest_first else MAX_GROUPS
-
-
-def supports(groups: int, largest_first: bool = False) -> bool:
-  return 0 < groups <= max_groups(largest_first)
+def supports(groups: int) -> bool:
+  return 0 < groups <= MAX_GROUPS
 
 
 def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
               row_align: int, balanced: bool = False,
-              largest_first: bool = False, interpret: bool = False):
+              interpret: bool = False):
   """`mosaic_schedule.row_items`, the same (5, max_row_items + 1) int32
   table, from one Pallas-Triton launch. `interpret` runs the kernel in
   Pallas's interpreter (CPU)."""
   groups = group_sizes.shape[0]
-  if not supports(groups, largest_first):
+  if not supports(groups):
     raise ValueError(f"RaggedConfig.work_list_kernel takes 1 to "
-                     f"{max_groups(largest_first)} groups"
-                     f"{' with largest_first' if largest_first else ''}; "
-                     f"group_sizes has {groups}")
+                     f"{MAX_GROUPS} groups; group_sizes has {groups}")
   max_items = schedule.max_row_items(m, groups, tile_m, row_align)
   columns = max_items + 1
   padded_groups = shape_bucket(groups)
@@ -95,22 +86,10 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
     tail_hi = jnp.full_like(offset, m)
     lead_row, lead_count, lead_stride = piece(lead_lo, lead_hi)
     group_row, group_count, group_stride = piece(starts, ends)
+    group_end_item = lead_count + jnp.cumsum(group_count)
+    group_first_item = group_end_item - group_count
+    tail_first_item = lead_count + jnp.sum(group_count)
     tail_row, tail_count, tail_stride = piece(tail_lo, tail_hi)
-    if largest_first:
-      # `schedule.pieces_largest_first`: the groups by rows per item, then
-      # the lead, then the tail.
-      key = group_stride[None, :]
-      ahead = (key > group_stride[:, None]) | (
-          (key == group_stride[:, None]) & (group[None, :] < group[:, None]))
-      group_first_item = jnp.sum(
-          jnp.where(ahead, group_count[None, :], 0), axis=1)
-      lead_first_item = jnp.zeros_like(lead_count) + jnp.sum(group_count)
-      tail_first_item = lead_first_item + lead_count
-    else:
-      group_end_item = lead_count + jnp.cumsum(group_count)
-      group_first_item = group_end_item - group_count
-      lead_first_item = jnp.zeros_like(lead_count)
-      tail_first_item = lead_count + jnp.sum(group_count)
 
     item = (pl.program_id(0) * block
             + jnp.arange(block, dtype=jnp.int32))[:, None]
@@ -132,10 +111,11 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
               pick(jnp.broadcast_to(count, holds.shape)))
 
     no_group = jnp.full((1, 1), -1, jnp.int32)
+    zero = jnp.zeros((1, 1), jnp.int32)
     rows = [
-        entries(lead_first_item[None, :], lead_count[None, :],
-                lead_lo[None, :], lead_hi[None, :], lead_row[None, :],
-                lead_stride[None, :], no_group),
+        entries(zero, lead_count[None, :], lead_lo[None, :],
+                lead_hi[None, :], lead_row[None, :], lead_stride[None, :],
+                no_group),
         entries(group_first_item[None, :], group_count[None, :],
                 starts[None, :], ends[None, :], group_row[None, :],
                 group_stride[None, :], group[None, :]),

@@ -10,6 +10,7 @@ suite down to Mosaic GPU's MLIR on the CPU, without running them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pathlib
 import subprocess
@@ -522,6 +523,12 @@ CLAIM_CASES = [
      dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=2,
                          empty_last=True, wide_zero_box=True,
                          claim_tiles=True, streamed_zeros=True)),
+    # ... and with the zero buffer doubled (16 KB): runs of 64 rows.
+    (260, 200, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
+                         empty_last=True, wide_zero_box=True, tile_n=128,
+                         claim_tiles=True, streamed_zeros=True,
+                         double_zero_buffer=True)),
 ]
 
 
@@ -529,7 +536,8 @@ CLAIM_CASES = [
                          ids=["split", "turns", "pieces", "no_rows",
                               "zeros_claimed", "empty_last", "zeros_none",
                               "clusters", "cluster_rows", "streamed_zeros",
-                              "streamed_zeros_in_rows"])
+                              "streamed_zeros_in_rows",
+                              "streamed_zeros_double_buffer"])
 def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
 
@@ -577,6 +585,15 @@ def test_streamed_zeros_need_claimed_zeros():
     with pytest.raises(ValueError, match="streamed_zeros needs claim_tiles"):
       dataclasses.replace(claimed, streamed_zeros=True, **fields)
   assert "streamed_zeros" in configs.MODE_ONLY_OPTIONS["contracting"]
+  # double_zero_buffer doubles the streamed wide box's buffer, and needs it.
+  wide = dataclasses.replace(claimed, wide_zero_box=True, tile_n=128,
+                             streamed_zeros=True)
+  doubled = dataclasses.replace(wide, double_zero_buffer=True)
+  assert (math.prod(doubled.zero_box("bfloat16"))
+          == 2 * math.prod(wide.zero_box("bfloat16")))
+  for fields in (dict(streamed_zeros=False), dict(wide_zero_box=False)):
+    with pytest.raises(ValueError, match="double_zero_buffer needs"):
+      dataclasses.replace(doubled, **fields)
 
 
 def test_claimed_zeros_need_largest_first():

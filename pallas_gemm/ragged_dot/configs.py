@@ -136,6 +136,11 @@ One `RaggedConfig` serves both modes; the fields mean:
                chunks that the long tiles beside them read again (excludes
                cluster_columns and cluster_rows; a "contracting"-mode
                option; the interpreter stores the boxes).
+    double_zero_buffer
+               with streamed_zeros and wide_zero_box: a zero buffer of
+               twice WIDE_ZERO_BOX_BYTES, so that each streamed run is
+               twice as long and half as many are claimed (a
+               "contracting"-mode option).
     operand_planes
                hold each stage of lhs and dout as planes of 64 columns (one
                128-byte swizzle span per row), one TMA copy and one wgmma
@@ -366,6 +371,7 @@ MODE_ONLY_OPTIONS = {
         "zeros_by_producer": "stores the rows of no group with its items",
         "wide_zero_box": "stores the rows of no group with its items",
         "streamed_zeros": "stores the rows of no group with its items",
+        "double_zero_buffer": "stores the rows of no group with its items",
         "claim_tiles": "deals its row items round-robin (claims are built "
                        "for the weight gradient's long reductions)",
         "short_tile_lookahead": "keeps its whole ring in flight",
@@ -416,6 +422,7 @@ class RaggedConfig:
   wide_zero_box: bool = False
   cluster_rows: bool = False
   streamed_zeros: bool = False
+  double_zero_buffer: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -459,6 +466,11 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.wide_zero_box needs "
                        "zeros_by_producer=True (it shapes the box the "
                        "producer stores the zero tiles with)")
+    if self.double_zero_buffer and not (self.streamed_zeros
+                                        and self.wide_zero_box):
+      raise ValueError("RaggedConfig.double_zero_buffer needs "
+                       "streamed_zeros=True and wide_zero_box=True (it "
+                       "lengthens the streamed runs of the wide box)")
     if self.streamed_zeros and not (self.claim_tiles and self.zero_drip
                                     and not self.clustered):
       raise ValueError(f"RaggedConfig.streamed_zeros needs claim_tiles=True "
@@ -646,8 +658,9 @@ class RaggedConfig:
       return ZERO_BOX
     cta_m, cta_n = self.cta_tile("contracting")
     cols = min(cta_n, WIDE_ZERO_BOX_MAX_COLS)
-    rows = max(WIDE_ZERO_BOX_BYTES
-               // (cols * jnp.dtype(out_dtype).itemsize), 1)
+    buffer_bytes = WIDE_ZERO_BOX_BYTES * (2 if self.double_zero_buffer
+                                          else 1)
+    rows = max(buffer_bytes // (cols * jnp.dtype(out_dtype).itemsize), 1)
     return min(1 << (rows.bit_length() - 1), cta_m), cols
 
   def fits(self, problem: RaggedProblem) -> bool:

@@ -1263,7 +1263,8 @@ def test_zero_drip_lowers_for_cuda(case):
                 if c.label == f"{case} one_hot drhs"]
   config = configs._most_stages(dataclasses.replace(
       configs.heuristic(problem, HOPPER), claim_tiles=False,
-      streamed_zeros=False, zeros_by_producer=True, zero_drip=2), problem)
+      streamed_zeros=False, double_zero_buffer=False,
+      zeros_by_producer=True, zero_drip=2), problem)
   _lower_for_cuda(problem, config)
 
 
@@ -1293,7 +1294,7 @@ def test_claims_in_clusters_lower_for_cuda(drip, shared):
                 if c.label == "deepseek_v3_up one_hot drhs"]
   config = dataclasses.replace(configs.heuristic(problem, HOPPER),
                                zero_drip=drip, streamed_zeros=False,
-                               **{shared: True})
+                               double_zero_buffer=False, **{shared: True})
   assert config.claim_tiles and config.empty_last
   _lower_for_cuda(problem, config)
 
@@ -1348,10 +1349,11 @@ def test_claimed_zeros_lower_for_cuda():
                 if c.label == "deepseek_v3_up one_hot drhs"]
   config = configs.heuristic(problem, HOPPER)
   assert config.empty_last and config.zero_drip and config.streamed_zeros
-  assert config.zero_box(problem.out_dtype) == (16, 256)
+  assert config.zero_box(problem.out_dtype) == (32, 256)  # doubled
   streamed = _lower_for_cuda(problem, config).as_text()
   assert all(ptx in streamed for ptx in bulk_stores.INLINE_PTX)
-  boxes = dataclasses.replace(config, streamed_zeros=False)
+  boxes = dataclasses.replace(config, streamed_zeros=False,
+                              double_zero_buffer=False)
   assert "L2::evict_first" not in _lower_for_cuda(problem, boxes).as_text()
 
 
@@ -1752,7 +1754,11 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
   fills = (-(-k // cta_m) * -(-n // cta_n)
            >= configs.CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM * HOPPER.planning_sms)
   assert fills == (n != 136)
-  assert config.zero_drip == (configs.CLAIMED_ZERO_DRIP if fills else 0)
+  # ... in runs of the doubled buffer, half as many a load (every layer
+  # here has room for it at the same ring depth).
+  assert config.zero_drip == (configs.CLAIMED_ZERO_DRIP_DOUBLED if fills
+                              else 0)
+  assert config.double_zero_buffer == fills
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
   assert h100.key not in configs.CLAIMED_TILES_DEVICES
   plain = mosaic.heuristic(problem, h100)
@@ -1764,7 +1770,8 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
                                        claim_tiles=True, empty_last=True,
                                        wide_zero_box=True,
                                        zero_drip=config.zero_drip,
-                                       streamed_zeros=config.streamed_zeros)
+                                       streamed_zeros=config.streamed_zeros,
+                                       double_zero_buffer=fills)
   assert config.fits(problem)
 
 

@@ -979,8 +979,13 @@ CLAIMED_TILES_DEVICES = ("nvidia_h200",)
 #: runs of the empty groups' contiguous output under an L2 evict-first
 #: policy (`streamed_zeros`): faster than the TMA boxes wherever many
 #: groups are empty, and the same elsewhere, as only the zeros' stores
-#: change (same notes, "Streamed zeros").
+#: change (same notes, "Streamed zeros"). Where the doubled zero buffer
+#: fits at the same ring depth (`double_zero_buffer`), the drip is
+#: CLAIMED_ZERO_DRIP_DOUBLED runs of it: the same bytes after each load in
+#: half as many copies, faster on the one-hot routing; more bytes a load,
+#: or fewer, were slower (same notes, "The doubled zero buffer").
 CLAIMED_ZERO_DRIP = 4
+CLAIMED_ZERO_DRIP_DOUBLED = CLAIMED_ZERO_DRIP // 2
 #: ... where one group's tiles are at least this share of the SMs.
 CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM = 0.5
 
@@ -1053,6 +1058,10 @@ def _contracting_heuristic(problem: RaggedProblem,
       if _one_group_fills_the_sms(problem, config, device.planning_sms):
         config = dataclasses.replace(config, zero_drip=CLAIMED_ZERO_DRIP,
                                      streamed_zeros=True)
+        doubled = dataclasses.replace(config, double_zero_buffer=True,
+                                      zero_drip=CLAIMED_ZERO_DRIP_DOUBLED)
+        if doubled.fits(problem):
+          config = doubled
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full

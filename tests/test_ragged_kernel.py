@@ -529,18 +529,6 @@ CLAIM_CASES = [
                          empty_last=True, wide_zero_box=True, tile_n=128,
                          claim_tiles=True, streamed_zeros=True,
                          double_zero_buffer=True)),
-    # The walk's claims alternating between 3 runs of its tiles (four
-    # groups with rows, 6 tiles each: runs of 8), the zero tiles claimed
-    # apart.
-    (260, 192, 256, [0, 130, 0, 7, 50, 0, 70], 5, "bfloat16", "bfloat16",
-     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
-                         empty_last=True, wide_zero_box=True, tile_n=128,
-                         claim_tiles=True, claim_streams=3)),
-    # ... and 2 runs of every tile (no zero drip), turns.
-    (230, 192, 192, [60, 130, 0, 33], 5, "bfloat16", "float32",
-     dataclasses.replace(SMALL, ping_pong=True, out_slots=2, stages=3,
-                         empty_last=True, claim_tiles=True,
-                         claim_streams=2)),
 ]
 
 
@@ -549,8 +537,7 @@ CLAIM_CASES = [
                               "zeros_claimed", "empty_last", "zeros_none",
                               "clusters", "cluster_rows", "streamed_zeros",
                               "streamed_zeros_in_rows",
-                              "streamed_zeros_double_buffer",
-                              "claim_streams", "claim_streams_turns"])
+                              "streamed_zeros_double_buffer"])
 def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
 
@@ -607,28 +594,6 @@ def test_streamed_zeros_need_claimed_zeros():
   for fields in (dict(streamed_zeros=False), dict(wide_zero_box=False)):
     with pytest.raises(ValueError, match="double_zero_buffer needs"):
       dataclasses.replace(doubled, **fields)
-
-
-@pytest.mark.parametrize("streams", [1, 2, 3, 4, 7])
-@pytest.mark.parametrize("total", [0, 1, 5, 12, 13, 100])
-def test_stream_deal_is_a_permutation(streams, total):
-  """`mosaic_schedule.stream_deal`: the claims take every tile once, each
-  run's tiles in order, the runs' lengths within one of each other."""
-  claims = np.arange(total)
-  tiles = np.asarray(mosaic_schedule.stream_deal(claims, streams, total))
-  assert sorted(tiles.tolist()) == claims.tolist()
-  runs = [tiles[claims % streams == r] for r in range(streams)]
-  assert all(np.all(np.diff(run) == 1) for run in runs)
-  lengths = [len(run) for run in runs]
-  assert max(lengths) - min(lengths) <= 1 and lengths == sorted(
-      lengths, reverse=True)
-
-
-def test_claim_streams_need_claims():
-  with pytest.raises(ValueError, match="claim_streams=2 needs claim_tiles"):
-    dataclasses.replace(SMALL, claim_streams=2)
-  with pytest.raises(ValueError, match="claim_streams"):
-    dataclasses.replace(SMALL, claim_tiles=True, claim_streams=9)
 
 
 def test_claimed_zeros_need_largest_first():

@@ -136,13 +136,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                chunks that the long tiles beside them read again (excludes
                cluster_columns and cluster_rows; a "contracting"-mode
                option; the interpreter stores the boxes).
-    claim_streams
-               with claim_tiles: the claims alternate between this many
-               consecutive runs of the walk's tiles, so that tiles of that
-               many places in the table run side by side (long and short
-               reductions together where sizes are uneven; 1, the
-               default: one run, the table's order; a "contracting"-mode
-               option).
     double_zero_buffer
                with streamed_zeros and wide_zero_box: a zero buffer of
                twice WIDE_ZERO_BOX_BYTES, so that each streamed run is
@@ -430,7 +423,6 @@ class RaggedConfig:
   cluster_rows: bool = False
   streamed_zeros: bool = False
   double_zero_buffer: bool = False
-  claim_streams: int = checked(1, in_range(1, 8))
 
   def __post_init__(self):
     validate(self)
@@ -474,9 +466,6 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.wide_zero_box needs "
                        "zeros_by_producer=True (it shapes the box the "
                        "producer stores the zero tiles with)")
-    if self.claim_streams > 1 and not self.claim_tiles:
-      raise ValueError(f"RaggedConfig.claim_streams={self.claim_streams} "
-                       f"needs claim_tiles=True (it orders the claims)")
     if self.double_zero_buffer and not (self.streamed_zeros
                                         and self.wide_zero_box):
       raise ValueError("RaggedConfig.double_zero_buffer needs "

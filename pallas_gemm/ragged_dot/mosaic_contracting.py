@@ -91,14 +91,6 @@ consumers) in a snake (`mosaic_schedule.snake_deal`), so that the long
 tiles of large groups start first and spread evenly over them; with
 claim_tiles, claimed in that order instead. `RaggedConfig.empty_last`
 moves only the entries without rows, after the others (no snake deal).
-
-With `RaggedConfig.claim_streams` = S (and claim_tiles), the claims of the
-walk alternate between S consecutive runs of its tiles
-(`mosaic_schedule.stream_deal`), so that the CTAs in flight hold tiles of
-S places in the table at once: where groups of many rows (long,
-compute-bound tiles) and of few (short, store-bound ones) lie in different
-runs, their tiles run side by side rather than one group's after
-another's.
 """
 
 from __future__ import annotations
@@ -163,12 +155,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   stores = tile_n // epi_n
 
   def tile_info(linear):
-    if config.claim_streams > 1:
-      # Only the walk's tiles; the claimed zero tiles past it stay put.
-      walked = walked_tiles()
-      linear = jnp.where(
-          linear < walked,
-          schedule.stream_deal(linear, config.claim_streams, walked), linear)
     if config.largest_first and not config.claim_tiles:
       # With ping_pong a CTA's consecutive slots alternate between its two
       # consumers, which each run their own tiles one after another: the
@@ -365,11 +351,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     the first ones of a walk in largest_first's or empty_last's order."""
     return index(counts_gmem[1]) * index(k_units * n_units)
 
-  def walked_tiles():
-    """With claim_tiles: the tiles the claims walk (with zero_drip, those
-    with rows; the zero tiles are claimed apart)."""
-    return tiles_with_rows() if config.zero_drip else num_tiles
-
   def handed(linear):
     """With claim_tiles: whether the consumers run tile `linear` (all but
     the tiles they would skip)."""
@@ -444,8 +425,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         # With the zeros claimed apart, the walk ends at the first entry
         # without rows (largest_first and empty_last put all such entries
         # last).
+        walked = tiles_with_rows() if config.zero_drip else num_tiles
         walk = lambda body, carry: tile_claims.producer_walk(
-            queue, walked_tiles(), body, carry, handed=handed)
+            queue, walked, body, carry, handed=handed)
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
                    coords=producer_tile, load_step=load_step,
                    side_work=side_work, lookahead=lookahead, walk=walk)

@@ -299,15 +299,3 @@ def snake_deal(linear, num_ctas, num_tiles):
   backwards = (deal_round * num_ctas + (num_ctas - 1 - linear % num_ctas))
   whole = (deal_round + 1) * num_ctas <= num_tiles
   return jnp.where((deal_round % 2 == 1) & whole, backwards, linear)
-
-
-def stream_deal(claim, streams: int, total):
-  """The tile that claim number `claim` of [0, total) takes where the
-  claims alternate between `streams` consecutive runs of the tiles, each
-  walked in order (`RaggedConfig.claim_streams`): the runs' lengths differ
-  by at most one, the longer first, and claim c takes the (c // streams)-th
-  tile of run c % streams. A permutation of [0, total); works on traced
-  or NumPy ints."""
-  quotient, remainder = total // streams, total % streams
-  run, step = claim % streams, claim // streams
-  return run * quotient + jnp.minimum(run, remainder) + step

@@ -983,7 +983,8 @@ CLAIMED_TILES_DEVICES = ("nvidia_h200",)
 #: fits at the same ring depth (`double_zero_buffer`), the drip is
 #: CLAIMED_ZERO_DRIP_DOUBLED runs of it: the same bytes after each load in
 #: half as many copies, faster on the one-hot routing; more bytes a load,
-#: or fewer, were slower (same notes, "The doubled zero buffer").
+#: or fewer, were slower (same notes, "Rows listed largest first, the
+#: hint's share, the doubled zero buffer, claim streams").
 CLAIMED_ZERO_DRIP = 4
 CLAIMED_ZERO_DRIP_DOUBLED = CLAIMED_ZERO_DRIP // 2
 #: ... where one group's tiles are at least this share of the SMs.

@@ -45,7 +45,6 @@ def op_bench_iters(flag: int | None, on_gpu: bool) -> int:
   return flag or OP_BENCH_ITERS["gpu" if on_gpu else "cpu"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class BenchmarkOptions:
   """Everything one benchmark run needs; `from_flags` builds it from argv."""

@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAB = REPO_ROOT / "experiments" / "lab"
 
@@ -268,3 +270,46 @@ def test_pair_fields_keep_the_staging_slots_they_name():
   two = config_with_fields(problem, "out_slots=2", h200)
   assert (two.stages, two.out_slots) == (5, 2) and two.fits(problem)
   assert config_with_fields(problem, "out_slots=2,stages=5", h200) == two
+
+
+def test_moe_tally_counts_each_case_once_from_the_first_file(tmp_path, capsys):
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab import moe_tally
+
+  def row(case, fraction, time_ms, kernel="auto", correct=True):
+    layer, distribution, direction = case.split()
+    target = 0.85 if direction == "forward" and distribution != "zipf" else 0.75
+    return dict(case=case, layer=layer, distribution=distribution,
+                direction=direction, kernel=kernel, time_ms=time_ms,
+                roofline_fraction=fraction, roofline_target=target,
+                meets_target=fraction >= target, correct=correct)
+
+  def write(name, rows):
+    path = tmp_path / name
+    path.write_text(json.dumps({"metadata": {}, "results": rows}))
+    return str(path)
+
+  first = write("a.json", [row("l1 even forward", 0.90, 1.0),
+                           row("l1 even forward", 0.10, 9.0, kernel="xla"),
+                           row("l1 zipf drhs", 0.70, 2.0)])
+  second = write("b.json", [row("l1 zipf drhs", 0.80, 1.8),
+                            row("l2 even dlhs", 0.745, 3.0)])
+  earlier = write("c.json", [row("l1 even forward", 0.80, 1.1),
+                             row("l1 zipf drhs", 0.71, 2.0)])
+  assert moe_tally.main([first, second, "--against", earlier]) == 0
+  out = capsys.readouterr().out
+  # The repeat counts from the first file (0.70, a miss); xla rows never count.
+  assert ("**1 of 3** meet their target (forward 1 of 1, drhs 0 of 1, "
+          "dlhs 0 of 1)") in out
+  assert "l1 zipf drhs: 0.700, 0.800 (the first counts)" in out
+  assert "| drhs, zipf (1) | l1 0.700 |" in out
+  assert "l2 even dlhs 0.7450 (line 0.75)" in out  # within 1 % of its line
+  assert "l1 even forward: 0.800 -> 0.900, now passes" in out
+  assert "2 cases in common" in out
+
+  with pytest.raises(SystemExit):
+    moe_tally.main([first, "--against", str(tmp_path / "absent.json")])
+  assert "--against: no such file" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    moe_tally.main([first, "--moved", "1.5"])
+  assert "--moved must lie in [0, 1)" in capsys.readouterr().err

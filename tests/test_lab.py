@@ -313,3 +313,44 @@ def test_moe_tally_counts_each_case_once_from_the_first_file(tmp_path, capsys):
   with pytest.raises(SystemExit):
     moe_tally.main([first, "--moved", "1.5"])
   assert "--moved must lie in [0, 1)" in capsys.readouterr().err
+
+
+def test_ragged_phase_model_walks_every_tile_and_shares_the_dram():
+  sys.path.insert(0, str(REPO_ROOT))
+  import numpy as np
+  from experiments.lab import ragged_phase_model as model
+  from experiments.lab.dispatch_holdout import hopper_device
+  from pallas_gemm.ragged_dot import arg_specs
+
+  # Compute alone: each SM runs its round-robin share one tile after another.
+  compute = np.array([1.0, 2.0, 3.0, 4.0])
+  assert model.fluid_time(compute, [], np.arange(4), sms=2) == 2.0 + 4.0
+  # Two SMs whose tiles each need more DRAM than half the bandwidth: the
+  # bytes set the time.
+  dram = np.array([10.0, 10.0])
+  took = model.fluid_time(np.array([1.0, 1.0]), [(dram, 4.0)], np.arange(2),
+                          sms=2)
+  assert abs(took - 20.0 / 4.0) < 1e-9
+
+  layer = arg_specs.MoeLayer("g4_t1000_k256_n512", 4, 1000, 256, 512)
+  case = arg_specs.MoeCase(layer, "zipf", "forward")
+  tiles, config = model.walk(case, hopper_device("NVIDIA H200"))
+  cta_n = config.cta_tile("rows")[1]
+  units = -(-layer.n // cta_n)
+  items = len(set(tiles["item"].tolist()))
+  assert len(tiles["group"]) == items * units
+  # Every (item, column strip) once; the items cover every row once.
+  assert len(set(zip(tiles["item"].tolist(), tiles["n_idx"].tolist()))) == (
+      items * units)
+  assert tiles["rows"][tiles["n_idx"] == 0].sum() == layer.rows
+  assert (tiles["width"] >= tiles["rows"]).all()
+  _, dram, l2 = model.tile_costs(tiles, case.problem, cta_n, sm_flops=1e12)
+  used = len(set(tiles["group"].tolist()))
+  # First touches: each used expert's weights and every token row once,
+  # and every output byte.
+  expected = 2 * (used * layer.k * units * cta_n + layer.rows * layer.k
+                  + layer.rows * units * cta_n)
+  assert dram.sum() == expected
+  assert (l2 >= dram - 2 * layer.k * (cta_n + tiles["rows"])).all()
+  order = model.mixed_order(np.ones(len(dram)), dram, 4.28e12, sms=132)
+  assert sorted(order.tolist()) == list(range(len(dram)))

@@ -354,3 +354,8 @@ def test_ragged_phase_model_walks_every_tile_and_shares_the_dram():
   assert (l2 >= dram - 2 * layer.k * (cta_n + tiles["rows"])).all()
   order = model.mixed_order(np.ones(len(dram)), dram, 4.28e12, sms=132)
   assert sorted(order.tolist()) == list(range(len(dram)))
+  saved = model.strip_shared_by_pairs(
+      {"group": np.array([0, 0, 0, 1, 1, 2]),
+       "n_idx": np.array([0, 0, 0, 0, 1, 1])}, strip_bytes=10)
+  # (0, 1) pair; 2 has no partner left; 3 and 4 differ in strip; 5 alone.
+  assert saved.tolist() == [5, 5, 0, 0, 0, 0]

@@ -125,6 +125,22 @@ def tile_costs(tiles, problem, cta_n: int, sm_flops: float):
   return compute, dram, l2
 
 
+def strip_shared_by_pairs(tiles, strip_bytes: int):
+  """L2 bytes saved per tile if each two neighbouring tiles of the walk with
+  the same expert and column strip loaded the weight strip once between
+  them (a kernel that has no such pairing; `--share_pairs`)."""
+  group, n_idx = tiles["group"], tiles["n_idx"]
+  saved = np.zeros(len(group))
+  t = 0
+  while t < len(group) - 1:
+    if group[t] == group[t + 1] and n_idx[t] == n_idx[t + 1]:
+      saved[t] = saved[t + 1] = strip_bytes / 2
+      t += 2
+    else:
+      t += 1
+  return saved
+
+
 def _water_fill(demands, total):
   """Max-min fair shares of `total` for `demands` (all positive)."""
   order = np.argsort(demands)
@@ -218,6 +234,9 @@ def main(argv=None) -> int:
                       help="DRAM bandwidth, TB/s")
   parser.add_argument("--l2_tbs", type=float, default=0.0,
                       help="L2-to-SM bandwidth, TB/s (0: no L2 limit)")
+  parser.add_argument("--share_pairs", action="store_true",
+                      help="add a column: the time if neighbouring items of "
+                      "one expert and column strip shared its weight strip")
   parser.add_argument("--results", nargs="*", default=[],
                       help="moe results.json files with measured times")
   args = parser.parse_args(argv)
@@ -250,8 +269,10 @@ def main(argv=None) -> int:
         "heuristic configs.\n")
   print("| case | tiles | memory-heavy share of compute | L2 GB "
         "| model µs | model / even | measured µs | measured / even "
-        "| L2 TB/s at the measured time | mixed / walk |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+        "| L2 TB/s at the measured time | mixed / walk |"
+        + (" pairs share strips / walk |" if args.share_pairs else ""))
+  print("|---|---|---|---|---|---|---|---|---|---|"
+        + ("---|" if args.share_pairs else ""))
   for name in wanted:
     for direction in directions:
       even_model = even_measured = None
@@ -269,6 +290,16 @@ def main(argv=None) -> int:
                            mixed_order(compute, dram, bandwidth, args.sms),
                            args.sms) * 1e6
         heavy = dram * args.sms / bandwidth > compute
+        paired = ""
+        if args.share_pairs:
+          l2_paired = l2 - strip_shared_by_pairs(
+              tiles, case.problem.k * cta_n
+              * jnp.dtype(case.problem.in_dtype).itemsize)
+          paired_shared = [(dram, bandwidth)] + (
+              [(l2_paired, args.l2_tbs * 1e12)] if args.l2_tbs else [])
+          paired_time = fluid_time(compute, paired_shared, order,
+                                   args.sms) * 1e6
+          paired = f" {paired_time / model:.3f} |"
         if distribution == "even":
           even_model, even_measured = model, measured.get(case.label)
         took = measured.get(case.label)
@@ -279,7 +310,8 @@ def main(argv=None) -> int:
               f"{compute[heavy].sum() / compute.sum():.2f} | "
               f"{l2.sum() / 1e9:.2f} | {model:.1f} | "
               f"{model / even_model:.3f} | {f'{took:.1f}' if took else ''} | "
-              f"{measured_ratio} | {l2_rate} | {mixed / model:.3f} |")
+              f"{measured_ratio} | {l2_rate} | {mixed / model:.3f} |"
+              + paired)
   return 0
 
 

@@ -130,7 +130,7 @@ def tile_costs(tiles, problem, cta_n: int, sm_flops: float):
 def strip_shared_by_pairs(tiles, strip_bytes: int):
   """L2 bytes saved per tile if each two neighbouring tiles of the walk with
   the same expert and column strip loaded the weight strip once between
-  them (a kernel that has no such pairing; `--share_pairs`)."""
+  them (`--share_pairs`; the kernel has no such pairing)."""
   group, n_idx = tiles["group"], tiles["n_idx"]
   saved = np.zeros(len(group))
   t = 0

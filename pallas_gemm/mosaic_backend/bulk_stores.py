@@ -67,6 +67,11 @@ def zero_runs(rows: int, cols: int, itemsize: int,
   return ZeroRuns(1, run_cols, row_runs, rows * row_runs)
 
 
+def buffer_bytes(zeros_smem) -> int:
+  """The bytes of the zeroed buffer: the longest run it stores."""
+  return math.prod(zeros_smem.shape) * zeros_smem.dtype.itemsize
+
+
 def store_zeros(zeros_smem, run_gmem):
   """Copies the first bytes of `zeros_smem` (zero) over `run_gmem`, a
   contiguous region of global memory of at most its bytes, in 16-byte
@@ -75,8 +80,7 @@ def store_zeros(zeros_smem, run_gmem):
   from jax._src.lib.mlir import ir
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   run_bytes = math.prod(run_gmem.shape) * run_gmem.dtype.itemsize
-  if run_bytes % 16 or run_bytes > (math.prod(zeros_smem.shape)
-                                    * zeros_smem.dtype.itemsize):
+  if run_bytes % 16 or run_bytes > buffer_bytes(zeros_smem):
     raise ValueError(f"a zero run of {run_bytes} bytes must be a multiple of "
                      f"16 and fit the zero buffer {zeros_smem.shape}")
 

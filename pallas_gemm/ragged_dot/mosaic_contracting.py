@@ -96,7 +96,6 @@ moves only the entries without rows, after the others (no snake deal).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -268,9 +267,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     first_zero = tiles_with_rows()
     if streams_zeros:
       _, rows, cols = out_gmem.shape
-      runs = bulk_stores.zero_runs(
-          rows, cols, out_gmem.dtype.itemsize,
-          math.prod(zeros_smem.shape) * zeros_smem.dtype.itemsize)
+      runs = bulk_stores.zero_runs(rows, cols, out_gmem.dtype.itemsize,
+                                   bulk_stores.buffer_bytes(zeros_smem))
       per_entry = index(runs.runs)
 
       def store_unit(unit):

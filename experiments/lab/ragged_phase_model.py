@@ -36,7 +36,6 @@ fixed cost.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -48,22 +47,23 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.lab.dispatch_holdout import hopper_device  # noqa: E402
-from experiments.lab.ragged_profile_case import LAYER_BY_SIZES  # noqa: E402
+from experiments.lab.moe_tally import load_cases  # noqa: E402
+from experiments.lab.ragged_profile_case import find_case  # noqa: E402
+from pallas_gemm.mosaic_backend.configs import Dim  # noqa: E402
+from pallas_gemm.mosaic_backend.warp_specialised import (  # noqa: E402
+    tile_coordinates)
 from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule  # noqa: E402
 from pallas_gemm.ragged_dot.mosaic import lhs_row_align  # noqa: E402
 
 
-def _band_coordinates(linear, m_tiles, n_tiles, band):
-  """numpy `warp_specialised.tile_coordinates(band_dim=M)`: (m, n)."""
-  band_size = band * n_tiles
-  band_idx, within = np.divmod(linear, band_size)
-  band_start = band_idx * band
-  height = np.minimum(band, m_tiles - band_start)
-  m_idx = band_start + within % height
-  n_idx = within // height
-  n_idx = np.where(band_idx % 2 == 1, n_tiles - 1 - n_idx, n_idx)
-  return m_idx, n_idx
+def _band_coordinates(linear, m_tiles, n_tiles: int, band: int):
+  """The kernel's own `warp_specialised.tile_coordinates(band_dim=M)` over
+  numpy arrays: (m, n) of each linear tile."""
+  _, m_idx, n_idx = tile_coordinates(
+      jnp.asarray(linear, jnp.int32), m_tiles=jnp.asarray(m_tiles, jnp.int32),
+      n_tiles=n_tiles, band_dim=Dim.M, band=band)
+  return np.asarray(m_idx), np.asarray(n_idx)
 
 
 def walk(case: arg_specs.MoeCase, device):
@@ -213,12 +213,10 @@ def mixed_order(compute, dram, bandwidth: float, sms: int):
 
 
 def measured_times(paths):
-  times = {}
-  for path in paths:
-    for row in json.loads(pathlib.Path(path).read_text())["results"]:
-      if row.get("kernel") == "auto":
-        times.setdefault(row["case"], row["time_ms"] * 1e3)
-  return times
+  """case label -> measured µs, each case from the first file that has it
+  (`moe_tally.load_cases`)."""
+  return {label: rows[0]["time_ms"] * 1e3
+          for label, rows in load_cases(paths).items()}
 
 
 def main(argv=None) -> int:
@@ -247,20 +245,17 @@ def main(argv=None) -> int:
       parser.error(f"--{name} must be positive, got {getattr(args, name)}")
   if args.l2_tbs < 0:
     parser.error(f"--l2_tbs must be 0 or positive, got {args.l2_tbs}")
-  layers = {layer.name: layer for layer in
-            arg_specs.MOE_LAYERS + arg_specs.MOE_HOLDOUT_LAYERS}
   wanted = [name for name in args.layers.split(",") if name]
-  for name in wanted:
-    sizes = LAYER_BY_SIZES.fullmatch(name)
-    if sizes and name not in layers and all(int(x) > 0 for x in sizes.groups()):
-      layers[name] = arg_specs.MoeLayer(name, *map(int, sizes.groups()))
-  unknown = [name for name in wanted if name not in layers]
-  if unknown:
-    parser.error(f"--layers: no moe layer {unknown[0]!r}")
   directions = [d for d in args.directions.split(",") if d]
   bad = [d for d in directions if d not in ("forward", "dlhs")]
-  if bad:
-    parser.error(f"--directions: {bad[0]!r} is not forward or dlhs")
+  if bad or not directions:
+    parser.error(f"--directions: {args.directions!r} is not a list of "
+                 "forward and dlhs")
+  for name in wanted:
+    try:  # the layers `ragged_profile_case.find_case` knows
+      find_case(f"{name} even {directions[0]}")
+    except SystemExit:
+      parser.error(f"--layers: no moe layer {name!r}")
   device = hopper_device(args.device)
   measured = measured_times(args.results)
   sm_flops = args.tflops * 1e12 / args.sms
@@ -280,13 +275,17 @@ def main(argv=None) -> int:
     for direction in directions:
       even_model = even_measured = None
       for distribution in arg_specs.DISTRIBUTIONS:
-        case = arg_specs.MoeCase(layers[name], distribution, direction)
+        case = find_case(f"{name} {distribution} {direction}")
         tiles, config = walk(case, device)
         cta_n = config.cta_tile("rows")[1]
         compute, dram, l2 = tile_costs(tiles, case.problem, cta_n, sm_flops)
-        shared = [(dram, bandwidth)]
-        if args.l2_tbs:
-          shared.append((l2, args.l2_tbs * 1e12))
+
+        def units(dram, l2):
+          """The shared units: DRAM, and the L2 if it is limited."""
+          return [(dram, bandwidth)] + (
+              [(l2, args.l2_tbs * 1e12)] if args.l2_tbs else [])
+
+        shared = units(dram, l2)
         order = np.arange(len(compute))
         model = fluid_time(compute, shared, order, args.sms) * 1e6
         mixed = fluid_time(compute, shared,
@@ -297,19 +296,16 @@ def main(argv=None) -> int:
         # walk order): the first touches move with the tiles.
         first = np.argsort(-case.group_sizes()[tiles["group"]], kind="stable")
         moved = {key: value[first] for key, value in tiles.items()}
-        costs = tile_costs(moved, case.problem, cta_n, sm_flops)
-        largest = fluid_time(
-            costs[0], [(costs[1], bandwidth)]
-            + ([(costs[2], args.l2_tbs * 1e12)] if args.l2_tbs else []),
-            order, args.sms) * 1e6
+        moved_compute, moved_dram, moved_l2 = tile_costs(
+            moved, case.problem, cta_n, sm_flops)
+        largest = fluid_time(moved_compute, units(moved_dram, moved_l2),
+                             order, args.sms) * 1e6
         paired = ""
         if args.share_pairs:
           l2_paired = l2 - strip_shared_by_pairs(
               tiles, case.problem.k * cta_n
               * jnp.dtype(case.problem.in_dtype).itemsize)
-          paired_shared = [(dram, bandwidth)] + (
-              [(l2_paired, args.l2_tbs * 1e12)] if args.l2_tbs else [])
-          paired_time = fluid_time(compute, paired_shared, order,
+          paired_time = fluid_time(compute, units(dram, l2_paired), order,
                                    args.sms) * 1e6
           paired = f" {paired_time / model:.3f} |"
         if distribution == "even":

@@ -306,25 +306,6 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           short_items=True, out_slots=2,
                           shared_staging=True)),
-    # 2-CTA clusters sharing each item's weight strip (`cluster_tokens`):
-    # items of up to 2 x 128 rows, each CTA running its half at its own
-    # width, in turns. A 300-row group is two items of 152 (halves of 72
-    # and 80 rows from an unaligned start), a 193-row one item (97 and 96
-    # rows), a 7-row and a 1-row group leave the second CTA's half empty,
-    # an empty group, rows of no group before and after the groups (the
-    # last items held back to lhs's last rows); rhs read transposed, silu.
-    (720, 64, 128, [130, 64, 0, 300, 193, 7, 1], 5, "bfloat16", "bfloat16",
-     True, "silu",
-     RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
-                  grid_band=2, ping_pong=True, out_slots=1,
-                  swizzled_staging=True, swap_ab=True, cluster_tokens=True,
-                  shared_staging=True)),
-    # ... and with the consumers splitting the columns, the second one idle
-    # on the last strip (three strips); rhs not transposed, f16.
-    (300, 128, 192, [1, 9, 0, 17, 33, 64, 100, 40], 3, "float16", "float16",
-     False, None,
-     dataclasses.replace(SMALL, swap_ab=True, swizzled_staging=True,
-                         cluster_tokens=True)),
     # The item table built by the Pallas-Triton work-list kernel (run by
     # the interpreter here): balanced items (swap_ab), an empty group, rows
     # of no group before and after the groups.
@@ -344,7 +325,6 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swap_ab_split_rows", "swap_ab_ping_pong_192",
             "swap_ab_ping_pong_144", "swap_ab_shared_staging",
             "swap_ab_wide_columns", "ping_pong_shared_staging",
-            "cluster_tokens_ping_pong", "cluster_tokens_split_columns",
             "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
@@ -352,7 +332,7 @@ RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
                      "ping_pong_short_items", "cluster_ping_pong",
                      "swap_ab_split_columns", "swap_ab_split_rows",
                      "swap_ab_shared_staging", "swap_ab_wide_columns",
-                     "ping_pong_shared_staging", "cluster_tokens_ping_pong"}
+                     "ping_pong_shared_staging"}
 
 
 def _named(ids, cases):
@@ -1565,67 +1545,6 @@ def test_rows_clusters_lower_for_cuda(transpose):
     config = dataclasses.replace(config, cluster_columns=True)
     assert config.fits(problem)
     _lower_for_cuda(problem, config)
-
-
-@pytest.mark.parametrize("label", [
-    "g64_t16384_k2048_n1408 zipf forward", "qwen1.5_moe_up zipf dlhs",
-    "qwen3_30b_a3b_down zipf forward"])
-def test_cluster_tokens_lower_for_cuda(label):
-  """2-CTA clusters sharing each item's weight strip (`cluster_tokens`)
-  lower for the GPU at the H200 heuristic's turns of the small experts:
-  128 x 128 (not transposed), 144 tokens (transposed) and 128 x 192, with
-  one staging buffer where the heuristic shares it."""
-  (case,) = [c for c in arg_specs.cases() if c.label == label]
-  config = dataclasses.replace(mosaic.heuristic(case.problem, HOPPER),
-                               cluster_tokens=True)
-  assert config.swap_ab and config.ping_pong and config.fits(case.problem)
-  _lower_for_cuda(case.problem, config)
-
-
-@pytest.mark.parametrize("row_align", [1, 8])
-@pytest.mark.parametrize("tile_m", [64, 128, 144, 192])
-def test_cluster_token_halves(tile_m, row_align):
-  """`mosaic.cluster_token_half` cuts every item a 2 * tile_m table makes
-  into two halves that cover its rows once, each at most tile_m rows from
-  its own tile row (row_lo rounded down to row_align), the second starting
-  on a tile row where it holds any."""
-  rng = np.random.default_rng(0)
-  for _ in range(400):
-    first = int(rng.integers(0, 50)) * row_align
-    row_lo = first + int(rng.integers(0, row_align))
-    row_hi = int(rng.integers(row_lo, first + 2 * tile_m + 1))
-    halves = [tuple(int(v) for v in mosaic.cluster_token_half(
-        jnp.int32(row_lo), jnp.int32(row_hi), rank=rank,
-        row_align=row_align)) for rank in (0, 1)]
-    (lo0, hi0), (lo1, hi1) = halves
-    assert (lo0, hi1) == (row_lo, row_hi) and hi0 == lo1, halves
-    for lo, hi in halves:
-      assert lo <= hi and hi - lo // row_align * row_align <= tile_m, (
-          row_lo, row_hi, halves)
-    assert lo1 == hi1 or lo1 % row_align == 0, halves
-    # Balanced: the halves differ by less than a tile (plus the rows
-    # before row_lo in its tile).
-    assert abs((hi0 - first) - (hi1 - lo1)) <= 2 * row_align, halves
-
-
-def test_cluster_tokens_options():
-  """cluster_tokens needs swap_ab, excludes the other pairings, is a
-  "rows"-mode option, and may share the turns' staging buffer."""
-  turns = RaggedConfig(tile_m=128, tile_n=64, ping_pong=True, swap_ab=True,
-                       swizzled_staging=True)
-  with pytest.raises(ValueError, match="cluster_tokens needs swap_ab"):
-    RaggedConfig(cluster_tokens=True)
-  for other in ("cluster_columns", "cluster_rows"):
-    with pytest.raises(ValueError, match="exclude each other"):
-      dataclasses.replace(SMALL, cluster_tokens=True, **{other: True})
-  config = dataclasses.replace(turns, cluster_tokens=True,
-                               shared_staging=True)
-  assert config.clustered and config.can_share_staging
-  config.check_mode("rows")
-  # (swizzled_staging, which swap_ab needs, is the first one named)
-  with pytest.raises(ValueError, match="is a \"rows\"-mode option"):
-    config.check_mode("contracting")
-  assert "cluster_tokens" in configs.MODE_ONLY_OPTIONS["rows"]
 
 
 def test_supports():

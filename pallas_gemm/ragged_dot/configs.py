@@ -91,17 +91,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                so at the short-reduction tile (128 x 256) sharing dout
                saves twice the L2 reads that sharing lhs does (a
                "contracting"-mode option; excludes cluster_columns).
-    cluster_tokens
-               with swap_ab in "rows" mode, the pairing by weights: two
-               CTAs of a 2-CTA cluster run one item of up to 2 * tile_m
-               token rows in lockstep, each its own half of the rows
-               (split on a row_align boundary, each at most tile_m), and
-               each TMA-multicasts half of the weight strip they share
-               into both. An expert of up to 2 * tile_m rows then loads
-               its weight strip once per column strip rather than once
-               per tile_m-row item (excludes cluster_columns; a
-               "rows"-mode option, as the "contracting" kernel pairs by
-               cluster_columns or cluster_rows).
     short_items
                with ping_pong in "rows" mode: an item whose rows all lie in
                its tile's first SHORT_ITEM_ROWS (the short last item of a
@@ -226,7 +215,7 @@ One `RaggedConfig` serves both modes; the fields mean:
                turns, each handing it over through a barrier once its
                stores have read it. The ring may take the shared memory
                freed (a 144-token swap_ab tile then has 6 stages, a
-               192-token one 5). Excludes cluster_columns and cluster_rows.
+               192-token one 5). Excludes cluster_columns.
     work_list_kernel
                build the item table (`mosaic_schedule.row_items`) in one
                Pallas-Triton launch (`work_list_kernel.row_items`) instead
@@ -373,8 +362,6 @@ MODE_ONLY_OPTIONS = {
         "swap_ab": "multiplies whole chunks of token rows",
         "work_list_kernel": "lists no row items",
         "shared_staging": "stages each consumer's tiles in its own buffer",
-        "cluster_tokens": "pairs its tiles by lhs or dout (cluster_columns "
-                          "or cluster_rows)",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -436,7 +423,6 @@ class RaggedConfig:
   cluster_rows: bool = False
   streamed_zeros: bool = False
   double_zero_buffer: bool = False
-  cluster_tokens: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -528,8 +514,7 @@ class RaggedConfig:
     if self.shared_staging and not self.can_share_staging:
       raise ValueError(f"RaggedConfig.shared_staging needs ping_pong=True "
                        f"(the consumers' epilogues take turns) and no "
-                       f"cluster_columns or cluster_rows (a CTA of those "
-                       f"may idle on a tile), got ping_pong={self.ping_pong}, "
+                       f"clusters, got ping_pong={self.ping_pong}, "
                        f"cluster_columns={self.cluster_columns}, "
                        f"cluster_rows={self.cluster_rows}")
     if self.ping_pong and self.split_rows:
@@ -558,18 +543,11 @@ class RaggedConfig:
       raise ValueError("RaggedConfig.operand_planes excludes cluster_columns "
                        "and cluster_rows (the cluster multicasts whole "
                        "stages of an operand)")
-    if sum((self.cluster_columns, self.cluster_rows,
-            self.cluster_tokens)) > 1:
-      raise ValueError("RaggedConfig.cluster_columns, cluster_rows and "
-                       "cluster_tokens exclude each other (a cluster shares "
-                       "one operand: lhs between neighbouring column "
-                       "strips, dout between neighbouring K strips, or the "
-                       "weight strip between the halves of an item's "
-                       "tokens)")
-    if self.cluster_tokens and not self.swap_ab:
-      raise ValueError("RaggedConfig.cluster_tokens needs swap_ab=True (it "
-                       "halves an item's token rows, wgmma's N under "
-                       "swap_ab, each half at its own narrowest width)")
+    if self.cluster_columns and self.cluster_rows:
+      raise ValueError("RaggedConfig.cluster_columns and cluster_rows "
+                       "exclude each other (a cluster shares one operand: "
+                       "lhs between neighbouring column strips, or dout "
+                       "between neighbouring K strips)")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
@@ -615,16 +593,15 @@ class RaggedConfig:
   @property
   def clustered(self) -> bool:
     """Whether the grid is of 2-CTA clusters sharing an operand
-    (`cluster_columns`, `cluster_rows` or `cluster_tokens`)."""
-    return self.cluster_columns or self.cluster_rows or self.cluster_tokens
+    (`cluster_columns` or `cluster_rows`)."""
+    return self.cluster_columns or self.cluster_rows
 
   @property
   def can_share_staging(self) -> bool:
     """Whether the consumers' epilogues alternate, one whole tile each
-    (turns, and no cluster whose CTAs may idle on a tile: with
-    cluster_columns or cluster_rows a CTA may hold a strip past the output),
-    so that they may share a staging buffer (`shared_staging`)."""
-    return self.ping_pong and not (self.cluster_columns or self.cluster_rows)
+    (turns, not clusters), so that they may share a staging buffer
+    (`shared_staging`)."""
+    return self.ping_pong and not self.clustered
 
   @property
   def staging_buffers(self) -> int:

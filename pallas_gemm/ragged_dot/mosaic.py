@@ -44,12 +44,6 @@ neighbouring column strips, and each multicasts half of the item's lhs
 tile into both CTAs' stage; a stage is released once the consumers of both
 CTAs are done with it. With an odd strip count the second CTA's last strip
 lies past the output: its weight loads read zeros and it stores nothing.
-With `RaggedConfig.cluster_tokens` (swap_ab), the pairing is by weights:
-items are cut at up to 2 * tile_m rows, both CTAs walk the same (item,
-strip) tiles, each runs its own half of the item's rows
-(`cluster_token_half`) and multicasts half of the weight strip into both
-CTAs' stage. A half may hold no row (a tiny item): that CTA still loads its
-share of the weights, multiplies the narrowest width and stores nothing.
 
 Mode "contracting" lives in `mosaic_contracting.py`.
 """
@@ -206,22 +200,6 @@ def lhs_in_place(config: RaggedConfig, problem: RaggedProblem,
           and rows_addressable(config.tile_k, problem.in_dtype))
 
 
-def cluster_token_half(row_lo, row_hi, *, rank, row_align: int):
-  """CTA `rank`'s (0 or 1) rows of an item [row_lo, row_hi) that a 2-CTA
-  cluster splits (`RaggedConfig.cluster_tokens`): measured from the item's
-  tile row (row_lo rounded down to row_align), the first half, rounded up to
-  whole row_align tiles, is rank 0's, so that rank 1's tile starts on a
-  tile too. An item of at most 2 * tile_m rows from its tile row leaves
-  each half at most tile_m (a multiple of row_align) rows from its own tile
-  row; rank 1's half is empty where rank 0's holds every row."""
-  first = row_lo // row_align * row_align
-  half = (row_hi - first + 1) // 2
-  mid = jnp.clip(first + (half + row_align - 1) // row_align * row_align,
-                 row_lo, row_hi)
-  return (jnp.where(rank == 0, row_lo, mid),
-          jnp.where(rank == 0, mid, row_hi))
-
-
 def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
                n_units: int, swizzled_staging: bool, in_place: bool):
@@ -277,9 +255,6 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     group = items_gmem[schedule.ITEM_GROUP, item]
     row_lo = items_gmem[schedule.ITEM_ROW_LO, item]
     row_hi = items_gmem[schedule.ITEM_ROW_HI, item]
-    if config.cluster_tokens:
-      row_lo, row_hi = cluster_token_half(
-          row_lo, row_hi, rank=lax.axis_index("cluster"), row_align=row_align)
     tile_row = schedule.tile_first_row(row_lo, row_align=row_align,
                                        lhs_rows=lhs_rows, tile_m=tile_m)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
@@ -338,8 +313,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       plgpu.copy_gmem_to_smem(
           weights.at[cols, depth] if transpose_rhs
           else weights.at[depth, cols],
-          rhs_smem.at[slot], loaded,
-          collective_axes="cluster" if config.cluster_tokens else None)
+          rhs_smem.at[slot], loaded)
 
     def producer():
       run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
@@ -563,7 +537,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                   # swap_ab with split_rows: an lhs copy per consumer.
                   loads=3 if config.swap_ab and config.split_rows else None,
                   owners=NUM_CONSUMERS if config.ping_pong else 1,
-                  cluster_axes=("cluster",) if config.clustered
+                  cluster_axes=("cluster",) if config.cluster_columns
                   else None,
                   row_addressed=("lhs_smem",) if in_place else ()),
       out_smem=row_staging_smem(
@@ -621,16 +595,13 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   cta_n = config.cta_tile("rows")[1]
   in_dtype = problem.in_dtype
   row_align = lhs_row_align(config, problem)
-  # With cluster_tokens an item is the rows of both CTAs of a cluster.
-  item_rows = 2 * tile_m if config.cluster_tokens else tile_m
   if config.work_list_kernel:
     items = work_list_kernel.row_items(
-        group_sizes, row_offset, m=m, tile_m=item_rows, row_align=row_align,
+        group_sizes, row_offset, m=m, tile_m=tile_m, row_align=row_align,
         balanced=config.swap_ab, interpret=params is not None)
   else:
-    items = schedule.row_items(group_sizes, row_offset, m=m,
-                               tile_m=item_rows, row_align=row_align,
-                               balanced=config.swap_ab)
+    items = schedule.row_items(group_sizes, row_offset, m=m, tile_m=tile_m,
+                               row_align=row_align, balanced=config.swap_ab)
   in_place = lhs_in_place(config, problem, params)
   lhs_tiling = tma.tma_tiling(tile_k, in_dtype)
   if in_place:  # rows as they are (at least one tile of them)
@@ -642,11 +613,11 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   # past m; padded, it has lhs's padded rows. At least a tile's either way.
   m_out = max(m if in_place else cdiv(m, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
-  cluster_size = 2 if config.clustered else 1
-  n_units = cdiv(cdiv(n, cta_n), 2 if config.cluster_columns else 1)
+  cluster_size = 2 if config.cluster_columns else 1
+  n_units = cdiv(cdiv(n, cta_n), cluster_size)
   k_iters = cdiv(problem.k, tile_k)
-  max_tiles = (schedule.max_row_items(m, problem.groups, item_rows,
-                                      row_align) * n_units)
+  max_tiles = (schedule.max_row_items(m, problem.groups, tile_m, row_align)
+               * n_units)
   out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
   # The interpreter keeps each view of a `plgpu.RefUnion` apart (and its
   # race detector refuses a read through another view than the write), so
@@ -661,7 +632,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
       grid=(max(1, min(num_ctas_for(params) // cluster_size, max_tiles)),),
       interpret=params,
       **(dict(cluster=(2,), cluster_names=("cluster",))
-         if config.clustered else {}))
+         if config.cluster_columns else {}))
   out = call_kernel(kernel, [items, lhs, rhs], out_type, params)
   return out[:m, :n] if out.shape != (m, n) else out
 

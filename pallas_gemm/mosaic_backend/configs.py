@@ -92,6 +92,10 @@ WGMMA_TILE_N = multiple_in_range(WGMMA_N_STEP, WGMMA_N_STEP,
 #: its one producer warpgroup).
 NUM_CONSUMERS = 2
 
+#: CTAs of each cluster a clustered Mosaic kernel launches: a pair that
+#: shares one operand through TMA multicast (and, with claims, one tile).
+CLUSTER_CTAS = 2
+
 
 class TwoConsumerTile:
   """The CTA tile of a config whose NUM_CONSUMERS consumer warpgroups each

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from pallas_gemm import autotune, registry
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.configs import Dim, MosaicConfig
+from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, Dim, MosaicConfig
 from pallas_gemm.mosaic_backend.fp8_config import (  # noqa: F401 - re-exported
     FP8_TILE_K, Fp8Config, check_fp8_config, cluster_dim_of, cluster_units,
     fp8_candidates, fp8_heuristic, layout_note, smem_bytes, supports)
@@ -78,7 +78,7 @@ def fp8_matmul(a, b, c, bias, *, problem: GemmProblem, config: MosaicConfig,
   error = check_fp8_config(config, problem)
   if error is not None:
     raise ValueError(f"config={config}: {error}")
-  cluster_size = 1 if cluster_dim_of(config) is None else 2
+  cluster_size = 1 if cluster_dim_of(config) is None else CLUSTER_CTAS
   num_sms = (INTERPRET_CTAS * cluster_size if params is not None
              else max(device_info().num_sms, 1))
   a, b, c, bias, (m_out, n_out) = prepare_operands(a, b, c, bias, problem,

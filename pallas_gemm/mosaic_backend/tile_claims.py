@@ -47,7 +47,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_gemm.mosaic_backend.configs import NUM_CONSUMERS
+from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, NUM_CONSUMERS
 from pallas_gemm.mosaic_backend.warp_specialised import SideWork, index
 
 #: Queue slots beyond the ring's stages: the producer, at most `stages` ring
@@ -59,7 +59,7 @@ QUEUE_SLACK = 2
 #: The queue's end mark: no tile number is negative.
 END = -1
 #: The CTAs of a cluster that claims together (`TileQueue.cluster`).
-CLUSTER_RANKS = 2
+CLUSTER_RANKS = CLUSTER_CTAS
 #: The counters of a kernel's claims (`TileQueue.counter`): its tiles, then
 #: the producer's own work between loads (`claim_work`), one counter per
 #: cluster rank (`SIDE_WORK + rank`; rank 0 without clusters).

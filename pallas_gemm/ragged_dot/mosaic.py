@@ -60,7 +60,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.configs import Dim, hopper_device_unsupported
+from pallas_gemm.mosaic_backend.configs import (CLUSTER_CTAS, Dim,
+                                              hopper_device_unsupported)
 from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, for_each_tile,
     index, interpret_params, ring_smem, rows_addressable,
@@ -251,7 +252,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                                         n_tiles=n_units, band_dim=Dim.M,
                                         band=config.grid_band)
     if config.cluster_columns:
-      n_idx = n_idx * 2 + lax.axis_index("cluster")
+      n_idx = n_idx * CLUSTER_CTAS + lax.axis_index("cluster")
     group = items_gmem[schedule.ITEM_GROUP, item]
     row_lo = items_gmem[schedule.ITEM_ROW_LO, item]
     row_hi = items_gmem[schedule.ITEM_ROW_HI, item]
@@ -613,7 +614,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   # past m; padded, it has lhs's padded rows. At least a tile's either way.
   m_out = max(m if in_place else cdiv(m, 8) * 8, tile_m)
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
-  cluster_size = 2 if config.cluster_columns else 1
+  cluster_size = CLUSTER_CTAS if config.cluster_columns else 1
   n_units = cdiv(cdiv(n, cta_n), cluster_size)
   k_iters = cdiv(problem.k, tile_k)
   max_tiles = (schedule.max_row_items(m, problem.groups, tile_m, row_align)
@@ -631,7 +632,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
       out_type=out_type,
       grid=(max(1, min(num_ctas_for(params) // cluster_size, max_tiles)),),
       interpret=params,
-      **(dict(cluster=(2,), cluster_names=("cluster",))
+      **(dict(cluster=(cluster_size,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
   out = call_kernel(kernel, [items, lhs, rhs], out_type, params)
   return out[:m, :n] if out.shape != (m, n) else out

@@ -104,7 +104,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import bulk_stores, tile_claims, tma
-from pallas_gemm.mosaic_backend.configs import WGMMA_ROWS, Dim
+from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
@@ -176,9 +176,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     # With an odd strip count the second CTA's last strip lies past the
     # edge: its loads read zeros and its stores are dropped by the TMA.
     if config.cluster_columns:
-      n_idx = n_idx * 2 + lax.axis_index("cluster")
+      n_idx = n_idx * CLUSTER_CTAS + lax.axis_index("cluster")
     if config.cluster_rows:
-      k_idx = k_idx * 2 + lax.axis_index("cluster")
+      k_idx = k_idx * CLUSTER_CTAS + lax.axis_index("cluster")
     entry = schedule.read_entry(groups_gmem, g)
     row_lo, row_hi, first_row, steps = entry[:4]
     if config.reorders_entries:  # the output group comes last
@@ -631,7 +631,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
   # Units of the walk: K and N strips, or with clusters pairs of them
   # along the shared operand's other dimension.
-  cluster_size = 2 if config.clustered else 1
+  cluster_size = CLUSTER_CTAS if config.clustered else 1
   k_units = cdiv(cdiv(k, cta_m), cluster_size if config.cluster_rows else 1)
   n_units = cdiv(cdiv(n, tile_n),
                  cluster_size if config.cluster_columns else 1)

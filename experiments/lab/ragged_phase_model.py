@@ -15,7 +15,7 @@ read weights nobody else uses (bound by DRAM); over the whole kernel both
 units are partly idle although neither is saturated on average.
 
 The model walks the tiles in the kernel's order (the heuristic's config,
-`mosaic_schedule.row_items`, bands per `warp_specialised.tile_coordinates`,
+`mosaic_schedule.row_items`, bands per the kernel's `mosaic.tile_item`,
 dealt round-robin to `--sms` CTAs) and runs them as a fluid: each SM works
 through its tiles one after another; a tile needs its flops at the SM's
 share of `--tflops` (the token width it runs at, `swap_ab`'s static widths
@@ -49,21 +49,9 @@ import numpy as np  # noqa: E402
 from experiments.lab.dispatch_holdout import hopper_device  # noqa: E402
 from experiments.lab.moe_tally import load_cases  # noqa: E402
 from experiments.lab.ragged_profile_case import find_case  # noqa: E402
-from pallas_gemm.mosaic_backend.configs import Dim  # noqa: E402
-from pallas_gemm.mosaic_backend.warp_specialised import (  # noqa: E402
-    tile_coordinates)
 from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule  # noqa: E402
-from pallas_gemm.ragged_dot.mosaic import lhs_row_align  # noqa: E402
-
-
-def _band_coordinates(linear, m_tiles, n_tiles: int, band: int):
-  """The kernel's own `warp_specialised.tile_coordinates(band_dim=M)` over
-  numpy arrays: (m, n) of each linear tile."""
-  _, m_idx, n_idx = tile_coordinates(
-      jnp.asarray(linear, jnp.int32), m_tiles=jnp.asarray(m_tiles, jnp.int32),
-      n_tiles=n_tiles, band_dim=Dim.M, band=band)
-  return np.asarray(m_idx), np.asarray(n_idx)
+from pallas_gemm.ragged_dot.mosaic import lhs_row_align, tile_item  # noqa: E402
 
 
 def walk(case: arg_specs.MoeCase, device):
@@ -81,16 +69,10 @@ def walk(case: arg_specs.MoeCase, device):
   items = int(table[0, -1])
   cta_n = config.cta_tile("rows")[1]
   n_units = -(-problem.n // cta_n)
-  linear = np.arange(items * n_units)
-  if config.group_bands:
-    some_item = linear // n_units
-    first = table[schedule.ITEM_PIECE_FIRST, some_item]
-    count = table[schedule.ITEM_PIECE_ITEMS, some_item]
-    item, n_idx = _band_coordinates(linear - first * n_units, count, n_units,
-                                    config.grid_band)
-    item = first + item
-  else:
-    item, n_idx = _band_coordinates(linear, items, n_units, config.grid_band)
+  # The kernel's own walk, over every tile at once.
+  item, n_idx = (np.asarray(a) for a in tile_item(
+      jnp.asarray(table), jnp.arange(items * n_units, dtype=jnp.int32),
+      num_items=jnp.int32(items), n_units=n_units, config=config))
   group = table[schedule.ITEM_GROUP, item]
   rows = table[schedule.ITEM_ROW_HI, item] - table[schedule.ITEM_ROW_LO, item]
   if config.swap_ab:

@@ -201,6 +201,31 @@ def lhs_in_place(config: RaggedConfig, problem: RaggedProblem,
           and rows_addressable(config.tile_k, problem.in_dtype))
 
 
+def tile_item(items, linear, *, num_items, n_units: int,
+              config: RaggedConfig):
+  """(item, column unit) of "rows"-mode tile `linear` in the walk order:
+  bands of grid_band items, every other one backwards, restarted at each
+  piece's first item with group_bands. `items`: the item table
+  (`mosaic_schedule.row_items`), a kernel ref or an array (the lab's model
+  of the walk, `experiments/lab/ragged_phase_model.py`, calls this too)."""
+  if config.group_bands:
+    # The tiles of a piece (a group, or rows of no group) are the
+    # consecutive run of its items times n_units, so the item whose
+    # number is linear // n_units lies in the tile's piece; the bands
+    # are counted from the piece's first item.
+    some_item = lax.div(index(linear), index(n_units))
+    first = items[schedule.ITEM_PIECE_FIRST, some_item]
+    count = items[schedule.ITEM_PIECE_ITEMS, some_item]
+    _, item, n_idx = tile_coordinates(
+        index(linear) - first * n_units, m_tiles=count, n_tiles=n_units,
+        band_dim=Dim.M, band=config.grid_band)
+    return first + item, n_idx
+  _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
+                                    n_tiles=n_units, band_dim=Dim.M,
+                                    band=config.grid_band)
+  return item, n_idx
+
+
 def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
                n_units: int, swizzled_staging: bool, in_place: bool):
@@ -235,22 +260,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   assert in_place or lhs_rows % row_align == 0, lhs_gmem.shape
 
   def tile_info(linear):
-    if config.group_bands:
-      # The tiles of a piece (a group, or rows of no group) are the
-      # consecutive run of its items times n_units, so the item whose
-      # number is linear // n_units lies in the tile's piece; the bands
-      # are counted from the piece's first item.
-      some_item = lax.div(index(linear), index(n_units))
-      first = items_gmem[schedule.ITEM_PIECE_FIRST, some_item]
-      count = items_gmem[schedule.ITEM_PIECE_ITEMS, some_item]
-      _, item, n_idx = tile_coordinates(
-          index(linear) - first * n_units, m_tiles=count, n_tiles=n_units,
-          band_dim=Dim.M, band=config.grid_band)
-      item = first + item
-    else:
-      _, item, n_idx = tile_coordinates(linear, m_tiles=num_items,
-                                        n_tiles=n_units, band_dim=Dim.M,
-                                        band=config.grid_band)
+    item, n_idx = tile_item(items_gmem, linear, num_items=num_items,
+                            n_units=n_units, config=config)
     if config.cluster_columns:
       n_idx = n_idx * CLUSTER_CTAS + lax.axis_index("cluster")
     group = items_gmem[schedule.ITEM_GROUP, item]

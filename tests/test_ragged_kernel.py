@@ -613,6 +613,85 @@ def test_claim_tiles_is_a_contracting_option():
     config.check_mode("rows")
 
 
+#: `RaggedConfig.narrow_last_strip`: the last column strip's tiles compute
+#: only the columns it holds (a narrower wgmma and accumulator, the stores
+#: past them empty bulk groups).
+NARROW_STRIP_CASES = [
+    # Turns at whole 64 x 192 tiles, 256 columns: the second strip holds 64
+    # of them. Three stores per tile over two slots (the slot follows the
+    # tile's number), group boundaries mid-chunk, an empty group, rows of
+    # no group.
+    (230, 128, 256, [60, 130, 0, 33], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_n=192, ping_pong=True, out_slots=2,
+                         stages=3, narrow_last_strip=True)),
+    # Consumers splitting a 128 x 192 tile, 200 columns (stored as 256, a
+    # last strip of 64), an f32 output.
+    (150, 128, 200, [30, 0, 70, 45], 2, "bfloat16", "float32",
+     dataclasses.replace(SMALL, tile_n=192, narrow_last_strip=True)),
+    # 64-column planes: the last strip multiplies two of its three.
+    (230, 128, 320, [60, 130, 0, 33], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_n=192, ping_pong=True, stages=3,
+                         operand_planes=True, narrow_last_strip=True)),
+    # Most tokens in one group, cut into pieces, producer-stored zeros,
+    # claimed tiles (their turns from the queue): the narrow strip's pieces
+    # are merged and its zero tiles stored whole.
+    (260, 64, 256, [0, 200, 0, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_n=192, ping_pong=True,
+                         zeros_by_producer=True, piece_rows=64, stages=3,
+                         largest_first=True, claim_tiles=True,
+                         narrow_last_strip=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(NARROW_STRIP_CASES)),
+                         ids=["turns", "split", "planes", "claimed_pieces"])
+def test_contracting_narrow_last_strip(case):
+  n, config = NARROW_STRIP_CASES[case][2], NARROW_STRIP_CASES[case][-1]
+  out_cols = -(-n // config.epi_tile_n) * config.epi_tile_n
+  assert config.last_strip_columns(out_cols) < config.tile_n
+  _run_contracting(NARROW_STRIP_CASES[case], detect_races=case == 0)
+
+
+@pytest.mark.parametrize("tile_n,epi_tile_n,out_cols,want", [
+    (192, 64, 1408, 64), (192, 64, 2048, 128), (192, 64, 768, 192),
+    (128, 64, 1408, 128), (192, 64, 64, 64), (256, 128, 384, 128)])
+def test_last_strip_columns(tile_n, epi_tile_n, out_cols, want):
+  """The last strip computes the columns it holds with narrow_last_strip,
+  the whole tile_n without; out_cols must be whole stores."""
+  config = RaggedConfig(tile_n=tile_n, epi_tile_n=epi_tile_n,
+                        narrow_last_strip=True)
+  assert config.last_strip_columns(out_cols) == want
+  plain = dataclasses.replace(config, narrow_last_strip=False)
+  assert plain.last_strip_columns(out_cols) == tile_n
+  with pytest.raises(ValueError, match="out_cols=.* multiple of epi_tile_n"):
+    config.last_strip_columns(out_cols + 8)
+
+
+def test_narrow_last_strip_rejects_what_it_cannot_run():
+  """Not with cluster_columns (one width a cluster), and a "contracting"
+  option; each error names the option."""
+  with pytest.raises(ValueError, match="narrow_last_strip excludes "
+                     "cluster_columns"):
+    RaggedConfig(cluster_columns=True, narrow_last_strip=True)
+  with pytest.raises(ValueError,
+                     match="narrow_last_strip is a \"contracting\""):
+    RaggedConfig(narrow_last_strip=True).check_mode("rows")
+
+
+def test_narrow_last_strip_lowers_for_cuda():
+  """g64's weight gradient at the 128 x 192 turns (1408 columns: seven
+  strips of 192 and one of 64) with the narrow last strip, and with its
+  operands read in place as planes (12282 rows), lower for the GPU."""
+  for m in (16384, 12282):
+    problem = RaggedProblem("contracting", m, 2048, 1408, 64, "bfloat16",
+                            "bfloat16")
+    config = dataclasses.replace(mosaic.heuristic(problem, HOPPER),
+                                 narrow_last_strip=True)
+    assert config.cta_tile("contracting") == (128, 192)
+    assert config.operand_planes == (m % 8 != 0)
+    _lower_for_cuda(problem, config)
+
+
 #: `RaggedConfig.operand_planes`: lhs and dout held as 64-column planes, one
 #: 64 x 64 wgmma per pair. On the GPU, rows not a multiple of 8 are read in
 #: place (m = 230, 150, 261); in the interpreter they are padded.

@@ -224,6 +224,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                `work_list_kernel.MAX_GROUPS` groups (a "rows"-mode option,
                as the "contracting" kernel lists no row items, and raises
                on it).
+    narrow_last_strip
+               where the output's columns (rounded up to epi_tile_n) end
+               inside the last column strip, that strip's tiles compute
+               only the columns it holds (`last_strip_columns`: a
+               narrower wgmma, accumulator and store count) instead of the
+               whole tile_n, so that a wide tile pads the columns by no
+               more than a narrow one: 1408 columns are seven strips of 192
+               and one of 64, where without it the eighth computes 192
+               (excludes cluster_columns; a "contracting"-mode option).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -379,6 +388,8 @@ MODE_ONLY_OPTIONS = {
                           "already",
         "cluster_rows": "pairs row items only by their columns "
                         "(cluster_columns)",
+        "narrow_last_strip": "computes its last column strip at the "
+                             "tile's width",
     },
 }
 
@@ -423,6 +434,7 @@ class RaggedConfig:
   cluster_rows: bool = False
   streamed_zeros: bool = False
   double_zero_buffer: bool = False
+  narrow_last_strip: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -539,6 +551,11 @@ class RaggedConfig:
                            f"transposed tile's token rows are wgmma's N, "
                            f"which swap_ab narrows to each item's rows "
                            f"itself")
+    if self.narrow_last_strip and self.cluster_columns:
+      raise ValueError("RaggedConfig.narrow_last_strip excludes "
+                       "cluster_columns (a cluster's two CTAs run "
+                       "neighbouring column strips in lockstep, at one "
+                       "width)")
     if self.operand_planes and self.clustered:
       raise ValueError("RaggedConfig.operand_planes excludes cluster_columns "
                        "and cluster_rows (the cluster multicasts whole "
@@ -662,6 +679,18 @@ class RaggedConfig:
                                           else 1)
     rows = max(buffer_bytes // (cols * jnp.dtype(out_dtype).itemsize), 1)
     return min(1 << (rows.bit_length() - 1), cta_m), cols
+
+  def last_strip_columns(self, out_cols: int) -> int:
+    """Columns the tiles of the last column strip compute over an output
+    `out_cols` wide (the stored output's, a multiple of epi_tile_n):
+    tile_n, or with `narrow_last_strip` the columns that strip holds (whole
+    staged stores, so whole swizzle spans of the operand too)."""
+    if out_cols % self.epi_tile_n:
+      raise ValueError(f"out_cols={out_cols} must be a multiple of "
+                       f"epi_tile_n={self.epi_tile_n}")
+    if not self.narrow_last_strip:
+      return self.tile_n
+    return out_cols - (cdiv(out_cols, self.tile_n) - 1) * self.tile_n
 
   def fits(self, problem: RaggedProblem) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES

@@ -437,6 +437,28 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     def consumer(wg):
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
+      # With narrow_last_strip, the columns the last strip's tiles compute
+      # (tile_n where the output's end fills the strip).
+      last_cols = config.last_strip_columns(out_gmem.shape[2])
+
+      def run_tile(info, linear, turn, first_step, runs):
+        """compute_and_store where `runs` (None: always), at the last
+        column strip's own width where that is narrower: each width its
+        own copy of the main loop."""
+        def at_width(width, when):
+          body = functools.partial(compute_and_store, info, linear, turn,
+                                   first_step, width=width)
+          if when is None:
+            body()
+          else:
+            pl.when(when)(body)
+
+        if last_cols == tile_n:
+          at_width(tile_n, runs)
+          return
+        last = info[2] == index(n_units - 1)
+        for width, strip in ((last_cols, last), (tile_n, ~last)):
+          at_width(width, strip if runs is None else runs & strip)
 
       def tile(linear, turn, first_step):
         # The tile's table entry, read once for both the decision and the
@@ -450,17 +472,15 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           kept = consumers_run(info[0], steps)
           runs = kept if runs is None else runs & kept
 
-        if runs is None:
-          compute_and_store(info, linear, turn, first_step)
-          return first_step + steps
-
-        @pl.when(runs)
-        def _run():
-          compute_and_store(info, linear, turn, first_step)
+        run_tile(info, linear, turn, first_step, runs)
         return first_step + steps
 
-      def compute_and_store(info, linear, turn, first_step):
+      def compute_and_store(info, linear, turn, first_step, *, width):
+        """The tile's first `width` columns (tile_n, or the last strip's
+        own), multiplied and stored; the stores past them are empty bulk
+        groups, so that the staging slots keep their order."""
         g, k_idx, n_idx, row_lo, row_hi, first_row, steps = info
+        col_planes = width // PLANE
 
         def lhs_parts(slot):
           """The consumer's lhs in the stage: one (chunk, tile_m) part, or
@@ -491,15 +511,18 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
             plgpu.commit_smem()  # make the writes visible to the wgmma
 
           if not planes:
-            plgpu.wgmma(acc_refs[0], parts[0].T, dout_smem.at[slot])
+            dout = dout_smem.at[slot]
+            if width < tile_n:
+              dout = dout.at[:, pl.ds(0, width)]
+            plgpu.wgmma(acc_refs[0], parts[0].T, dout)
             return
           for i, part in enumerate(parts):
-            for j in range(dout_planes):
-              plgpu.wgmma(acc_refs[i * dout_planes + j], part.T,
+            for j in range(col_planes):
+              plgpu.wgmma(acc_refs[i * col_planes + j], part.T,
                           dout_smem.at[slot, j])
 
         if planes:
-          blocks = (tile_m // PLANE) * dout_planes
+          blocks = (tile_m // PLANE) * col_planes
           accs = consume_ring(
               my_ring, mma_step, first_step=first_step, steps=steps,
               accumulators=[plgpu.ACC((PLANE, PLANE), jnp.float32)] * blocks,
@@ -507,7 +530,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         else:
           accs = consume_ring(
               my_ring, mma_step, first_step=first_step, steps=steps,
-              accumulators=[plgpu.ACC((tile_m, tile_n), jnp.float32)])
+              accumulators=[plgpu.ACC((tile_m, width), jnp.float32)])
 
         def stage_output(slot, ej):
           """Columns [ej * epi_n, (ej + 1) * epi_n) of the consumer's tile
@@ -521,10 +544,13 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
               j = ej * (epi_n // PLANE) + jj
               out_smem[wg, slot, pl.ds(i * PLANE, PLANE),
                        pl.ds(jj * PLANE, PLANE)] = (
-                           accs[i * dout_planes + j].astype(out_dtype))
+                           accs[i * col_planes + j].astype(out_dtype))
 
         rows = pl.ds(k_idx * cta_m + wg_rows, tile_m)
         for ej in range(stores):
+          if ej * epi_n >= width:
+            plgpu.commit_smem_to_gmem_group()  # keep the slots' order
+            continue
           slot = output_slot(linear, ej, stores, out_slots,
                              ping_pong=config.ping_pong, turn=turn)
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)

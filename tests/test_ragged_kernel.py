@@ -678,6 +678,34 @@ def test_narrow_last_strip_rejects_what_it_cannot_run():
     RaggedConfig(narrow_last_strip=True).check_mode("rows")
 
 
+@pytest.mark.parametrize("groups,m,k,n,narrow", [
+    (64, 16384, 2048, 1408, True),    # g64: seven strips of 192, one of 64
+    (60, 16384, 1408, 2048, True),    # Qwen1.5-MoE down: ten, one of 128
+    (32, 12000, 2880, 2880, False),   # gpt-oss-20b: fifteen whole strips
+    (64, 32768, 2048, 1024, False),   # OLMoE: 128-column turns, whole
+    (256, 32768, 7168, 2048, False),  # DeepSeek-V3: the short tile, whole
+], ids=["g64", "qwen1.5_down", "gpt_oss", "olmoe", "deepseek_v3"])
+def test_contracting_heuristic_narrows_a_partial_last_strip(groups, m, k, n,
+                                                            narrow):
+  """The weight gradient's heuristic computes only the columns its last
+  strip holds exactly where that strip is partial, on every GPU, and so
+  do the sweep's candidates."""
+  problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
+                          "bfloat16")
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  for device in (HOPPER, h100):
+    config = mosaic.heuristic(problem, device)
+    out_cols = configs.stored_columns(n, config)
+    partial = out_cols % config.tile_n != 0
+    assert config.narrow_last_strip == partial
+    if device is HOPPER:
+      assert partial == narrow
+  for config in configs.candidates(problem):
+    out_cols = configs.stored_columns(n, config)
+    assert config.narrow_last_strip == (out_cols % config.tile_n != 0
+                                        and not config.cluster_columns)
+
+
 def test_narrow_last_strip_lowers_for_cuda():
   """g64's weight gradient at the 128 x 192 turns (1408 columns: seven
   strips of 192 and one of 64) with the narrow last strip, and with its

@@ -1097,7 +1097,34 @@ def _contracting_heuristic(problem: RaggedProblem,
     # in place through 64-column planes rather than padded, two full
     # copies of the operands.
     config = dataclasses.replace(config, operand_planes=True)
-  return config
+  # The output's columns may end inside the last strip: its tiles then
+  # compute only the columns it holds. 1408 columns at 128 x 192 are seven
+  # wide strips and one of 64 instead of eight wide ones; it measured
+  # faster there on even and Zipf routings, and as fast on one-hot
+  # (experiments/results/nvidia_h200/ragged_options, "The narrow last
+  # strip"). It computes less wherever it applies, so it is not kept to
+  # the GPUs measured. The tile's width is still chosen on whole padded
+  # strips (`_wide_turn_tile_pays`): the one-hot routing's waves, not
+  # the padding, keep OLMoE's 1024 columns at 128.
+  return _narrowed_where_possible(config, problem)
+
+
+def _narrowed_where_possible(config: RaggedConfig,
+                             problem: RaggedProblem) -> RaggedConfig:
+  """`config` with `narrow_last_strip` where the weight gradient's last
+  column strip holds fewer columns than tile_n (and no cluster pairs
+  strips); otherwise `config`."""
+  if config.cluster_columns:
+    return config
+  narrow = dataclasses.replace(config, narrow_last_strip=True)
+  held = narrow.last_strip_columns(stored_columns(problem.n, config))
+  return narrow if held < config.tile_n else config
+
+
+def stored_columns(n: int, config: RaggedConfig) -> int:
+  """The weight gradient's output columns as the kernel stores them:
+  `n` rounded up to whole staged stores (epi_tile_n)."""
+  return cdiv(n, config.epi_tile_n) * config.epi_tile_n
 
 
 def _one_group_fills_the_sms(problem: RaggedProblem, config: RaggedConfig,
@@ -1375,4 +1402,7 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
     # the heuristic's does, so the sweep compares tiles, not paddings.
     out = [dataclasses.replace(c, operand_planes=True)
            if planes_read_in_place(c, problem) else c for c in out]
+    # ... and computes only the columns its last strip holds, as the
+    # heuristic's does.
+    out = [_narrowed_where_possible(c, problem) for c in out]
   return out

@@ -115,7 +115,8 @@ from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,
                                           SWIZZLE_ELEMS_16BIT,
                                           RaggedConfig,
                                           contracting_operand_swizzle,
-                                          planes_read_in_place)
+                                          planes_read_in_place,
+                                          stored_columns)
 from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
                                           ping_pong_turn, tile_steps)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -343,6 +344,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # With operand_planes: 64-column planes of each stage, a consumer's lhs
   # planes starting at plane `wg_rows // PLANE`.
   lhs_planes, dout_planes = cta_m // PLANE, tile_n // PLANE
+  # With narrow_last_strip, the columns the last strip's tiles load and
+  # compute (tile_n where the output's end fills the strip).
+  last_cols = config.last_strip_columns(out_gmem.shape[2])
 
   def tiles_with_rows():
     """With zero_drip: the tiles of the table's entries that have rows,
@@ -377,27 +381,43 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         @pl.when(steps == 0)
         def _zeros():
           store_zero_tile(zeros_smem, g, k_idx, n_idx)
+      # Whether the tile lies in a narrow last strip (None: none is).
+      last_strip = (n_idx == index(n_units - 1) if last_cols < tile_n
+                    else None)
       return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
-              first_row, owner, steps)
+              last_strip, first_row, owner, steps)
 
     def load_step(tile, c, slot):
-      k_cols, n_cols, first_row, owner, _ = tile
+      k_cols, n_cols, last_strip, first_row, owner, _ = tile
       rows = pl.ds(first_row + c * chunk, chunk)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
       if planes:
-        for src, cols, dst, count in (
-            (lhs_gmem, k_cols, lhs_loaded, lhs_planes),
-            (dout_gmem, n_cols, dout_loaded, dout_planes)):
-          for p in range(count):
-            plgpu.copy_gmem_to_smem(
-                src.at[rows, pl.ds(cols.start + p * PLANE, PLANE)],
-                dst.at[slot, p], loaded)
+        for p in range(lhs_planes):
+          plgpu.copy_gmem_to_smem(
+              lhs_gmem.at[rows, pl.ds(k_cols.start + p * PLANE, PLANE)],
+              lhs_loaded.at[slot, p], loaded)
+        for p in range(dout_planes):
+          copy = functools.partial(
+              plgpu.copy_gmem_to_smem,
+              dout_gmem.at[rows, pl.ds(n_cols.start + p * PLANE, PLANE)],
+              dout_loaded.at[slot, p], loaded)
+          if last_strip is None or p * PLANE < last_cols:
+            copy()
+            continue
+          # A plane the narrow last strip does not multiply: not loaded,
+          # its arrival still counted.
+          pl.when(last_strip)(lambda: plgpu.barrier_arrive(loaded))
+          pl.when(~last_strip)(copy)
         return
       # A clustered pair's shared operand: each CTA loads half of it into
       # both CTAs' stages.
       plgpu.copy_gmem_to_smem(
           lhs_gmem.at[rows, k_cols], lhs_smem.at[slot], loaded,
           collective_axes="cluster" if config.cluster_columns else None)
+      # The whole box also for a narrow last strip: a narrower one would
+      # land on columns of the stage's tiles that are not contiguous in
+      # shared memory, which a TMA copy cannot write (the planes are); the
+      # columns past the output read as zeros.
       plgpu.copy_gmem_to_smem(
           dout_gmem.at[rows, n_cols], dout_smem.at[slot], loaded,
           collective_axes="cluster" if config.cluster_rows else None)
@@ -437,9 +457,6 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     def consumer(wg):
       wg_rows = 0 if config.ping_pong else wg * tile_m
       my_ring = ring._replace(owner=wg) if config.ping_pong else ring
-      # With narrow_last_strip, the columns the last strip's tiles compute
-      # (tile_n where the output's end fills the strip).
-      last_cols = config.last_strip_columns(out_gmem.shape[2])
 
       def run_tile(info, linear, turn, first_step, runs):
         """compute_and_store where `runs` (None: always), at the last
@@ -654,7 +671,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
     dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
                              (chunk, tile_n))
   k_out = max(cdiv(k, 8) * 8, config.tile_m)
-  n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
+  n_out = stored_columns(n, config)
   # Units of the walk: K and N strips, or with clusters pairs of them
   # along the shared operand's other dimension.
   cluster_size = CLUSTER_CTAS if config.clustered else 1

@@ -29,6 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.ragged_dot import arg_specs, configs, mosaic, mosaic_schedule
+from pallas_gemm.ragged_dot import mosaic_contracting
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
@@ -613,6 +614,68 @@ def test_claim_tiles_is_a_contracting_option():
     config.check_mode("rows")
 
 
+#: The weight gradient's output allocated at its own column count where the
+#: last strip's stores end past it (compiled only: the interpreter pads),
+#: with the short-reduction tile's one 256-column store per consumer.
+UNPADDED_OUTPUT_CASES = [
+    # 320 columns: the second strip's store reaches 192 columns past the
+    # edge; an empty group (consumer-stored zeros), rows of no group.
+    (200, 128, 320, [60, 0, 90, 33], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256)),
+    # ... with the H200's claims and the producer's streamed zero drip; then
+    # cut pieces merged in place.
+    (260, 128, 320, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256,
+                         zeros_by_producer=True, zero_drip=1,
+                         empty_last=True, wide_zero_box=True,
+                         claim_tiles=True, streamed_zeros=True)),
+    (260, 64, 320, [0, 200, 0, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256,
+                         piece_rows=64, largest_first=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(UNPADDED_OUTPUT_CASES)),
+                         ids=["short_tile", "claimed_streamed_zeros",
+                              "pieces"])
+def test_contracting_output_unpadded(case):
+  m, k, n, sizes, _, _, out_dtype, config = UNPADDED_OUTPUT_CASES[case]
+  assert mosaic_contracting.output_columns(
+      n, config, out_dtype, compiled=True) == n
+  assert mosaic_contracting.output_columns(
+      n, config, out_dtype, compiled=False) > n
+  _run_contracting(UNPADDED_OUTPUT_CASES[case], detect_races=False)
+
+
+@pytest.mark.parametrize("n,tile_n,out_dtype,want", [
+    (1408, 256, "bfloat16", 1408),   # whole spans, wider than a box
+    (1400, 256, "bfloat16", 1536),   # not whole 64-column spans
+    (1400, 256, "float32", 1536),    # ... nor 32-column ones
+    (1408, 128, "float32", 1408),
+    (1440, 256, "float32", 1440),    # 32-column spans of float32
+    (200, 256, "bfloat16", 256),     # narrower than one box
+])
+def test_output_columns(n, tile_n, out_dtype, want):
+  config = RaggedConfig(tile_m=64, tile_n=tile_n, epi_tile_n=tile_n)
+  assert mosaic_contracting.output_columns(
+      n, config, out_dtype, compiled=True) == want
+  assert mosaic_contracting.output_columns(
+      n, config, out_dtype, compiled=False) == -(-n // tile_n) * tile_n
+
+
+def test_short_tile_output_unpadded_lowers_for_cuda():
+  """DeepSeek-V2-Lite's weight gradient at 96 rows per expert (the short
+  tile, 256-column stores over 1408 columns), with claims and streamed
+  zeros, lowers for the GPU with its output at 1408 columns."""
+  problem = RaggedProblem("contracting", 6144, 2048, 1408, 64, "bfloat16",
+                          "bfloat16")
+  config = mosaic.heuristic(problem, HOPPER)
+  assert (config.tile_n, config.epi_tile_n) == (256, 256)
+  assert config.streamed_zeros
+  text = _lower_for_cuda(problem, config).as_text()
+  assert "1408x1536" not in text and "x1536x" not in text
+
+
 #: `RaggedConfig.narrow_last_strip`: the last column strip's tiles compute
 #: only the columns it holds (a narrower wgmma and accumulator, the stores
 #: past them empty bulk groups).
@@ -695,13 +758,13 @@ def test_contracting_heuristic_narrows_a_partial_last_strip(groups, m, k, n,
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
   for device in (HOPPER, h100):
     config = mosaic.heuristic(problem, device)
-    out_cols = configs.stored_columns(n, config)
+    out_cols = configs.staged_columns(n, config)
     partial = out_cols % config.tile_n != 0
     assert config.narrow_last_strip == partial
     if device is HOPPER:
       assert partial == narrow
   for config in configs.candidates(problem):
-    out_cols = configs.stored_columns(n, config)
+    out_cols = configs.staged_columns(n, config)
     assert config.narrow_last_strip == (out_cols % config.tile_n != 0
                                         and not config.cluster_columns)
 

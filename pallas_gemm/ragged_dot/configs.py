@@ -1117,13 +1117,13 @@ def _narrowed_where_possible(config: RaggedConfig,
   if config.cluster_columns:
     return config
   narrow = dataclasses.replace(config, narrow_last_strip=True)
-  held = narrow.last_strip_columns(stored_columns(problem.n, config))
+  held = narrow.last_strip_columns(staged_columns(problem.n, config))
   return narrow if held < config.tile_n else config
 
 
-def stored_columns(n: int, config: RaggedConfig) -> int:
-  """The weight gradient's output columns as the kernel stores them:
-  `n` rounded up to whole staged stores (epi_tile_n)."""
+def staged_columns(n: int, config: RaggedConfig) -> int:
+  """The weight gradient's output columns as the kernel stages them: `n`
+  rounded up to whole staged stores (epi_tile_n)."""
   return cdiv(n, config.epi_tile_n) * config.epi_tile_n
 
 

@@ -116,7 +116,7 @@ from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,
                                           RaggedConfig,
                                           contracting_operand_swizzle,
                                           planes_read_in_place,
-                                          stored_columns)
+                                          staged_columns)
 from pallas_gemm.ragged_dot.mosaic import (num_ctas_for, output_slot,
                                           ping_pong_turn, tile_steps)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -346,7 +346,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   lhs_planes, dout_planes = cta_m // PLANE, tile_n // PLANE
   # With narrow_last_strip, the columns the last strip's tiles load and
   # compute (tile_n where the output's end fills the strip).
-  last_cols = config.last_strip_columns(out_gmem.shape[2])
+  last_cols = config.last_strip_columns(
+      cdiv(out_gmem.shape[2], epi_n) * epi_n)
 
   def tiles_with_rows():
     """With zero_drip: the tiles of the table's entries that have rows,
@@ -671,7 +672,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
     dout = tma.pad_to_tiling(dout, tma.tma_tiling(tile_n, in_dtype),
                              (chunk, tile_n))
   k_out = max(cdiv(k, 8) * 8, config.tile_m)
-  n_out = stored_columns(n, config)
+  n_out = output_columns(n, config, problem.out_dtype, compiled=params is None)
   # Units of the walk: K and N strips, or with clusters pairs of them
   # along the shared operand's other dimension.
   cluster_size = CLUSTER_CTAS if config.clustered else 1
@@ -707,6 +708,23 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if pieces > groups:
     out = merge_pieces(*out, extras, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out
+
+
+def output_columns(n: int, config: RaggedConfig, out_dtype, *,
+                   compiled: bool) -> int:
+  """Columns of the weight gradient's output as the kernel allocates it.
+  Compiled, `n` itself where the TMA can store the last strip's boxes
+  clipped at the edge: whole 128-byte swizzle spans of the output (the
+  staging tiles' columns) and no box wider than the array (one such came
+  back wrong on the H200, `tma.pad_to_tiling`). Otherwise `n` rounded up to
+  whole staged stores, which the result is then cut out of (a copy of the
+  whole output: with the short-reduction tile's 256-column stores, 1408
+  columns would be stored as 1536). The interpreter clamps a slice that
+  reaches past the array instead of clipping it, so it always pads."""
+  if (compiled and n >= config.tile_n
+      and n % tma.swizzle_elems(out_dtype) == 0):
+    return n
+  return staged_columns(n, config)
 
 
 #: Zero boxes (`RaggedConfig.zero_box`) a claim takes once a producer's

@@ -31,6 +31,15 @@ views of one buffer (`row_addressed_smem`), so lhs and dout whose row
 count is not a whole number of 8-row tiles are read as they are
 (`operands_in_place`) rather than padded.
 
+With `RaggedConfig.narrow_last_strip`, the tiles of a last column strip
+that holds fewer of the output's columns than tile_n multiply and store
+only those (the consumer's main loop has a copy at that width; with
+operand_planes only those planes are loaded).
+
+Compiled, the output is allocated at its own column count wherever the
+TMA can clip the last strip's stores (`output_columns`); the interpreter
+pads it to whole stores and the result is cut out of it.
+
 With `RaggedConfig.piece_rows`, each group's rows are first cut into
 pieces (`mosaic_schedule.contracting_pieces`), which the kernel runs as
 groups of their own: a group holding most tokens then has as many tiles

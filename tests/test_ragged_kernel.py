@@ -691,6 +691,11 @@ NARROW_STRIP_CASES = [
     # last strip of 64), an f32 output.
     (150, 128, 200, [30, 0, 70, 45], 2, "bfloat16", "float32",
      dataclasses.replace(SMALL, tile_n=192, narrow_last_strip=True)),
+    # float16 in, float32 out: 262 columns, staged as 320, so the second
+    # strip computes 128 of them.
+    (150, 128, 262, [30, 0, 70, 45], 2, "float16", "float32",
+     dataclasses.replace(SMALL, tile_n=192, ping_pong=True, stages=3,
+                         narrow_last_strip=True)),
     # 64-column planes: the last strip multiplies two of its three.
     (230, 128, 320, [60, 130, 0, 33], 5, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, tile_n=192, ping_pong=True, stages=3,
@@ -707,7 +712,8 @@ NARROW_STRIP_CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(NARROW_STRIP_CASES)),
-                         ids=["turns", "split", "planes", "claimed_pieces"])
+                         ids=["turns", "split", "f16_in_f32_out", "planes",
+                              "claimed_pieces"])
 def test_contracting_narrow_last_strip(case):
   n, config = NARROW_STRIP_CASES[case][2], NARROW_STRIP_CASES[case][-1]
   out_cols = -(-n // config.epi_tile_n) * config.epi_tile_n

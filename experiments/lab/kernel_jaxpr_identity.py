@@ -30,7 +30,10 @@ SHAPES = (("rows", 16384, 2048, 1408, 60, False),
           ("rows", 16384, 4096, 14336, 8, False),
           ("contracting", 32768, 2048, 768, 128, False),
           ("contracting", 32768, 7168, 2048, 256, False),
-          ("contracting", 16384, 4096, 14336, 8, False))
+          ("contracting", 16384, 4096, 14336, 8, False),
+          # A narrow last strip (1408 columns at 192), its rows read in place.
+          ("contracting", 16384, 2048, 1408, 64, False),
+          ("contracting", 12282, 2048, 1408, 64, False))
 
 
 def fingerprints() -> list[str]:

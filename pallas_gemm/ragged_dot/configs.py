@@ -682,7 +682,7 @@ class RaggedConfig:
 
   def last_strip_columns(self, out_cols: int) -> int:
     """Columns the tiles of the last column strip compute over an output
-    `out_cols` wide (the stored output's, a multiple of epi_tile_n):
+    `out_cols` wide (as staged, `staged_columns`: whole epi_tile_n stores):
     tile_n, or with `narrow_last_strip` the columns that strip holds (whole
     staged stores, so whole swizzle spans of the operand too)."""
     if out_cols % self.epi_tile_n:
@@ -1122,7 +1122,7 @@ def _narrowed_where_possible(config: RaggedConfig,
 
 
 def staged_columns(n: int, config: RaggedConfig) -> int:
-  """The weight gradient's output columns as the kernel stages them: `n`
+  """An output's columns as the kernels stage them, in either mode: `n`
   rounded up to whole staged stores (epi_tile_n)."""
   return cdiv(n, config.epi_tile_n) * config.epi_tile_n
 

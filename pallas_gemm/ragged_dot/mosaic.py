@@ -624,7 +624,7 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   # Item stores write exact rows: read in place, the output needs no row
   # past m; padded, it has lhs's padded rows. At least a tile's either way.
   m_out = max(m if in_place else cdiv(m, 8) * 8, tile_m)
-  n_out = cdiv(n, config.epi_tile_n) * config.epi_tile_n
+  n_out = configs.staged_columns(n, config)
   cluster_size = CLUSTER_CTAS if config.cluster_columns else 1
   n_units = cdiv(cdiv(n, cta_n), cluster_size)
   k_iters = cdiv(problem.k, tile_k)

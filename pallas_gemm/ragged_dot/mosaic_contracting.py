@@ -356,7 +356,12 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # With narrow_last_strip, the columns the last strip's tiles load and
   # compute (tile_n where the output's end fills the strip).
   last_cols = config.last_strip_columns(
-      cdiv(out_gmem.shape[2], epi_n) * epi_n)
+      staged_columns(out_gmem.shape[2], config))
+
+  def in_narrow_strip(n_idx):
+    """Whether column strip `n_idx` is a narrow last strip (None where the
+    last strip is whole)."""
+    return n_idx == index(n_units - 1) if last_cols < tile_n else None
 
   def tiles_with_rows():
     """With zero_drip: the tiles of the table's entries that have rows,
@@ -391,9 +396,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         @pl.when(steps == 0)
         def _zeros():
           store_zero_tile(zeros_smem, g, k_idx, n_idx)
-      # Whether the tile lies in a narrow last strip (None: none is).
-      last_strip = (n_idx == index(n_units - 1) if last_cols < tile_n
-                    else None)
+      last_strip = in_narrow_strip(n_idx)
       return (pl.ds(k_idx * cta_m, cta_m), pl.ds(n_idx * tile_n, tile_n),
               last_strip, first_row, owner, steps)
 
@@ -480,10 +483,10 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           else:
             pl.when(when)(body)
 
-        if last_cols == tile_n:
+        last = in_narrow_strip(info[2])
+        if last is None:
           at_width(tile_n, runs)
           return
-        last = info[2] == index(n_units - 1)
         for width, strip in ((last_cols, last), (tile_n, ~last)):
           at_width(width, strip if runs is None else runs & strip)
 

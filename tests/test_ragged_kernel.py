@@ -1771,13 +1771,14 @@ def test_heuristic_config_lowers_for_cuda(shape, mode, transpose, in_dtype,
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in arg_specs.cases(arg_specs.MOE_HOLDOUT_LAYERS,
-                                        distributions=("even",))],
+    "case", [c for layers in (arg_specs.MOE_HOLDOUT_LAYERS,
+                              arg_specs.MOE_UNSEEN_LAYERS)
+             for c in arg_specs.cases(layers, distributions=("even",))],
     ids=lambda c: c.label)
 def test_holdout_suite_heuristic_configs_lower_for_cuda(case):
   """The layers no config was chosen on (rows not a multiple of 8, other
-  widths) get a config that fits and lowers for the GPU, in every
-  direction."""
+  widths, 16 to 4096 rows per expert) get a config that fits and lowers
+  for the GPU, in every direction."""
   config = mosaic.heuristic(case.problem, HOPPER)
   assert config.fits(case.problem)
   _lower_for_cuda(case.problem, config)

@@ -134,6 +134,29 @@ MOE_HOLDOUT_LAYERS = (
     MoeLayer("gpt_oss_20b_t3000_up", 32, 12000, 2880, 2880),
 )
 
+#: Layers added after every rule of the heuristic was set (fortieth
+#: session), to check it away from both lists above: other models, token
+#: counts from a decode batch to a training step, rows per expert from 16
+#: to 4096, and K and N not powers of two.
+MOE_UNSEEN_LAYERS = (
+    # Mixtral 8x22B: 8 experts, top-2, hidden 6144, ffn 16384; 2048 tokens.
+    MoeLayer("mixtral8x22b_t2048_up", 8, 4096, 6144, 16384),
+    # DBRX: 16 experts, top-4, hidden 6144, ffn 10752; 3001 tokens.
+    MoeLayer("dbrx_t3001_down", 16, 12004, 10752, 6144),
+    # Qwen2-57B-A14B: 64 experts, top-8, hidden 3584, ffn 2560; 2048 tokens.
+    MoeLayer("qwen2_57b_t2048_up", 64, 16384, 3584, 2560),
+    # Llama-4-Scout: 16 experts, top-1, hidden 5120, ffn 8192; 8192 tokens.
+    MoeLayer("llama4_scout_t8192_up", 16, 8192, 5120, 8192),
+    # DeepSeek-V2: 160 routed experts, top-6, hidden 5120, expert ffn 1536;
+    # 1000 tokens.
+    MoeLayer("deepseek_v2_t1000_down", 160, 6000, 1536, 5120),
+    # Granite-3.0-1B-A400M: 32 experts, top-8, hidden 1024, ffn 512; 4096
+    # tokens.
+    MoeLayer("granite3_1b_t4096_up", 32, 32768, 1024, 512),
+    # Mixtral 8x7B decoding 64 tokens: weights read once for few rows.
+    MoeLayer("mixtral8x7b_t64_down", 8, 128, 14336, 4096),
+)
+
 #: CPU-sized layers (interpret mode): odd sizes, one group, many groups.
 MOE_SMALL_LAYERS = (
     MoeLayer("small_g4", 4, 96, 64, 128),
@@ -153,4 +176,4 @@ def cases(layers=MOE_LAYERS, distributions=DISTRIBUTIONS,
 
 
 SUITES = {"moe": MOE_LAYERS, "moe_holdout": MOE_HOLDOUT_LAYERS,
-          "moe_small": MOE_SMALL_LAYERS}
+          "moe_unseen": MOE_UNSEEN_LAYERS, "moe_small": MOE_SMALL_LAYERS}

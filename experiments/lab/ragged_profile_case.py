@@ -53,8 +53,7 @@ LAYER_BY_SIZES = re.compile(r"g(\d+)_t(\d+)_k(\d+)_n(\d+)")
 
 
 def find_case(label: str) -> arg_specs.MoeCase:
-  layers = (arg_specs.MOE_LAYERS + arg_specs.MOE_HOLDOUT_LAYERS
-            + arg_specs.MOE_SMALL_LAYERS)
+  layers = sum(arg_specs.SUITES.values(), ())
   sizes = LAYER_BY_SIZES.fullmatch(label.split(" ")[0])
   if sizes and all(int(size) > 0 for size in sizes.groups()):
     layers += (arg_specs.MoeLayer(sizes.group(0),

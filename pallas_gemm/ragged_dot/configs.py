@@ -217,13 +217,16 @@ One `RaggedConfig` serves both modes; the fields mean:
                freed (a 144-token swap_ab tile then has 6 stages, a
                192-token one 5). Excludes cluster_columns.
     work_list_kernel
-               build the item table (`mosaic_schedule.row_items`) in one
-               Pallas-Triton launch (`work_list_kernel.row_items`) instead
-               of a chain of small XLA kernels, which on short calls (small
-               experts) is a share of the call's time. Needs at most
-               `work_list_kernel.MAX_GROUPS` groups (a "rows"-mode option,
-               as the "contracting" kernel lists no row items, and raises
-               on it).
+               build the work list in one Pallas-Triton launch instead of a
+               chain of small XLA kernels, which on short calls (small
+               experts) is a share of the call's time: "rows" mode's item
+               table (`work_list_kernel.row_items`, at most
+               `work_list_kernel.MAX_GROUPS` groups), or "contracting"
+               mode's table of groups and pieces in its order, with the
+               zero drip's counts (`work_list_kernel.contracting_table`, at
+               most `work_list_kernel.MAX_CONTRACTING_ENTRIES` groups and
+               pieces beyond their first). A call past either bound
+               raises.
     narrow_last_strip
                where the output's columns (rounded up to epi_tile_n) end
                inside the last column strip, that strip's tiles compute
@@ -369,7 +372,6 @@ MODE_ONLY_OPTIONS = {
         "swizzled_staging": "stores whole tiles from swizzled staging "
                             "already",
         "swap_ab": "multiplies whole chunks of token rows",
-        "work_list_kernel": "lists no row items",
         "shared_staging": "stages each consumer's tiles in its own buffer",
     },
     "contracting": {
@@ -1066,7 +1068,9 @@ def _contracting_heuristic(problem: RaggedProblem,
   # Group sizes are runtime data, so one config serves every routing. Two
   # options for the routing where one group holds most tokens stay off:
   # cutting its reduction into pieces (`piece_rows`, see
-  # `filling_piece_rows`) and, except on the short-reduction tile below,
+  # `filling_piece_rows`; except where one group's tiles would leave most
+  # SMs idle, `_cut_where_one_group_idles_the_sms`) and, except on the
+  # short-reduction tile below,
   # having the producer store the other groups' zero tiles
   # (`zeros_by_producer`, `zero_drip`) measured slower on the even and Zipf
   # routings, or on the one-hot routing itself, than they gained
@@ -1092,6 +1096,8 @@ def _contracting_heuristic(problem: RaggedProblem,
                                       zero_drip=CLAIMED_ZERO_DRIP_DOUBLED)
         if doubled.fits(problem):
           config = doubled
+  config = _cut_where_one_group_idles_the_sms(config, problem,
+                                              device.planning_sms)
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full
@@ -1119,6 +1125,40 @@ def _narrowed_where_possible(config: RaggedConfig,
   narrow = dataclasses.replace(config, narrow_last_strip=True)
   held = narrow.last_strip_columns(staged_columns(problem.n, config))
   return narrow if held < config.tile_n else config
+
+
+def _cut_where_one_group_idles_the_sms(config: RaggedConfig,
+                                      problem: RaggedProblem,
+                                      sms: int) -> RaggedConfig:
+  """`config` with the reductions cut into pieces (`filling_piece_rows`)
+  and the entries walked largest first, where one group holding every row
+  would run its tiles on at most 1 / PIECES_IDLE_SHARE of the SMs and leave
+  the rest idle, and the pieces hold at least PIECES_MIN_ROWS rows;
+  otherwise `config`. Group sizes are runtime data, so this
+  is decided on the layer's shape alone: it pays the pieces' work list and
+  merge on every routing, which only a group's time on a small share of
+  the SMs outweighs."""
+  cta_m, cta_n = config.cta_tile("contracting")
+  tiles = cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n)
+  if tiles * PIECES_IDLE_SHARE > sms:
+    return config
+  rows = filling_piece_rows(problem, config, sms)
+  if rows < PIECES_MIN_ROWS:
+    return config
+  cut = _most_stages(dataclasses.replace(
+      config, piece_rows=rows, largest_first=True, empty_last=False),
+      problem, slot_choices=(config.out_slots,))
+  return cut if cut.fits(problem) else config
+
+
+def contracting_entries(problem: RaggedProblem, config: RaggedConfig) -> int:
+  """The weight gradient's work-list entries: its groups, and with
+  piece_rows the bound on pieces beyond their first (chunks start on whole
+  8-row tiles of the operands' swizzled layouts)."""
+  extra = (schedule.max_extra_pieces(problem.m, problem.groups, LHS_ROW_TILE,
+                                     config.piece_rows)
+           if config.piece_rows else 0)
+  return problem.groups + extra
 
 
 def staged_columns(n: int, config: RaggedConfig) -> int:
@@ -1169,7 +1209,15 @@ def planes_read_in_place(config: RaggedConfig,
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   if problem.mode == "contracting":
-    return _contracting_heuristic(problem, device)
+    config = _contracting_heuristic(problem, device)
+    if (device.is_gpu and config.piece_rows
+        and work_list_kernel.supports_contracting(
+            contracting_entries(problem, config))):
+      # One launch for the table of groups and pieces, its order and the
+      # zero drip's counts, where XLA's ops took several; not set without
+      # pieces, where XLA's take two.
+      config = dataclasses.replace(config, work_list_kernel=True)
+    return config
   config = _rows_heuristic(problem, device)
   if device.is_gpu and work_list_kernel.supports(problem.groups):
     # One launch for the item table instead of XLA's chain of small
@@ -1294,6 +1342,20 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
   return _most_stages(_swizzled_where_possible(base, problem), problem)
 
 
+#: The heuristic cuts a weight gradient's reductions into pieces where one
+#: group's tiles are at most 1 / PIECES_IDLE_SHARE of the SMs
+#: (`_cut_where_one_group_idles_the_sms`). On Granite-3.0-1B's 1024 x 512
+#: experts (16 tiles of 256 x 128 for 132 SMs) the one-hot routing's
+#: gradient took 0.24x the time cut and walked largest first, the Zipf
+#: routing's 0.79x, the even routing's 1.20x (the pieces' work list and
+#: merge); on Qwen3-30B's 96 tiles cutting gained nothing on the one-hot
+#: routing and lost on the others (experiments/results/nvidia_h200/
+#: ragged_options, "Pieces where one group leaves the SMs idle").
+PIECES_IDLE_SHARE = 4
+#: ... and only into pieces of at least this many rows: below that even the
+#: uncut group is short beside the pieces' work list and merge, which every
+#: call pays (a few small launches).
+PIECES_MIN_ROWS = 2048
 #: The most pieces `filling_piece_rows` cuts a group into: each costs an
 #: extra output tile set (zeros when unused) and its share of the merge.
 MAX_PIECES = 8
@@ -1309,8 +1371,9 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   P x (tiles per group) tiles run in ceil(P x tiles / sms) waves of tiles
   1 / P as long; the fewest pieces (up to MAX_PIECES) of the shortest such
   time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
-  fill the SMs already). Not in the heuristic (measured, see
-  `_contracting_heuristic`); a candidate of `candidates`."""
+  fill the SMs already). The heuristic takes it only where a group's
+  tiles leave most SMs idle (`_cut_where_one_group_idles_the_sms`); it is
+  also a candidate of `candidates`."""
   cta_m, cta_n = config.cta_tile("contracting")
   tiles = -(-problem.k // cta_m) * -(-problem.n // cta_n)
 

@@ -1281,8 +1281,8 @@ def test_work_list_kernel_builds_the_contracting_table(layout, piece_rows,
   _check_contracting_table(sizes, offset, m, piece_rows, order)
 
 
-@pytest.mark.parametrize("groups,piece_rows", [(1, 0), (1, 64), (200, 512),
-                                               (256, 0)])
+@pytest.mark.parametrize("groups,piece_rows", [(1, 0), (1, 64), (40, 512),
+                                               (64, 0)])
 def test_work_list_kernel_contracting_table_at_one_and_many_entries(
     groups, piece_rows):
   """One group (cut into pieces, and not), and the most entries the kernel

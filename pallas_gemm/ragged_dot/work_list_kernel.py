@@ -154,8 +154,13 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
 
 #: Entries (groups and pieces beyond their first) up to which
 #: `contracting_table` runs: one program holds every entry and, for an
-#: order, compares each with every other, so the entries stay few.
-MAX_CONTRACTING_ENTRIES = 256
+#: order, compares each with every other (about twenty entries x entries
+#: steps), so the entries stay few: at 256 the kernel took far longer than
+#: XLA's chain (experiments/results/nvidia_h200/ragged_options, "Pieces
+#: where one group leaves the SMs idle").
+MAX_CONTRACTING_ENTRIES = 64
+#: Its warps: the entries x entries steps spread over all of them.
+CONTRACTING_WARPS = 4
 
 
 def supports_contracting(entries: int) -> bool:
@@ -274,12 +279,11 @@ def contracting_table(group_sizes, row_offset, *, m: int, chunk: int,
     out_shape.append(jax.ShapeDtypeStruct((3, max(extra_count, 1)),
                                           jnp.int32))
   out_shape.append(jax.ShapeDtypeStruct((2,), jnp.int32))
-  num_warps = NUM_WARPS or min(MAX_WARPS, max(1, padded // 64))
   outs = pl.pallas_call(
       kernel,
       out_shape=tuple(out_shape),
       grid=(1,),
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps,
+      compiler_params=pltriton.CompilerParams(num_warps=CONTRACTING_WARPS,
                                              num_stages=1),
       interpret=interpret,
       name="ragged_contracting_table",

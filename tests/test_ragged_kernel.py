@@ -430,11 +430,9 @@ CONTRACTING_CASES = [
     (200, 64, 64, [0, 150, 0, 10], 1, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, out_slots=2, piece_rows=64)),
     # The heuristic's cut (pieces walked largest first, as it takes them
-    # where a group's tiles leave most SMs idle) with the one-launch work
-    # list, every row in one group.
+    # where a group's tiles leave most SMs idle), every row in one group.
     (330, 64, 128, [0, 0, 330, 0], 0, "bfloat16", "bfloat16",
-     dataclasses.replace(SMALL, largest_first=True, piece_rows=128,
-                         work_list_kernel=True)),
+     dataclasses.replace(SMALL, largest_first=True, piece_rows=128)),
 ]
 
 
@@ -536,17 +534,6 @@ CLAIM_CASES = [
                          empty_last=True, wide_zero_box=True, tile_n=128,
                          claim_tiles=True, streamed_zeros=True,
                          double_zero_buffer=True)),
-    # The work list (groups, pieces, their order, the drip's counts) from
-    # the one-launch kernel: pieces walked largest first, and table order
-    # with the empty groups last.
-    (260, 128, 128, [0, 200, 0, 0, 50], 0, "bfloat16", "bfloat16",
-     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
-                         largest_first=True, piece_rows=64,
-                         claim_tiles=True, work_list_kernel=True)),
-    (260, 128, 128, [0, 200, 0, 7, 50, 0], 5, "bfloat16", "float32",
-     dataclasses.replace(SMALL, zeros_by_producer=True, zero_drip=1,
-                         empty_last=True, wide_zero_box=True,
-                         claim_tiles=True, work_list_kernel=True)),
 ]
 
 
@@ -555,9 +542,7 @@ CLAIM_CASES = [
                               "zeros_claimed", "empty_last", "zeros_none",
                               "clusters", "cluster_rows", "streamed_zeros",
                               "streamed_zeros_in_rows",
-                              "streamed_zeros_double_buffer",
-                              "work_list_kernel_pieces",
-                              "work_list_kernel_empty_last"])
+                              "streamed_zeros_double_buffer"])
 def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
 
@@ -1233,102 +1218,9 @@ def test_work_list_kernel_at_one_and_many_groups(groups):
       want)
 
 
-def _schedule_contracting_table(sizes, offset, m, piece_rows, order):
-  """The "contracting" work list from mosaic_schedule's XLA ops, as
-  `work_list_kernel.contracting_table` returns it."""
-  group_sizes = jnp.asarray(sizes, jnp.int32)
-  row_offset = jnp.asarray([offset], jnp.int32)
-  if piece_rows:
-    table, extras = mosaic_schedule.contracting_pieces(
-        group_sizes, row_offset, m=m, chunk=64, row_align=8,
-        piece_rows=piece_rows)
-  else:
-    table, extras = mosaic_schedule.contracting_groups(
-        group_sizes, row_offset, m=m, chunk=64, row_align=8), None
-  chunks = table[mosaic_schedule.GROUP_CHUNKS]
-  counts = [int(jnp.sum(chunks[:len(sizes)] == 0)), int(jnp.sum(chunks > 0))]
-  if order is not None:
-    table = getattr(mosaic_schedule, order)(table)
-  return table, extras, counts
-
-
-def _check_contracting_table(sizes, offset, m, piece_rows, order,
-                             interpret=True):
-  table, extras, counts = work_list_kernel.contracting_table(
-      jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
-      chunk=64, row_align=8, piece_rows=piece_rows, order=order,
-      interpret=interpret)
-  want_table, want_extras, want_counts = _schedule_contracting_table(
-      sizes, offset, m, piece_rows, order)
-  np.testing.assert_array_equal(np.asarray(table), np.asarray(want_table))
-  np.testing.assert_array_equal(np.asarray(counts), want_counts)
-  if piece_rows:
-    np.testing.assert_array_equal(np.asarray(extras),
-                                  np.asarray(want_extras))
-  else:
-    assert extras is None
-
-
-@hypothesis.settings(max_examples=12, deadline=None, derandomize=True)
-@hypothesis.given(_group_layouts(), st.sampled_from([0, 64, 128, 512]),
-                  st.sampled_from([None, "largest_first", "empty_last"]))
-def test_work_list_kernel_builds_the_contracting_table(layout, piece_rows,
-                                                       order):
-  """The Pallas-Triton kernel (interpreted) builds the weight gradient's
-  table of groups and pieces, its order and the zero drip's counts as
-  mosaic_schedule's XLA ops do, entry by entry."""
-  sizes, offset, m, _ = layout
-  _check_contracting_table(sizes, offset, m, piece_rows, order)
-
-
-@pytest.mark.parametrize("groups,piece_rows", [(1, 0), (1, 64), (40, 512),
-                                               (64, 0)])
-def test_work_list_kernel_contracting_table_at_one_and_many_entries(
-    groups, piece_rows):
-  """One group (cut into pieces, and not), and the most entries the kernel
-  takes (groups and pieces), with negative sizes (empty) and most rows in
-  one group, largest first; compiled where there is a GPU."""
-  rng = np.random.default_rng(groups)
-  sizes = rng.integers(-2, 40, groups)
-  sizes[groups // 2] = 3000
-  m = int(np.maximum(sizes, 0).sum()) + 11
-  entries = groups + (mosaic_schedule.max_extra_pieces(m, groups, 8,
-                                                       piece_rows)
-                      if piece_rows else 0)
-  assert entries <= work_list_kernel.MAX_CONTRACTING_ENTRIES
-  _check_contracting_table(sizes, 5, m, piece_rows, "largest_first",
-                           interpret=jax.default_backend() != "gpu")
-
-
-def test_contracting_work_list_kernel_is_set_where_pieces_are_cut():
-  """The heuristic builds the weight gradient's work list in one launch on
-  GPUs where it cuts pieces (Granite-3.0-1B's 16 tiles a group), not
-  without pieces nor on a CPU; a call past the kernel's entries raises,
-  naming the option."""
-  granite = RaggedProblem("contracting", 32768, 1024, 512, 32, "bfloat16",
-                          "bfloat16")
-  config = mosaic.heuristic(granite, HOPPER)
-  assert config.piece_rows and config.work_list_kernel
-  assert configs.contracting_entries(granite, config) == 32 + 8
-  assert not mosaic.heuristic(granite, DeviceInfo("cpu", "cpu")
-                              ).work_list_kernel
-  qwen3 = dataclasses.replace(granite, groups=128, k=2048, n=768)
-  assert not mosaic.heuristic(qwen3, HOPPER).work_list_kernel
-  many = RaggedProblem("contracting", 64, 64, 64,
-                       work_list_kernel.MAX_CONTRACTING_ENTRIES + 1,
-                       "bfloat16", "float32")
-  with pytest.raises(ValueError, match="work_list_kernel"):
-    mosaic.ragged_matmul(
-        jnp.ones((64, 64), jnp.bfloat16), jnp.ones((64, 64), jnp.bfloat16),
-        jnp.ones((many.groups,), jnp.int32), jnp.zeros((1,), jnp.int32),
-        problem=many, config=dataclasses.replace(SMALL,
-                                                 work_list_kernel=True),
-        interpret=True)
-
-
 def test_work_list_kernel_option_is_checked():
-  """The heuristic sets the kernel on GPUs only, and a call with more
-  groups than it takes raises, naming it."""
+  """The heuristic sets the kernel on GPUs only; it is a "rows"-mode
+  option, and a call with more groups than it takes raises, naming it."""
   rows = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
   assert mosaic.heuristic(rows, HOPPER).work_list_kernel
   assert not mosaic.heuristic(rows, DeviceInfo("cpu", "cpu")).work_list_kernel
@@ -1342,6 +1234,15 @@ def test_work_list_kernel_option_is_checked():
         jnp.ones((many.groups,), jnp.int32), jnp.zeros((1,), jnp.int32),
         problem=many, config=dataclasses.replace(SMALL,
                                                  work_list_kernel=True),
+        interpret=True)
+  contracting = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                              "float32")
+  with pytest.raises(ValueError, match="work_list_kernel"):
+    mosaic.ragged_matmul(
+        jnp.ones((64, 64), jnp.bfloat16), jnp.ones((64, 64), jnp.bfloat16),
+        jnp.asarray([30, 34], jnp.int32), jnp.zeros((1,), jnp.int32),
+        problem=contracting,
+        config=dataclasses.replace(SMALL, work_list_kernel=True),
         interpret=True)
 
 

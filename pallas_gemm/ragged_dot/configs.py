@@ -217,16 +217,13 @@ One `RaggedConfig` serves both modes; the fields mean:
                freed (a 144-token swap_ab tile then has 6 stages, a
                192-token one 5). Excludes cluster_columns.
     work_list_kernel
-               build the work list in one Pallas-Triton launch instead of a
-               chain of small XLA kernels, which on short calls (small
-               experts) is a share of the call's time: "rows" mode's item
-               table (`work_list_kernel.row_items`, at most
-               `work_list_kernel.MAX_GROUPS` groups), or "contracting"
-               mode's table of groups and pieces in its order, with the
-               zero drip's counts (`work_list_kernel.contracting_table`, at
-               most `work_list_kernel.MAX_CONTRACTING_ENTRIES` groups and
-               pieces beyond their first). A call past either bound
-               raises.
+               build the item table (`mosaic_schedule.row_items`) in one
+               Pallas-Triton launch (`work_list_kernel.row_items`) instead
+               of a chain of small XLA kernels, which on short calls (small
+               experts) is a share of the call's time. Needs at most
+               `work_list_kernel.MAX_GROUPS` groups (a "rows"-mode option,
+               as the "contracting" kernel lists no row items, and raises
+               on it).
     narrow_last_strip
                where the output's columns (rounded up to epi_tile_n) end
                inside the last column strip, that strip's tiles compute
@@ -372,6 +369,7 @@ MODE_ONLY_OPTIONS = {
         "swizzled_staging": "stores whole tiles from swizzled staging "
                             "already",
         "swap_ab": "multiplies whole chunks of token rows",
+        "work_list_kernel": "lists no row items",
         "shared_staging": "stages each consumer's tiles in its own buffer",
     },
     "contracting": {
@@ -1070,11 +1068,10 @@ def _contracting_heuristic(problem: RaggedProblem,
   # cutting its reduction into pieces (`piece_rows`, see
   # `filling_piece_rows`; except where one group's tiles would leave most
   # SMs idle, `_cut_where_one_group_idles_the_sms`) and, except on the
-  # short-reduction tile below,
-  # having the producer store the other groups' zero tiles
-  # (`zeros_by_producer`, `zero_drip`) measured slower on the even and Zipf
-  # routings, or on the one-hot routing itself, than they gained
-  # (experiments/results/nvidia_h200/ragged_options). So do 2-CTA
+  # short-reduction tile below, having the producer store the other groups'
+  # zero tiles (`zeros_by_producer`, `zero_drip`) measured slower on the
+  # even and Zipf routings, or on the one-hot routing itself, than they
+  # gained (experiments/results/nvidia_h200/ragged_options). So do 2-CTA
   # clusters sharing lhs (`cluster_columns`): on the short-reduction tile
   # they removed a large slowdown of one DeepSeek-V3 projection on the H200
   # and caused one as large on the other projection on the H100. Claimed
@@ -1134,10 +1131,10 @@ def _cut_where_one_group_idles_the_sms(config: RaggedConfig,
   and the entries walked largest first, where one group holding every row
   would run its tiles on at most 1 / PIECES_IDLE_SHARE of the SMs and leave
   the rest idle, and the pieces hold at least PIECES_MIN_ROWS rows;
-  otherwise `config`. Group sizes are runtime data, so this
-  is decided on the layer's shape alone: it pays the pieces' work list and
-  merge on every routing, which only a group's time on a small share of
-  the SMs outweighs."""
+  otherwise `config`. Group sizes are runtime data, so this is decided on
+  the layer's shape alone: it pays the pieces' work list and merge on
+  every routing, which only a group's time on a small share of the SMs
+  outweighs."""
   cta_m, cta_n = config.cta_tile("contracting")
   tiles = cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n)
   if tiles * PIECES_IDLE_SHARE > sms:
@@ -1149,16 +1146,6 @@ def _cut_where_one_group_idles_the_sms(config: RaggedConfig,
       config, piece_rows=rows, largest_first=True, empty_last=False),
       problem, slot_choices=(config.out_slots,))
   return cut if cut.fits(problem) else config
-
-
-def contracting_entries(problem: RaggedProblem, config: RaggedConfig) -> int:
-  """The weight gradient's work-list entries: its groups, and with
-  piece_rows the bound on pieces beyond their first (chunks start on whole
-  8-row tiles of the operands' swizzled layouts)."""
-  extra = (schedule.max_extra_pieces(problem.m, problem.groups, LHS_ROW_TILE,
-                                     config.piece_rows)
-           if config.piece_rows else 0)
-  return problem.groups + extra
 
 
 def staged_columns(n: int, config: RaggedConfig) -> int:
@@ -1209,15 +1196,7 @@ def planes_read_in_place(config: RaggedConfig,
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   if problem.mode == "contracting":
-    config = _contracting_heuristic(problem, device)
-    if (device.is_gpu and config.piece_rows
-        and work_list_kernel.supports_contracting(
-            contracting_entries(problem, config))):
-      # One launch for the table of groups and pieces, its order and the
-      # zero drip's counts, where XLA's ops took several; not set without
-      # pieces, where XLA's take two.
-      config = dataclasses.replace(config, work_list_kernel=True)
-    return config
+    return _contracting_heuristic(problem, device)
   config = _rows_heuristic(problem, device)
   if device.is_gpu and work_list_kernel.supports(problem.groups):
     # One launch for the item table instead of XLA's chain of small
@@ -1344,13 +1323,14 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
 
 #: The heuristic cuts a weight gradient's reductions into pieces where one
 #: group's tiles are at most 1 / PIECES_IDLE_SHARE of the SMs
-#: (`_cut_where_one_group_idles_the_sms`). On Granite-3.0-1B's 1024 x 512
-#: experts (16 tiles of 256 x 128 for 132 SMs) the one-hot routing's
-#: gradient took 0.24x the time cut and walked largest first, the Zipf
-#: routing's 0.79x, the even routing's 1.20x (the pieces' work list and
-#: merge); on Qwen3-30B's 96 tiles cutting gained nothing on the one-hot
-#: routing and lost on the others (experiments/results/nvidia_h200/
-#: ragged_options, "Pieces where one group leaves the SMs idle").
+#: (`_cut_where_one_group_idles_the_sms`). Where a group's tiles were a
+#: small share of the SMs (Granite-3.0-1B's 1024 x 512 experts), cutting
+#: and walking largest first made the one-hot routing's gradient several
+#: times faster and the Zipf routing's faster, and cost the even routing
+#: the pieces' work list and merge; where they were most of the SMs
+#: (Qwen3-30B), it gained nothing on the one-hot routing and lost on the
+#: others (experiments/results/nvidia_h200/ragged_options, "Pieces where
+#: one group leaves the SMs idle").
 PIECES_IDLE_SHARE = 4
 #: ... and only into pieces of at least this many rows: below that even the
 #: uncut group is short beside the pieces' work list and merge, which every

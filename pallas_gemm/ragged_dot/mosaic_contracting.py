@@ -120,7 +120,6 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     tile_coordinates, tiles_of_this_cta, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
-from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,
                                           SWIZZLE_ELEMS_16BIT,
                                           RaggedConfig,
@@ -652,32 +651,24 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   # layouts.
   row_align = max(tma.tma_tiling(cta_m, in_dtype)[0],
                   tma.tma_tiling(tile_n, in_dtype)[0])
-  order = ("largest_first" if config.largest_first
-           else "empty_last" if config.empty_last else None)
-  if config.work_list_kernel:
-    table, extras, counts = work_list_kernel.contracting_table(
+  if config.piece_rows:
+    table, extras = schedule.contracting_pieces(
         group_sizes, row_offset, m=m, chunk=chunk, row_align=row_align,
-        piece_rows=config.piece_rows, order=order,
-        interpret=params is not None)
+        piece_rows=config.piece_rows)
   else:
-    if config.piece_rows:
-      table, extras = schedule.contracting_pieces(
-          group_sizes, row_offset, m=m, chunk=chunk, row_align=row_align,
-          piece_rows=config.piece_rows)
-    else:
-      table = schedule.contracting_groups(group_sizes, row_offset, m=m,
-                                          chunk=chunk, row_align=row_align)
-    # With zero_drip the kernel also reads how many groups are empty (those
-    # whose first piece, entry g < groups, has no chunk) and how many
-    # entries have rows.
-    chunks = table[schedule.GROUP_CHUNKS]
-    counts = jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
-                        jnp.sum(chunks > 0, dtype=jnp.int32)])
-    if order == "largest_first":
-      table = schedule.largest_first(table)
-    elif order == "empty_last":
-      table = schedule.empty_last(table)
-  entry_counts = [counts] if config.zero_drip else []
+    table = schedule.contracting_groups(group_sizes, row_offset, m=m,
+                                        chunk=chunk, row_align=row_align)
+  # With zero_drip the kernel also reads how many groups are empty (those
+  # whose first piece, entry g < groups, has no chunk) and how many entries
+  # have rows.
+  chunks = table[schedule.GROUP_CHUNKS]
+  entry_counts = ([jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
+                              jnp.sum(chunks > 0, dtype=jnp.int32)])]
+                  if config.zero_drip else [])
+  if config.largest_first:
+    table = schedule.largest_first(table)
+  elif config.empty_last:
+    table = schedule.empty_last(table)
   # The kernel sees every piece as a group of its own; the pieces beyond
   # the groups' first go to an output of their own, so that adding them
   # updates the groups' output in place.

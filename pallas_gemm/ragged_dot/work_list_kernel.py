@@ -1,25 +1,18 @@
-"""The grouped GEMM's work lists, each in one launch.
+"""The "rows"-mode work list (`mosaic_schedule.row_items`) in one launch.
 
-Built from XLA ops, a table takes a chain of small kernels: the groups'
+Built from XLA ops, the table takes a chain of small kernels: the groups'
 prefix sum, the pieces' item counts and their prefix sum, then the table,
 each waiting for the one before. On layers of small experts, whose grouped
 GEMM is short, those launches are a share of the call worth removing
-(experiments/results/nvidia_h100/ragged_work_list). These Pallas-Triton
-kernels build the same tables in one launch each:
+(experiments/results/nvidia_h100/ragged_work_list). This Pallas-Triton
+kernel builds the same table in one launch: every program recomputes the
+pieces from `group_sizes` (a prefix sum over at most `MAX_GROUPS` values,
+in registers) and writes one block of the table's columns.
 
-  row_items          "rows" mode: every program recomputes the pieces from
-                     `group_sizes` (a prefix sum over at most `MAX_GROUPS`
-                     values, in registers) and writes one block of the
-                     table's columns;
-  contracting_table  "contracting" mode: one program builds the groups'
-                     table, the pieces beyond each group's first
-                     (`RaggedConfig.piece_rows`), their order and the zero
-                     drip's counts, where XLA took up to seven launches
-                     (experiments/results/nvidia_h200/ragged_options).
-
-`mosaic_schedule` stays the definition; the tests hold these kernels to it
-entry by entry.
+`mosaic_schedule.row_items` stays the definition; the tests hold this
+kernel to it entry by entry.
 """
+
 from __future__ import annotations
 
 import jax
@@ -150,146 +143,3 @@ def row_items(group_sizes, row_offset, *, m: int, tile_m: int,
       interpret=interpret,
       name="ragged_row_items",
   )(group_sizes.astype(jnp.int32), row_offset.astype(jnp.int32))
-
-
-#: Entries (groups and pieces beyond their first) up to which
-#: `contracting_table` runs: one program holds every entry and, for an
-#: order, compares each with every other (about twenty entries x entries
-#: steps), so the entries stay few: at 256 the kernel took far longer than
-#: XLA's chain (experiments/results/nvidia_h200/ragged_options, "Pieces
-#: where one group leaves the SMs idle").
-MAX_CONTRACTING_ENTRIES = 64
-#: Its warps: the entries x entries steps spread over all of them.
-CONTRACTING_WARPS = 4
-
-
-def supports_contracting(entries: int) -> bool:
-  return 0 < entries <= MAX_CONTRACTING_ENTRIES
-
-
-def contracting_table(group_sizes, row_offset, *, m: int, chunk: int,
-                      row_align: int, piece_rows: int = 0,
-                      order: str | None = None, interpret: bool = False):
-  """The "contracting"-mode work list in one Pallas-Triton launch: what
-  `mosaic_schedule.contracting_groups` (piece_rows 0) or
-  `mosaic_schedule.contracting_pieces` build, then with `order`
-  ("largest_first" or "empty_last") reordered as `mosaic_schedule`'s
-  functions of that name do, and the two counts the zero drip reads (the
-  empty groups, and the entries with rows, of the table before its order),
-  each the same int32 values as those XLA ops give.
-
-  Returns (table, extras, counts): table (4, entries), or (5, entries)
-  with an order; extras (3, E) (None without pieces); counts (2,)."""
-  if order not in (None, "largest_first", "empty_last"):
-    raise ValueError(f"order={order!r} is not None, 'largest_first' or "
-                     f"'empty_last'")
-  groups = group_sizes.shape[0]
-  extra_count = (schedule.max_extra_pieces(m, groups, row_align, piece_rows)
-                 if piece_rows else 0)
-  entries = groups + extra_count
-  if not supports_contracting(entries):
-    raise ValueError(
-        f"RaggedConfig.work_list_kernel takes 1 to {MAX_CONTRACTING_ENTRIES} "
-        f"weight-gradient entries (groups + pieces beyond their first); "
-        f"group_sizes has {groups} groups and piece_rows={piece_rows} adds "
-        f"up to {extra_count}")
-  padded = shape_bucket(entries)
-  table_rows = 4 if order is None else 5
-
-  def kernel(sizes_ref, offset_ref, table_ref, *rest):
-    extras_ref, counts_ref = rest if piece_rows else (None, rest[0])
-    index = jnp.arange(padded, dtype=jnp.int32)
-    is_group = index < groups
-    sizes = jnp.maximum(pltriton.load(sizes_ref.at[pl.ds(0, padded)],
-                                      mask=is_group, other=0), 0)
-    offset = pltriton.load(offset_ref.at[pl.ds(0, 1)])  # (1,): broadcasts
-    ends_unclipped = offset + jnp.cumsum(sizes)
-    starts = jnp.clip(ends_unclipped - sizes, 0, m)
-    ends = jnp.clip(ends_unclipped, 0, m)
-    if piece_rows:
-      # As mosaic_schedule.contracting_pieces: entry g < groups is group
-      # g's first piece, entry groups + x the x-th piece beyond a first.
-      first_cut = starts // row_align * row_align + piece_rows
-      first_hi = jnp.minimum(ends, first_cut)
-      extra = jnp.where(is_group & (ends > first_cut),
-                        (ends - first_cut + piece_rows - 1) // piece_rows, 0)
-      extra_ends = jnp.cumsum(extra)
-      first_extra = extra_ends - extra
-      extras_listed = jnp.sum(extra)
-
-      def beyond_first(x):
-        """The x-th pieces beyond a first: their group (clamped; -1 where
-        unused), rows [lo, hi) (0 where unused), and their group's first
-        such piece and count."""
-        owner = jnp.minimum(
-            jnp.sum((extra_ends[None, :] <= x[:, None]) & is_group[None, :],
-                    axis=1), groups - 1)
-        used = (x >= 0) & (x < extras_listed)
-        owned = (owner[:, None] == index[None, :]) & is_group[None, :]
-
-        def of_owner(values):
-          return jnp.sum(jnp.where(owned, values[None, :], 0), axis=1)
-
-        lo = of_owner(first_cut) + (x - of_owner(first_extra)) * piece_rows
-        hi = jnp.minimum(of_owner(ends), lo + piece_rows)
-        return (jnp.where(used, owner, -1), jnp.where(used, lo, 0),
-                jnp.where(used, hi, 0),
-                jnp.where(used, of_owner(first_extra), 0),
-                jnp.where(used, of_owner(extra), 0))
-
-      # The table of pieces beyond a first, column x = index.
-      owner, _, _, first, count = beyond_first(index)
-      for row, values in enumerate((owner, first, count)):
-        pltriton.store(extras_ref.at[pl.ds(row, 1), pl.ds(0, padded)],
-                       values.astype(jnp.int32)[None, :],
-                       mask=(index < extra_count)[None, :])
-      # The entries: group g's first piece at g, then those pieces.
-      _, lo_extra, hi_extra, _, _ = beyond_first(index - groups)
-      lo = jnp.where(is_group, starts, lo_extra)
-      hi = jnp.where(is_group, first_hi, hi_extra)
-    else:
-      lo, hi = starts, ends
-    first_row = lo // row_align * row_align
-    chunks = jnp.where(hi > lo, (hi - first_row + chunk - 1) // chunk, 0)
-    listed = index < entries
-    counts = jnp.where(jnp.arange(2, dtype=jnp.int32) == 0,
-                       jnp.sum(is_group & (chunks == 0)),
-                       jnp.sum(listed & (chunks > 0)))
-    pltriton.store(counts_ref.at[pl.ds(0, 2)], counts.astype(jnp.int32))
-    table = [lo, hi, first_row, chunks]
-    if order is not None:
-      # As mosaic_schedule._sorted_entries: each entry's rank (the entries
-      # with a larger key, and the earlier ones with as large), then each
-      # rank's entry, its original index in a fifth row.
-      key = hi - lo if order == "largest_first" else (hi > lo).astype(
-          jnp.int32)
-      other, this = key[None, :], key[:, None]
-      ahead = ((other > this) | ((other == this)
-                                 & (index[None, :] < index[:, None])))
-      rank = jnp.sum(ahead & listed[None, :], axis=1)
-      lands = (rank[None, :] == index[:, None]) & listed[None, :]
-      table = [jnp.sum(jnp.where(lands, values[None, :], 0), axis=1)
-               for values in table + [index]]
-    for row, values in enumerate(table):
-      pltriton.store(table_ref.at[pl.ds(row, 1), pl.ds(0, padded)],
-                     values.astype(jnp.int32)[None, :], mask=listed[None, :])
-
-  out_shape = [jax.ShapeDtypeStruct((table_rows, entries), jnp.int32)]
-  if piece_rows:
-    out_shape.append(jax.ShapeDtypeStruct((3, max(extra_count, 1)),
-                                          jnp.int32))
-  out_shape.append(jax.ShapeDtypeStruct((2,), jnp.int32))
-  outs = pl.pallas_call(
-      kernel,
-      out_shape=tuple(out_shape),
-      grid=(1,),
-      compiler_params=pltriton.CompilerParams(num_warps=CONTRACTING_WARPS,
-                                             num_stages=1),
-      interpret=interpret,
-      name="ragged_contracting_table",
-  )(group_sizes.astype(jnp.int32), row_offset.astype(jnp.int32))
-  if piece_rows:
-    table, extras, counts = outs
-    return table, extras[:, :extra_count], counts
-  table, counts = outs
-  return table, None, counts

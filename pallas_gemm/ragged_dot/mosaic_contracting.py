@@ -744,14 +744,20 @@ def output_columns(n: int, config: RaggedConfig, out_dtype, *,
 #: zeros are left then, so fewer, larger claims.
 CLAIMED_ZERO_BOXES_AT_END = 64
 
-#: The output tile (rows, columns) of one `merge_pieces` CTA.
-MERGE_TILE = (128, 128)
+#: The output tile (rows, columns) of one `merge_pieces` CTA, and how many
+#: of its loads (the group's first piece, then the others) are in flight at
+#: once: a group's pieces are added one after another, so each CTA keeps
+#: several loads going rather than waiting out one at a time, and smaller
+#: tiles put more CTAs on a small output.
+MERGE_TILE = (64, 128)
+MERGE_LOADS_IN_FLIGHT = 4
 
 
 def _merge_body(extras_gmem, rest_gmem, out_gmem, *, tile):
   tile_rows, tile_cols = tile
+  depth = MERGE_LOADS_IN_FLIGHT
 
-  def scoped(tile_smem, landed):
+  def scoped(tiles_smem, landed):
     x, k_idx, n_idx = (lax.axis_index(axis) for axis in ("x", "k", "n"))
     owner = extras_gmem[schedule.EXTRA_GROUP, x]
     leads = extras_gmem[schedule.EXTRA_FIRST, x] == x
@@ -762,24 +768,43 @@ def _merge_body(extras_gmem, rest_gmem, out_gmem, *, tile):
       rows = pl.ds(k_idx * tile_rows, tile_rows)
       cols = pl.ds(n_idx * tile_cols, tile_cols)
 
-      def load(src):
-        plgpu.copy_gmem_to_smem(src.at[rows, cols], tile_smem, landed)
-        plgpu.barrier_wait(landed)
-        values = tile_smem[...].astype(jnp.float32)
-        # Every thread's read ends before the next TMA load overwrites it.
-        plgpu.commit_smem()
-        return values
+      def start(j):
+        """Starts load j into slot j % depth: the group's output (its first
+        piece's sum) for j = 0, its j-th further piece after."""
+        slot = lax.rem(j, depth)
 
-      total = lax.fori_loop(
-          0, count, lambda j, acc: acc + load(rest_gmem.at[x + j]),
-          load(out_gmem.at[owner]))
-      tile_smem[...] = total.astype(tile_smem.dtype)
+        @pl.when(j == 0)
+        def _first():
+          plgpu.copy_gmem_to_smem(out_gmem.at[owner, rows, cols],
+                                  tiles_smem.at[slot], landed.at[slot])
+
+        @pl.when(j > 0)
+        def _further():
+          plgpu.copy_gmem_to_smem(rest_gmem.at[x + j - 1, rows, cols],
+                                  tiles_smem.at[slot], landed.at[slot])
+
+      for j in range(depth):
+        pl.when(j <= count)(functools.partial(start, jnp.int32(j)))
+
+      def add(j, acc):
+        slot = lax.rem(j, depth)
+        plgpu.barrier_wait(landed.at[slot])
+        values = tiles_smem[slot].astype(jnp.float32)
+        # Every thread's read ends before a TMA load overwrites the slot.
+        plgpu.commit_smem()
+        pl.when(j + depth <= count)(functools.partial(start, j + depth))
+        return acc + values
+
+      total = lax.fori_loop(0, count + 1, add,
+                            jnp.zeros(tile, jnp.float32))
+      tiles_smem[0] = total.astype(tiles_smem.dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(tile_smem, out_gmem.at[owner, rows, cols])
+      plgpu.copy_smem_to_gmem(tiles_smem.at[0],
+                              out_gmem.at[owner, rows, cols])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  pl.run_scoped(scoped, plgpu.SMEM(tile, out_gmem.dtype),
-                plgpu.Barrier(num_arrivals=1))
+  pl.run_scoped(scoped, plgpu.SMEM((depth, *tile), out_gmem.dtype),
+                plgpu.Barrier(num_arrivals=1, num_barriers=depth))
 
 
 def merge_pieces(first, rest, extras, params):

@@ -722,7 +722,7 @@ NARROW_STRIP_CASES = [
                               "claimed_pieces"])
 def test_contracting_narrow_last_strip(case):
   n, config = NARROW_STRIP_CASES[case][2], NARROW_STRIP_CASES[case][-1]
-  out_cols = -(-n // config.epi_tile_n) * config.epi_tile_n
+  out_cols = configs.staged_columns(n, config)
   assert config.last_strip_columns(out_cols) < config.tile_n
   _run_contracting(NARROW_STRIP_CASES[case], detect_races=case == 0)
 

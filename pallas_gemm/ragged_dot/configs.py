@@ -1135,9 +1135,7 @@ def _cut_where_one_group_idles_the_sms(config: RaggedConfig,
   the layer's shape alone: it pays the pieces' work list and merge on
   every routing, which only a group's time on a small share of the SMs
   outweighs."""
-  cta_m, cta_n = config.cta_tile("contracting")
-  tiles = cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n)
-  if tiles * PIECES_IDLE_SHARE > sms:
+  if group_output_tiles(problem, config) * PIECES_IDLE_SHARE > sms:
     return config
   rows = filling_piece_rows(problem, config, sms)
   if rows < PIECES_MIN_ROWS:
@@ -1160,9 +1158,15 @@ def _one_group_fills_the_sms(problem: RaggedProblem, config: RaggedConfig,
   tile) are at least CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM of the SMs: then,
   where one group holds most tokens, most CTAs run its long tiles and few
   are left free."""
+  return (group_output_tiles(problem, config)
+          >= CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM * sms)
+
+
+def group_output_tiles(problem: RaggedProblem, config: RaggedConfig) -> int:
+  """One group's output tiles in a weight gradient: its K x N output at the
+  CTA tile."""
   cta_m, cta_n = config.cta_tile("contracting")
-  tiles = cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n)
-  return tiles >= CLAIMED_ZERO_DRIP_MIN_TILES_PER_SM * sms
+  return cdiv(problem.k, cta_m) * cdiv(problem.n, cta_n)
 
 
 def contracting_operand_swizzle(config: RaggedConfig, dtype) -> int | None:
@@ -1354,8 +1358,7 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   fill the SMs already). The heuristic takes it only where a group's
   tiles leave most SMs idle (`_cut_where_one_group_idles_the_sms`); it is
   also a candidate of `candidates`."""
-  cta_m, cta_n = config.cta_tile("contracting")
-  tiles = -(-problem.k // cta_m) * -(-problem.n // cta_n)
+  tiles = group_output_tiles(problem, config)
 
   def group_time(pieces):
     return -(-tiles * pieces // max(sms, 1)) / pieces

@@ -549,6 +549,76 @@ def test_contracting_claim_tiles(case):
   _run_contracting(CLAIM_CASES[case], detect_races=case in (0, 2, 4, 5))
 
 
+#: `RaggedConfig.spread_zero_tiles`: each CTA visits its empty groups' zero
+#: tiles spread between its tiles with rows.
+SPREAD_CASES = [
+    # Turns at whole tiles (the tiles with rows still alternating between
+    # the consumers), two staging slots over three stores a tile, most rows
+    # in one group, rows of no group.
+    (260, 192, 192, [0, 200, 0, 0, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, ping_pong=True, tile_n=192, out_slots=2,
+                         stages=3, empty_last=True, spread_zero_tiles=True)),
+    # Consumers splitting each tile, every row in one group.
+    (200, 256, 128, [0, 0, 200, 0], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, empty_last=True, spread_zero_tiles=True)),
+    # No empty group: the walk as without it.
+    (200, 128, 128, [50, 100, 50], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, ping_pong=True, empty_last=True,
+                         spread_zero_tiles=True)),
+    # No rows at all: every tile a zero tile.
+    (64, 64, 64, [0, 0, 0], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, empty_last=True, spread_zero_tiles=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SPREAD_CASES)),
+                         ids=["turns", "split", "none_empty", "no_rows"])
+def test_contracting_spread_zero_tiles(case):
+  _run_contracting(SPREAD_CASES[case], detect_races=case in (0, 1))
+
+
+@pytest.mark.parametrize("unit", [1, 2])
+def test_spread_zero_visits_is_a_permutation_keeping_each_kind_in_order(unit):
+  """`mosaic_schedule.spread_zero_visits`: every tile visited once, the
+  tiles with rows and the zero tiles each in their own order, the first
+  visit a tile with rows, the tiles with rows alternating between the
+  `unit` consumers, and no run of zero tiles longer than the even share of
+  one gap (plus a unit)."""
+  for tiles in range(41):
+    for with_rows in range(tiles + 1):
+      tile = np.asarray(mosaic_schedule.spread_zero_visits(
+          np.arange(tiles), tiles=tiles, with_rows=with_rows, unit=unit))
+      assert sorted(tile) == list(range(tiles))
+      rows = tile[tile < with_rows]
+      zeros = tile[tile >= with_rows]
+      assert (np.diff(rows) > 0).all() and (np.diff(zeros) > 0).all()
+      if 0 < with_rows <= unit * (tiles // unit):
+        assert tile[0] == 0
+        lanes = np.flatnonzero(tile < with_rows) % unit
+        assert (lanes == np.arange(with_rows) % unit).all()
+        units = -(-with_rows // unit)
+        if units > 1:
+          gap = -(-(tiles // unit - units) // (units - 1))
+          runs = np.diff(np.flatnonzero(tile < with_rows)) - 1
+          assert runs.max(initial=0) <= unit * (gap + 1)
+
+
+def test_spread_zero_tiles_needs_empty_last_and_excludes_what_reorders():
+  """spread_zero_tiles needs empty_last and excludes the options that walk
+  or store zero tiles their own way; each error names the option."""
+  with pytest.raises(ValueError, match="spread_zero_tiles needs empty_last"):
+    RaggedConfig(tile_m=64, tile_n=64, spread_zero_tiles=True)
+  spread = dict(tile_m=64, tile_n=64, empty_last=True, spread_zero_tiles=True)
+  for option, value in (("claim_tiles", True), ("zeros_by_producer", True),
+                        ("piece_rows", 64), ("cluster_rows", True)):
+    with pytest.raises(ValueError, match=f"spread_zero_tiles excludes "
+                       f"{option}"):
+      RaggedConfig(**spread, **{option: value})
+  with pytest.raises(ValueError, match="is a \"contracting\"-mode"):
+    RaggedConfig(**spread).check_mode("rows")
+  assert "spread_zero_tiles" in configs.MODE_ONLY_OPTIONS["contracting"]
+
+
 def test_cluster_rows_rejects_what_it_cannot_run():
   """cluster_rows: one shared operand a cluster (not with cluster_columns),
   a "contracting"-mode option; each error names the option."""

@@ -233,6 +233,18 @@ One `RaggedConfig` serves both modes; the fields mean:
                more than a narrow one: 1408 columns are seven strips of 192
                and one of 64, where without it the eighth computes 192
                (excludes cluster_columns; a "contracting"-mode option).
+    spread_zero_tiles
+               with empty_last, each CTA visits its share of the empty
+               groups' zero tiles spread evenly between its tiles with
+               rows (`mosaic_schedule.spread_zero_visits`), rather than
+               after them: where one group holds most tokens, a consumer
+               then stores zero tiles while the other computes a long
+               tile, so that the zeros' writes overlap the long
+               reductions instead of following them. The order of the
+               tiles with rows is kept, so an even routing walks as
+               without it (excludes claim_tiles, zeros_by_producer,
+               piece_rows, interleave_groups and clusters; a
+               "contracting"-mode option).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -390,6 +402,7 @@ MODE_ONLY_OPTIONS = {
                         "(cluster_columns)",
         "narrow_last_strip": "computes its last column strip at the "
                              "tile's width",
+        "spread_zero_tiles": "stores the rows of no group with its items",
     },
 }
 
@@ -435,12 +448,26 @@ class RaggedConfig:
   streamed_zeros: bool = False
   double_zero_buffer: bool = False
   narrow_last_strip: bool = False
+  spread_zero_tiles: bool = False
 
   def __post_init__(self):
     validate(self)
     if self.largest_first and self.empty_last:
       raise ValueError("RaggedConfig.largest_first and empty_last exclude "
                        "each other (two orders of the table's entries)")
+    if self.spread_zero_tiles:
+      if not self.empty_last:
+        raise ValueError("RaggedConfig.spread_zero_tiles needs "
+                         "empty_last=True (the tiles with rows are then the "
+                         "walk's first, and the zero tiles are spread "
+                         "between them)")
+      for option in ("claim_tiles", "zeros_by_producer", "piece_rows",
+                     "interleave_groups", "cluster_columns", "cluster_rows"):
+        if getattr(self, option):
+          raise ValueError(f"RaggedConfig.spread_zero_tiles excludes "
+                           f"{option} (it reorders each CTA's round-robin "
+                           f"share of whole groups' tiles, which the "
+                           f"consumers store, zeros included)")
     if self.claim_tiles and self.zero_drip and not self.reorders_entries:
       raise ValueError("RaggedConfig.claim_tiles with zero_drip needs "
                        "largest_first=True or empty_last=True (the empty "

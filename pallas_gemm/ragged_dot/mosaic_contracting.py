@@ -137,7 +137,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   """Walks `groups` output groups. `in_place` (with operand_planes): lhs
   and dout have any row count (at least a chunk) and are loaded through
   the untiled views of their planes (`operands_in_place`). `refs`: with
-  RaggedConfig.zero_drip,
+  RaggedConfig.zero_drip or spread_zero_tiles,
   first `counts_gmem`, (2,) int32, how many groups are empty and how many
   table entries (groups or pieces) have rows; with
   RaggedConfig.claim_tiles, `counter_gmem`, (tile_claims.counter_words,)
@@ -148,7 +148,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   out_gmem.shape[0] groups are the groups' first pieces, stored to
   out_gmem, and the rest their further pieces, stored to pieces_gmem."""
   counts_gmem = counter_gmem = None
-  if config.zero_drip:
+  if counts_entries(config):
     counts_gmem, *refs = refs
   if config.claim_tiles:
     counter_gmem, *refs = refs
@@ -164,6 +164,8 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   stores = tile_n // epi_n
 
   def tile_info(linear):
+    if config.spread_zero_tiles:
+      linear = spread_zero_tiles(linear)
     if config.largest_first and not config.claim_tiles:
       # With ping_pong a CTA's consecutive slots alternate between its two
       # consumers, which each run their own tiles one after another: the
@@ -364,9 +366,25 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     return n_idx == index(n_units - 1) if last_cols < tile_n else None
 
   def tiles_with_rows():
-    """With zero_drip: the tiles of the table's entries that have rows,
-    the first ones of a walk in largest_first's or empty_last's order."""
+    """With zero_drip or spread_zero_tiles: the tiles of the table's
+    entries that have rows, the first ones of a walk in largest_first's or
+    empty_last's order."""
     return index(counts_gmem[1]) * index(k_units * n_units)
+
+  def spread_zero_tiles(linear):
+    """RaggedConfig.spread_zero_tiles: the tile that this CTA's visit
+    `linear` (a slot of the round-robin deal) runs, its zero tiles spread
+    between its tiles with rows (`schedule.spread_zero_visits`), in units of
+    a turn per consumer with ping_pong. The turns and staging slots still
+    follow the visits."""
+    cta = index(lax.axis_index("sm"))
+    num_ctas = index(lax.axis_size("sm"))
+    tile = schedule.spread_zero_visits(
+        lax.div(index(linear) - cta, num_ctas),
+        tiles=tiles_of_this_cta(num_tiles),
+        with_rows=tiles_of_this_cta(tiles_with_rows()),
+        unit=NUM_CONSUMERS if config.ping_pong else 1)
+    return cta + tile * num_ctas
 
   def handed(linear):
     """With claim_tiles: whether the consumers run tile `linear` (all but
@@ -658,13 +676,13 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)
-  # With zero_drip the kernel also reads how many groups are empty (those
-  # whose first piece, entry g < groups, has no chunk) and how many entries
-  # have rows.
+  # With zero_drip or spread_zero_tiles the kernel also reads how many
+  # groups are empty (those whose first piece, entry g < groups, has no
+  # chunk) and how many entries have rows.
   chunks = table[schedule.GROUP_CHUNKS]
   entry_counts = ([jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
                               jnp.sum(chunks > 0, dtype=jnp.int32)])]
-                  if config.zero_drip else [])
+                  if counts_entries(config) else [])
   if config.largest_first:
     table = schedule.largest_first(table)
   elif config.empty_last:
@@ -720,6 +738,12 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if pieces > groups:
     out = merge_pieces(*out, extras, params)
   return out[:, :k, :n] if out.shape[1:] != (k, n) else out
+
+
+def counts_entries(config: RaggedConfig) -> bool:
+  """Whether the weight-gradient kernel reads its table's entry counts
+  (`_contracting_body`'s `counts_gmem`)."""
+  return bool(config.zero_drip) or config.spread_zero_tiles
 
 
 def output_columns(n: int, config: RaggedConfig, out_dtype, *,

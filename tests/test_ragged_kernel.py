@@ -586,8 +586,12 @@ def test_spread_zero_visits_is_a_permutation_keeping_each_kind_in_order(unit):
   one gap (plus a unit)."""
   for tiles in range(41):
     for with_rows in range(tiles + 1):
-      tile = np.asarray(mosaic_schedule.spread_zero_visits(
-          np.arange(tiles), tiles=tiles, with_rows=with_rows, unit=unit))
+      spreads, tile_of = mosaic_schedule.spread_zero_visits(
+          tiles=tiles, with_rows=with_rows, unit=unit)
+      tile = np.asarray(tile_of(np.arange(tiles)))
+      assert spreads == (0 < with_rows and -(-with_rows // unit)
+                         < tiles // unit)
+      assert spreads or (tile == np.arange(tiles)).all()
       assert sorted(tile) == list(range(tiles))
       rows = tile[tile < with_rows]
       zeros = tile[tile >= with_rows]

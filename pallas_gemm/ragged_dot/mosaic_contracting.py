@@ -371,20 +371,28 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     empty_last's order."""
     return index(counts_gmem[1]) * index(k_units * n_units)
 
+  if config.spread_zero_tiles:
+    # This CTA's deal, computed once: the round-robin share and how many of
+    # its tiles have rows (the walk's first, in empty_last's order).
+    cta = index(lax.axis_index("sm"))
+    num_ctas = index(lax.axis_size("sm"))
+    spreads, spread_tile = schedule.spread_zero_visits(
+        tiles=tiles_of_this_cta(num_tiles),
+        with_rows=tiles_of_this_cta(tiles_with_rows()),
+        unit=NUM_CONSUMERS if config.ping_pong else 1)
+
   def spread_zero_tiles(linear):
     """RaggedConfig.spread_zero_tiles: the tile that this CTA's visit
     `linear` (a slot of the round-robin deal) runs, its zero tiles spread
     between its tiles with rows (`schedule.spread_zero_visits`), in units of
-    a turn per consumer with ping_pong. The turns and staging slots still
-    follow the visits."""
-    cta = index(lax.axis_index("sm"))
-    num_ctas = index(lax.axis_size("sm"))
-    tile = schedule.spread_zero_visits(
-        lax.div(index(linear) - cta, num_ctas),
-        tiles=tiles_of_this_cta(num_tiles),
-        with_rows=tiles_of_this_cta(tiles_with_rows()),
-        unit=NUM_CONSUMERS if config.ping_pong else 1)
-    return cta + tile * num_ctas
+    a turn per consumer with ping_pong; a CTA without both kinds of tile
+    walks in order. The turns and staging slots still follow the
+    visits."""
+    return lax.cond(
+        spreads,
+        lambda: cta + spread_tile(lax.div(index(linear) - cta, num_ctas))
+        * num_ctas,
+        lambda: index(linear))
 
   def handed(linear):
     """With claim_tiles: whether the consumers run tile `linear` (all but

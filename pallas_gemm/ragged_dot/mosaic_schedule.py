@@ -301,12 +301,14 @@ def snake_deal(linear, num_ctas, num_tiles):
   return jnp.where((deal_round % 2 == 1) & whole, backwards, linear)
 
 
-def spread_zero_visits(visit, *, tiles, with_rows, unit: int):
-  """The tile a CTA's `visit`-th visit runs, as its number in the CTA's
-  round-robin share of `tiles`, of which the first `with_rows` have rows
-  (a table in `empty_last`'s order) and the rest are zero tiles: the zero
-  tiles spread evenly between the others rather than after them, so that
-  their output stores are written while the tiles with rows compute.
+
+def spread_zero_visits(*, tiles, with_rows, unit: int):
+  """A function from a CTA's visit number to the tile that visit runs, as
+  its number in the CTA's round-robin share of `tiles`, of which the first
+  `with_rows` have rows (a table in `empty_last`'s order) and the rest are
+  zero tiles: the zero tiles spread evenly between the others rather than
+  after them, so that their output stores are written while the tiles with
+  rows compute.
 
   Visits go in units of `unit` (a CTA's consumers taking turns at whole
   tiles: 2), so that the tiles with rows still alternate between the
@@ -314,26 +316,29 @@ def spread_zero_visits(visit, *, tiles, with_rows, unit: int):
   whole units, the first and the last of them included: a CTA starts on a
   long tile, and what follows its last long tile is only what no other
   long tile could cover. A partial last unit holds zero tiles. Where the
-  tiles with rows reach into that partial unit, the visits keep their
-  order. A permutation of [0, tiles); works on traced or NumPy ints
-  (non-negative)."""
+  tiles with rows reach into that partial unit, or every unit holds them,
+  the visits keep their order. The per-CTA quantities are computed here,
+  once; the function does a visit's share. Each is a permutation of
+  [0, tiles); works on traced or NumPy ints (non-negative)."""
   whole_units = tiles // unit
   row_units = (with_rows + unit - 1) // unit
-  spread = row_units <= whole_units
-  u, lane = visit // unit, visit % unit
-  # Row units at the units u where floor(u * gaps / span) steps up, and at
-  # u = 0: row unit j lands near j * span / gaps, the last at span.
+  # Row units at u = 0 and where floor(u * gaps / span) steps up: row unit
+  # j lands near j * span / gaps, the last at span.
   span = jnp.maximum(whole_units - 1, 1)
   gaps = jnp.maximum(row_units - 1, 0)
-  steps_up = (u * gaps) // span > jnp.maximum(u - 1, 0) * gaps // span
-  rows_unit = ((row_units > 0) & (u < whole_units)
-               & ((u == 0) | steps_up))
-  row_units_before = jnp.where(
-      (u == 0) | (row_units == 0), 0,
-      jnp.minimum(1 + (jnp.maximum(u - 1, 0) * gaps) // span, row_units))
-  rank = row_units_before * unit + lane
-  has_rows = rows_unit & (rank < with_rows)
-  rows_before = jnp.minimum(
-      with_rows, row_units_before * unit + jnp.where(rows_unit, lane, 0))
-  spread_tile = jnp.where(has_rows, rank, with_rows + visit - rows_before)
-  return jnp.where(spread, spread_tile, visit)
+  spreads = (row_units > 0) & (row_units < whole_units)
+
+  def tile_of(visit):
+    u, lane = visit // unit, visit % unit
+    before = jnp.maximum(u - 1, 0) * gaps // span
+    rows_unit = (u < whole_units) & ((u == 0) | ((u * gaps) // span > before))
+    row_units_before = jnp.where(u == 0, 0, jnp.minimum(1 + before,
+                                                        row_units))
+    rank = row_units_before * unit + lane
+    rows_before = jnp.minimum(
+        with_rows, row_units_before * unit + jnp.where(rows_unit, lane, 0))
+    tile = jnp.where(rows_unit & (rank < with_rows), rank,
+                     with_rows + visit - rows_before)
+    return jnp.where(spreads, tile, visit)
+
+  return spreads, tile_of

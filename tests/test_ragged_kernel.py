@@ -882,6 +882,30 @@ def test_contracting_heuristic_cuts_where_one_group_idles_the_sms(
       assert config.fits(problem)
 
 
+@pytest.mark.parametrize("groups,m,k,n,spread", [
+    (16, 8192, 5120, 8192, True),     # Llama-4-Scout: 0.69 TFLOP
+    (32, 12000, 2880, 2880, True),    # gpt-oss-20b: 0.20 TFLOP
+    (128, 32768, 2048, 768, False),   # Qwen3-30B: 0.10 TFLOP
+    (256, 32768, 7168, 2048, False),  # DeepSeek-V3: the short tile
+    (32, 32768, 1024, 512, False),    # Granite-3.0-1B: cut into pieces
+], ids=["llama4", "gpt_oss", "qwen3", "short_tile", "pieces"])
+def test_contracting_heuristic_spreads_zero_tiles_on_long_calls(
+    groups, m, k, n, spread):
+  """The weight gradient's heuristic spreads the empty groups' zero tiles
+  between the tiles with rows exactly where the consumers store them on
+  long reductions and the call does SPREAD_ZERO_TILES_MIN_FLOPS; on every
+  GPU."""
+  problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
+                          "bfloat16")
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  for device in (HOPPER, h100):
+    config = mosaic.heuristic(problem, device)
+    assert config.spread_zero_tiles == spread
+    if spread:
+      assert config.empty_last and config.fits(problem)
+      _lower_for_cuda(problem, config)
+
+
 def test_narrow_last_strip_lowers_for_cuda():
   """g64's weight gradient at the 128 x 192 turns (1408 columns: seven
   strips of 192 and one of 64) with the narrow last strip, and with its

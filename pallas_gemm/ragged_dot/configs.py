@@ -1122,6 +1122,7 @@ def _contracting_heuristic(problem: RaggedProblem,
           config = doubled
   config = _cut_where_one_group_idles_the_sms(config, problem,
                                               device.planning_sms)
+  config = _spread_where_zero_tiles_pay(config, problem)
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full
@@ -1171,6 +1172,34 @@ def _cut_where_one_group_idles_the_sms(config: RaggedConfig,
       config, piece_rows=rows, largest_first=True, empty_last=False),
       problem, slot_choices=(config.out_slots,))
   return cut if cut.fits(problem) else config
+
+
+#: The flops (2 x rows x K x N) from which the weight gradient spreads the
+#: empty groups' zero tiles between each CTA's tiles with rows
+#: (`spread_zero_tiles`): the table's entries reordered empty last is a few
+#: more small XLA launches on every call, a few microseconds, which only a
+#: call this long makes small beside what the spread gains where one group
+#: holds most tokens (experiments/results/nvidia_h200/ragged_options,
+#: "Zero tiles spread between the long tiles").
+SPREAD_ZERO_TILES_MIN_FLOPS = 1.5e11
+
+
+def _spread_where_zero_tiles_pay(config: RaggedConfig,
+                                 problem: RaggedProblem) -> RaggedConfig:
+  """`config` with the empty groups' zero tiles spread between each CTA's
+  tiles with rows (`spread_zero_tiles`, in empty_last's order) where the
+  consumers store the zero tiles (no claims, producer-stored zeros, pieces
+  or clusters), the tiles carry long reductions (not the short-reduction
+  tile, whose tiles are mostly their stores: nothing to overlap the zeros
+  with) and the call does at least SPREAD_ZERO_TILES_MIN_FLOPS; otherwise
+  `config`. It changes no walk where no group is empty."""
+  if (config.claim_tiles or config.zeros_by_producer or config.piece_rows
+      or config.clustered or config.interleave_groups
+      or config.largest_first or config.short_tile_lookahead):
+    return config
+  if 2 * problem.m * problem.k * problem.n < SPREAD_ZERO_TILES_MIN_FLOPS:
+    return config
+  return dataclasses.replace(config, empty_last=True, spread_zero_tiles=True)
 
 
 def staged_columns(n: int, config: RaggedConfig) -> int:

@@ -59,6 +59,14 @@ a walk that met them before its long tiles would queue every zero store
 ahead of the loads, one that met them after would leave them to the end,
 and either way the writes and the wgmmas would take turns.
 
+With `RaggedConfig.spread_zero_tiles` (and empty_last, so that the tiles
+with rows are the table's first), each CTA visits its round-robin share
+with its zero tiles spread evenly between its tiles with rows
+(`mosaic_schedule.spread_zero_visits`), two visits at a time with
+ping_pong, rather than in table order: where one group holds most tokens,
+a consumer stores zero tiles while the other computes a long tile,
+instead of the zeros being written before or after the long tiles.
+
 With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
 CTAs walk the same tiles, each computing one of two neighbouring column
 strips, and each multicasts half of the lhs chunk they share into both

@@ -568,11 +568,23 @@ SPREAD_CASES = [
     # No rows at all: every tile a zero tile.
     (64, 64, 64, [0, 0, 0], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, empty_last=True, spread_zero_tiles=True)),
+    # Compiled, the zero tiles stored as runs of the empty groups' output
+    # under an evict-first policy (the interpreter stores the tiles): ten
+    # runs of 21 rows over a group's three tiles, the last run overlapping
+    # the one before; with turns, then split between two consumers.
+    (260, 192, 192, [0, 200, 0, 0, 50, 0], 5, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, ping_pong=True, tile_n=192, out_slots=2,
+                         stages=3, empty_last=True, spread_zero_tiles=True,
+                         zero_tiles_evict_first=True)),
+    (200, 256, 128, [0, 0, 200, 0], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, empty_last=True, spread_zero_tiles=True,
+                         zero_tiles_evict_first=True)),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(SPREAD_CASES)),
-                         ids=["turns", "split", "none_empty", "no_rows"])
+                         ids=["turns", "split", "none_empty", "no_rows",
+                              "evict_first_turns", "evict_first_split"])
 def test_contracting_spread_zero_tiles(case):
   _run_contracting(SPREAD_CASES[case], detect_races=case in (0, 1))
 
@@ -620,6 +632,9 @@ def test_spread_zero_tiles_needs_empty_last_and_excludes_what_reorders():
       RaggedConfig(**spread, **{option: value})
   with pytest.raises(ValueError, match="is a \"contracting\"-mode"):
     RaggedConfig(**spread).check_mode("rows")
+  with pytest.raises(ValueError, match="zero_tiles_evict_first needs "
+                     "spread_zero_tiles"):
+    RaggedConfig(tile_m=64, tile_n=64, zero_tiles_evict_first=True)
   assert "spread_zero_tiles" in configs.MODE_ONLY_OPTIONS["contracting"]
 
 

@@ -72,11 +72,14 @@ def buffer_bytes(zeros_smem) -> int:
   return math.prod(zeros_smem.shape) * zeros_smem.dtype.itemsize
 
 
-def store_zeros(zeros_smem, run_gmem):
+def store_zeros(zeros_smem, run_gmem, *, smem_transforms=()):
   """Copies the first bytes of `zeros_smem` (zero) over `run_gmem`, a
   contiguous region of global memory of at most its bytes, in 16-byte
   units, evicted from L2 first; one bulk group, issued by one thread of
-  the warpgroup and never awaited here (`await_zero_stores`)."""
+  the warpgroup and never awaited here (`await_zero_stores`).
+  `smem_transforms`: the buffer's layout transforms (a tiled, swizzled
+  staging slot), which only its bytes' order depends on, and every byte is
+  zero."""
   from jax._src.lib.mlir import ir
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   run_bytes = math.prod(run_gmem.shape) * run_gmem.dtype.itemsize
@@ -84,7 +87,8 @@ def store_zeros(zeros_smem, run_gmem):
     raise ValueError(f"a zero run of {run_bytes} bytes must be a multiple of "
                      f"16 and fit the zero buffer {zeros_smem.shape}")
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(tuple(smem_transforms)),
+                                 plgpu.RefType()))
   def store(_, zeros, run):
     i32 = ir.IntegerType.get_signless(32)
     with mgpu_utils.single_thread(scope=mgpu_utils.ThreadSubset.WARPGROUP):

@@ -245,6 +245,13 @@ One `RaggedConfig` serves both modes; the fields mean:
                without it (excludes claim_tiles, zeros_by_producer,
                piece_rows, interleave_groups and clusters; a
                "contracting"-mode option).
+    zero_tiles_evict_first
+               with spread_zero_tiles, compiled, a consumer stores an empty
+               group's zero tile as its share of the runs of contiguous
+               output that cover the group (`bulk_stores.zero_runs`), from
+               a zeroed staging slot under an L2 evict-first policy, so
+               that the zeros' lines do not evict the operands the long
+               tiles read again from L2 (the interpreter stores the tiles).
   both:
     stages     pipeline stages resident in shared memory (>= 2).
     epi_tile_n columns of one staged output store (divides tile_n).
@@ -403,6 +410,8 @@ MODE_ONLY_OPTIONS = {
         "narrow_last_strip": "computes its last column strip at the "
                              "tile's width",
         "spread_zero_tiles": "stores the rows of no group with its items",
+        "zero_tiles_evict_first": "stores the rows of no group with its "
+                                  "items",
     },
 }
 
@@ -449,6 +458,7 @@ class RaggedConfig:
   double_zero_buffer: bool = False
   narrow_last_strip: bool = False
   spread_zero_tiles: bool = False
+  zero_tiles_evict_first: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -468,6 +478,10 @@ class RaggedConfig:
                            f"{option} (it reorders each CTA's round-robin "
                            f"share of whole groups' tiles, which the "
                            f"consumers store, zeros included)")
+    if self.zero_tiles_evict_first and not self.spread_zero_tiles:
+      raise ValueError("RaggedConfig.zero_tiles_evict_first needs "
+                       "spread_zero_tiles=True (the consumers' zero tiles "
+                       "it stores as runs of the empty group's output)")
     if self.claim_tiles and self.zero_drip and not self.reorders_entries:
       raise ValueError("RaggedConfig.claim_tiles with zero_drip needs "
                        "largest_first=True or empty_last=True (the empty "

@@ -125,6 +125,7 @@ from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
+    tiled_transforms,
     tile_coordinates, tiles_of_this_cta, warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
@@ -218,6 +219,11 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   # RaggedConfig.streamed_zeros compiled (the interpreter has no bulk
   # copies with a cache policy, so it stores the boxes, the same zeros).
   streams_zeros = config.streamed_zeros and claims_on_device
+
+  # RaggedConfig.zero_tiles_evict_first compiled (the interpreter has no
+  # bulk copies with a cache policy, so it stores the tiles, the same
+  # zeros).
+  evicts_zero_tiles = config.zero_tiles_evict_first and claims_on_device
 
   # Whether the consumers skip some tiles: those of pieces beyond a group's
   # first that got no rows (`merge_pieces` never reads them), and with
@@ -535,9 +541,57 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
         if skips_tiles and queue is None:  # a claimed tile is one to run
           kept = consumers_run(info[0], steps)
           runs = kept if runs is None else runs & kept
+        if evicts_zero_tiles:
+          zero = (steps == 0) & (info[0] < first_pieces)
+          pl.when(zero if runs is None else runs & zero)(
+              lambda: store_zero_runs(info, linear, turn))
+          runs = ~zero if runs is None else runs & ~zero
 
         run_tile(info, linear, turn, first_step, runs)
         return first_step + steps
+
+      def store_zero_runs(info, linear, turn):
+        """RaggedConfig.zero_tiles_evict_first: an empty group's zero tile
+        stored as its share of the runs of contiguous output that cover the
+        group's slab (`bulk_stores.zero_runs`, each at most a staging
+        slot's bytes), from a zeroed staging slot under an L2 evict-first
+        policy, so that the zeros do not evict the long tiles' operands.
+        The tile's runs are split between the consumers that share it; its
+        stores past the first are empty bulk groups, so that the staging
+        slots keep their order."""
+        g, k_idx, n_idx = info[:3]
+        _, rows, cols = out_gmem.shape
+        slot = output_slot(linear, 0, stores, out_slots,
+                           ping_pong=config.ping_pong, turn=turn)
+        staged = out_smem.at[wg, slot]
+        plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+        # In the accumulators' register layout, the one the slot's tiled
+        # (and swizzled) layout is stored from.
+        staged[...] = plgpu.layout_cast(
+            jnp.zeros(staged.shape, staged.dtype), plgpu.Layout.WGMMA)
+        plgpu.commit_smem()  # visible to the bulk copies that read it
+        runs = bulk_stores.zero_runs(rows, cols, out_gmem.dtype.itemsize,
+                                     bulk_stores.buffer_bytes(staged))
+        per_tile = cdiv(runs.runs, k_units * n_units)
+        first = (k_idx * index(n_units) + n_idx) * index(per_tile)
+        count = jnp.clip(index(runs.runs) - first, 0, per_tile)
+        sharers, part = ((1, 0) if config.ping_pong
+                         else (NUM_CONSUMERS, wg))
+
+        def store_run(i, carry):
+          row, col = runs.start(first + i * sharers + part, rows=rows,
+                                cols=cols, minimum=jnp.minimum)
+          bulk_stores.store_zeros(
+              staged, out_gmem.at[g, pl.ds(row, runs.run_rows),
+                                  pl.ds(col, runs.run_cols)],
+              smem_transforms=tiled_transforms(epi_n, out_dtype))
+          return carry
+
+        lax.fori_loop(index(0),
+                      lax.div(count - part + sharers - 1, index(sharers)),
+                      store_run, None)
+        for _ in range(1, stores):
+          plgpu.commit_smem_to_gmem_group()  # keep the slots' order
 
       def compute_and_store(info, linear, turn, first_step, *, width):
         """The tile's first `width` columns (tile_n, or the last strip's

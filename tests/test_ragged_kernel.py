@@ -907,15 +907,16 @@ def test_contracting_heuristic_cuts_where_one_group_idles_the_sms(
 def test_contracting_heuristic_spreads_zero_tiles_on_long_calls(
     groups, m, k, n, spread):
   """The weight gradient's heuristic spreads the empty groups' zero tiles
-  between the tiles with rows exactly where the consumers store them on
-  long reductions and the call does SPREAD_ZERO_TILES_MIN_FLOPS; on every
-  GPU."""
+  between the tiles with rows, stored evicted from L2 first, exactly where
+  the consumers store them on long reductions and the call does
+  SPREAD_ZERO_TILES_MIN_FLOPS; on every GPU; the config lowers."""
   problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
                           "bfloat16")
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
   for device in (HOPPER, h100):
     config = mosaic.heuristic(problem, device)
     assert config.spread_zero_tiles == spread
+    assert config.zero_tiles_evict_first == spread
     if spread:
       assert config.empty_last and config.fits(problem)
       _lower_for_cuda(problem, config)

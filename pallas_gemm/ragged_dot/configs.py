@@ -1201,7 +1201,8 @@ SPREAD_ZERO_TILES_MIN_FLOPS = 1.5e11
 def _spread_where_zero_tiles_pay(config: RaggedConfig,
                                  problem: RaggedProblem) -> RaggedConfig:
   """`config` with the empty groups' zero tiles spread between each CTA's
-  tiles with rows (`spread_zero_tiles`, in empty_last's order) where the
+  tiles with rows (`spread_zero_tiles`, in empty_last's order) and stored
+  evicted from L2 first (`zero_tiles_evict_first`) where the
   consumers store the zero tiles (no claims, producer-stored zeros, pieces
   or clusters), the tiles carry long reductions (not the short-reduction
   tile, whose tiles are mostly their stores: nothing to overlap the zeros
@@ -1213,7 +1214,10 @@ def _spread_where_zero_tiles_pay(config: RaggedConfig,
     return config
   if 2 * problem.m * problem.k * problem.n < SPREAD_ZERO_TILES_MIN_FLOPS:
     return config
-  return dataclasses.replace(config, empty_last=True, spread_zero_tiles=True)
+  # The zero tiles as runs under an evict-first policy, so that they do not
+  # evict the long tiles' operands from L2 (same notes, same section).
+  return dataclasses.replace(config, empty_last=True, spread_zero_tiles=True,
+                             zero_tiles_evict_first=True)
 
 
 def staged_columns(n: int, config: RaggedConfig) -> int:

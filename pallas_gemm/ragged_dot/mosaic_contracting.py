@@ -65,7 +65,12 @@ with its zero tiles spread evenly between its tiles with rows
 (`mosaic_schedule.spread_zero_visits`), two visits at a time with
 ping_pong, rather than in table order: where one group holds most tokens,
 a consumer stores zero tiles while the other computes a long tile,
-instead of the zeros being written before or after the long tiles.
+instead of the zeros being written before or after the long tiles. With
+`RaggedConfig.zero_tiles_evict_first` as well (compiled), a zero tile is
+stored as its share of the runs of contiguous output covering the empty
+group, from a zeroed staging slot under an L2 evict-first policy
+(`bulk_stores.store_zeros`), so that the zeros' lines do not evict the
+operands the long tiles read again from L2.
 
 With `RaggedConfig.cluster_columns`, the grid is of 2-CTA clusters: both
 CTAs walk the same tiles, each computing one of two neighbouring column

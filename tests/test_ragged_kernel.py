@@ -903,7 +903,8 @@ def test_contracting_heuristic_cuts_where_one_group_idles_the_sms(
     (128, 32768, 2048, 768, False),   # Qwen3-30B: 0.10 TFLOP
     (256, 32768, 7168, 2048, False),  # DeepSeek-V3: the short tile
     (32, 32768, 1024, 512, False),    # Granite-3.0-1B: cut into pieces
-], ids=["llama4", "gpt_oss", "qwen3", "short_tile", "pieces"])
+    (1, 16384, 4096, 4096, False),    # one group: none to be empty
+], ids=["llama4", "gpt_oss", "qwen3", "short_tile", "pieces", "one_group"])
 def test_contracting_heuristic_spreads_zero_tiles_on_long_calls(
     groups, m, k, n, spread):
   """The weight gradient's heuristic spreads the empty groups' zero tiles

@@ -1212,7 +1212,8 @@ def _spread_where_zero_tiles_pay(config: RaggedConfig,
       or config.clustered or config.interleave_groups
       or config.largest_first or config.short_tile_lookahead):
     return config
-  if 2 * problem.m * problem.k * problem.n < SPREAD_ZERO_TILES_MIN_FLOPS:
+  if (problem.groups < 2  # no other group to be empty beside one with rows
+      or 2 * problem.m * problem.k * problem.n < SPREAD_ZERO_TILES_MIN_FLOPS):
     return config
   # The zero tiles as runs under an evict-first policy, so that they do not
   # evict the long tiles' operands from L2 (same notes, same section).

@@ -130,8 +130,8 @@ from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
-    tiled_transforms,
-    tile_coordinates, tiles_of_this_cta, warp_specialised_kernel)
+    tile_coordinates, tiled_transforms, tiles_of_this_cta,
+    warp_specialised_kernel)
 from pallas_gemm.problem import cdiv
 from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS,

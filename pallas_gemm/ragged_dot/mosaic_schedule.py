@@ -301,7 +301,6 @@ def snake_deal(linear, num_ctas, num_tiles):
   return jnp.where((deal_round % 2 == 1) & whole, backwards, linear)
 
 
-
 def spread_zero_visits(*, tiles, with_rows, unit: int):
   """A function from a CTA's visit number to the tile that visit runs, as
   its number in the CTA's round-robin share of `tiles`, of which the first

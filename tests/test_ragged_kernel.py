@@ -16,6 +16,7 @@ import pathlib
 import subprocess
 import sys
 import warnings
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -392,6 +393,14 @@ CONTRACTING_CASES = [
     # ... and the pieces of a cut group sorted among the groups.
     (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, largest_first=True, piece_rows=64)),
+    # ... and the further pieces listed first, in a fixed order: every row
+    # in one group (four further pieces, one from row 64 on), then a cut
+    # group starting mid-piece, with turns at whole tiles.
+    (330, 64, 128, [0, 0, 330, 0], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, extra_pieces_first=True, piece_rows=64)),
+    (260, 64, 128, [10, 200, 0, 45], 5, "bfloat16", "float32",
+     dataclasses.replace(SMALL, ping_pong=True, extra_pieces_first=True,
+                         piece_rows=64, stages=3)),
     # The consumers take turns at whole tiles: an odd tile count per CTA,
     # tiles of 1, 3 and 0 chunks (the empty group's still stored, as
     # zeros), two staging slots over an odd number of stores per tile.
@@ -696,6 +705,17 @@ def test_claimed_zeros_need_largest_first():
   with pytest.raises(ValueError, match="zero_drip needs largest_first"):
     RaggedConfig(tile_m=64, tile_n=64, claim_tiles=True,
                  zeros_by_producer=True, zero_drip=2)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(), "extra_pieces_first needs piece_rows"),
+    (dict(piece_rows=64, largest_first=True), "excludes largest_first"),
+    (dict(piece_rows=64, empty_last=True), "excludes empty_last"),
+    (dict(piece_rows=64, zeros_by_producer=True, zero_drip=2),
+     "excludes zero_drip")])
+def test_extra_pieces_first_needs_pieces_and_its_own_order(fields, match):
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(SMALL, extra_pieces_first=True, **fields)
 
 
 def test_largest_first_and_empty_last_exclude_each_other():
@@ -1405,23 +1425,39 @@ def test_rows_rejects_interleave_groups():
     sizes=st.lists(st.integers(0, 300), min_size=1, max_size=9),
     offset=st.integers(0, 70), slack=st.integers(0, 90),
     chunk=st.sampled_from([64, 128]), steps=st.integers(1, 4),
-    row_align=st.sampled_from([1, 8]))
+    row_align=st.sampled_from([1, 8]), one_group=st.booleans(),
+    long_list=st.booleans())
 def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
-                                                  chunk, steps, row_align):
+                                                  chunk, steps, row_align,
+                                                  one_group, long_list):
   """Every group's rows are covered exactly once by its pieces, each at
   most piece_rows long; each piece's chunks start on a row_align boundary
-  at most row_align - 1 rows before it and cover it; cuts inside a group
-  fall on whole chunks from the group's first chunk; the pieces beyond the
-  first fit in the static bound and name their group and its first such
-  piece."""
+  at most row_align - 1 rows before it and cover it; a group is cut only
+  where it holds more than piece_rows rows, at the multiples of piece_rows
+  inside it, the x-th multiple being further piece x; the pieces beyond the
+  first name their group and its first such piece. With
+  extra_pieces_first, the same entries, the further pieces first, with
+  their outputs. The masked sum and the long list's search agree."""
+  if one_group:  # most rows in one group, cut several times
+    sizes = [0] * (len(sizes) - 1) + [sum(sizes) + 5 * chunk * steps]
+  # The search over the groups rather than the masked sum.
+  with mock.patch.object(mosaic_schedule, "MASKED_SUM_MAX_ENTRIES",
+                         0 if long_list else
+                         mosaic_schedule.MASKED_SUM_MAX_ENTRIES):
+    _check_contracting_pieces(sizes, offset, slack, chunk, steps, row_align)
+
+
+def _check_contracting_pieces(sizes, offset, slack, chunk, steps, row_align):
   piece_rows = chunk * steps
   m = offset + sum(sizes) + slack
+  sizes_in, offset_in = (jnp.asarray(sizes, jnp.int32),
+                         jnp.asarray([offset], jnp.int32))
   table, extras = (np.asarray(a) for a in mosaic_schedule.contracting_pieces(
-      jnp.asarray(sizes, jnp.int32), jnp.asarray([offset], jnp.int32), m=m,
-      chunk=chunk, row_align=row_align, piece_rows=piece_rows))
+      sizes_in, offset_in, m=m, chunk=chunk, row_align=row_align,
+      piece_rows=piece_rows))
   groups = len(sizes)
-  extra_count = mosaic_schedule.max_extra_pieces(m, groups, row_align,
-                                                 piece_rows)
+  extra_count = mosaic_schedule.max_extra_pieces(m, piece_rows)
+  assert extra_count == max(m - 1, 0) // piece_rows
   assert table.shape == (4, groups + extra_count)
   assert extras.shape == (3, extra_count)
   lo, hi, first_row, chunks = table
@@ -1436,18 +1472,27 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
     mine = [(lo[p], hi[p]) for p in np.flatnonzero(owner == g) if hi[p] > lo[p]]
     covered = sorted(mine)
     assert sum(b - a for a, b in covered) == end - start
+    assert len(covered) == (1 + (end - 1) // piece_rows - start // piece_rows
+                            if end - start > piece_rows else min(1, end - start))
     if covered:
       assert covered[0][0] == start and covered[-1][1] == end
-      first = start // row_align * row_align
-      assert all(a == prev_b and (a - first) % chunk == 0
+      assert all(a == prev_b and a % piece_rows == 0
                  for (_, prev_b), (a, _) in zip(covered, covered[1:]))
     firsts = [x for x in range(extra_count) if extras[0, x] == g]
     if firsts:  # consecutive, each naming the first
       assert firsts == list(range(firsts[0], firsts[0] + len(firsts)))
+      assert all(lo[groups + x] == (x + 1) * piece_rows for x in firsts)
       assert all(extras[1, x] == firsts[0] for x in firsts)
       assert all(extras[2, x] == len(firsts) for x in firsts)
   unused = extras[0] < 0
   assert np.all(lo[groups:][unused] == hi[groups:][unused])
+  assert np.all(extras[1:, unused] == 0)
+  first_listed, _ = (np.asarray(a) for a in mosaic_schedule.contracting_pieces(
+      sizes_in, offset_in, m=m, chunk=chunk, row_align=row_align,
+      piece_rows=piece_rows, extra_pieces_first=True))
+  order = np.concatenate([groups + np.arange(extra_count), np.arange(groups)])
+  np.testing.assert_array_equal(first_listed,
+                                np.concatenate([table[:, order], order[None]]))
 
 
 @pytest.mark.parametrize("num_ctas,num_tiles", [(1, 5), (4, 4), (4, 10),

@@ -48,6 +48,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                ping_pong, to the CTAs' consumers) in a snake, so that
                uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
+    extra_pieces_first
+               with piece_rows, list the pieces beyond the groups' first
+               (those that start at a multiple of piece_rows, all but a
+               group's last piece_rows long) before the groups' first
+               pieces, in a fixed order, and deal the tiles in a snake as
+               largest_first does: where one group holds most tokens its
+               long pieces start first, with no sort of the table on each
+               call (excludes largest_first, empty_last and zero_drip; a
+               "contracting"-mode option).
     empty_last walk the entries (groups or pieces) that have rows first, in
                table order, and the empty ones after them: the order the
                claimed zero drip (claim_tiles with zero_drip) needs,
@@ -394,6 +403,7 @@ MODE_ONLY_OPTIONS = {
     "contracting": {
         "interleave_groups": "walks its row items in order",
         "largest_first": "gives each item's tiles equal work",
+        "extra_pieces_first": "has no reduction over token rows",
         "empty_last": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
@@ -436,6 +446,7 @@ class RaggedConfig:
   interleave_groups: bool = False
   piece_rows: int = checked(0, _WHOLE_STEPS)
   largest_first: bool = False
+  extra_pieces_first: bool = False
   empty_last: bool = False
   ping_pong: bool = False
   zeros_by_producer: bool = False
@@ -465,6 +476,16 @@ class RaggedConfig:
     if self.largest_first and self.empty_last:
       raise ValueError("RaggedConfig.largest_first and empty_last exclude "
                        "each other (two orders of the table's entries)")
+    if self.extra_pieces_first:
+      if not self.piece_rows:
+        raise ValueError("RaggedConfig.extra_pieces_first needs piece_rows "
+                         "(it orders the pieces beyond the groups' first)")
+      for option in ("largest_first", "empty_last", "zero_drip"):
+        if getattr(self, option):
+          raise ValueError(f"RaggedConfig.extra_pieces_first excludes "
+                           f"{option} (the walk lists the further pieces "
+                           f"first, the groups' first pieces after them, "
+                           f"empty or not)")
     if self.spread_zero_tiles:
       if not self.empty_last:
         raise ValueError("RaggedConfig.spread_zero_tiles needs "
@@ -703,8 +724,18 @@ class RaggedConfig:
   @property
   def reorders_entries(self) -> bool:
     """Whether the kernel walks its table's entries in an order of their
-    own (`largest_first`, `empty_last`), each with its output group."""
-    return self.largest_first or self.empty_last
+    own (`largest_first`, `extra_pieces_first`, `empty_last`), each with
+    its output group."""
+    return self.largest_first or self.extra_pieces_first or self.empty_last
+
+  @property
+  def snake_deal(self) -> bool:
+    """Whether the tiles are dealt to the CTAs in a snake
+    (`mosaic_schedule.snake_deal`): where the walk lists its long tiles
+    first (`largest_first`, `extra_pieces_first`) and the CTAs walk
+    round-robin shares (no claims)."""
+    return ((self.largest_first or self.extra_pieces_first)
+            and not self.claim_tiles)
 
   def zero_box(self, out_dtype) -> tuple[int, int]:
     """(rows, columns) of the zero box `zeros_by_producer` stores: ZERO_BOX,

@@ -180,7 +180,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
   def tile_info(linear):
     if config.spread_zero_tiles:
       linear = spread_zero_tiles(linear)
-    if config.largest_first and not config.claim_tiles:
+    if config.snake_deal:
       # With ping_pong a CTA's consecutive slots alternate between its two
       # consumers, which each run their own tiles one after another: the
       # snake then turns after every round of the CTAs' consumers (two
@@ -747,7 +747,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
   if config.piece_rows:
     table, extras = schedule.contracting_pieces(
         group_sizes, row_offset, m=m, chunk=chunk, row_align=row_align,
-        piece_rows=config.piece_rows)
+        piece_rows=config.piece_rows,
+        extra_pieces_first=config.extra_pieces_first)
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)

@@ -199,53 +199,121 @@ def contracting_groups(group_sizes, row_offset, *, m: int, chunk: int,
                       row_align)
 
 
-def max_extra_pieces(m: int, groups: int, row_align: int,
-                     piece_rows: int) -> int:
-  """A bound on the pieces beyond each group's first (`contracting_pieces`).
-  A group of l rows starting d < row_align rows past its first row has
-  ceil((l + d) / piece_rows) pieces, so at most (l + row_align - 2) //
-  piece_rows beyond its first; the bound sums that over the groups."""
-  return (m + groups * (row_align - 1)) // piece_rows
+def max_extra_pieces(m: int, piece_rows: int) -> int:
+  """The pieces beyond the groups' first (`contracting_pieces`): one per
+  multiple of `piece_rows` strictly inside [0, m), the rows where a cut
+  may fall."""
+  return max(m - 1, 0) // piece_rows
 
 
 def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
-                       row_align: int, piece_rows: int):
+                       row_align: int, piece_rows: int,
+                       extra_pieces_first: bool = False):
   """The "contracting"-mode table of `RaggedConfig.piece_rows`: every group
-  cut at the multiples of `piece_rows` rows past its first row (its start
-  rounded down to `row_align`), so that every piece beyond the first starts
-  on a whole chunk of its own group's rows.
+  of more than `piece_rows` rows cut at the multiples of `piece_rows`
+  (counted from row 0) inside it, so that every piece beyond a group's first
+  starts at a multiple of piece_rows, a whole chunk. The x-th multiple,
+  (x + 1) * piece_rows, is the x-th further piece where it cuts a group:
+  cuts fall in distinct groups' rows, so no ranking of the pieces is
+  needed, and the table is a cumulative sum and one masked sum over the
+  groups (two small XLA kernels).
 
   Returns (table, extras):
     table   (4, groups + E) int32, as `contracting_groups`: entry g < groups
-            is group g's first piece (all its rows when it has one piece;
-            an empty group stays empty, and its output zero); entry
-            groups + x is the x-th piece beyond a first, group by group, or
-            no rows where fewer than E (`max_extra_pieces`) exist.
-    extras  (3, E) int32: for each such piece (rows EXTRA_*), its group
+            is group g's first piece (all its rows when it is not cut; an
+            empty group stays empty, and its output zero); entry
+            groups + x is the piece that starts at the x-th multiple, or no
+            rows where that multiple cuts no group. With
+            `extra_pieces_first`, (5, E + groups): the E further pieces
+            first, then the groups' first pieces, with each entry's output
+            (groups + x, or g) as a fifth row, as `largest_first` lists
+            them: where one group holds most rows its full-length pieces
+            come first, in a fixed order that costs no sort.
+    extras  (3, E) int32: for each further piece (rows EXTRA_*), its group
             (-1 where unused), the index x of its group's first such piece,
             and how many such pieces its group has.
   """
   groups = group_sizes.shape[0]
-  extra_count = max_extra_pieces(m, groups, row_align, piece_rows)
+  extra_count = max_extra_pieces(m, piece_rows)
   starts, ends = group_rows(group_sizes, row_offset, m)
-  first_cut = starts // row_align * row_align + piece_rows
-  first_hi = jnp.minimum(ends, first_cut)
-  extra = jnp.where(ends > first_cut,
-                    (ends - first_cut + piece_rows - 1) // piece_rows, 0)
-  extra_ends = inclusive_sum(extra.astype(jnp.int32))
-  first_extra = extra_ends - extra
+  cut = ends - starts > piece_rows
+  # A cut group's first further piece, and how many it has: the multiples
+  # of piece_rows strictly inside its rows.
+  first_extra = starts // piece_rows
+  extra = jnp.where(cut, (ends - 1) // piece_rows - first_extra, 0)
+  first_hi = jnp.where(cut, jnp.minimum(ends, (first_extra + 1) * piece_rows),
+                       ends)
+  group = jnp.arange(groups, dtype=jnp.int32)
   x = jnp.arange(extra_count, dtype=jnp.int32)
-  owner = jnp.minimum(_owners(extra_ends, x), groups - 1)
-  used = x < extra_ends[-1]
-  lo = jnp.where(used, first_cut[owner]
-                 + (x - first_extra[owner]) * piece_rows, 0)
-  hi = jnp.where(used, jnp.minimum(ends[owner], lo + piece_rows), 0)
-  table = _chunk_table(jnp.concatenate([starts, lo]),
-                       jnp.concatenate([first_hi, hi]), chunk, row_align)
-  extras = jnp.stack([jnp.where(used, owner, -1),
-                      jnp.where(used, first_extra[owner], 0),
-                      jnp.where(used, extra[owner], 0)])
-  return table, extras.astype(jnp.int32)
+  at = (x + 1) * piece_rows
+  per_group = dict(start=starts, end=ends, cut=cut, first=first_extra,
+                   count=extra, first_hi=first_hi, index=group)
+  masked = 0 < groups and groups + extra_count <= MASKED_SUM_MAX_ENTRIES
+  if masked:
+    # Every entry as one masked sum over the groups, as `row_items` builds
+    # its items, so that the table is one small XLA kernel: each entry's
+    # values are computed with every group as its owner, and only the
+    # owner (at most one) contributes; values that hold without an owner
+    # come from group 0 alone.
+    def column(values):  # a value per entry, against every group
+      return values[:, None]
+
+    owner_of_extra = owner_of_first = {k: v[None, :]
+                                       for k, v in per_group.items()}
+    owns_first = group[:, None] == group[None, :]
+    lead = group[None, :] == 0
+
+    def entries(owned, rows, defaults):
+      # The owner adds its value less the default, group 0 the default.
+      return jnp.stack([jnp.where(owned, r - d, 0) + jnp.where(lead, d, 0)
+                        for r, d in zip(rows, defaults)])
+
+    def fold(parts):
+      return jnp.sum(parts, axis=-1, dtype=jnp.int32)
+  else:
+    # A long list: each multiple's owner found by a search and gathered,
+    # with no (entries, groups) array.
+    def column(values):
+      return values
+
+    owner = jnp.clip(jnp.searchsorted(ends, at, side="right"), 0,
+                     max(groups - 1, 0))
+    owner_of_extra = ({k: v[owner] for k, v in per_group.items()} if groups
+                      else dict(start=at, end=at, cut=at < 0, first=x,
+                                count=x, index=x))
+    owner_of_first, owns_first = per_group, True
+
+    def entries(owned, rows, defaults):
+      return jnp.stack([jnp.where(owned, r, d) for r, d in zip(rows,
+                                                              defaults)])
+
+    def fold(parts):
+      return parts.astype(jnp.int32)
+
+  def table_rows(lo, hi, output):
+    first_row = lo // row_align * row_align
+    chunks = jnp.where(hi > lo, (hi - first_row + chunk - 1) // chunk, 0)
+    return [lo, hi, first_row, chunks, output][:5 if extra_pieces_first
+                                               else 4]
+
+  at_entry, own = column(at), owner_of_extra
+  owns_extra = own["cut"] & (own["start"] < at_entry) & (at_entry < own["end"])
+  extra_output = column(groups + x)
+  extra_part = entries(
+      owns_extra,
+      table_rows(at_entry, jnp.minimum(own["end"], at_entry + piece_rows),
+                 extra_output),
+      [0, 0, 0, 0, extra_output])
+  own = owner_of_first
+  first_part = entries(owns_first,
+                       table_rows(own["start"], own["first_hi"], own["index"]),
+                       [0] * 5)
+  table = fold(jnp.concatenate([extra_part, first_part] if extra_pieces_first
+                               else [first_part, extra_part], axis=1))
+  extras = fold(entries(owns_extra, [owner_of_extra["index"],
+                                     owner_of_extra["first"],
+                                     owner_of_extra["count"]], [-1, 0, 0]))
+  return table, extras
 
 
 def largest_first(table):

@@ -42,7 +42,7 @@ _INVALID_FIELDS = {
         "stages": (1, True), "epi_tile_n": (48,), "grid_band": (0,),
         "out_slots": (3,), "interleave_groups": (1,),
         "piece_rows": (96, -64, 64.0), "largest_first": (1,),
-        "extra_pieces_first": (1,),
+        "cut_groups_first": (1,),
         "empty_last": (1,),
         "ping_pong": (1,), "zeros_by_producer": (1,), "zero_drip": (-1, 17, 1.0),
         "short_items": (1,),

@@ -393,13 +393,14 @@ CONTRACTING_CASES = [
     # ... and the pieces of a cut group sorted among the groups.
     (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, largest_first=True, piece_rows=64)),
-    # ... and the further pieces listed first, in a fixed order: every row
-    # in one group (four further pieces, one from row 64 on), then a cut
-    # group starting mid-piece, with turns at whole tiles.
+    # ... and the cut groups' pieces listed first, in a fixed order: every
+    # row in one group (four further pieces, one from row 64 on), then a
+    # cut group starting mid-piece after a short one, with turns at whole
+    # tiles.
     (330, 64, 128, [0, 0, 330, 0], 0, "bfloat16", "bfloat16",
-     dataclasses.replace(SMALL, extra_pieces_first=True, piece_rows=64)),
+     dataclasses.replace(SMALL, cut_groups_first=True, piece_rows=64)),
     (260, 64, 128, [10, 200, 0, 45], 5, "bfloat16", "float32",
-     dataclasses.replace(SMALL, ping_pong=True, extra_pieces_first=True,
+     dataclasses.replace(SMALL, ping_pong=True, cut_groups_first=True,
                          piece_rows=64, stages=3)),
     # The consumers take turns at whole tiles: an odd tile count per CTA,
     # tiles of 1, 3 and 0 chunks (the empty group's still stored, as
@@ -708,14 +709,14 @@ def test_claimed_zeros_need_largest_first():
 
 
 @pytest.mark.parametrize("fields,match", [
-    (dict(), "extra_pieces_first needs piece_rows"),
+    (dict(), "cut_groups_first needs piece_rows"),
     (dict(piece_rows=64, largest_first=True), "excludes largest_first"),
     (dict(piece_rows=64, empty_last=True), "excludes empty_last"),
     (dict(piece_rows=64, zeros_by_producer=True, zero_drip=2),
      "excludes zero_drip")])
-def test_extra_pieces_first_needs_pieces_and_its_own_order(fields, match):
+def test_cut_groups_first_needs_pieces_and_its_own_order(fields, match):
   with pytest.raises(ValueError, match=match):
-    dataclasses.replace(SMALL, extra_pieces_first=True, **fields)
+    dataclasses.replace(SMALL, cut_groups_first=True, **fields)
 
 
 def test_largest_first_and_empty_last_exclude_each_other():
@@ -924,20 +925,24 @@ def test_contracting_heuristic_cuts_where_one_group_idles_the_sms(
     (256, 32768, 7168, 2048, False),  # DeepSeek-V3: the short tile
     (32, 32768, 1024, 512, False),    # Granite-3.0-1B: cut into pieces
     (1, 16384, 4096, 4096, False),    # one group: none to be empty
-], ids=["llama4", "gpt_oss", "qwen3", "short_tile", "pieces", "one_group"])
+    (8, 16384, 4096, 14336, True),    # Mixtral 8x7B: the split tile
+], ids=["llama4", "gpt_oss", "qwen3", "short_tile", "pieces", "one_group",
+        "split_tile"])
 def test_contracting_heuristic_spreads_zero_tiles_on_long_calls(
     groups, m, k, n, spread):
   """The weight gradient's heuristic spreads the empty groups' zero tiles
-  between the tiles with rows, stored evicted from L2 first, exactly where
-  the consumers store them on long reductions and the call does
-  SPREAD_ZERO_TILES_MIN_FLOPS; on every GPU; the config lowers."""
+  between the tiles with rows exactly where the consumers store them on
+  long reductions and the call does SPREAD_ZERO_TILES_MIN_FLOPS, stored
+  evicted from L2 first where the consumers take turns or read operand
+  planes; on every GPU; the config lowers."""
   problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
                           "bfloat16")
   h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
   for device in (HOPPER, h100):
     config = mosaic.heuristic(problem, device)
     assert config.spread_zero_tiles == spread
-    assert config.zero_tiles_evict_first == spread
+    assert config.zero_tiles_evict_first == (
+        spread and (config.ping_pong or config.operand_planes))
     if spread:
       assert config.empty_last and config.fits(problem)
       _lower_for_cuda(problem, config)
@@ -1436,8 +1441,9 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
   where it holds more than piece_rows rows, at the multiples of piece_rows
   inside it, the x-th multiple being further piece x; the pieces beyond the
   first name their group and its first such piece. With
-  extra_pieces_first, the same entries, the further pieces first, with
-  their outputs. The masked sum and the long list's search agree."""
+  cut_groups_first, the same entries, the further pieces first, then the
+  long groups' first pieces, with their outputs. The masked sum and the
+  long list's search agree."""
   if one_group:  # most rows in one group, cut several times
     sizes = [0] * (len(sizes) - 1) + [sum(sizes) + 5 * chunk * steps]
   # The search over the groups rather than the masked sum.
@@ -1489,8 +1495,12 @@ def _check_contracting_pieces(sizes, offset, slack, chunk, steps, row_align):
   assert np.all(extras[1:, unused] == 0)
   first_listed, _ = (np.asarray(a) for a in mosaic_schedule.contracting_pieces(
       sizes_in, offset_in, m=m, chunk=chunk, row_align=row_align,
-      piece_rows=piece_rows, extra_pieces_first=True))
-  order = np.concatenate([groups + np.arange(extra_count), np.arange(groups)])
+      piece_rows=piece_rows, cut_groups_first=True))
+  # The further pieces, then the first pieces of the groups of more than
+  # piece_rows rows, then the others, each in order.
+  long = np.asarray(sizes) > piece_rows
+  order = np.concatenate([groups + np.arange(extra_count),
+                          np.flatnonzero(long), np.flatnonzero(~long)])
   np.testing.assert_array_equal(first_listed,
                                 np.concatenate([table[:, order], order[None]]))
 

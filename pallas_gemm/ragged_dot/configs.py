@@ -48,15 +48,17 @@ One `RaggedConfig` serves both modes; the fields mean:
                ping_pong, to the CTAs' consumers) in a snake, so that
                uneven groups load the SMs evenly (a "contracting"-mode
                option; "rows" raises on it).
-    extra_pieces_first
-               with piece_rows, list the pieces beyond the groups' first
+    cut_groups_first
+               with piece_rows, walk the pieces beyond the groups' first
                (those that start at a multiple of piece_rows, all but a
-               group's last piece_rows long) before the groups' first
-               pieces, in a fixed order, and deal the tiles in a snake as
-               largest_first does: where one group holds most tokens its
-               long pieces start first, with no sort of the table on each
-               call (excludes largest_first, empty_last and zero_drip; a
-               "contracting"-mode option).
+               group's last piece_rows long) first, then the first pieces
+               of the groups of more than piece_rows rows, then the other
+               groups, each in group order, and deal the tiles in a snake
+               as largest_first does: where one group holds most tokens
+               all its pieces start in the first wave, in an order that
+               costs no sort of the table on each call (excludes
+               largest_first, empty_last and zero_drip; a "contracting"-
+               mode option).
     empty_last walk the entries (groups or pieces) that have rows first, in
                table order, and the empty ones after them: the order the
                claimed zero drip (claim_tiles with zero_drip) needs,
@@ -403,7 +405,7 @@ MODE_ONLY_OPTIONS = {
     "contracting": {
         "interleave_groups": "walks its row items in order",
         "largest_first": "gives each item's tiles equal work",
-        "extra_pieces_first": "has no reduction over token rows",
+        "cut_groups_first": "has no reduction over token rows",
         "empty_last": "gives each item's tiles equal work",
         "piece_rows": "has no reduction over token rows",
         "zeros_by_producer": "stores the rows of no group with its items",
@@ -446,7 +448,7 @@ class RaggedConfig:
   interleave_groups: bool = False
   piece_rows: int = checked(0, _WHOLE_STEPS)
   largest_first: bool = False
-  extra_pieces_first: bool = False
+  cut_groups_first: bool = False
   empty_last: bool = False
   ping_pong: bool = False
   zeros_by_producer: bool = False
@@ -476,15 +478,15 @@ class RaggedConfig:
     if self.largest_first and self.empty_last:
       raise ValueError("RaggedConfig.largest_first and empty_last exclude "
                        "each other (two orders of the table's entries)")
-    if self.extra_pieces_first:
+    if self.cut_groups_first:
       if not self.piece_rows:
-        raise ValueError("RaggedConfig.extra_pieces_first needs piece_rows "
-                         "(it orders the pieces beyond the groups' first)")
+        raise ValueError("RaggedConfig.cut_groups_first needs piece_rows "
+                         "(it orders the groups' pieces)")
       for option in ("largest_first", "empty_last", "zero_drip"):
         if getattr(self, option):
-          raise ValueError(f"RaggedConfig.extra_pieces_first excludes "
-                           f"{option} (the walk lists the further pieces "
-                           f"first, the groups' first pieces after them, "
+          raise ValueError(f"RaggedConfig.cut_groups_first excludes "
+                           f"{option} (the walk lists the cut groups' "
+                           f"pieces first, the other groups' after them, "
                            f"empty or not)")
     if self.spread_zero_tiles:
       if not self.empty_last:
@@ -724,17 +726,17 @@ class RaggedConfig:
   @property
   def reorders_entries(self) -> bool:
     """Whether the kernel walks its table's entries in an order of their
-    own (`largest_first`, `extra_pieces_first`, `empty_last`), each with
+    own (`largest_first`, `cut_groups_first`, `empty_last`), each with
     its output group."""
-    return self.largest_first or self.extra_pieces_first or self.empty_last
+    return self.largest_first or self.cut_groups_first or self.empty_last
 
   @property
   def snake_deal(self) -> bool:
     """Whether the tiles are dealt to the CTAs in a snake
     (`mosaic_schedule.snake_deal`): where the walk lists its long tiles
-    first (`largest_first`, `extra_pieces_first`) and the CTAs walk
+    first (`largest_first`, `cut_groups_first`) and the CTAs walk
     round-robin shares (no claims)."""
-    return ((self.largest_first or self.extra_pieces_first)
+    return ((self.largest_first or self.cut_groups_first)
             and not self.claim_tiles)
 
   def zero_box(self, out_dtype) -> tuple[int, int]:
@@ -1167,12 +1169,12 @@ def _contracting_heuristic(problem: RaggedProblem,
           config = doubled
   config = _cut_where_one_group_idles_the_sms(config, problem,
                                               device.planning_sms)
-  config = _spread_where_zero_tiles_pay(config, problem)
   if planes_read_in_place(config, problem):
     # Rows not in whole 8-row tiles (tokens x top-k often are not): read
     # in place through 64-column planes rather than padded, two full
     # copies of the operands.
     config = dataclasses.replace(config, operand_planes=True)
+  config = _spread_where_zero_tiles_pay(config, problem)
   # The output's columns may end inside the last strip: its tiles then
   # compute only the columns it holds. 1408 columns at 128 x 192 are seven
   # wide strips and one of 64 instead of eight wide ones; it measured
@@ -1232,8 +1234,9 @@ SPREAD_ZERO_TILES_MIN_FLOPS = 1.5e11
 def _spread_where_zero_tiles_pay(config: RaggedConfig,
                                  problem: RaggedProblem) -> RaggedConfig:
   """`config` with the empty groups' zero tiles spread between each CTA's
-  tiles with rows (`spread_zero_tiles`, in empty_last's order) and stored
-  evicted from L2 first (`zero_tiles_evict_first`) where the
+  tiles with rows (`spread_zero_tiles`, in empty_last's order), and with
+  turns or operand planes stored evicted from L2 first
+  (`zero_tiles_evict_first`), where the
   consumers store the zero tiles (no claims, producer-stored zeros, pieces
   or clusters), the tiles carry long reductions (not the short-reduction
   tile, whose tiles are mostly their stores: nothing to overlap the zeros
@@ -1247,9 +1250,12 @@ def _spread_where_zero_tiles_pay(config: RaggedConfig,
       or 2 * problem.m * problem.k * problem.n < SPREAD_ZERO_TILES_MIN_FLOPS):
     return config
   # The zero tiles as runs under an evict-first policy, so that they do not
-  # evict the long tiles' operands from L2 (same notes, same section).
-  return dataclasses.replace(config, empty_last=True, spread_zero_tiles=True,
-                             zero_tiles_evict_first=True)
+  # evict the long tiles' operands from L2 (same notes, same section):
+  # where the consumers take turns or read operand planes. The split tile
+  # reading whole stages (Mixtral 8x7B, g8) was as fast or slower with it.
+  return dataclasses.replace(
+      config, empty_last=True, spread_zero_tiles=True,
+      zero_tiles_evict_first=config.ping_pong or config.operand_planes)
 
 
 def staged_columns(n: int, config: RaggedConfig) -> int:

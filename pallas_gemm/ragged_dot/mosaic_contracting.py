@@ -748,7 +748,7 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
     table, extras = schedule.contracting_pieces(
         group_sizes, row_offset, m=m, chunk=chunk, row_align=row_align,
         piece_rows=config.piece_rows,
-        extra_pieces_first=config.extra_pieces_first)
+        cut_groups_first=config.cut_groups_first)
   else:
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)

@@ -393,10 +393,10 @@ CONTRACTING_CASES = [
     # ... and the pieces of a cut group sorted among the groups.
     (260, 64, 128, [10, 200, 0, 50], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, largest_first=True, piece_rows=64)),
-    # ... and the cut groups' pieces listed first, in a fixed order: every
-    # row in one group (four further pieces, one from row 64 on), then a
-    # cut group starting mid-piece after a short one, with turns at whole
-    # tiles.
+    # ... and the further pieces listed first, then the groups by size,
+    # ranked on the sizes alone: every row in one group (four further
+    # pieces, one from row 64 on), then a cut group starting mid-piece
+    # after a short one, with turns at whole tiles.
     (330, 64, 128, [0, 0, 330, 0], 0, "bfloat16", "bfloat16",
      dataclasses.replace(SMALL, cut_groups_first=True, piece_rows=64)),
     (260, 64, 128, [10, 200, 0, 45], 5, "bfloat16", "float32",
@@ -1442,7 +1442,7 @@ def test_contracting_pieces_cover_each_group_once(sizes, offset, slack,
   inside it, the x-th multiple being further piece x; the pieces beyond the
   first name their group and its first such piece. With
   cut_groups_first, the same entries, the further pieces first, then the
-  long groups' first pieces, with their outputs. The masked sum and the
+  groups' first pieces by size, with their outputs. The masked sum and the
   long list's search agree."""
   if one_group:  # most rows in one group, cut several times
     sizes = [0] * (len(sizes) - 1) + [sum(sizes) + 5 * chunk * steps]
@@ -1496,11 +1496,10 @@ def _check_contracting_pieces(sizes, offset, slack, chunk, steps, row_align):
   first_listed, _ = (np.asarray(a) for a in mosaic_schedule.contracting_pieces(
       sizes_in, offset_in, m=m, chunk=chunk, row_align=row_align,
       piece_rows=piece_rows, cut_groups_first=True))
-  # The further pieces, then the first pieces of the groups of more than
-  # piece_rows rows, then the others, each in order.
-  long = np.asarray(sizes) > piece_rows
+  # The further pieces, then the groups' first pieces, largest group
+  # first (ties in group order).
   order = np.concatenate([groups + np.arange(extra_count),
-                          np.flatnonzero(long), np.flatnonzero(~long)])
+                          np.argsort(-np.asarray(sizes), kind="stable")])
   np.testing.assert_array_equal(first_listed,
                                 np.concatenate([table[:, order], order[None]]))
 

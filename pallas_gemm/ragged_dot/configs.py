@@ -51,14 +51,14 @@ One `RaggedConfig` serves both modes; the fields mean:
     cut_groups_first
                with piece_rows, walk the pieces beyond the groups' first
                (those that start at a multiple of piece_rows, all but a
-               group's last piece_rows long) first, then the first pieces
-               of the groups of more than piece_rows rows, then the other
-               groups, each in group order, and deal the tiles in a snake
-               as largest_first does: where one group holds most tokens
-               all its pieces start in the first wave, in an order that
-               costs no sort of the table on each call (excludes
-               largest_first, empty_last and zero_drip; a "contracting"-
-               mode option).
+               group's last piece_rows long) first, then the groups'
+               first pieces by group size, largest first (the cut groups
+               first), and deal the tiles in a snake as largest_first
+               does: where one group holds most tokens all its pieces
+               start in the first wave, and uneven groups start largest
+               first, in an order ranked on the group sizes alone, with no
+               sort of the table on each call (excludes largest_first,
+               empty_last and zero_drip; a "contracting"-mode option).
     empty_last walk the entries (groups or pieces) that have rows first, in
                table order, and the empty ones after them: the order the
                claimed zero drip (claim_tiles with zero_drip) needs,
@@ -485,9 +485,9 @@ class RaggedConfig:
       for option in ("largest_first", "empty_last", "zero_drip"):
         if getattr(self, option):
           raise ValueError(f"RaggedConfig.cut_groups_first excludes "
-                           f"{option} (the walk lists the cut groups' "
-                           f"pieces first, the other groups' after them, "
-                           f"empty or not)")
+                           f"{option} (the walk lists the further pieces "
+                           f"first, then the groups by size, empty or "
+                           f"not)")
     if self.spread_zero_tiles:
       if not self.empty_last:
         raise ValueError("RaggedConfig.spread_zero_tiles needs "

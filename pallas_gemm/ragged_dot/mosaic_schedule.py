@@ -226,12 +226,13 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
             groups + x is the piece that starts at the x-th multiple, or no
             rows where that multiple cuts no group. With
             `cut_groups_first`, (5, E + groups): the E further pieces
-            first, then the first pieces of the groups of more than
-            piece_rows rows, then the other groups', each in group order,
-            with each entry's output (groups + x, or g) as a fifth row, as
+            first (each piece_rows long but a group's last), then the
+            groups' first pieces by group size, largest first, with each
+            entry's output (groups + x, or g) as a fifth row, as
             `largest_first` lists them: where one group holds most rows all
-            its pieces come first (one wave of the CTAs holds them all),
-            in an order that costs no sort.
+            its pieces come first, and uneven groups come largest first,
+            in an order ranked on the group sizes alone, with no sort of
+            the table.
     extras  (3, E) int32: for each further piece (rows EXTRA_*), its group
             (-1 where unused), the index x of its group's first such piece,
             and how many such pieces its group has.
@@ -242,26 +243,29 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   cut = ends - starts > piece_rows
   # A cut group's first further piece, and how many it has: the multiples
   # of piece_rows strictly inside its rows.
+  group = jnp.arange(groups, dtype=jnp.int32)
   first_extra = starts // piece_rows
   extra = jnp.where(cut, (ends - 1) // piece_rows - first_extra, 0)
   first_hi = jnp.where(cut, jnp.minimum(ends, (first_extra + 1) * piece_rows),
                        ends)
-  group = jnp.arange(groups, dtype=jnp.int32)
   x = jnp.arange(extra_count, dtype=jnp.int32)
   at = (x + 1) * piece_rows
   per_group = dict(start=starts, end=ends, cut=cut, first=first_extra,
                    count=extra, first_hi=first_hi, index=group)
   # Each group's first piece's column among the first pieces: in group
-  # order, or with cut_groups_first those of the groups of more than
-  # piece_rows rows first (counted on the sizes as given, so that the
-  # count shares the cumulative sum's reduction; any order is a valid
-  # walk), each set in group order.
+  # order, or with cut_groups_first by the group's size, largest first
+  # (ties in group order; the cut groups so come first). Ranked on the
+  # sizes as given, so that the rank is a masked sum over the same
+  # (groups, groups) as the cumulative sum's; any order is a valid walk.
   if cut_groups_first and groups:
-    long = (jnp.maximum(group_sizes.astype(jnp.int32), 0)
-            > piece_rows).astype(jnp.int32)
-    long_before = inclusive_sum(long) - long
-    place = jnp.where(long > 0, long_before,
-                      long_before[-1] + long[-1] + group - long_before)
+    size = jnp.maximum(group_sizes.astype(jnp.int32), 0)
+    if groups <= MASKED_SUM_MAX_ENTRIES:
+      other, this = size[None, :], size[:, None]
+      ahead = (other > this) | ((other == this)
+                                & (group[None, :] < group[:, None]))
+      place = jnp.sum(ahead, axis=1, dtype=jnp.int32)
+    else:
+      place = jnp.argsort(jnp.argsort(-size, stable=True)).astype(jnp.int32)
   else:
     place = group
   masked = 0 < groups and groups + extra_count <= MASKED_SUM_MAX_ENTRIES

@@ -482,25 +482,22 @@ class RaggedConfig:
       if not self.piece_rows:
         raise ValueError("RaggedConfig.cut_groups_first needs piece_rows "
                          "(it orders the groups' pieces)")
-      for option in ("largest_first", "empty_last", "zero_drip"):
-        if getattr(self, option):
-          raise ValueError(f"RaggedConfig.cut_groups_first excludes "
-                           f"{option} (the walk lists the further pieces "
-                           f"first, then the groups by size, empty or "
-                           f"not)")
+      self._exclude("cut_groups_first",
+                    ("largest_first", "empty_last", "zero_drip"),
+                    " (the walk lists the further pieces first, then the "
+                    "groups by size, empty or not)")
     if self.spread_zero_tiles:
       if not self.empty_last:
         raise ValueError("RaggedConfig.spread_zero_tiles needs "
                          "empty_last=True (the tiles with rows are then the "
                          "walk's first, and the zero tiles are spread "
                          "between them)")
-      for option in ("claim_tiles", "zeros_by_producer", "piece_rows",
-                     "interleave_groups", "cluster_columns", "cluster_rows"):
-        if getattr(self, option):
-          raise ValueError(f"RaggedConfig.spread_zero_tiles excludes "
-                           f"{option} (it reorders each CTA's round-robin "
-                           f"share of whole groups' tiles, which the "
-                           f"consumers store, zeros included)")
+      self._exclude("spread_zero_tiles",
+                    ("claim_tiles", "zeros_by_producer", "piece_rows",
+                     "interleave_groups", "cluster_columns", "cluster_rows"),
+                    " (it reorders each CTA's round-robin share of whole "
+                    "groups' tiles, which the consumers store, zeros "
+                    "included)")
     if self.zero_tiles_evict_first and not self.spread_zero_tiles:
       raise ValueError("RaggedConfig.zero_tiles_evict_first needs "
                        "spread_zero_tiles=True (the consumers' zero tiles "
@@ -609,12 +606,10 @@ class RaggedConfig:
         raise ValueError("RaggedConfig.swap_ab needs swizzled_staging=True: "
                          "Mosaic writes the transposed accumulator only "
                          "through a swizzled staging tile (16-bit outputs)")
-      for option in ("short_items", "cluster_columns", "epi_tile_m"):
-        if getattr(self, option):
-          raise ValueError(f"RaggedConfig.swap_ab excludes {option}: the "
-                           f"transposed tile's token rows are wgmma's N, "
-                           f"which swap_ab narrows to each item's rows "
-                           f"itself")
+      self._exclude("swap_ab", ("short_items", "cluster_columns",
+                                "epi_tile_m"),
+                    ": the transposed tile's token rows are wgmma's N, "
+                    "which swap_ab narrows to each item's rows itself")
     if self.narrow_last_strip and self.cluster_columns:
       raise ValueError("RaggedConfig.narrow_last_strip excludes "
                        "cluster_columns (a cluster's two CTAs run "
@@ -632,6 +627,14 @@ class RaggedConfig:
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
+
+  def _exclude(self, option: str, others: tuple[str, ...],
+               why: str) -> None:
+    """Raises ValueError naming `option` and the first of `others` set,
+    followed by `why` (its own leading space or colon)."""
+    for other in others:
+      if getattr(self, other):
+        raise ValueError(f"RaggedConfig.{option} excludes {other}{why}")
 
   def check_mode(self, mode: str) -> None:
     """Raises ValueError naming the first option set here that only the

@@ -34,10 +34,12 @@ One `RaggedConfig` serves both modes; the fields mean:
                uneven sizes the compute of large groups' tiles overlaps
                the output writes of small ones' (a "contracting"-mode
                option; "rows" raises on it).
-    piece_rows cut each group's reduction into pieces of at most this many
-               token rows (a multiple of tile_k; cuts fall on tile_k-row
-               boundaries), each piece its own set of output tiles, and add
-               the pieces' sums after the kernel: a group that holds most
+    piece_rows cut each group of more than this many token rows (a
+               multiple of tile_k) at the multiples of it inside the group,
+               counted from row 0 (every piece then holds at most this many
+               rows, and each past a group's first starts on a whole
+               chunk), run each piece as its own set of output tiles, and
+               add the pieces' sums after the kernel: a group that holds most
                tokens then spreads over the SMs instead of leaving them
                idle while its few long tiles run (a "contracting"-mode
                option; 0, the default, never cuts). The partial sums are

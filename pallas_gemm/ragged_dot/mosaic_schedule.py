@@ -156,16 +156,6 @@ def item_count(table):
   return table[ITEM_GROUP, table.shape[1] - 1]
 
 
-def _owners(ends_incl, entries):
-  """The owner of each of `entries` in a list where owner o holds the
-  consecutive entries that end before ends_incl[o]: how many owners end at
-  or before it. A direct count (one fused compare-and-sum over a few hundred
-  x a few hundred) rather than a binary search, which XLA runs as a loop of
-  tiny kernels."""
-  return jnp.sum((ends_incl[None, :] <= entries[:, None]).astype(jnp.int32),
-                 axis=1).astype(jnp.int32)
-
-
 def _chunk_table(lo, hi, chunk: int, row_align: int):
   """The (4, entries) "contracting"-mode table of row ranges [lo, hi):
   GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_ROW (lo rounded down to a
@@ -175,9 +165,14 @@ def _chunk_table(lo, hi, chunk: int, row_align: int):
   row_align - 1, chunk) chunks; counted at absolute chunk boundaries, a
   group that starts or ends mid-chunk took up to one more, a whole chunk of
   other groups' rows loaded and multiplied as zeros."""
+  return jnp.stack(_chunk_rows(lo, hi, chunk, row_align)).astype(jnp.int32)
+
+
+def _chunk_rows(lo, hi, chunk: int, row_align: int):
+  """`_chunk_table`'s four rows as a list, on any (broadcastable) shape."""
   first_row = lo // row_align * row_align
   chunks = jnp.where(hi > lo, (hi - first_row + chunk - 1) // chunk, 0)
-  return jnp.stack([lo, hi, first_row, chunks]).astype(jnp.int32)
+  return [lo, hi, first_row, chunks]
 
 
 def tile_first_row(row_lo, *, row_align: int, lhs_rows: int, tile_m: int):
@@ -216,8 +211,9 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   (x + 1) * piece_rows, is the x-th further piece where it cuts a group:
   cuts fall in distinct groups' rows, so no ranking of the pieces is
   needed: the table and `extras` are masked sums over the groups after the
-  groups' cumulative sum (three small XLA kernels on the H200, against
-  seven with each group cut from its own first row and the pieces sorted).
+  groups' cumulative sum, fewer small XLA kernels than cutting each group
+  from its own first row took (experiments/results/nvidia_h200/
+  ragged_options, "Pieces cut at multiples of `piece_rows`").
 
   Returns (table, extras):
     table   (4, groups + E) int32, as `contracting_groups`: entry g < groups
@@ -258,14 +254,7 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   # sizes as given, so that the rank is a masked sum over the same
   # (groups, groups) as the cumulative sum's; any order is a valid walk.
   if cut_groups_first and groups:
-    size = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-    if groups <= MASKED_SUM_MAX_ENTRIES:
-      other, this = size[None, :], size[:, None]
-      ahead = (other > this) | ((other == this)
-                                & (group[None, :] < group[:, None]))
-      place = jnp.sum(ahead, axis=1, dtype=jnp.int32)
-    else:
-      place = jnp.argsort(jnp.argsort(-size, stable=True)).astype(jnp.int32)
+    place = _rank_largest_first(jnp.maximum(group_sizes.astype(jnp.int32), 0))
   else:
     place = group
   masked = 0 < groups and groups + extra_count <= MASKED_SUM_MAX_ENTRIES
@@ -311,10 +300,8 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
       return parts.astype(jnp.int32)
 
   def table_rows(lo, hi, output):
-    first_row = lo // row_align * row_align
-    chunks = jnp.where(hi > lo, (hi - first_row + chunk - 1) // chunk, 0)
-    return [lo, hi, first_row, chunks, output][:5 if cut_groups_first
-                                               else 4]
+    rows = _chunk_rows(lo, hi, chunk, row_align)
+    return rows + [output] if cut_groups_first else rows
 
   at_entry, own = column(at), owner_of_extra
   owns_extra = own["cut"] & (own["start"] < at_entry) & (at_entry < own["end"])
@@ -368,14 +355,26 @@ def _sorted_entries(table, key):
   source = jnp.concatenate([table.astype(jnp.int32), index[None, :]])
   if entries > MASKED_SUM_MAX_ENTRIES:
     return source[:, jnp.argsort(-key, stable=True)]
-  other, this = key[None, :], key[:, None]
-  ahead = (other > this) | ((other == this)
-                            & (index[None, :] < index[:, None]))
-  rank = jnp.sum(ahead, axis=1, dtype=jnp.int32)
+  rank = _rank_largest_first(key)
   # Column r of the result is the entry of rank r (ranks are a permutation).
   lands = rank[None, :] == index[:, None]  # (rank, entry)
   return jnp.sum(jnp.where(lands[None], source[:, None, :], 0), axis=2,
                  dtype=jnp.int32)
+
+
+def _rank_largest_first(key):
+  """Each entry's position when `key` (one int32 per entry) is stably
+  sorted largest first: up to MASKED_SUM_MAX_ENTRIES one masked reduction
+  (the entries with a larger key, and the earlier ones with the same),
+  above that two argsorts."""
+  entries = key.shape[0]
+  if entries > MASKED_SUM_MAX_ENTRIES:
+    return jnp.argsort(jnp.argsort(-key, stable=True)).astype(jnp.int32)
+  index = jnp.arange(entries, dtype=jnp.int32)
+  other, this = key[None, :], key[:, None]
+  ahead = (other > this) | ((other == this)
+                            & (index[None, :] < index[:, None]))
+  return jnp.sum(ahead, axis=1, dtype=jnp.int32)
 
 
 def snake_deal(linear, num_ctas, num_tiles):

@@ -1502,6 +1502,14 @@ def _check_contracting_pieces(sizes, offset, slack, chunk, steps, row_align):
                           np.argsort(-np.asarray(sizes), kind="stable")])
   np.testing.assert_array_equal(first_listed,
                                 np.concatenate([table[:, order], order[None]]))
+  # The kernel's entry counts (the empty groups, the entries with rows)
+  # are the same in every order of the entries.
+  want = [sum(e <= s for s, e in zip(starts, ends)), np.sum(chunks > 0)]
+  for listed in (table, first_listed,
+                 mosaic_schedule.largest_first(jnp.asarray(table)),
+                 mosaic_schedule.empty_last(jnp.asarray(table))):
+    assert np.asarray(mosaic_schedule.entry_counts(
+        jnp.asarray(listed), groups)).tolist() == want
 
 
 @pytest.mark.parametrize("num_ctas,num_tiles", [(1, 5), (4, 4), (4, 10),

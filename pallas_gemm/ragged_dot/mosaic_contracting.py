@@ -753,11 +753,8 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
     table = schedule.contracting_groups(group_sizes, row_offset, m=m,
                                         chunk=chunk, row_align=row_align)
   # With zero_drip or spread_zero_tiles the kernel also reads how many
-  # groups are empty (those whose first piece, entry g < groups, has no
-  # chunk) and how many entries have rows.
-  chunks = table[schedule.GROUP_CHUNKS]
-  entry_counts = ([jnp.stack([jnp.sum(chunks[:groups] == 0, dtype=jnp.int32),
-                              jnp.sum(chunks > 0, dtype=jnp.int32)])]
+  # groups are empty and how many entries have rows.
+  entry_counts = ([schedule.entry_counts(table, groups)]
                   if counts_entries(config) else [])
   if config.largest_first:
     table = schedule.largest_first(table)

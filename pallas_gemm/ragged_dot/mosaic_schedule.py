@@ -325,6 +325,21 @@ def contracting_pieces(group_sizes, row_offset, *, m: int, chunk: int,
   return table, extras
 
 
+def entry_counts(table, groups: int):
+  """(2,) int32 of a "contracting"-mode table (`contracting_groups`,
+  `contracting_pieces`, or either reordered): how many of the `groups`
+  groups have no rows (their first piece has no chunk, so their output is
+  zeros), and how many entries have rows. Counted by each entry's output
+  (the fifth row where the table has one, else the entry's column), so
+  that any order of the entries gives the same counts."""
+  chunks = table[GROUP_CHUNKS]
+  output = (table[4] if table.shape[0] > 4
+            else jnp.arange(table.shape[1], dtype=jnp.int32))
+  return jnp.stack([jnp.sum((chunks == 0) & (output < groups),
+                            dtype=jnp.int32),
+                    jnp.sum(chunks > 0, dtype=jnp.int32)])
+
+
 def largest_first(table):
   """A "contracting"-mode table (4, entries) with its entries sorted by row
   count, largest first (ties in entry order), and a fifth row: each sorted

@@ -1049,6 +1049,74 @@ def test_32_row_chunks_are_contracting_only():
     RaggedConfig(tile_k=32).check_mode(rows.mode)
 
 
+#: Chunks multiplied in slices (`chunk_slices`), those past a group's last
+#: row skipped; operands swizzled by the slice's span.
+CHUNK_SLICES_CASES = [
+    # Halves, consumers splitting the tile: groups ending in either half of
+    # a chunk (30 rows: one half; 70: a chunk and one half), an empty
+    # group, rows of no group; f32 out.
+    (150, 128, 64, [30, 0, 70, 20], 3, "bfloat16", "float32",
+     dataclasses.replace(SMALL, chunk_slices=2, stages=3)),
+    # Halves, turns at whole 128 x 128 tiles, f16, K past one tile.
+    (230, 192, 128, [60, 130, 0, 33], 5, "float16", "float16",
+     dataclasses.replace(SMALL, tile_m=128, tile_n=128, chunk_slices=2,
+                         ping_pong=True, stages=4, out_slots=2)),
+    # Quarters (16-row slices at the 32-byte swizzle) on the short-reduction
+    # tile, pieces walked largest first, producer-stored zeros.
+    (261, 128, 256, [5, 200, 0, 56], 0, "bfloat16", "bfloat16",
+     dataclasses.replace(SMALL, tile_m=64, tile_n=256, epi_tile_n=256,
+                         chunk_slices=4, piece_rows=64, largest_first=True,
+                         zeros_by_producer=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CHUNK_SLICES_CASES)),
+                         ids=["halves_split", "halves_turns",
+                              "quarters_short_tile"])
+def test_contracting_chunk_slices(case):
+  _run_contracting(CHUNK_SLICES_CASES[case], detect_races=case == 1)
+
+
+def test_chunk_slices_lower_for_cuda():
+  """Chunks in halves lower for the GPU at Qwen1.5-MoE's weight gradient
+  (the heuristic's turns, the split tile) and DeepSeek-V3's (the
+  short-reduction tile with claims)."""
+  qwen = RaggedProblem("contracting", 16384, 2048, 1408, 60, "bfloat16",
+                       "bfloat16")
+  deepseek = RaggedProblem("contracting", 32768, 7168, 2048, 256,
+                           "bfloat16", "bfloat16")
+  base = mosaic.heuristic(qwen, HOPPER)
+  halves = dataclasses.replace(base, chunk_slices=2)
+  assert configs.contracting_operand_swizzle(halves, jnp.bfloat16) == 64
+  assert configs.contracting_operand_swizzle(
+      dataclasses.replace(halves, chunk_slices=4), jnp.bfloat16) == 32
+  for problem, config in ((qwen, halves),
+                          (qwen, configs._most_stages(dataclasses.replace(
+                              halves, ping_pong=False), qwen)),
+                          (deepseek, dataclasses.replace(
+                              mosaic.heuristic(deepseek, HOPPER),
+                              chunk_slices=2))):
+    _lower_for_cuda(problem, config)
+
+
+def test_chunk_slices_are_checked():
+  with pytest.raises(ValueError, match="chunk_slices=4 needs slices of at "
+                     "least 16 token rows"):
+    RaggedConfig(tile_k=32, chunk_slices=4)
+  with pytest.raises(ValueError,
+                     match="chunk_slices=2 excludes operand_planes"):
+    RaggedConfig(chunk_slices=2, operand_planes=True)
+  with pytest.raises(ValueError,
+                     match="chunk_slices=2 excludes cluster_columns"):
+    RaggedConfig(chunk_slices=2, cluster_columns=True)
+  # 128-row chunks in halves stay at the 128-byte swizzle.
+  assert configs.contracting_operand_swizzle(
+      RaggedConfig(tile_k=128, chunk_slices=2), jnp.bfloat16) is None
+  rows = RaggedProblem("rows", 256, 128, 128, 4, "bfloat16", "bfloat16")
+  with pytest.raises(ValueError, match="chunk_slices is a \"contracting\""):
+    RaggedConfig(chunk_slices=2).check_mode(rows.mode)
+
+
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
     # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no

@@ -22,17 +22,6 @@ One `RaggedConfig` serves both modes; the fields mean:
                rows end mid-chunk computes at most 31 rows of zeros
                instead of 63 (excludes operand_planes, cluster_columns
                and cluster_rows; "rows" mode raises on it).
-    chunk_slices
-               multiply each reduction chunk in this many slices of
-               tile_k / chunk_slices token rows (at least 16), the
-               operands' stages swizzled by the span a slice fills
-               (`contracting_operand_swizzle`: 64 bytes for 32 rows of
-               16-bit inputs), and skip the slices past the group's last
-               row: an expert whose rows end in the first half of its last
-               64-row chunk then multiplies 32 rows of zeros fewer, while
-               the ring still steps a whole chunk at a time (the 32-row
-               chunk doubled the steps). Excludes what tile_k=32 excludes;
-               a "contracting"-mode option ("rows" raises on it).
     split_rows the two consumers split the CTA tile's rows instead of its
                columns: each owns (tile_m / 2) x (2 * tile_n), one m64 x N
                wgmma per step (needs tile_m 128 or 256 and
@@ -314,8 +303,6 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem
 #: 16-bit elements in one 128-byte swizzle span: every operand tile's minor
 #: dimension (and each consumer's share of it) spans whole spans.
 SWIZZLE_ELEMS_16BIT = 64
-#: wgmma's K step for 16-bit inputs: the least a chunk slice holds.
-WGMMA_K_16BIT = 16
 #: Rows of one tile of a 16-bit lhs's swizzled shared-memory layout: a row
 #: item's tile starts on a multiple of it (`mosaic.lhs_row_align`).
 LHS_ROW_TILE = 8
@@ -439,7 +426,6 @@ MODE_ONLY_OPTIONS = {
         "spread_zero_tiles": "stores the rows of no group with its items",
         "zero_tiles_evict_first": "stores the rows of no group with its "
                                   "items",
-        "chunk_slices": "reduces over K, which holds no group's rows",
     },
 }
 
@@ -488,8 +474,6 @@ class RaggedConfig:
   narrow_last_strip: bool = False
   spread_zero_tiles: bool = False
   zero_tiles_evict_first: bool = False
-  chunk_slices: int = checked(1, one_of(1, 2, 4).because(
-      "a chunk multiplied whole, in halves or in quarters"))
 
   def __post_init__(self):
     validate(self)
@@ -543,21 +527,16 @@ class RaggedConfig:
                          f"{self.out_slots} to divide the stores of a tile "
                          f"row, tile_n / epi_tile_n = "
                          f"{self.tile_n // self.epi_tile_n} ({why})")
-    if self.slice_rows < WGMMA_K_16BIT:
-      raise ValueError(f"RaggedConfig.chunk_slices={self.chunk_slices} "
-                       f"needs slices of at least {WGMMA_K_16BIT} token "
-                       f"rows (wgmma's K step), got tile_k={self.tile_k}")
     if self.narrow_chunks:
-      chunk = (f"tile_k={self.tile_k}" if self.chunk_slices == 1 else
-               f"chunk_slices={self.chunk_slices}")
       for option, why in (("operand_planes", "a plane is one 128-byte "
                            "swizzle span"),
-                          ("cluster_columns", "not built for the narrower "
-                           "swizzles' stages"),
-                          ("cluster_rows", "not built for the narrower "
-                           "swizzles' stages")):
+                          ("cluster_columns", "not built for the 64-byte "
+                           "swizzle's stages"),
+                          ("cluster_rows", "not built for the 64-byte "
+                           "swizzle's stages")):
         if getattr(self, option):
-          raise ValueError(f"RaggedConfig.{chunk} excludes {option} ({why})")
+          raise ValueError(f"RaggedConfig.tile_k={self.tile_k} excludes "
+                           f"{option} ({why})")
     if self.wide_zero_box and not self.zeros_by_producer:
       raise ValueError("RaggedConfig.wide_zero_box needs "
                        "zeros_by_producer=True (it shapes the box the "
@@ -672,7 +651,7 @@ class RaggedConfig:
                        f"by 128 columns, or 128 by {SWAP_AB_MAX_TOKENS}), "
                        f"got tile_m={self.tile_m}, tile_n={self.tile_n}, "
                        f"swap_ab={self.swap_ab}")
-    if mode == "rows" and self.tile_k < SWIZZLE_ELEMS_16BIT:
+    if mode == "rows" and self.narrow_chunks:
       raise ValueError(f"RaggedConfig.tile_k={self.tile_k} is a "
                        f"\"contracting\"-mode chunk: the \"rows\" kernel's "
                        f"K steps are whole 128-byte swizzle spans "
@@ -692,17 +671,11 @@ class RaggedConfig:
     return (self.tile_n // self.epi_tile_n) % slots == 0
 
   @property
-  def slice_rows(self) -> int:
-    """Token rows of one wgmma slice of a reduction chunk (`chunk_slices`)."""
-    return self.tile_k // self.chunk_slices
-
-  @property
   def narrow_chunks(self) -> bool:
-    """Whether a chunk's slice (`slice_rows`: the chunk, or with
-    chunk_slices a part of it) is narrower than one 128-byte swizzle span
-    of 16-bit elements: the weight gradient's 32-row chunks, or its chunks
-    in slices, staged at the swizzle the slice fills."""
-    return self.slice_rows < SWIZZLE_ELEMS_16BIT
+    """Whether a reduction chunk (`tile_k`) is narrower than one 128-byte
+    swizzle span of 16-bit elements: the weight gradient's 32-row chunks,
+    staged at the 64-byte swizzle."""
+    return self.tile_k < SWIZZLE_ELEMS_16BIT
 
   @property
   def clustered(self) -> bool:
@@ -1316,12 +1289,11 @@ def group_output_tiles(problem: RaggedProblem, config: RaggedConfig) -> int:
 
 def contracting_operand_swizzle(config: RaggedConfig, dtype) -> int | None:
   """The swizzle (bytes) of the weight gradient's lhs and dout stages:
-  None, the widest their columns allow (128 bytes), or, for a chunk slice
-  narrower than that span's elements (`RaggedConfig.slice_rows`: tile_k=32,
-  or chunk_slices=2, of 16-bit inputs), the span the slice fills, the
-  widest at which Mosaic's wgmma takes it as K
+  None, the widest their columns allow (128 bytes), or, for a chunk
+  narrower than that span's elements (tile_k=32 of 16-bit inputs), the
+  span the chunk fills, the widest at which Mosaic's wgmma takes it as K
   (experiments/lab/chunk32_probe.py)."""
-  span = config.slice_rows * jnp.dtype(dtype).itemsize
+  span = config.tile_k * jnp.dtype(dtype).itemsize
   return span if span < max(WGMMA_SWIZZLES) else None
 
 

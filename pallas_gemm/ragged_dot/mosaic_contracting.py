@@ -126,7 +126,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.mosaic_backend import bulk_stores, tile_claims, tma
-from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, Dim
+from pallas_gemm.mosaic_backend.configs import CLUSTER_CTAS, WGMMA_ROWS, Dim
 from pallas_gemm.mosaic_backend.warp_specialised import (
     Ring, SideWork, call_kernel, consume_ring, for_each_tile, index,
     out_staging_smem, ring_smem, run_producer, run_warpgroups,
@@ -621,10 +621,9 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
           @pl.when((chunk_row0 < row_lo) | (chunk_row0 + chunk > row_hi))
           def _mask_other_groups():
             for part in parts:
-              # The wgmma register layout tiles 64 rows: a 32-row chunk, or
-              # a chunk staged at a narrower swizzle than 128 bytes, is
+              # The wgmma register layout tiles 64 rows: a 32-row chunk is
               # masked through its transpose, whose rows are the columns.
-              view, token_axis = ((part.T, 1) if config.narrow_chunks
+              view, token_axis = ((part.T, 1) if chunk < WGMMA_ROWS
                                   else (part, 0))
               values = plgpu.load(view, layout=plgpu.Layout.WGMMA)
               rows = chunk_row0 + plgpu.broadcasted_iota(
@@ -638,24 +637,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
             dout = dout_smem.at[slot]
             if width < tile_n:
               dout = dout.at[:, pl.ds(0, width)]
-            # With chunk_slices, the slices past the group's last row are
-            # zeros (masked above): not multiplied. The first always holds
-            # a row. Each slice is a wgmma group of its own, and the ring
-            # waits for all but the newest, so a stage is released only
-            # once every slice that read it is done.
-            if config.chunk_slices == 1:
-              plgpu.wgmma(acc_refs[0], parts[0].T, dout)
-              return
-            for i in range(config.chunk_slices):
-              rows = pl.ds(i * config.slice_rows, config.slice_rows)
-              multiply = functools.partial(
-                  plgpu.wgmma, acc_refs[0], parts[0].at[rows].T,
-                  dout.at[rows])
-              if i == 0:
-                multiply()
-              else:
-                pl.when(chunk_row0 + i * config.slice_rows < row_hi)(
-                    multiply)
+            plgpu.wgmma(acc_refs[0], parts[0].T, dout)
             return
           for i, part in enumerate(parts):
             for j in range(col_planes):

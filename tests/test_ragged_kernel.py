@@ -1049,6 +1049,57 @@ def test_32_row_chunks_are_contracting_only():
     RaggedConfig(tile_k=32).check_mode(rows.mode)
 
 
+#: `RaggedConfig.halve_last_round`: with the interpreter's two CTAs, an odd
+#: tile count ends on a round of one tile, which runs as two half tiles.
+HALVED_ROUND = dataclasses.replace(SPLIT_ROWS, halve_last_round=True)
+HALVE_LAST_ROUND_CASES = [
+    # Three items in one strip: the third runs as its two column halves,
+    # the second of which ends past n; an empty group.
+    (200, 72, 100, [70, 0, 130], 0, "bfloat16", "float32", False, None),
+    # Rows of no group before and after the groups, rhs read as (G, n, k),
+    # silu; five items in three strips, the last tile's second half wholly
+    # past n; f16.
+    (150, 128, 300, [30, 0, 70, 20], 5, "float16", "float16", True, "silu"),
+    # An even tile count: nothing halved.
+    (130, 64, 256, [0, 130, 0], 0, "bfloat16", "bfloat16", False, None),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HALVE_LAST_ROUND_CASES)),
+                         ids=["odd", "transposed_past_n", "even"])
+def test_rows_halve_last_round(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = (
+      HALVE_LAST_ROUND_CASES[case])
+  problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
+                          transpose_rhs=transpose, activation=act)
+  _run(problem, sizes, row_offset=offset, config=HALVED_ROUND,
+       detect_races=case == 0)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["forward", "dlhs"])
+def test_rows_halve_last_round_lowers_for_cuda(transpose):
+  """The halved round lowers for the GPU at Granite-3.0-1B's expert shape,
+  on the heuristic's split tile."""
+  problem = RaggedProblem("rows", 32768, 1024 if not transpose else 512,
+                          512 if not transpose else 1024, 32, "bfloat16",
+                          "bfloat16", transpose_rhs=transpose)
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.split_rows and not config.swap_ab
+  _lower_for_cuda(problem, dataclasses.replace(config, halve_last_round=True))
+
+
+def test_halve_last_round_is_checked():
+  with pytest.raises(ValueError, match="halve_last_round needs split_rows"):
+    dataclasses.replace(SMALL, halve_last_round=True)
+  with pytest.raises(ValueError, match="halve_last_round excludes swap_ab"):
+    dataclasses.replace(HALVED_ROUND, swap_ab=True, swizzled_staging=True)
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                          "float32")
+  # (split_rows, which it needs, is refused first.)
+  with pytest.raises(ValueError, match="is a \"rows\"-mode option"):
+    HALVED_ROUND.check_mode(problem.mode)
+
+
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
     # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no

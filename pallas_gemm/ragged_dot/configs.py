@@ -28,6 +28,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                tile_m * tile_n <= 128 * 128). A "rows"-mode
                option: "contracting" always splits its rows (K), and raises
                on it.
+    halve_last_round
+               with split_rows: where the last round of the tiles' round-
+               robin deal over the CTAs fills at most half of them, run
+               each of its tiles as two tiles of half its columns, on two
+               CTAs, so that the round takes about half a tile's time. The
+               tile count follows the routing (a group's rows past a whole
+               item add one), so any layer may end on a short round. A
+               "rows"-mode option (no clusters, swap_ab or ping_pong).
     interleave_groups
                walk the tiles with the group index fastest, so that the
                CTAs in flight hold tiles of many groups at once: with
@@ -403,6 +411,8 @@ MODE_ONLY_OPTIONS = {
         "swap_ab": "multiplies whole chunks of token rows",
         "work_list_kernel": "lists no row items",
         "shared_staging": "stages each consumer's tiles in its own buffer",
+        "halve_last_round": "cuts a group's long reductions into pieces "
+                            "instead (piece_rows)",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -474,6 +484,7 @@ class RaggedConfig:
   narrow_last_strip: bool = False
   spread_zero_tiles: bool = False
   zero_tiles_evict_first: bool = False
+  halve_last_round: bool = False
 
   def __post_init__(self):
     validate(self)
@@ -626,6 +637,14 @@ class RaggedConfig:
                        "exclude each other (a cluster shares one operand: "
                        "lhs between neighbouring column strips, or dout "
                        "between neighbouring K strips)")
+    if self.halve_last_round:
+      if not self.split_rows:
+        raise ValueError("RaggedConfig.halve_last_round needs "
+                         "split_rows=True (both consumers keep their rows "
+                         "of a half tile, each at half its columns)")
+      self._exclude("halve_last_round", ("swap_ab", "cluster_columns"),
+                    " (a half tile runs the consumers' whole rows at half "
+                    "their columns, one CTA alone)")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")

@@ -250,6 +250,15 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   num_items = index(schedule.item_count(items_gmem))
   num_tiles = num_items * n_units
   n_out = out_gmem.shape[1]
+  # RaggedConfig.halve_last_round: where the walk's last round of the
+  # round-robin deal fills at most half the CTAs, each of its tiles runs as
+  # two tiles of half the CTA tile's columns, dealt to two CTAs.
+  halves_from = walked = num_tiles
+  if config.halve_last_round:
+    num_ctas = index(lax.axis_size("sm"))
+    last_round = lax.rem(num_tiles, num_ctas)
+    halved = jnp.where(2 * last_round <= num_ctas, last_round, index(0))
+    halves_from, walked = num_tiles - halved, num_tiles + halved
 
   # Each tile starts on a whole row tile of lhs's swizzled layout, or is
   # held back to lhs's last tile_m rows (`schedule.tile_first_row`): then
@@ -260,6 +269,19 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   assert in_place or lhs_rows % row_align == 0, lhs_gmem.shape
 
   def tile_info(linear):
+    """(group, tile_row, row_lo, row_hi, n_idx, steps, half) of tile
+    `linear` of the walk: its item's, and its column strip's. `half` is
+    None without halve_last_round; with it, None's stand-in (a tile of the
+    whole strip) is half=(False, 0), and a half tile of the last round is
+    (True, the half's first column past the strip's: 0 or cta_n / 2)."""
+    half = None
+    if config.halve_last_round:
+      halved = linear >= halves_from
+      past = linear - halves_from
+      linear = jnp.where(halved, halves_from + lax.div(past, index(2)),
+                         linear)
+      half = (halved, jnp.where(halved, lax.rem(past, index(2))
+                                * (cta_n // 2), index(0)))
     item, n_idx = tile_item(items_gmem, linear, num_items=num_items,
                             n_units=n_units, config=config)
     if config.cluster_columns:
@@ -270,7 +292,13 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     tile_row = schedule.tile_first_row(row_lo, row_align=row_align,
                                        lhs_rows=lhs_rows, tile_m=tile_m)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
-    return group, tile_row, row_lo, row_hi, n_idx, steps
+    return group, tile_row, row_lo, row_hi, n_idx, steps, half
+
+  def strip_col(n_idx, half):
+    """The first output column of a tile of column strip n_idx (`half` as
+    `tile_info` gives it)."""
+    col = n_idx * cta_n
+    return col if half is None else col + half[1]
 
   # With swap_ab: the first token row of each consumer's share of a tile
   # (with split_rows each consumer owns cons_m of the tile's rows).
@@ -297,14 +325,30 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                                else (out_smem, out_smem))
 
     def producer_tile(linear):
-      group, tile_row, _, row_hi, n_idx, steps = tile_info(linear)
+      group, tile_row, _, row_hi, n_idx, steps, half = tile_info(linear)
       weights = rhs_gmem.at[jnp.maximum(group, 0)]
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
       return (weights, tile_row, row_hi - tile_row,
-              pl.ds(n_idx * cta_n, cta_n), owner, steps)
+              pl.ds(strip_col(n_idx, half), cta_n), owner,
+              None if half is None else half[0], steps)
+
+    def load_half_weights(weights, depth, cols, slot, loaded):
+      """A half tile's weights (`cols`: from its first column): read
+      transposed, its columns are the stage's first cta_n / 2 rows.
+      Otherwise a column range of the stage is not contiguous in its tiled
+      layout, which the TMA needs, so the whole stage is loaded from its
+      first column (the second half reads into the next strip, or past the
+      padded columns, where the TMA fills zeros)."""
+      if transpose_rhs:
+        plgpu.copy_gmem_to_smem(
+            weights.at[pl.ds(cols.start, cta_n // 2), depth],
+            rhs_smem.at[slot, pl.ds(0, cta_n // 2)], loaded)
+      else:
+        plgpu.copy_gmem_to_smem(weights.at[depth, cols], rhs_smem.at[slot],
+                                loaded)
 
     def load_step(tile, kk, slot):
-      weights, tile_row, needed, cols, owner, _ = tile
+      weights, tile_row, needed, cols, owner, halved, _ = tile
       depth = pl.ds(kk * tile_k, tile_k)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
       if config.swap_ab:
@@ -322,13 +366,20 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             lhs_gmem.at[pl.ds(tile_row, tile_m), depth], lhs_loaded.at[slot],
             loaded,
             collective_axes="cluster" if config.cluster_columns else None)
-      plgpu.copy_gmem_to_smem(
+      load_whole = functools.partial(
+          plgpu.copy_gmem_to_smem,
           weights.at[cols, depth] if transpose_rhs
           else weights.at[depth, cols],
           rhs_smem.at[slot], loaded)
+      if halved is None:
+        load_whole()
+        return
+      pl.when(~halved)(load_whole)
+      pl.when(halved)(functools.partial(load_half_weights, weights, depth,
+                                        cols, slot, loaded))
 
     def producer():
-      run_producer(ring, num_tiles=num_tiles, steps=tile_steps,
+      run_producer(ring, num_tiles=walked, steps=tile_steps,
                    coords=producer_tile, load_step=load_step)
 
     def consumer(wg):
@@ -352,7 +403,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           plgpu.barrier_arrive(staging_free.at[1 - wg])
 
-      def mma_step(at, acc_ref, *, rows):
+      def mma_step(at, acc_ref, *, rows, cols=cons_n):
         if config.swap_ab:
           # acc (columns, tokens) += rhs^T (columns, depth) x lhs^T (depth,
           # tokens): the item's first `rows` token rows are wgmma's N.
@@ -364,9 +415,9 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                       lhs_smem.at[at.slot, pl.ds(wg_rows, rows), :].T)
           return
         if transpose_rhs:
-          b = rhs_smem.at[at.slot, pl.ds(wg_cols, cons_n), :].T
+          b = rhs_smem.at[at.slot, pl.ds(wg_cols, cols), :].T
         else:
-          b = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cons_n)]
+          b = rhs_smem.at[at.slot, :, pl.ds(wg_cols, cols)]
         plgpu.wgmma(acc_ref, lhs_smem.at[at.slot, pl.ds(wg_rows, rows), :],
                     b)
 
@@ -379,7 +430,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           plgpu.commit_smem_to_gmem_group()  # keep the slot count
 
       def tile(linear, first_step):
-        group, tile_row, row_lo, row_hi, n_idx, steps = tile_info(linear)
+        group, tile_row, row_lo, row_hi, n_idx, steps, half = tile_info(
+            linear)
         # With clusters and an odd strip count, the second CTA's last strip
         # lies past the output: its loads still run (the lhs multicast
         # needs both CTAs), its consumers compute nothing.
@@ -421,6 +473,16 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         if config.swap_ab:
           swapped_compute_and_store(has_work, linear, group, tile_row, row_lo,
                                     row_hi, n_idx, steps, first_step)
+        elif half is not None:
+          # halve_last_round: a half tile runs both consumers' rows at half
+          # their columns.
+          args = (linear, group, tile_row, row_lo, row_hi, n_idx, steps,
+                  first_step)
+          halved, _ = half
+          pl.when(has_work & ~halved)(
+              lambda: compute_and_store(*args, half=half))
+          pl.when(has_work & halved)(
+              lambda: compute_and_store(*args, cols=cons_n // 2, half=half))
         else:
           @pl.when(has_work)
           def _compute():
@@ -444,9 +506,14 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
 
       def multiply(group, steps, first_step, *, rows, acc_shape):
         """The tile's product over its first `rows` token rows, in an f32
-        accumulator of `acc_shape`, then the activation."""
+        accumulator of `acc_shape` (with swap_ab, columns by tokens; else
+        the first acc_shape[1] of the consumer's columns), then the
+        activation."""
+        mma = (functools.partial(mma_step, rows=rows) if config.swap_ab
+               or acc_shape[1] == cons_n else
+               functools.partial(mma_step, rows=rows, cols=acc_shape[1]))
         (acc,) = consume_ring(
-            my_ring, functools.partial(mma_step, rows=rows),
+            my_ring, mma,
             first_step=first_step, steps=steps,
             accumulators=[plgpu.ACC(acc_shape, jnp.float32)])
         if activation is not None:
@@ -485,11 +552,15 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         hand_over_staging()
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
-                            steps, first_step, rows=cons_m):
+                            steps, first_step, rows=cons_m, cols=cons_n,
+                            half=None):
         """Multiplies and stores the first `rows` rows of this consumer's
-        tile (all cons_m, or the SHORT_ITEM_ROWS holding a short item)."""
+        tile (all cons_m, or the SHORT_ITEM_ROWS holding a short item), and
+        its first `cols` columns (all cons_n, or with halve_last_round
+        half, from `half`'s column); the stores past them are empty bulk
+        groups, so that the staging slots keep their order."""
         acc = multiply(group, steps, first_step, rows=rows,
-                       acc_shape=(rows, cons_n))
+                       acc_shape=(rows, cols))
         block_rows = min(epi_m, rows)
         blocks = rows // block_rows
         take_staging()
@@ -502,9 +573,14 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           first_row = jnp.clip(row_lo - row0, 0, block_rows)
           num_rows = jnp.clip(row_hi - row0, 0, block_rows) - first_row
           col0 = n_idx * cta_n + wg_cols
+          if half is not None:
+            col0 = col0 + half[1]
           block = (acc if blocks == 1
                    else acc[ei * block_rows:(ei + 1) * block_rows])
           for ej in range(stores):
+            if ej * epi_n >= cols:
+              plgpu.commit_smem_to_gmem_group()  # keep the slots' order
+              continue
             slot = output_slot(linear, ei * stores + ej, blocks * stores,
                                out_slots, ping_pong=config.ping_pong)
             part = block[:, ej * epi_n:(ej + 1) * epi_n]
@@ -529,12 +605,12 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       if config.shared_staging:
         # The CTA's first tile is consumer 0's.
         pl.when(wg == 1)(lambda: plgpu.barrier_arrive(staging_free.at[0]))
-      for_each_tile(num_tiles, tile, index(0))
+      for_each_tile(walked, tile, index(0))
       if config.shared_staging:
         # The last hand-over went to the consumer whose turn the next tile
         # would be: it observes it, so that no barrier phase is left
         # unobserved.
-        next_turn = lax.rem(tiles_of_this_cta(num_tiles),
+        next_turn = lax.rem(tiles_of_this_cta(walked),
                             index(NUM_CONSUMERS))
         pl.when(next_turn == wg)(
             lambda: plgpu.barrier_wait(staging_free.at[wg]))
@@ -641,7 +717,10 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
                         swizzled_staging=swizzled_staging,
                         in_place=in_place),
       out_type=out_type,
-      grid=(max(1, min(num_ctas_for(params) // cluster_size, max_tiles)),),
+      # With halve_last_round a walk of fewer tiles than CTAs may halve
+      # them all, onto twice as many CTAs.
+      grid=(max(1, min(num_ctas_for(params) // cluster_size,
+                       max_tiles * (2 if config.halve_last_round else 1))),),
       interpret=params,
       **(dict(cluster=(cluster_size,), cluster_names=("cluster",))
          if config.cluster_columns else {}))

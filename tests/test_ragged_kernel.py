@@ -1088,6 +1088,20 @@ def test_rows_halve_last_round_lowers_for_cuda(transpose):
   _lower_for_cuda(problem, dataclasses.replace(config, halve_last_round=True))
 
 
+@pytest.mark.parametrize("layer", ["granite3_1b_t4096_up", "dbrx_t3001_down",
+                                   "deepseek_v3_up", "qwen3_30b_a3b_up"])
+def test_heuristic_halves_the_split_tiles_last_round(layer):
+  """The split 128-row tile halves a short last round; the turns, the
+  transposed tiles and the 64-row tile do not have the option."""
+  layers = {l.name: l for ls in arg_specs.SUITES.values() for l in ls}
+  for direction in ("forward", "dlhs"):
+    problem = arg_specs.MoeCase(layers[layer], "even", direction).problem
+    config = mosaic.heuristic(problem, HOPPER)
+    assert config.halve_last_round == (
+        config.split_rows and config.tile_m == 128 and not config.swap_ab)
+    assert config.halve_last_round == (layer != "qwen3_30b_a3b_up")
+
+
 def test_halve_last_round_is_checked():
   with pytest.raises(ValueError, match="halve_last_round needs split_rows"):
     dataclasses.replace(SMALL, halve_last_round=True)
@@ -1979,7 +1993,8 @@ def test_rows_clusters_lower_for_cuda(transpose):
       config = dataclasses.replace(
           config, swap_ab=False, tile_m=128, shared_staging=False,
           **(dict(tile_n=128) if config.split_rows else {}))
-    config = dataclasses.replace(config, cluster_columns=True)
+    config = dataclasses.replace(config, cluster_columns=True,
+                                 halve_last_round=False)
     assert config.fits(problem)
     _lower_for_cuda(problem, config)
 

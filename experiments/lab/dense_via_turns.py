@@ -58,10 +58,12 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem  # noqa: E402
 #: The turn-taking tile the grouped GEMM's heuristic runs for experts of a
 #: few row items, over its config for the shape (the ring then as deep as
 #: fits: `ragged_profile_case.config_with_fields`).
-TURNS = "ping_pong=true,tile_m=128,tile_n=128,split_rows=false"
+TURNS = ("ping_pong=true,tile_m=128,tile_n=128,split_rows=false,"
+         "halve_last_round=false")
 #: The interpret-mode shape on a CPU (BxMxNxK) and its small tile.
 CPU_SHAPE = (2, 80, 128, 64)
-CPU_TURNS = "ping_pong=true,tile_m=64,tile_n=64,split_rows=false"
+CPU_TURNS = ("ping_pong=true,tile_m=64,tile_n=64,split_rows=false,"
+             "halve_last_round=false")
 #: Rows checked per checked batch entry.
 CHECKED_ROWS = 64
 

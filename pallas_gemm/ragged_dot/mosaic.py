@@ -271,9 +271,9 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   def tile_info(linear):
     """(group, tile_row, row_lo, row_hi, n_idx, steps, half) of tile
     `linear` of the walk: its item's, and its column strip's. `half` is
-    None without halve_last_round; with it, None's stand-in (a tile of the
-    whole strip) is half=(False, 0), and a half tile of the last round is
-    (True, the half's first column past the strip's: 0 or cta_n / 2)."""
+    None without halve_last_round; with it, (whether the tile is half of
+    a last-round tile, its first column within the strip: 0, or cta_n / 2
+    for a second half)."""
     half = None
     if config.halve_last_round:
       halved = linear >= halves_from

@@ -257,8 +257,10 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   if config.halve_last_round:
     num_ctas = index(lax.axis_size("sm"))
     last_round = lax.rem(num_tiles, num_ctas)
-    halved = jnp.where(2 * last_round <= num_ctas, last_round, index(0))
-    halves_from, walked = num_tiles - halved, num_tiles + halved
+    halved_tiles = jnp.where(2 * last_round <= num_ctas, last_round,
+                             index(0))
+    halves_from = num_tiles - halved_tiles
+    walked = num_tiles + halved_tiles
 
   # Each tile starts on a whole row tile of lhs's swizzled layout, or is
   # held back to lhs's last tile_m rows (`schedule.tile_first_row`): then
@@ -509,11 +511,10 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
         accumulator of `acc_shape` (with swap_ab, columns by tokens; else
         the first acc_shape[1] of the consumer's columns), then the
         activation."""
-        mma = (functools.partial(mma_step, rows=rows) if config.swap_ab
-               or acc_shape[1] == cons_n else
-               functools.partial(mma_step, rows=rows, cols=acc_shape[1]))
         (acc,) = consume_ring(
-            my_ring, mma,
+            my_ring, functools.partial(
+                mma_step, rows=rows,
+                **({} if config.swap_ab else dict(cols=acc_shape[1]))),
             first_step=first_step, steps=steps,
             accumulators=[plgpu.ACC(acc_shape, jnp.float32)])
         if activation is not None:

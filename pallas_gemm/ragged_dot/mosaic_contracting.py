@@ -208,7 +208,7 @@ def _contracting_body(groups_gmem, lhs_gmem, dout_gmem, *refs,
     entry = schedule.read_entry(groups_gmem, g)
     row_lo, row_hi, first_row, steps = entry[:4]
     if config.reorders_entries:  # the output group comes last
-      g = entry[4]
+      g = entry[schedule.GROUP_OUTPUT]
     return g, k_idx, n_idx, row_lo, row_hi, first_row, steps
 
   first_pieces = out_gmem.shape[0]

@@ -32,6 +32,10 @@ from pallas_gemm.problem import cdiv
 #: Rows of the "contracting"-mode group table: the group's rows [lo, hi),
 #: the first row of its first chunk, and its chunk count.
 GROUP_ROW_LO, GROUP_ROW_HI, GROUP_FIRST_ROW, GROUP_CHUNKS = range(4)
+#: The row a reordered table (`largest_first`, `empty_last`,
+#: `contracting_pieces(cut_groups_first=True)`) adds: each entry's output
+#: group.
+GROUP_OUTPUT = 4
 #: Rows of the table of pieces beyond the groups' first (`contracting_pieces`).
 EXTRA_GROUP, EXTRA_FIRST, EXTRA_COUNT = range(3)
 
@@ -333,7 +337,7 @@ def entry_counts(table, groups: int):
   (the fifth row where the table has one, else the entry's column), so
   that any order of the entries gives the same counts."""
   chunks = table[GROUP_CHUNKS]
-  output = (table[4] if table.shape[0] > 4
+  output = (table[GROUP_OUTPUT] if table.shape[0] > GROUP_OUTPUT
             else jnp.arange(table.shape[1], dtype=jnp.int32))
   return jnp.stack([jnp.sum((chunks == 0) & (output < groups),
                             dtype=jnp.int32),

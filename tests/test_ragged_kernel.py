@@ -300,6 +300,15 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           out_slots=1, swizzled_staging=True, swap_ab=True,
                           shared_staging=True)),
+    # ... and at widths in steps of 8 (`fine_token_widths`): a 273-row
+    # group is items of 96, 96 and 81 rows (the last run at 88, not 96),
+    # a 41-row group one item at 48 (not 64), a 7-row one at 8 (not 16);
+    # rhs read transposed, silu.
+    (420, 64, 128, [273, 0, 41, 7], 5, "bfloat16", "bfloat16", True, "silu",
+     RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
+                  grid_band=2, ping_pong=True, out_slots=1,
+                  swizzled_staging=True, swap_ab=True, shared_staging=True,
+                  fine_token_widths=True)),
     # Turns at 128 x 128 with short items and a shared staging buffer of
     # two slots, plain rows (a float32 output): an even number of tiles
     # per CTA.
@@ -326,15 +335,15 @@ ROWS_IDS = ["odd_sizes", "transposed_offset_f16", "one_group", "eight_groups",
             "swap_ab_split_columns", "swap_ab_ping_pong",
             "swap_ab_split_rows", "swap_ab_ping_pong_192",
             "swap_ab_ping_pong_144", "swap_ab_shared_staging",
-            "swap_ab_wide_columns", "ping_pong_shared_staging",
-            "work_list_kernel"]
+            "swap_ab_wide_columns", "swap_ab_fine_widths",
+            "ping_pong_shared_staging", "work_list_kernel"]
 #: The cases the CPU interpreter also race-checks (it costs time): one of
 #: each way the consumers share a tile, turns, short items and clusters.
 RACE_CHECKED_ROWS = {"odd_sizes", "short_items_split_rows", "ping_pong",
                      "ping_pong_short_items", "cluster_ping_pong",
                      "swap_ab_split_columns", "swap_ab_split_rows",
                      "swap_ab_shared_staging", "swap_ab_wide_columns",
-                     "ping_pong_shared_staging"}
+                     "swap_ab_fine_widths", "ping_pong_shared_staging"}
 
 
 def _named(ids, cases):
@@ -1857,6 +1866,9 @@ def test_swap_ab_options():
   with pytest.raises(ValueError, match="swap_ab needs a consumer accumulator"):
     RaggedConfig(tile_m=128, tile_n=256, swap_ab=True, swizzled_staging=True)
   assert configs.swap_ab_widths(128) == (128, 112, 96, 80, 64, 48, 32, 16)
+  assert configs.swap_ab_widths(128, fine=True) == tuple(range(128, 0, -8))
+  with pytest.raises(ValueError, match="fine_token_widths needs swap_ab"):
+    RaggedConfig(tile_m=128, tile_n=64, fine_token_widths=True)
   assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
   # 192 tokens: a turn-taking swap_ab consumer only, up to 128 columns.
   assert configs.swap_ab_widths(192) == tuple(range(192, 0, -16))
@@ -1921,6 +1933,9 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
                  dict(ping_pong=True, tile_m=144, shared_staging=True),
                  dict(ping_pong=True, tile_m=192, shared_staging=True),
                  dict(ping_pong=True, tile_n=192, shared_staging=True),
+                 dict(ping_pong=True, fine_token_widths=True),
+                 dict(ping_pong=True, tile_m=192, shared_staging=True,
+                      fine_token_widths=True),
                  dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):

@@ -300,7 +300,7 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           out_slots=1, swizzled_staging=True, swap_ab=True,
                           shared_staging=True)),
-    # ... and at widths in steps of 8 (`fine_token_widths`): a 273-row
+    # ... and at widths in steps of 8 (`token_width_step`): a 273-row
     # group is items of 96, 96 and 81 rows (the last run at 88, not 96),
     # a 41-row group one item at 48 (not 64), a 7-row one at 8 (not 16);
     # rhs read transposed, silu.
@@ -308,7 +308,7 @@ ROWS_CASES = [
      RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
                   grid_band=2, ping_pong=True, out_slots=1,
                   swizzled_staging=True, swap_ab=True, shared_staging=True,
-                  fine_token_widths=True)),
+                  token_width_step=8)),
     # Turns at 128 x 128 with short items and a shared staging buffer of
     # two slots, plain rows (a float32 output): an even number of tiles
     # per CTA.
@@ -1866,9 +1866,10 @@ def test_swap_ab_options():
   with pytest.raises(ValueError, match="swap_ab needs a consumer accumulator"):
     RaggedConfig(tile_m=128, tile_n=256, swap_ab=True, swizzled_staging=True)
   assert configs.swap_ab_widths(128) == (128, 112, 96, 80, 64, 48, 32, 16)
-  assert configs.swap_ab_widths(128, fine=True) == tuple(range(128, 0, -8))
-  with pytest.raises(ValueError, match="fine_token_widths needs swap_ab"):
-    RaggedConfig(tile_m=128, tile_n=64, fine_token_widths=True)
+  assert configs.swap_ab_widths(128, 8) == tuple(range(128, 0, -8))
+  assert configs.swap_ab_widths(144, 32) == (144, 112, 80, 48, 16)
+  with pytest.raises(ValueError, match="token_width_step=8 needs swap_ab"):
+    RaggedConfig(tile_m=128, tile_n=64, token_width_step=8)
   assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
   # 192 tokens: a turn-taking swap_ab consumer only, up to 128 columns.
   assert configs.swap_ab_widths(192) == tuple(range(192, 0, -16))
@@ -1933,9 +1934,9 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
                  dict(ping_pong=True, tile_m=144, shared_staging=True),
                  dict(ping_pong=True, tile_m=192, shared_staging=True),
                  dict(ping_pong=True, tile_n=192, shared_staging=True),
-                 dict(ping_pong=True, fine_token_widths=True),
-                 dict(ping_pong=True, tile_m=192, shared_staging=True,
-                      fine_token_widths=True),
+                 dict(ping_pong=True, token_width_step=8),
+                 dict(ping_pong=True, tile_m=144, shared_staging=True,
+                      token_width_step=32),
                  dict(ping_pong=False, split_rows=False, tile_n=128),
                  dict(ping_pong=False, split_rows=True, tile_m=256,
                       tile_n=64)):

@@ -224,15 +224,15 @@ One `RaggedConfig` serves both modes; the fields mean:
                128 x 128 f32 (128 x 192 as above) and swizzled_staging (so
                a 16-bit output), and excludes short_items, cluster_columns
                and epi_tile_m.
-    fine_token_widths
-               with swap_ab, the static token widths step by 8 rows
-               (wgmma's N step, one tile of lhs's swizzled rows) instead of
-               an eighth of the consumer's tokens, so that an item pads its
-               rows to the next 8 rather than the next 16 (at 128 tokens):
-               a 273-row group's third item of 81 rows runs at 88, not 96.
-               Each width is a copy of the main loop, the epilogue and the
-               producer's lhs load, so this doubles them (a "rows"-mode
-               option).
+    token_width_step
+               with swap_ab, the step between the static token widths: 0
+               (the default) is an eighth of the consumer's tokens (a
+               power of two, at least 8: 16 at 128 tokens); 8 is wgmma's N
+               step (an item pads its rows to the next 8: a 273-row
+               group's third item of 81 rows runs at 88, not 96); 32 or 64
+               pad more and keep fewer widths. Each width is a copy of the
+               main loop, the epilogue and the producer's lhs load (a
+               "rows"-mode option).
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -376,17 +376,17 @@ ACCUMULATOR_MAX_ELEMS = 128 * 128
 TURN_TILE_MAX_ELEMS = 128 * SWAP_AB_MAX_TOKENS
 
 
-def swap_ab_widths(tile_m: int, fine: bool = False) -> tuple[int, ...]:
+def swap_ab_widths(tile_m: int, step: int = 0) -> tuple[int, ...]:
   """The static token widths of a `RaggedConfig.swap_ab` tile, widest
-  first: the multiples of a step up to tile_m, the step the power of two
-  at or below tile_m / SWAP_AB_WIDTHS (at least SWAP_AB_MIN_WIDTH), so
-  that a 192-token tile also has the 128- and 144-token widths. Each is a
-  copy of the main loop, the epilogue and the producer's lhs load, so the
-  list stays short; an item runs the narrowest that holds its rows. With
-  `fine` (`RaggedConfig.fine_token_widths`) the step is SWAP_AB_MIN_WIDTH."""
-  step = (SWAP_AB_MIN_WIDTH if fine else
-          power_of_two_at_most(max(tile_m // SWAP_AB_WIDTHS,
-                                   SWAP_AB_MIN_WIDTH)))
+  first: the multiples of a step up to tile_m. The step is `step`
+  (`RaggedConfig.token_width_step`) or by default the power of two at or
+  below tile_m / SWAP_AB_WIDTHS (at least SWAP_AB_MIN_WIDTH), so that a
+  192-token tile also has the 128- and 144-token widths. Each is a copy of
+  the main loop, the epilogue and the producer's lhs load, so the list
+  stays short; an item runs the narrowest that holds its rows."""
+  if not step:
+    step = power_of_two_at_most(max(tile_m // SWAP_AB_WIDTHS,
+                                    SWAP_AB_MIN_WIDTH))
   return tuple(range(tile_m, 0, -step))
 
 
@@ -424,7 +424,7 @@ MODE_ONLY_OPTIONS = {
         "shared_staging": "stages each consumer's tiles in its own buffer",
         "halve_last_round": "cuts a group's long reductions into pieces "
                             "instead (piece_rows)",
-        "fine_token_widths": "multiplies whole chunks of token rows",
+        "token_width_step": "multiplies whole chunks of token rows",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -497,7 +497,9 @@ class RaggedConfig:
   spread_zero_tiles: bool = False
   zero_tiles_evict_first: bool = False
   halve_last_round: bool = False
-  fine_token_widths: bool = False
+  token_width_step: int = checked(0, one_of(0, 8, 16, 32, 64).because(
+      "0 for an eighth of the consumer's tokens, else a multiple of "
+      "wgmma's N step (8)"))
 
   def __post_init__(self):
     validate(self)
@@ -636,10 +638,11 @@ class RaggedConfig:
                                 "epi_tile_m"),
                     ": the transposed tile's token rows are wgmma's N, "
                     "which swap_ab narrows to each item's rows itself")
-    if self.fine_token_widths and not self.swap_ab:
-      raise ValueError("RaggedConfig.fine_token_widths needs swap_ab=True "
-                       "(the token widths are wgmma's N only in a "
-                       "transposed tile)")
+    if self.token_width_step and not self.swap_ab:
+      raise ValueError(f"RaggedConfig.token_width_step="
+                       f"{self.token_width_step} needs swap_ab=True (the "
+                       f"token widths are wgmma's N only in a transposed "
+                       f"tile)")
     if self.narrow_last_strip and self.cluster_columns:
       raise ValueError("RaggedConfig.narrow_last_strip excludes "
                        "cluster_columns (a cluster's two CTAs run "

@@ -21,6 +21,13 @@ Cases: fp8_block_g2, fp8_block_g1, fp8_tensor, fp8_tensor_64x128 (per
 tensor, on the block-wise heuristic's tile: the difference to fp8_block_g2 is
 what promotion costs), bf16_ws, ragged_qwen. `--case NAME` compiles and runs
 one case without dumping: `mosaic_ncu.sh` profiles it so.
+
+`--ragged "LABEL|FIELDS;..."` compiles grouped-GEMM cases instead: a `moe`
+case label and RaggedConfig fields over the heuristic's (as in a
+`ragged_pairs` plan line; empty fields for the heuristic's own), e.g.
+`--ragged "qwen3_30b_a3b_down even forward|;qwen3_30b_a3b_down even
+forward|token_width_step=64"`. Each digest also gives the kernel's static
+SASS instruction count, which is what the instruction cache holds.
 """
 
 from __future__ import annotations
@@ -84,6 +91,15 @@ def _compile_case(name: str):
     sizes = jnp.full((groups,), tokens // groups, jnp.int32)
     sizes = sizes.at[0].add(tokens - int(sizes.sum()))
     out = pallas_gemm.ragged_dot(lhs, rhs, sizes, kernel="mosaic")
+  elif name.startswith("ragged|"):
+    from experiments import bench_moe
+    from experiments.lab.ragged_profile_case import _call, find_case
+    _, label, fields = name.split("|")
+    case = find_case(label)
+    fn, _ = _call(case.problem, "mosaic", fields)
+    operands = bench_moe.operand_sets(case.problem, case.group_sizes(), 1,
+                                      case.seed)[0]
+    out = fn(*operands)
   else:
     raise ValueError(f"unknown case {name!r}; known: {CASES}")
   jax.block_until_ready(out)
@@ -100,14 +116,18 @@ def _digest(folder: pathlib.Path, stdout_text: str) -> str:
           and ("serial" in low or "warning" in low) or "warning" in low):
         lines.append("  ptxas: " + line.strip()[:300])
   counts = collections.Counter()
+  total = 0
   for path in sorted(folder.rglob("*")):
     if not path.is_file():
       continue
     for line in path.read_text(errors="replace").splitlines():
       match = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)",
                        line)
+      if match:
+        total += 1
       if match and match.group(2).split(".")[0] in OPCODES:
         counts[match.group(2).split(".")[0]] += 1
+  lines.append(f"  SASS instructions: {total}")
   lines.append("  SASS opcodes: " + ", ".join(
       f"{op} {counts[op]}" for op in OPCODES if counts[op]))
   files = [p.name for p in sorted(folder.rglob("*")) if p.is_file()]
@@ -120,6 +140,9 @@ def main():
   parser.add_argument("--out")
   parser.add_argument("--cases", default=",".join(CASES))
   parser.add_argument("--case", help="compile and run this one case here")
+  parser.add_argument("--ragged", default="", help=(
+      "';'-separated grouped-GEMM cases, each 'moe case label|RaggedConfig "
+      "fields', instead of --cases"))
   args = parser.parse_args()
   if args.case:
     _compile_case(args.case)
@@ -128,8 +151,10 @@ def main():
   if not args.out:
     parser.error("--out is required")
   root = pathlib.Path(args.out)
-  for name in args.cases.split(","):
-    folder = root / name
+  names = ([f"ragged|{entry}" for entry in args.ragged.split(";")]
+           if args.ragged else args.cases.split(","))
+  for name in names:
+    folder = root / re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_SASS="1",
                MOSAIC_GPU_DUMP_TO=str(folder))

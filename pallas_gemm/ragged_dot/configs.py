@@ -233,6 +233,14 @@ One `RaggedConfig` serves both modes; the fields mean:
                pad more and keep fewer widths. Each width is a copy of the
                main loop, the epilogue and the producer's lhs load (a
                "rows"-mode option).
+    store_row_chunk
+               how a tile's rows of one item reach the output: 0 (the
+               default) is a ladder of TMA stores, one per binary digit of
+               the row count (each a copy in the code, per staged store and
+               per swap_ab token width); 8, 16 or 32 is a loop of boxes of
+               that many rows, then a loop of single rows: two stores in
+               the code, so a smaller kernel, at up to chunk - 1 more
+               stores issued (a "rows"-mode option).
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -425,6 +433,7 @@ MODE_ONLY_OPTIONS = {
         "halve_last_round": "cuts a group's long reductions into pieces "
                             "instead (piece_rows)",
         "token_width_step": "multiplies whole chunks of token rows",
+        "store_row_chunk": "stores whole tiles",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -497,6 +506,9 @@ class RaggedConfig:
   spread_zero_tiles: bool = False
   zero_tiles_evict_first: bool = False
   halve_last_round: bool = False
+  store_row_chunk: int = checked(0, one_of(0, 8, 16, 32).because(
+      "0 for the ladder of power-of-two stores, else boxes of whole 8-row "
+      "tiles"))
   token_width_step: int = checked(0, one_of(0, 8, 16, 32, 64).because(
       "0 for an eighth of the consumer's tokens, else a multiple of "
       "wgmma's N step (8)"))

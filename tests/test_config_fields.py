@@ -53,7 +53,7 @@ _INVALID_FIELDS = {
         "narrow_last_strip": (1,), "spread_zero_tiles": (1,),
         "zero_tiles_evict_first": (1,), "halve_last_round": (1,),
         "token_width_step": (4, 8.0),
-        "store_row_chunk": (4, 64, 8.0)},
+        "min_token_width": (8, 128, 64.0)},
     TritonConfig: {
         "block_k": (24, 32.0), "num_warps": (3,), "split_k": (0,),
         "programs_per_sm": (9,), "k_major": (1,)},

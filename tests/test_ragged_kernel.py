@@ -300,16 +300,15 @@ ROWS_CASES = [
                           epi_tile_n=64, grid_band=2, ping_pong=True,
                           out_slots=1, swizzled_staging=True, swap_ab=True,
                           shared_staging=True)),
-    # ... and at widths in steps of 8 (`token_width_step`): a 273-row
-    # group is items of 96, 96 and 81 rows (the last run at 88, not 96),
-    # a 41-row group one item at 48 (not 64), a 7-row one at 8 (not 16);
-    # the rows stored as loops of 16-row boxes and single rows
-    # (`store_row_chunk`); rhs read transposed, silu.
+    # ... and at widths in steps of 8 (`token_width_step`) from 48 up
+    # (`min_token_width`): a 273-row group is items of 96, 96 and 81 rows
+    # (the last run at 88, not 96), a 41-row group one item at 48 (not
+    # 64), a 7-row one at the narrowest, 48; rhs read transposed, silu.
     (420, 64, 128, [273, 0, 41, 7], 5, "bfloat16", "bfloat16", True, "silu",
      RaggedConfig(tile_m=128, tile_n=64, tile_k=64, stages=2, epi_tile_n=64,
                   grid_band=2, ping_pong=True, out_slots=1,
                   swizzled_staging=True, swap_ab=True, shared_staging=True,
-                  token_width_step=8, store_row_chunk=16)),
+                  token_width_step=8, min_token_width=48)),
     # Turns at 128 x 128 with short items and a shared staging buffer of
     # two slots, plain rows (a float32 output): an even number of tiles
     # per CTA.
@@ -1072,24 +1071,17 @@ HALVE_LAST_ROUND_CASES = [
     (150, 128, 300, [30, 0, 70, 20], 5, "float16", "float16", True, "silu"),
     # An even tile count: nothing halved.
     (130, 64, 256, [0, 130, 0], 0, "bfloat16", "bfloat16", False, None),
-    # The first case's rows stored as loops of 8-row boxes and single rows
-    # (`store_row_chunk`): a 70-row item is 8 boxes and 6 rows, each half
-    # tile's share of it too.
-    (200, 72, 100, [70, 0, 130], 0, "bfloat16", "float32", False, None,
-     dict(store_row_chunk=8)),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(HALVE_LAST_ROUND_CASES)),
-                         ids=["odd", "transposed_past_n", "even",
-                              "odd_row_chunks"])
+                         ids=["odd", "transposed_past_n", "even"])
 def test_rows_halve_last_round(case):
-  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act, *fields = (
+  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act = (
       HALVE_LAST_ROUND_CASES[case])
   problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
                           transpose_rhs=transpose, activation=act)
-  _run(problem, sizes, row_offset=offset,
-       config=dataclasses.replace(HALVED_ROUND, **(fields or [{}])[0]),
+  _run(problem, sizes, row_offset=offset, config=HALVED_ROUND,
        detect_races=case == 0)
 
 
@@ -1103,7 +1095,6 @@ def test_rows_halve_last_round_lowers_for_cuda(transpose):
   config = mosaic.heuristic(problem, HOPPER)
   assert config.split_rows and not config.swap_ab
   _lower_for_cuda(problem, dataclasses.replace(config, halve_last_round=True))
-  _lower_for_cuda(problem, dataclasses.replace(config, store_row_chunk=16))
 
 
 @pytest.mark.parametrize("layer", ["granite3_1b_t4096_up", "dbrx_t3001_down",
@@ -1877,6 +1868,10 @@ def test_swap_ab_options():
   assert configs.swap_ab_widths(128) == (128, 112, 96, 80, 64, 48, 32, 16)
   assert configs.swap_ab_widths(128, 8) == tuple(range(128, 0, -8))
   assert configs.swap_ab_widths(144, 32) == (144, 112, 80, 48, 16)
+  assert configs.swap_ab_widths(128, 0, 64) == (128, 112, 96, 80, 64)
+  assert configs.swap_ab_widths(64, 0, 64) == (64,)
+  with pytest.raises(ValueError, match="min_token_width=64 needs swap_ab"):
+    RaggedConfig(tile_m=128, tile_n=64, min_token_width=64)
   with pytest.raises(ValueError, match="token_width_step=8 needs swap_ab"):
     RaggedConfig(tile_m=128, tile_n=64, token_width_step=8)
   assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
@@ -1944,7 +1939,7 @@ def test_rows_swap_ab_lowers_for_cuda(transpose):
                  dict(ping_pong=True, tile_m=192, shared_staging=True),
                  dict(ping_pong=True, tile_n=192, shared_staging=True),
                  dict(ping_pong=True, token_width_step=8),
-                 dict(ping_pong=True, store_row_chunk=8),
+                 dict(ping_pong=True, min_token_width=64),
                  dict(ping_pong=True, tile_m=144, shared_staging=True,
                       token_width_step=32),
                  dict(ping_pong=False, split_rows=False, tile_n=128),

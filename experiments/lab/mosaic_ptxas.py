@@ -26,8 +26,9 @@ one case without dumping: `mosaic_ncu.sh` profiles it so.
 case label and RaggedConfig fields over the heuristic's (as in a
 `ragged_pairs` plan line; empty fields for the heuristic's own), e.g.
 `--ragged "qwen3_30b_a3b_down even forward|;qwen3_30b_a3b_down even
-forward|token_width_step=64"`. Each digest also gives the kernel's static
-SASS instruction count, which is what the instruction cache holds.
+forward|token_width_step=64"`. Each digest also gives the kernel's PTX
+line count and its static SASS instruction count (where a SASS dump is
+written), a measure of what the instruction cache holds.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def _digest(folder: pathlib.Path, stdout_text: str) -> str:
         total += 1
       if match and match.group(2).split(".")[0] in OPCODES:
         counts[match.group(2).split(".")[0]] += 1
-  lines.append(f"  SASS instructions: {total}")
+  ptx_lines = sum(len(p.read_text(errors="replace").splitlines())
+                  for p in folder.rglob("*.ptx"))
+  lines.append(f"  PTX lines: {ptx_lines}; SASS instructions: {total}")
   lines.append("  SASS opcodes: " + ", ".join(
       f"{op} {counts[op]}" for op in OPCODES if counts[op]))
   files = [p.name for p in sorted(folder.rglob("*")) if p.is_file()]

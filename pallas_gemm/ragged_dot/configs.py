@@ -233,14 +233,13 @@ One `RaggedConfig` serves both modes; the fields mean:
                pad more and keep fewer widths. Each width is a copy of the
                main loop, the epilogue and the producer's lhs load (a
                "rows"-mode option).
-    store_row_chunk
-               how a tile's rows of one item reach the output: 0 (the
-               default) is a ladder of TMA stores, one per binary digit of
-               the row count (each a copy in the code, per staged store and
-               per swap_ab token width); 8, 16 or 32 is a loop of boxes of
-               that many rows, then a loop of single rows: two stores in
-               the code, so a smaller kernel, at up to chunk - 1 more
-               stores issued (a "rows"-mode option).
+    min_token_width
+               with swap_ab, the narrowest static token width (0: the
+               step): an item of fewer rows runs at it. Below about 64
+               tokens a turn loads more weight bytes per flop than the SM
+               takes in at the tensor cores' rate, so a narrower wgmma
+               saves little, while each width is a copy of the loop (a
+               "rows"-mode option).
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -384,18 +383,22 @@ ACCUMULATOR_MAX_ELEMS = 128 * 128
 TURN_TILE_MAX_ELEMS = 128 * SWAP_AB_MAX_TOKENS
 
 
-def swap_ab_widths(tile_m: int, step: int = 0) -> tuple[int, ...]:
+def swap_ab_widths(tile_m: int, step: int = 0,
+                   narrowest: int = 0) -> tuple[int, ...]:
   """The static token widths of a `RaggedConfig.swap_ab` tile, widest
-  first: the multiples of a step up to tile_m. The step is `step`
+  first: the multiples of a step up to tile_m, from `narrowest`
+  (`RaggedConfig.min_token_width`) up. The step is `step`
   (`RaggedConfig.token_width_step`) or by default the power of two at or
   below tile_m / SWAP_AB_WIDTHS (at least SWAP_AB_MIN_WIDTH), so that a
   192-token tile also has the 128- and 144-token widths. Each is a copy of
   the main loop, the epilogue and the producer's lhs load, so the list
-  stays short; an item runs the narrowest that holds its rows."""
+  stays short; an item runs the narrowest that holds its rows (or the
+  narrowest of all)."""
   if not step:
     step = power_of_two_at_most(max(tile_m // SWAP_AB_WIDTHS,
                                     SWAP_AB_MIN_WIDTH))
-  return tuple(range(tile_m, 0, -step))
+  return tuple(w for w in range(tile_m, 0, -step)
+               if w >= min(narrowest, tile_m)) or (tile_m,)
 
 
 def _balanced_items(rows: int, tile_m: int) -> tuple[int, int]:
@@ -433,7 +436,7 @@ MODE_ONLY_OPTIONS = {
         "halve_last_round": "cuts a group's long reductions into pieces "
                             "instead (piece_rows)",
         "token_width_step": "multiplies whole chunks of token rows",
-        "store_row_chunk": "stores whole tiles",
+        "min_token_width": "multiplies whole chunks of token rows",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -506,9 +509,9 @@ class RaggedConfig:
   spread_zero_tiles: bool = False
   zero_tiles_evict_first: bool = False
   halve_last_round: bool = False
-  store_row_chunk: int = checked(0, one_of(0, 8, 16, 32).because(
-      "0 for the ladder of power-of-two stores, else boxes of whole 8-row "
-      "tiles"))
+  min_token_width: int = checked(0, one_of(0, 16, 32, 48, 64).because(
+      "0 for the step, else multiples of 16 up to the 128-token tile's "
+      "half"))
   token_width_step: int = checked(0, one_of(0, 8, 16, 32, 64).because(
       "0 for an eighth of the consumer's tokens, else a multiple of "
       "wgmma's N step (8)"))
@@ -650,11 +653,11 @@ class RaggedConfig:
                                 "epi_tile_m"),
                     ": the transposed tile's token rows are wgmma's N, "
                     "which swap_ab narrows to each item's rows itself")
-    if self.token_width_step and not self.swap_ab:
-      raise ValueError(f"RaggedConfig.token_width_step="
-                       f"{self.token_width_step} needs swap_ab=True (the "
-                       f"token widths are wgmma's N only in a transposed "
-                       f"tile)")
+    for option in ("token_width_step", "min_token_width"):
+      if getattr(self, option) and not self.swap_ab:
+        raise ValueError(f"RaggedConfig.{option}={getattr(self, option)} "
+                         f"needs swap_ab=True (the token widths are wgmma's "
+                         f"N only in a transposed tile)")
     if self.narrow_last_strip and self.cluster_columns:
       raise ValueError("RaggedConfig.narrow_last_strip excludes "
                        "cluster_columns (a cluster's two CTAs run "

@@ -153,35 +153,13 @@ def output_slot(linear, store, stores_per_tile: int, out_slots: int, *,
 
 
 def store_rows(out_smem, out_gmem, *, row0, first_row, num_rows, max_rows,
-               cols, chunk: int = 0):
+               cols):
   """TMA-stores rows [first_row, first_row + num_rows) of `out_smem` (an
   un-swizzled (max_rows, width) tile) to rows row0 + those of `out_gmem`,
   leaving the others untouched: one store per binary digit of num_rows
   (largest first), as a TMA box has a static size. Commits one bulk group.
   The first store is the largest power of two at most max_rows (a 192-row
-  tile's binary digits run from 128). With `chunk` (`RaggedConfig.
-  store_row_chunk`), a loop of chunk-row boxes, then one of single rows:
-  two stores in the code instead of one per digit."""
-  if chunk:
-    whole = lax.div(num_rows, index(chunk))
-
-    @pl.loop(0, whole)
-    def _chunks(i):
-      offset = first_row + i * chunk
-      plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(offset, chunk)],
-                              out_gmem.at[pl.ds(row0 + offset, chunk), cols],
-                              commit_group=False)
-
-    rest = first_row + whole * chunk
-
-    @pl.loop(0, num_rows - whole * chunk)
-    def _rows(i):
-      plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(rest + i, 1)],
-                              out_gmem.at[pl.ds(row0 + rest + i, 1), cols],
-                              commit_group=False)
-
-    plgpu.commit_smem_to_gmem_group()
-    return
+  tile's binary digits run from 128)."""
   offset = first_row
   rows = power_of_two_at_most(max_rows)
   while rows >= 1:
@@ -333,7 +311,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     that holds `needed` rows of a consumer's share, at most cons_m) for each
     width; exactly one holds (the narrowest also for needed <= 0)."""
     needed = jnp.minimum(needed, cons_m)
-    widths = configs.swap_ab_widths(cons_m, config.token_width_step)
+    widths = configs.swap_ab_widths(cons_m, config.token_width_step,
+                                    config.min_token_width)
     return [(width, (needed > narrower) & (needed <= width))
             for width, narrower in zip(widths, (*widths[1:], -tile_m))]
 
@@ -571,8 +550,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
           store_rows(out_stored.at[staging, slot], out_gmem,
                      row0=row0, first_row=first_row,
                      num_rows=jnp.where(col < n_out, num_rows, 0),
-                     max_rows=cons_m, cols=pl.ds(col, epi_n),
-                     chunk=config.store_row_chunk)
+                     max_rows=cons_m, cols=pl.ds(col, epi_n))
         hand_over_staging()
 
       def compute_and_store(linear, group, tile_row, row_lo, row_hi, n_idx,
@@ -623,8 +601,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             # still commit a bulk group: the slot waits above count them.)
             store_rows(staged, out_gmem, row0=row0, first_row=first_row,
                        num_rows=jnp.where(col < n_out, num_rows, 0),
-                       max_rows=block_rows, cols=pl.ds(col, epi_n),
-                       chunk=min(config.store_row_chunk, block_rows))
+                       max_rows=block_rows, cols=pl.ds(col, epi_n))
         hand_over_staging()
 
       if config.shared_staging:

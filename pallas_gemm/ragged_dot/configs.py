@@ -933,11 +933,19 @@ SWAP_AB_TALL_DEVICES = ("nvidia_h100",)
 #: the ring a stage, run each expert at the `SWAP_AB_TURN_TOKENS`
 #: width that cuts it into the fewest items at a ring as deep as the
 #: 128-token tile's (`_fewest_turn_items`), and, where that width stays
-#: 128, run 192 columns where those pad little (`_wide_column_turns_pay`).
+#: 128, run 192 columns where those pad little (`_wide_column_turns_pay`),
+#: and keep no token width below TURN_MIN_TOKEN_WIDTH.
 #: Measured on the H200 only (experiments/results/nvidia_h200/
 #: ragged_options, "One staging buffer for both consumers", "128 x 192
-#: turns in the forward and dlhs").
+#: turns in the forward and dlhs", "Fewer token widths").
 SHARED_STAGING_DEVICES = ("nvidia_h200",)
+#: The narrowest token width of the heuristic's transposed turns
+#: (`RaggedConfig.min_token_width`). Turns run where the average expert has
+#: more than 128 rows, so only the small experts of an uneven routing have
+#: items this narrow, and there a turn is bound by its weight strip's
+#: loads more than by its wgmmas; each width it drops is a copy of the
+#: loop fewer.
+TURN_MIN_TOKEN_WIDTH = 64
 
 
 def _deeper_with_shared_staging(config: RaggedConfig,
@@ -1457,6 +1465,7 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
     # "The shared buffer on float32 outputs").
     if device.key not in SHARED_STAGING_DEVICES or not base.swap_ab:
       return _most_stages(base, problem)
+    base = dataclasses.replace(base, min_token_width=TURN_MIN_TOKEN_WIDTH)
     if balanced_turns:
       return _deeper_with_shared_staging(base, problem)
     turns = _fewest_turn_items(base, rows_per_group, problem,

@@ -2202,6 +2202,26 @@ def test_rows_turns_widen_columns_where_they_pad_little(groups, m, k, n,
   assert mosaic.heuristic(problem, h100).tile_n == 128
 
 
+def test_turns_keep_no_token_width_below_64_on_the_h200():
+  """The H200's transposed turns run an item of fewer than 64 rows at
+  width 64 (`configs.TURN_MIN_TOKEN_WIDTH`), at every turn tile: 128 x 128,
+  128 x 192, 144 x 128 and the 192-token tile above 512 rows per expert;
+  the H100's keep every width."""
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  tiles = set()
+  for groups, m, k, n in ((64, 16384, 2048, 1408), (128, 32768, 2048, 768),
+                          (60, 16384, 2048, 1408), (16, 8198, 4096, 6400)):
+    problem = RaggedProblem("rows", m, k, n, groups, "bfloat16", "bfloat16")
+    config = mosaic.heuristic(problem, HOPPER)
+    assert config.ping_pong and config.swap_ab, problem
+    assert config.min_token_width == configs.TURN_MIN_TOKEN_WIDTH == 64
+    assert min(configs.swap_ab_widths(config.tile_m, 0,
+                                      config.min_token_width)) == 64
+    tiles.add((config.tile_m, config.tile_n))
+    assert mosaic.heuristic(problem, h100).min_token_width == 0
+  assert tiles == {(128, 128), (128, 192), (144, 128), (192, 128)}
+
+
 @pytest.mark.parametrize("groups,m,k,n", [
     (256, 32768, 7168, 2048),   # DeepSeek-V3 up
     (256, 32768, 2048, 7168),   # ... down

@@ -2013,6 +2013,7 @@ def test_rows_clusters_lower_for_cuda(transpose):
     if config.swap_ab:  # the heuristic's tiles before swap_ab
       config = dataclasses.replace(
           config, swap_ab=False, tile_m=128, shared_staging=False,
+          min_token_width=0,
           **(dict(tile_n=128) if config.split_rows else {}))
     config = dataclasses.replace(config, cluster_columns=True,
                                  halve_last_round=False)

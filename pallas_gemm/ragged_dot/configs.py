@@ -1615,6 +1615,12 @@ def candidates(problem: RaggedProblem) -> list[RaggedConfig]:
           dataclasses.replace(turns, tile_m=tokens), problem)
       if wide.fits(problem) and wide not in out:
         out.append(wide)
+    if turns.swap_ab:
+      # ... and the 128-token turns without the narrowest token widths.
+      fewer = _deeper_with_shared_staging(dataclasses.replace(
+          turns, min_token_width=TURN_MIN_TOKEN_WIDTH), problem)
+      if fewer.fits(problem) and fewer not in out:
+        out.append(fewer)
   if problem.mode == "contracting" and out:
     # For uneven group sizes: the heuristic's tile walked largest group
     # first, and (where one group's tiles leave SMs idle) also cut.

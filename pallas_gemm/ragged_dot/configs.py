@@ -235,11 +235,11 @@ One `RaggedConfig` serves both modes; the fields mean:
                "rows"-mode option).
     min_token_width
                with swap_ab, the narrowest static token width (0: the
-               step): an item of fewer rows runs at it. Below about 64
-               tokens a turn loads more weight bytes per flop than the SM
-               takes in at the tensor cores' rate, so a narrower wgmma
-               saves little, while each width is a copy of the loop (a
-               "rows"-mode option).
+               step): an item of fewer rows runs at it. A narrow item still
+               loads its expert's whole weight strip, which then weighs
+               more than its wgmmas, so a narrower width saves little,
+               while each width is a copy of the loop (a "rows"-mode
+               option).
     epi_tile_m rows of one staged output store: 0 (the default) stages a
                consumer's whole rows at once; 64 stages them in 64-row
                halves, so that two staging slots take the shared memory of
@@ -398,7 +398,7 @@ def swap_ab_widths(tile_m: int, step: int = 0,
     step = power_of_two_at_most(max(tile_m // SWAP_AB_WIDTHS,
                                     SWAP_AB_MIN_WIDTH))
   return tuple(w for w in range(tile_m, 0, -step)
-               if w >= min(narrowest, tile_m)) or (tile_m,)
+               if w >= min(narrowest, tile_m))
 
 
 def _balanced_items(rows: int, tile_m: int) -> tuple[int, int]:

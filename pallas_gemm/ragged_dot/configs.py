@@ -1503,9 +1503,8 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
   # The tile count follows the routing, so the deal may end on a round
   # that leaves most SMs idle for a whole tile's time; where that round
   # fills at most half of them, its tiles run as half-width tiles on twice
-  # as many (`halve_last_round`). It took Granite-3.0-1B's Zipf forward to
-  # 0.92x the time and cost under 1 % where no round was short (same
-  # notes, "The last round in half tiles").
+  # as many (`halve_last_round`; experiments/results/nvidia_h200/
+  # ragged_options, "The last round in half tiles").
   base = RaggedConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, epi_tile_n=64,
                       grid_band=band, split_rows=tile_m == 128,
                       group_bands=group_bands,

@@ -1118,8 +1118,9 @@ def test_halve_last_round_is_checked():
     dataclasses.replace(HALVED_ROUND, swap_ab=True, swizzled_staging=True)
   problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
                           "float32")
-  # (split_rows, which it needs, is refused first.)
-  with pytest.raises(ValueError, match="is a \"rows\"-mode option"):
+  # The error names it, not the split_rows it needs.
+  with pytest.raises(ValueError, match="halve_last_round is a \"rows\"-mode "
+                     "option: the \"contracting\" kernel cuts"):
     HALVED_ROUND.check_mode(problem.mode)
 
 
@@ -1874,6 +1875,12 @@ def test_swap_ab_options():
     RaggedConfig(tile_m=128, tile_n=64, min_token_width=64)
   with pytest.raises(ValueError, match="token_width_step=8 needs swap_ab"):
     RaggedConfig(tile_m=128, tile_n=64, token_width_step=8)
+  # In the weight gradient the error names the width option, not swap_ab.
+  for option, value in (("min_token_width", 64), ("token_width_step", 32)):
+    turns = RaggedConfig(tile_m=128, tile_n=64, swap_ab=True,
+                         swizzled_staging=True, **{option: value})
+    with pytest.raises(ValueError, match=f"{option} is a \"rows\"-mode"):
+      turns.check_mode("contracting")
   assert configs.swap_ab_widths(64) == (64, 56, 48, 40, 32, 24, 16, 8)
   # 192 tokens: a turn-taking swap_ab consumer only, up to 128 columns.
   assert configs.swap_ab_widths(192) == tuple(range(192, 0, -16))

@@ -423,20 +423,23 @@ _WHOLE_STEPS = Requirement(
 #: The options only one mode has: for each mode, its own options and why
 #: the other mode's kernel has none (read after "the <other> kernel").
 MODE_ONLY_OPTIONS = {
+    # An option that needs another one comes before it, so that the error
+    # names the option a config set on purpose (halve_last_round rather
+    # than the split_rows it needs).
     "rows": {
+        "halve_last_round": "cuts a group's long reductions into pieces "
+                            "instead (piece_rows)",
         "split_rows": "always splits its K strip",
         "group_bands": "walks each group's tiles on their own",
         "short_items": "has no row items",
         "epi_tile_m": "stages whole tiles",
-        "swizzled_staging": "stores whole tiles from swizzled staging "
-                            "already",
-        "swap_ab": "multiplies whole chunks of token rows",
-        "work_list_kernel": "lists no row items",
-        "shared_staging": "stages each consumer's tiles in its own buffer",
-        "halve_last_round": "cuts a group's long reductions into pieces "
-                            "instead (piece_rows)",
         "token_width_step": "multiplies whole chunks of token rows",
         "min_token_width": "multiplies whole chunks of token rows",
+        "swap_ab": "multiplies whole chunks of token rows",
+        "swizzled_staging": "stores whole tiles from swizzled staging "
+                            "already",
+        "work_list_kernel": "lists no row items",
+        "shared_staging": "stages each consumer's tiles in its own buffer",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",

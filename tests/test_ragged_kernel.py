@@ -2223,8 +2223,7 @@ def test_turns_keep_no_token_width_below_64_on_the_h200():
     config = mosaic.heuristic(problem, HOPPER)
     assert config.ping_pong and config.swap_ab, problem
     assert config.min_token_width == configs.TURN_MIN_TOKEN_WIDTH == 64
-    assert min(configs.swap_ab_widths(config.tile_m, 0,
-                                      config.min_token_width)) == 64
+    assert min(config.token_widths()) == 64
     tiles.add((config.tile_m, config.tile_n))
     assert mosaic.heuristic(problem, h100).min_token_width == 0
   assert tiles == {(128, 128), (128, 192), (144, 128), (192, 128)}

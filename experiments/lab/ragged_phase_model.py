@@ -76,9 +76,7 @@ def walk(case: arg_specs.MoeCase, device):
   group = table[schedule.ITEM_GROUP, item]
   rows = table[schedule.ITEM_ROW_HI, item] - table[schedule.ITEM_ROW_LO, item]
   if config.swap_ab:
-    widths = np.array(sorted(configs.swap_ab_widths(
-        config.consumer_tile("rows")[0], config.token_width_step,
-        config.min_token_width)))
+    widths = np.array(sorted(config.token_widths()))
     width = widths[np.minimum(np.searchsorted(widths, rows), len(widths) - 1)]
   else:
     width = np.full_like(rows, config.tile_m)

@@ -767,6 +767,13 @@ class RaggedConfig:
       return self.tile_m // NUM_CONSUMERS, NUM_CONSUMERS * self.tile_n
     return self.tile_m, self.tile_n
 
+  def token_widths(self) -> tuple[int, ...]:
+    """With swap_ab: the static token widths a consumer's share of a tile
+    runs at, widest first (`swap_ab_widths` of its rows, at
+    `token_width_step` from `min_token_width` up)."""
+    return swap_ab_widths(self.consumer_tile("rows")[0],
+                          self.token_width_step, self.min_token_width)
+
   def staged_rows(self, mode: str) -> int:
     """Rows of one staged output store (`epi_tile_m`, or the consumer's)."""
     rows = self.consumer_tile(mode)[0]

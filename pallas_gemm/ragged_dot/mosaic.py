@@ -311,8 +311,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     that holds `needed` rows of a consumer's share, at most cons_m) for each
     width; exactly one holds (the narrowest also for needed <= 0)."""
     needed = jnp.minimum(needed, cons_m)
-    widths = configs.swap_ab_widths(cons_m, config.token_width_step,
-                                    config.min_token_width)
+    widths = config.token_widths()
     return [(width, (needed > narrower) & (needed <= width))
             for width, narrower in zip(widths, (*widths[1:], -tile_m))]
 

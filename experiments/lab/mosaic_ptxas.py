@@ -108,32 +108,31 @@ def _compile_case(name: str):
 
 def _digest(folder: pathlib.Path, stdout_text: str) -> str:
   lines = []
-  texts = [stdout_text] + [p.read_text(errors="replace")
-                           for p in sorted(folder.rglob("*")) if p.is_file()]
-  for text in texts:
+  dumps = [(p, p.read_text(errors="replace"))
+           for p in sorted(folder.rglob("*")) if p.is_file()]
+  for text in [stdout_text] + [text for _, text in dumps]:
     for line in text.splitlines():
       low = line.lower()
       if ("registers" in low or "spill" in low or "wgmma" in low
           and ("serial" in low or "warning" in low) or "warning" in low):
         lines.append("  ptxas: " + line.strip()[:300])
   counts = collections.Counter()
-  total = 0
-  for path in sorted(folder.rglob("*")):
-    if not path.is_file():
-      continue
-    for line in path.read_text(errors="replace").splitlines():
+  total = ptx_lines = 0
+  for path, text in dumps:
+    text_lines = text.splitlines()
+    if path.suffix == ".ptx":
+      ptx_lines += len(text_lines)
+    for line in text_lines:
       match = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)",
                        line)
       if match:
         total += 1
       if match and match.group(2).split(".")[0] in OPCODES:
         counts[match.group(2).split(".")[0]] += 1
-  ptx_lines = sum(len(p.read_text(errors="replace").splitlines())
-                  for p in folder.rglob("*.ptx"))
   lines.append(f"  PTX lines: {ptx_lines}; SASS instructions: {total}")
   lines.append("  SASS opcodes: " + ", ".join(
       f"{op} {counts[op]}" for op in OPCODES if counts[op]))
-  files = [p.name for p in sorted(folder.rglob("*")) if p.is_file()]
+  files = [path.name for path, _ in dumps]
   lines.append(f"  dump files: {files[:12]}")
   return "\n".join(dict.fromkeys(lines))
 

@@ -219,6 +219,41 @@ def test_backward_products_are_ragged_primitives():
   assert "mode=contracting" in jaxpr and "transpose_rhs=True" in jaxpr
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_grad_with_float32_output_of_bfloat16_operands(transpose_rhs):
+  """preferred_element_type=float32 on bfloat16 operands gives a float32
+  cotangent. Its products stay bfloat16 ones (two parts each, added in
+  float32) that the grouped GEMM kernels run, with no upcast operand, and
+  they agree with float64 as a bfloat16 result must."""
+  m, sizes = SIZES["odd"]
+  sizes = jnp.asarray(sizes, jnp.int32)
+  lhs = _normal((m, 24), jnp.bfloat16)
+  rhs = _normal((len(sizes), 16, 24) if transpose_rhs
+                else (len(sizes), 24, 16), jnp.bfloat16)
+  weights = _normal((m, 16))
+
+  def loss(op):
+    return lambda l, r: jnp.sum(weights * jnp.sin(op(l, r)))
+  ours = jax.grad(loss(lambda l, r: ragged_dot(
+      l, r, sizes, transpose_rhs=transpose_rhs,
+      preferred_element_type=jnp.float32)), (0, 1))
+  jaxpr = jax.make_jaxpr(ours)(lhs, rhs)
+  products = [e for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
+  assert len(products) == 5  # the forward, then two parts per cotangent
+  for eqn in products:
+    assert [str(v.aval.dtype) for v in eqn.invars[:2]] == ["bfloat16"] * 2
+    assert eqn.params["precision"] == "default"
+  f64 = lambda x: np.asarray(x, np.float64)
+  theirs = jax.grad(loss(lambda l, r: jax.lax.ragged_dot_general(
+      l, r, sizes, ROWS_T if transpose_rhs else ROWS,
+      precision=jax.lax.Precision.HIGHEST)), (0, 1))
+  with jax.enable_x64(True):
+    expected = theirs(f64(lhs), f64(rhs))
+  for a, b in zip(jax.jit(ours)(lhs, rhs), expected):
+    assert a.dtype == jnp.bfloat16
+    _check(a, np.asarray(b), "bfloat16", "default")
+
+
 @pytest.mark.parametrize("activation", [
     "silu", pytest.param("sigmoid", marks=pytest.mark.slow)])
 def test_grad_with_activation(activation):

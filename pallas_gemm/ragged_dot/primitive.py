@@ -22,7 +22,9 @@ Rules:
       contracting: dlhs = rows(rhs, ct, transpose_rhs=True)
                    drhs = rows(lhs, ct)
     A fused activation is not linear: its JVP recomputes the pre-activation
-    product and applies the activation's own JVP.
+    product and applies the activation's own JVP. A float32 cotangent of
+    bfloat16 operands (preferred_element_type=float32) is split into two
+    bfloat16 parts, each its own product (`splits_wide_cotangent`).
 """
 
 from __future__ import annotations
@@ -286,33 +288,60 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
   wanted_lhs = ad.is_undefined_primal(lhs)
   other = rhs if wanted_lhs else lhs
   target_dtype = dtype_name((lhs if wanted_lhs else rhs).aval.dtype)
+  sizes = (group_sizes, row_offset)
+
+  def product(ct, other, precision, out_dtype):
+    """The cotangent's product with the other operand, as a ragged product
+    of the same operand dtypes."""
+    common = dict(kernel=params["kernel"], activation=None,
+                  precision=precision, out_dtype=out_dtype)
+    tr = params["transpose_rhs"]
+    if params["mode"] == "rows":
+      if wanted_lhs:
+        return rebind(ct, other, *sizes, mode="rows", transpose_rhs=not tr,
+                      **common)
+      if tr:
+        return rebind(ct, other, *sizes, mode="contracting",
+                      transpose_rhs=False, **common)
+      return rebind(other, ct, *sizes, mode="contracting",
+                    transpose_rhs=False, **common)
+    if wanted_lhs:
+      return rebind(other, ct, *sizes, mode="rows", transpose_rhs=True,
+                    **common)
+    return rebind(other, ct, *sizes, mode="rows", transpose_rhs=False,
+                  **common)
+
   precision = params["precision"]
-  if jnp.dtype(ct.dtype).itemsize > jnp.dtype(other.dtype).itemsize:
+  if splits_wide_cotangent(ct.dtype, other.dtype, precision):
+    # A float32 cotangent of bfloat16 operands (a forward with
+    # preferred_element_type=float32) as the sum of two bfloat16 parts,
+    # each a product on the operands' own dtype, added in float32: the two
+    # parts hold 16 of the cotangent's 24 significand bits, more than the
+    # TF32 products that `precision="default"` allows, and the grouped GEMM
+    # kernels run them, where an upcast would leave only XLA's float32 one.
+    high = ct.astype(other.dtype)
+    low = (ct - high.astype(ct.dtype)).astype(other.dtype)
+    grad = (product(high, other, precision, "float32")
+            + product(low, other, precision, "float32")).astype(target_dtype)
+  elif jnp.dtype(ct.dtype).itemsize > jnp.dtype(other.dtype).itemsize:
     # A cotangent wider than the operands keeps its precision, as lax's
     # does: the other operand is upcast instead.
-    other = other.astype(ct.dtype)
-    precision = "ieee" if precision == "ieee" else "tf32"
+    grad = product(ct, other.astype(ct.dtype),
+                   "ieee" if precision == "ieee" else "tf32", target_dtype)
   else:
-    ct = ct.astype(other.dtype)
-  common = dict(kernel=params["kernel"], activation=None, precision=precision,
-                out_dtype=target_dtype)
-  sizes = (group_sizes, row_offset)
-  tr = params["transpose_rhs"]
-  if params["mode"] == "rows":
-    if wanted_lhs:
-      grad = rebind(ct, other, *sizes, mode="rows", transpose_rhs=not tr,
-                    **common)
-    elif tr:
-      grad = rebind(ct, other, *sizes, mode="contracting",
-                    transpose_rhs=False, **common)
-    else:
-      grad = rebind(other, ct, *sizes, mode="contracting",
-                    transpose_rhs=False, **common)
-  elif wanted_lhs:
-    grad = rebind(other, ct, *sizes, mode="rows", transpose_rhs=True, **common)
-  else:
-    grad = rebind(other, ct, *sizes, mode="rows", transpose_rhs=False, **common)
+    grad = product(ct.astype(other.dtype), other, precision, target_dtype)
   return [grad, None, None, None] if wanted_lhs else [None, grad, None, None]
+
+
+def splits_wide_cotangent(ct_dtype, operand_dtype, precision: str) -> bool:
+  """Whether a cotangent of `ct_dtype` against an operand of
+  `operand_dtype` runs as two products on the operand's dtype
+  (`_transpose_rule`): a float32 cotangent of bfloat16 operands at the
+  operands' own precision. float16 is left out: its range is narrower than
+  float32's, so the high part could overflow."""
+  return (dtype_name(ct_dtype) == "float32"
+          and dtype_name(operand_dtype) == "bfloat16"
+          and precision == "default")
 
 
 ad.primitive_transposes[ragged_dot_p] = _transpose_rule

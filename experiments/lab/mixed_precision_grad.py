@@ -1,0 +1,139 @@
+"""The backward of a bfloat16 grouped GEMM whose forward asked for float32
+output (`preferred_element_type=float32`), timed four ways on a GPU.
+
+Its cotangent is float32. `ragged_dot_p`'s transpose runs each cotangent
+product as two bfloat16 products (the cotangent's high and low bfloat16
+parts) on the grouped GEMM kernels, added in float32
+(`primitive.splits_wide_cotangent`). Before, it upcast the other operand
+to float32, a problem only XLA's ragged product takes. Per case:
+
+  lax      jax.vjp of jax.lax.ragged_dot, float32 output (XLA)
+  upcast   the products the transpose ran before: float32 operands through
+           pallas_gemm (which resolves them to XLA)
+  split    jax.vjp of pallas_gemm.ragged_dot, float32 output (this change)
+  bf16     jax.vjp of pallas_gemm.ragged_dot, bfloat16 output: the same
+           products with a bfloat16 cotangent, for scale
+
+CUPTI time of every kernel of the pullback (both gradients), median of
+`--iterations` calls, and the relative error of `split` and `upcast`
+against `lax` (which runs TF32 products; float64 is too slow here).
+
+    PYTHONPATH=. python3 experiments/lab/mixed_precision_grad.py \
+        [--layers qwen3_30b_a3b_up,g64] [--distributions even,zipf] \
+        [--iterations 10] [--budget_s 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_gemm
+from pallas_gemm import numerics, timing
+from pallas_gemm.ragged_dot import arg_specs
+
+CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
+                                                (0,), ())
+WAYS = ("lax", "upcast", "split", "bf16")
+
+
+def _layer(name: str):
+  layers = [layer for suite in ("moe", "moe_holdout", "moe_unseen", "moe_small")
+            for layer in arg_specs.SUITES[suite] if name in layer.name]
+  if not layers:
+    raise SystemExit(f"--layers: no layer matches {name!r}")
+  return layers[0]
+
+
+def pullbacks(group_sizes):
+  """name -> f(x, w, ct) returning (dx, dw), each as one jitted call."""
+
+  def vjp_of(forward):
+    return jax.jit(lambda x, w, ct: jax.vjp(forward, x, w)[1](ct))
+
+  lax_fwd = lambda x, w: jax.lax.ragged_dot(
+      x, w, group_sizes, preferred_element_type=jnp.float32)
+  ours = lambda out_dtype: (lambda x, w: pallas_gemm.ragged_dot(
+      x, w, group_sizes, preferred_element_type=out_dtype))
+
+  @jax.jit
+  def upcast(x, w, ct):
+    wide = jnp.float32
+    dx = pallas_gemm.ragged_dot(ct, w.astype(wide), group_sizes,
+                                transpose_rhs=True, preferred_element_type=x.dtype)
+    dw = pallas_gemm.ragged_dot_general(x.astype(wide), ct, group_sizes,
+                                        CONTRACTING,
+                                        preferred_element_type=w.dtype)
+    return dx, dw
+
+  bf16 = vjp_of(ours(jnp.bfloat16))
+  return {"lax": vjp_of(lax_fwd), "upcast": upcast,
+          "split": vjp_of(ours(jnp.float32)),
+          "bf16": lambda x, w, ct: bf16(x, w, ct.astype(jnp.bfloat16))}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--layers", default="qwen3_30b_a3b_up,g64_t16384,"
+                      "mixtral8x7b_up,deepseek_v3_up,granite3")
+  parser.add_argument("--distributions", default="even,zipf")
+  parser.add_argument("--iterations", type=int, default=10)
+  parser.add_argument("--budget_s", type=float, default=0.0,
+                      help="start no new case after this long (0: no limit)")
+  args = parser.parse_args(argv)
+  on_gpu = jax.default_backend() == "gpu"
+  print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
+        f"{'CUPTI' if on_gpu else 'wall clock'} median of "
+        f"{args.iterations}", flush=True)
+  print("| case | " + " | ".join(f"{w} (us)" for w in WAYS)
+        + " | lax / split | split / bf16 | split error | upcast error |")
+  print("|---|" + "---|" * (len(WAYS) + 4), flush=True)
+  start = time.perf_counter()
+  for name in args.layers.split(","):
+    layer = _layer(name)
+    for distribution in args.distributions.split(","):
+      if args.budget_s and time.perf_counter() - start > args.budget_s:
+        print(f"# budget of {args.budget_s} s spent: stopping", flush=True)
+        return 0
+      keys = jax.random.split(jax.random.key(0), 3)
+      x = numerics.random_normal(keys[0], (layer.rows, layer.k), jnp.bfloat16)
+      w = numerics.random_normal(keys[1], (layer.groups, layer.k, layer.n),
+                                 jnp.bfloat16)
+      ct = numerics.random_normal(keys[2], (layer.rows, layer.n), jnp.float32)
+      sizes = jnp.asarray(arg_specs.group_sizes(distribution, layer.rows,
+                                                layer.groups))
+      ways = pullbacks(sizes)
+      times, grads = {}, {}
+      for way, fn in ways.items():
+        try:
+          grads[way] = jax.block_until_ready(fn(x, w, ct))
+          times[way] = 1e3 * timing.median_time_ms(
+              fn, (x, w, ct), iterations=args.iterations, on_gpu=on_gpu)
+        except Exception as error:  # noqa: BLE001 - reported, run goes on
+          print(f"# {layer.name} {distribution} {way}: "
+                f"{type(error).__name__}: {str(error)[:200]}", flush=True)
+      errors = {way: max(numerics.relative_error(np.asarray(a, np.float32),
+                                                 np.asarray(b, np.float64))
+                         for a, b in zip(grads[way], grads["lax"]))
+                for way in ("split", "upcast")
+                if way in grads and "lax" in grads}
+      cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
+      ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
+                            if a in times and b in times else "-")
+      print(f"| {layer.name} {distribution} | "
+            + " | ".join(cell(w) for w in WAYS)
+            + f" | {ratio('lax', 'split')} | {ratio('split', 'bf16')} | "
+            + " | ".join(f"{errors[w]:.1e}" if w in errors else "-"
+                         for w in ("split", "upcast")) + " |", flush=True)
+      del x, w, ct, grads
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

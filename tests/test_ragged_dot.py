@@ -25,6 +25,7 @@ import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from kernel_test_base import lower_for_cuda
+from pallas_gemm.ragged_dot.problem import group_bounds
 from pallas_gemm.ragged_dot import (RaggedProblem, arg_specs, explain,
                                     implementations, ragged_dot,
                                     ragged_dot_general, reference, xla)
@@ -219,39 +220,100 @@ def test_backward_products_are_ragged_primitives():
   assert "mode=contracting" in jaxpr and "transpose_rhs=True" in jaxpr
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_grad_with_float32_output_of_bfloat16_operands(transpose_rhs):
+@pytest.mark.parametrize("case, transpose_rhs, offset", [
+    ("odd", False, None), ("odd", True, None), ("sum_above_m", False, None),
+    ("negative", True, None), ("sum_below_m", False, 1)])
+def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
+                                                       offset):
   """preferred_element_type=float32 on bfloat16 operands gives a float32
-  cotangent. Its products stay bfloat16 ones (two parts each, added in
-  float32) that the grouped GEMM kernels run, with no upcast operand, and
-  they agree with float64 as a bfloat16 result must."""
-  m, sizes = SIZES["odd"]
-  sizes = jnp.asarray(sizes, jnp.int32)
+  cotangent. Its products stay bfloat16 ones that the grouped GEMM kernels
+  run, with no upcast operand: the cotangent's high and low bfloat16 parts
+  as two products (dlhs), or as twice the rows of one (drhs). They agree
+  with float64 as a bfloat16 result must, rows outside the groups
+  included (sizes past m, negative sizes, a group offset)."""
+  m, sizes = SIZES[case]
+  local = len(sizes) - (offset or 0) - (1 if offset else 0)
   lhs = _normal((m, 24), jnp.bfloat16)
-  rhs = _normal((len(sizes), 16, 24) if transpose_rhs
-                else (len(sizes), 24, 16), jnp.bfloat16)
+  rhs = _normal((local, 16, 24) if transpose_rhs else (local, 24, 16),
+                jnp.bfloat16)
   weights = _normal((m, 16))
+  sizes_array = jnp.asarray(sizes, jnp.int32)
+  group_offset = None if offset is None else jnp.asarray([offset], jnp.int32)
 
-  def loss(op):
-    return lambda l, r: jnp.sum(weights * jnp.sin(op(l, r)))
-  ours = jax.grad(loss(lambda l, r: ragged_dot(
-      l, r, sizes, transpose_rhs=transpose_rhs,
-      preferred_element_type=jnp.float32)), (0, 1))
+  def loss(l, r):
+    out = ragged_dot(l, r, sizes_array, transpose_rhs=transpose_rhs,
+                     group_offset=group_offset,
+                     preferred_element_type=jnp.float32)
+    return jnp.sum(weights * jnp.sin(out))
+  ours = jax.grad(loss, (0, 1))
   jaxpr = jax.make_jaxpr(ours)(lhs, rhs)
   products = [e for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
-  assert len(products) == 5  # the forward, then two parts per cotangent
+  modes = sorted((e.params["mode"], e.invars[0].aval.shape[0])
+                 for e in products)
+  assert modes == [("contracting", 2 * m)] + [("rows", m)] * 3
   for eqn in products:
     assert [str(v.aval.dtype) for v in eqn.invars[:2]] == ["bfloat16"] * 2
     assert eqn.params["precision"] == "default"
+
+  # float64 reference: each row times its group's weights, through a
+  # row-to-group matrix that jnp differentiates.
+  first = sum(max(s, 0) for s in sizes[:offset or 0])
+  starts, ends = group_bounds(
+      sizes[offset or 0:][:local], m, first)
+  rows = np.arange(m)[:, None]
+  onehot = ((rows >= starts) & (rows < ends)).astype(np.float64)
+
+  def reference_loss(l, r):
+    w = jnp.swapaxes(r, 1, 2) if transpose_rhs else r
+    out = jnp.einsum("mg,mk,gkn->mn", onehot, l, w,
+                     precision=jax.lax.Precision.HIGHEST)
+    return jnp.sum(weights * jnp.sin(out))
   f64 = lambda x: np.asarray(x, np.float64)
-  theirs = jax.grad(loss(lambda l, r: jax.lax.ragged_dot_general(
-      l, r, sizes, ROWS_T if transpose_rhs else ROWS,
-      precision=jax.lax.Precision.HIGHEST)), (0, 1))
   with jax.enable_x64(True):
-    expected = theirs(f64(lhs), f64(rhs))
+    expected = jax.grad(reference_loss, (0, 1))(f64(lhs), f64(rhs))
   for a, b in zip(jax.jit(ours)(lhs, rhs), expected):
     assert a.dtype == jnp.bfloat16
     _check(a, np.asarray(b), "bfloat16", "default")
+
+
+def test_float32_cotangent_keeps_its_low_part():
+  """The two-part products are more accurate than the cotangent rounded to
+  bfloat16 (what dropping its low part would give): against float64 both
+  gradients carry the bfloat16 output's rounding, and the rounded
+  cotangent adds its own, about as large again."""
+  sizes = jnp.asarray([130, 0, 251, 131], jnp.int32)
+  lhs = _normal((512, 64), jnp.bfloat16)
+  rhs = _normal((4, 64, 96), jnp.bfloat16)
+  weights = _normal((512, 96))
+
+  @jax.custom_vjp
+  def round_cotangent(x):
+    return x
+  round_cotangent.defvjp(
+      lambda x: (x, None),
+      lambda _, ct: (ct.astype(jnp.bfloat16).astype(ct.dtype),))
+
+  def loss(rounded):
+    def f(l, r):
+      out = ragged_dot(l, r, sizes, preferred_element_type=jnp.float32)
+      return jnp.sum(weights * jnp.sin(round_cotangent(out) if rounded
+                                       else out))
+    return jax.jit(jax.grad(f, (0, 1)))
+
+  def reference_loss(l, r):
+    ends = jnp.cumsum(sizes)
+    rows = jnp.arange(512)[:, None]
+    onehot = ((rows >= ends - sizes) & (rows < ends)).astype(l.dtype)
+    out = jnp.einsum("mg,mk,gkn->mn", onehot, l, r,
+                     precision=jax.lax.Precision.HIGHEST)
+    return jnp.sum(weights * jnp.sin(out))
+  with jax.enable_x64(True):
+    expected = jax.grad(reference_loss, (0, 1))(
+        np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
+  for split, rounded, ref in zip(loss(False)(lhs, rhs),
+                                 loss(True)(lhs, rhs), expected):
+    assert (numerics.relative_error(split, ref)
+            < 0.85 * numerics.relative_error(rounded, ref))
 
 
 @pytest.mark.parametrize("activation", [

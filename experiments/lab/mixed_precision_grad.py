@@ -3,8 +3,9 @@ output (`preferred_element_type=float32`), timed four ways on a GPU.
 
 Its cotangent is float32. `ragged_dot_p`'s transpose runs each cotangent
 product as two bfloat16 products (the cotangent's high and low bfloat16
-parts) on the grouped GEMM kernels, added in float32
-(`primitive.splits_wide_cotangent`). Before, it upcast the other operand
+parts) on the grouped GEMM kernels (`primitive.splits_wide_cotangent`):
+the weight gradient as one product over each token row twice, the input
+gradient as two products added in float32. Before, it upcast the other operand
 to float32, a problem only XLA's ragged product takes. Per case:
 
   lax      jax.vjp of jax.lax.ragged_dot, float32 output (XLA)
@@ -20,7 +21,7 @@ against `lax` (which runs TF32 products; float64 is too slow here).
 
     PYTHONPATH=. python3 experiments/lab/mixed_precision_grad.py \
         [--layers qwen3_30b_a3b_up,g64] [--distributions even,zipf] \
-        [--iterations 10] [--budget_s 200]
+        [--ways lax,upcast,split,bf16] [--iterations 10] [--budget_s 200]
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main(argv=None) -> int:
   parser.add_argument("--layers", default="qwen3_30b_a3b_up,g64_t16384,"
                       "mixtral8x7b_up,deepseek_v3_up,granite3")
   parser.add_argument("--distributions", default="even,zipf")
+  parser.add_argument("--ways", default=",".join(WAYS),
+                      help=f"a subset of {WAYS}")
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--budget_s", type=float, default=0.0,
                       help="start no new case after this long (0: no limit)")
@@ -111,6 +114,8 @@ def main(argv=None) -> int:
       ways = pullbacks(sizes)
       times, grads = {}, {}
       for way, fn in ways.items():
+        if way not in args.ways.split(","):
+          continue
         try:
           grads[way] = jax.block_until_ready(fn(x, w, ct))
           times[way] = 1e3 * timing.median_time_ms(

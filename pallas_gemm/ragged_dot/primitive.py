@@ -24,7 +24,8 @@ Rules:
     A fused activation is not linear: its JVP recomputes the pre-activation
     product and applies the activation's own JVP. A float32 cotangent of
     bfloat16 operands (preferred_element_type=float32) is split into two
-    bfloat16 parts, each its own product (`splits_wide_cotangent`).
+    bfloat16 parts (`splits_wide_cotangent`): a contracting product takes
+    both as rows of one product, a rows product takes each in its own.
 """
 
 from __future__ import annotations
@@ -288,57 +289,76 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
   wanted_lhs = ad.is_undefined_primal(lhs)
   other = rhs if wanted_lhs else lhs
   target_dtype = dtype_name((lhs if wanted_lhs else rhs).aval.dtype)
-  sizes = (group_sizes, row_offset)
+  tr = params["transpose_rhs"]
+  # The rows form's weight gradient is a "contracting" product of ct and
+  # the other operand, each with a row per token; every other cotangent
+  # is a "rows" product.
+  contracting = params["mode"] == "rows" and not wanted_lhs
 
-  def product(ct, other, precision, out_dtype):
-    """The cotangent's product with the other operand, as a ragged product
-    of the same operand dtypes."""
+  def product(ct, other, sizes, precision, out_dtype):
+    """The cotangent's product with the other operand."""
     common = dict(kernel=params["kernel"], activation=None,
                   precision=precision, out_dtype=out_dtype)
-    tr = params["transpose_rhs"]
-    if params["mode"] == "rows":
-      if wanted_lhs:
-        return rebind(ct, other, *sizes, mode="rows", transpose_rhs=not tr,
-                      **common)
-      if tr:
-        return rebind(ct, other, *sizes, mode="contracting",
-                      transpose_rhs=False, **common)
-      return rebind(other, ct, *sizes, mode="contracting",
+    if contracting:
+      first, second = (ct, other) if tr else (other, ct)
+      return rebind(first, second, *sizes, mode="contracting",
                     transpose_rhs=False, **common)
-    if wanted_lhs:
-      return rebind(other, ct, *sizes, mode="rows", transpose_rhs=True,
+    if params["mode"] == "rows":
+      return rebind(ct, other, *sizes, mode="rows", transpose_rhs=not tr,
                     **common)
-    return rebind(other, ct, *sizes, mode="rows", transpose_rhs=False,
+    return rebind(other, ct, *sizes, mode="rows", transpose_rhs=wanted_lhs,
                   **common)
 
+  sizes = (group_sizes, row_offset)
   precision = params["precision"]
   if splits_wide_cotangent(ct.dtype, other.dtype, precision):
     # A float32 cotangent of bfloat16 operands (a forward with
     # preferred_element_type=float32) as the sum of two bfloat16 parts,
-    # each a product on the operands' own dtype, added in float32: the two
-    # parts hold 16 of the cotangent's 24 significand bits, more than the
-    # TF32 products that `precision="default"` allows, and the grouped GEMM
-    # kernels run them, where an upcast would leave only XLA's float32 one.
+    # each multiplied on the operands' own dtype: together they hold 16 of
+    # the cotangent's 24 significand bits, more than the TF32 products that
+    # precision="default" allows, and the grouped GEMM kernels run them,
+    # where an upcast operand would leave only XLA's float32 product.
     high = ct.astype(other.dtype)
     low = (ct - high.astype(ct.dtype)).astype(other.dtype)
-    grad = (product(high, other, precision, "float32")
-            + product(low, other, precision, "float32")).astype(target_dtype)
+    m = ct.shape[0]
+    if contracting and 2 * m <= _INT32_MAX:
+      # One product over twice the rows: each token row twice, with the
+      # high then the low part, so that the kernel adds both parts in its
+      # float32 accumulator and rounds once. Doubled, the clipped groups
+      # stay contiguous.
+      parts = jnp.stack([high, low], axis=1).reshape(2 * m, ct.shape[1])
+      first, clipped = clipped_groups(group_sizes, row_offset, m)
+      grad = product(parts, jnp.repeat(other, 2, axis=0),
+                     (2 * clipped, jnp.reshape(2 * first, (1,))),
+                     precision, target_dtype)
+    else:
+      # The low part's product is about 2^-8 of the high part's, so
+      # rounding it to the operands' dtype costs nothing measurable; the
+      # high part's stays float32 until the sum is rounded once.
+      grad = (product(high, other, sizes, precision, "float32")
+              + product(low, other, sizes, precision,
+                        dtype_name(other.dtype)).astype(jnp.float32)
+              ).astype(target_dtype)
   elif jnp.dtype(ct.dtype).itemsize > jnp.dtype(other.dtype).itemsize:
     # A cotangent wider than the operands keeps its precision, as lax's
     # does: the other operand is upcast instead.
-    grad = product(ct, other.astype(ct.dtype),
+    grad = product(ct, other.astype(ct.dtype), sizes,
                    "ieee" if precision == "ieee" else "tf32", target_dtype)
   else:
-    grad = product(ct.astype(other.dtype), other, precision, target_dtype)
+    grad = product(ct.astype(other.dtype), other, sizes, precision,
+                   target_dtype)
   return [grad, None, None, None] if wanted_lhs else [None, grad, None, None]
+
+
+_INT32_MAX = 2**31 - 1
 
 
 def splits_wide_cotangent(ct_dtype, operand_dtype, precision: str) -> bool:
   """Whether a cotangent of `ct_dtype` against an operand of
-  `operand_dtype` runs as two products on the operand's dtype
-  (`_transpose_rule`): a float32 cotangent of bfloat16 operands at the
-  operands' own precision. float16 is left out: its range is narrower than
-  float32's, so the high part could overflow."""
+  `operand_dtype` runs as products of its two parts in the operand's
+  dtype (`_transpose_rule`): a float32 cotangent of bfloat16 operands at
+  the operands' own precision. float16 is left out: its range is narrower
+  than float32's, so the high part could overflow."""
   return (dtype_name(ct_dtype) == "float32"
           and dtype_name(operand_dtype) == "bfloat16"
           and precision == "default")

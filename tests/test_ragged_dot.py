@@ -276,6 +276,28 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
     _check(a, np.asarray(b), "bfloat16", "default")
 
 
+def test_bfloat16_parts_of_a_float32_cotangent():
+  """high + low holds 16 significand bits of x (of a normal float32
+  value); the parts never overflow
+  (3.4e38 rounds to infinity in bfloat16, but is cut, not rounded); a value
+  that is not finite keeps its high part, with low zero."""
+  from pallas_gemm.ragged_dot.primitive import _bfloat16_parts
+  x = jnp.concatenate([_normal((4096,)) * 1e3,
+                       jnp.asarray([3.4e38, -3.4e38, 1e-38, 0.0])])
+  high, low = jax.jit(_bfloat16_parts)(x)
+  assert high.dtype == low.dtype == jnp.bfloat16
+  total = np.asarray(high, np.float64) + np.asarray(low, np.float64)
+  x64 = np.asarray(x, np.float64)
+  # Below float32's normal range the low part flushes to zero.
+  tiny = np.finfo(np.float32).tiny
+  assert np.all(np.abs(total - x64) <= 2.0**-16 * np.abs(x64) + tiny)
+  assert np.all(np.isfinite(np.asarray(high, np.float32)))
+  special = jnp.asarray([np.inf, -np.inf, np.nan], jnp.float32)
+  high, low = jax.jit(_bfloat16_parts)(special)
+  np.testing.assert_array_equal(np.asarray(high, np.float32), special)
+  np.testing.assert_array_equal(np.asarray(low, np.float32), 0)
+
+
 def test_float32_cotangent_keeps_its_low_part():
   """The two-part products are more accurate than the cotangent rounded to
   bfloat16 (what dropping its low part would give): against float64 both

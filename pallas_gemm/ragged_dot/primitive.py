@@ -318,8 +318,7 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
     # the cotangent's 24 significand bits, more than the TF32 products that
     # precision="default" allows, and the grouped GEMM kernels run them,
     # where an upcast operand would leave only XLA's float32 product.
-    high = ct.astype(other.dtype)
-    low = (ct - high.astype(ct.dtype)).astype(other.dtype)
+    high, low = _bfloat16_parts(ct)
     m = ct.shape[0]
     if contracting and 2 * m <= _INT32_MAX:
       # One product over twice the rows: each token row twice, with the
@@ -351,6 +350,19 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
 
 
 _INT32_MAX = 2**31 - 1
+
+
+def _bfloat16_parts(x):
+  """(high, low) bfloat16 parts of float32 `x`: high is `x` cut to
+  bfloat16's 8 significand bits, low what is left, rounded. The cut is a
+  bit mask, not a round trip through bfloat16, because XLA may drop such a
+  round trip (excess precision, on the GPU), which would leave low zero;
+  and a cut never overflows. Where `x` is not finite, low is zero."""
+  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  high = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000),
+                                      jnp.float32)
+  low = jnp.where(jnp.isfinite(x), x - high, 0)
+  return high.astype(jnp.bfloat16), low.astype(jnp.bfloat16)
 
 
 def splits_wide_cotangent(ct_dtype, operand_dtype, precision: str) -> bool:

@@ -277,10 +277,9 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
 
 
 def test_bfloat16_parts_of_a_float32_cotangent():
-  """high + low holds 16 significand bits of x (of a normal float32
-  value); the parts never overflow
-  (3.4e38 rounds to infinity in bfloat16, but is cut, not rounded); a value
-  that is not finite keeps its high part, with low zero."""
+  """high + low holds 16 significand bits of a normal float32 x; the parts
+  never overflow (3.4e38 rounds to infinity in bfloat16, but is cut, not
+  rounded); a value that is not finite keeps its high part, low zero."""
   from pallas_gemm.ragged_dot.primitive import _bfloat16_parts
   x = jnp.concatenate([_normal((4096,)) * 1e3,
                        jnp.asarray([3.4e38, -3.4e38, 1e-38, 0.0])])

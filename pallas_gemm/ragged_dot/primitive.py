@@ -318,7 +318,7 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
     # the cotangent's 24 significand bits, more than the TF32 products that
     # precision="default" allows, and the grouped GEMM kernels run them,
     # where an upcast operand would leave only XLA's float32 product.
-    high, low = _bfloat16_parts(ct)
+    high, low = bfloat16_parts(ct)
     m = ct.shape[0]
     if contracting and 2 * m <= _INT32_MAX:
       # One product over twice the rows: each token row twice, with the
@@ -352,7 +352,7 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
 _INT32_MAX = 2**31 - 1
 
 
-def _bfloat16_parts(x):
+def bfloat16_parts(x):
   """(high, low) bfloat16 parts of float32 `x`: high is `x` cut to
   bfloat16's 8 significand bits, low what is left, rounded. The cut is a
   bit mask, not a round trip through bfloat16, because XLA may drop such a

@@ -277,7 +277,7 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
     _check(a, np.asarray(b), "bfloat16", "default")
 
 
-def testbfloat16_parts_of_a_float32_cotangent():
+def test_bfloat16_parts_of_a_float32_cotangent():
   """high + low holds 16 significand bits of a normal float32 x; the parts
   never overflow (3.4e38 rounds to infinity in bfloat16, but is cut, not
   rounded); a value that is not finite keeps its high part, low zero."""

@@ -277,10 +277,34 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
     _check(a, np.asarray(b), "bfloat16", "default")
 
 
+def test_vmap_of_grad_with_float32_output_and_activation():
+  """The two-part products under vmap of grad, through a fused activation
+  (whose JVP makes the float32 cotangent): every product stays bfloat16,
+  and each batch entry's gradients are those of its own grad."""
+  lhs = _normal((3, 40, 16), jnp.bfloat16)
+  rhs = _normal((3, 4, 16, 8), jnp.bfloat16)
+  sizes = jnp.asarray([[5, 0, 20, 15], [40, 0, 0, 0], [1, 2, 3, 4]],
+                      jnp.int32)
+
+  def loss(l, r, s):
+    return jnp.sum(jnp.sin(ragged_dot(l, r, s, activation="silu",
+                                      preferred_element_type=jnp.float32)))
+  grad = jax.grad(loss, (0, 1))
+  jaxpr = jax.make_jaxpr(jax.vmap(grad))(lhs, rhs, sizes)
+  products = [e for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
+  assert products
+  for eqn in products:
+    assert [str(v.aval.dtype) for v in eqn.invars[:2]] == ["bfloat16"] * 2
+  batched = jax.jit(jax.vmap(grad))(lhs, rhs, sizes)
+  for b in range(3):
+    for a, one in zip(batched, grad(lhs[b], rhs[b], sizes[b])):
+      _check(a[b], np.asarray(one, np.float64), "bfloat16", "default")
+
+
 def test_bfloat16_parts_of_a_float32_cotangent():
   """high + low holds 16 significand bits of a normal float32 x; the parts
   never overflow (3.4e38 rounds to infinity in bfloat16, but is cut, not
-  rounded); a value that is not finite keeps its high part, low zero."""
+  rounded); a value that is not finite is its own high part, low zero."""
   x = jnp.concatenate([_normal((4096,)) * 1e3,
                        jnp.asarray([3.4e38, -3.4e38, 1e-38, 0.0])])
   high, low = jax.jit(bfloat16_parts)(x)
@@ -291,9 +315,14 @@ def test_bfloat16_parts_of_a_float32_cotangent():
   tiny = np.finfo(np.float32).tiny
   assert np.all(np.abs(total - x64) <= 2.0**-16 * np.abs(x64) + tiny)
   assert np.all(np.isfinite(np.asarray(high, np.float32)))
-  special = jnp.asarray([np.inf, -np.inf, np.nan], jnp.float32)
+  # The last: a NaN whose payload lies only in the bits the cut drops.
+  special = jax.lax.bitcast_convert_type(jnp.asarray(
+      [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001], jnp.uint32),
+      jnp.float32)
   high, low = jax.jit(bfloat16_parts)(special)
-  np.testing.assert_array_equal(np.asarray(high, np.float32), special)
+  high = np.asarray(high, np.float32)
+  np.testing.assert_array_equal(high[:2], [np.inf, -np.inf])
+  assert np.all(np.isnan(high[2:]))
   np.testing.assert_array_equal(np.asarray(low, np.float32), 0)
 
 

@@ -357,11 +357,14 @@ def bfloat16_parts(x):
   bfloat16's 8 significand bits, low what is left, rounded. The cut is a
   bit mask, not a round trip through bfloat16, because XLA may drop such a
   round trip (excess precision, on the GPU), which would leave low zero;
-  and a cut never overflows. Where `x` is not finite, low is zero."""
+  and a cut never overflows. Where `x` is not finite, high is `x` (a NaN
+  whose payload lies in the cut bits stays a NaN) and low is zero."""
   bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  high = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000),
-                                      jnp.float32)
-  low = jnp.where(jnp.isfinite(x), x - high, 0)
+  cut = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000),
+                                     jnp.float32)
+  finite = jnp.isfinite(x)
+  high = jnp.where(finite, cut, x)
+  low = jnp.where(finite, x - cut, 0)
   return high.astype(jnp.bfloat16), low.astype(jnp.bfloat16)
 
 

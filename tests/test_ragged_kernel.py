@@ -2641,3 +2641,44 @@ def test_inclusive_sum_is_cumsum_at_any_length(count):
   got = jax.jit(mosaic_schedule.inclusive_sum)(jnp.asarray(values))
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(np.asarray(got), np.cumsum(values))
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_float32_output_gradients_run_on_the_kernels(transpose_rhs):
+  """The backward of a float32 output on bfloat16 operands, through the
+  Mosaic kernels (interpreted on a CPU): the float32 cotangent's two
+  bfloat16 parts, the weight gradient over each token row twice. Odd and
+  empty groups, rows past the last group; against float64."""
+  import pallas_gemm
+  sizes = [5, 0, 11, 3, 17, 1]
+  m, k, n = 41, 64, 64
+  keys = jax.random.split(jax.random.key(7), 3)
+  lhs = numerics.random_normal(keys[0], (m, k), jnp.bfloat16)
+  rhs = numerics.random_normal(
+      keys[1], (len(sizes), n, k) if transpose_rhs else (len(sizes), k, n),
+      jnp.bfloat16)
+  weights = numerics.random_normal(keys[2], (m, n), jnp.float32)
+  group_sizes = jnp.asarray(sizes, jnp.int32)
+
+  def loss(l, r):
+    out = pallas_gemm.ragged_dot(l, r, group_sizes, kernel="mosaic",
+                                 transpose_rhs=transpose_rhs,
+                                 preferred_element_type=jnp.float32)
+    return jnp.sum(weights * jnp.sin(out))
+  grads = jax.jit(jax.grad(loss, (0, 1)))(lhs, rhs)
+
+  forward = RaggedProblem("rows", m, k, n, len(sizes), "float32", "float32",
+                          transpose_rhs=transpose_rhs)
+  out = reference(lhs, rhs, sizes, forward)
+  dout = np.asarray(weights, np.float64) * np.cos(out)
+  dlhs = reference(dout, rhs, sizes, RaggedProblem(
+      "rows", m, n, k, len(sizes), "float32", "float32",
+      transpose_rhs=not transpose_rhs))
+  drhs = reference(lhs, dout, sizes, RaggedProblem(
+      "contracting", m, k, n, len(sizes), "float32", "float32"))
+  if transpose_rhs:
+    drhs = np.swapaxes(drhs, 1, 2)
+  tol = numerics.tolerance("bfloat16", "default", "bfloat16")
+  for got, want in zip(grads, (dlhs, drhs)):
+    assert got.dtype == jnp.bfloat16
+    assert numerics.relative_error(got, want) <= tol

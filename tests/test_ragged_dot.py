@@ -233,7 +233,9 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
   with float64 as a bfloat16 result must, rows outside the groups
   included (sizes past m, negative sizes, a group offset)."""
   m, sizes = SIZES[case]
-  local = len(sizes) - (offset or 0) - (1 if offset else 0)
+  # With an offset, this device holds two experts, with groups before and
+  # after them.
+  local = 2 if offset else len(sizes)
   lhs = _normal((m, 24), jnp.bfloat16)
   rhs = _normal((local, 16, 24) if transpose_rhs else (local, 24, 16),
                 jnp.bfloat16)
@@ -259,8 +261,7 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
   # float64 reference: each row times its group's weights, through a
   # row-to-group matrix that jnp differentiates.
   first = sum(max(s, 0) for s in sizes[:offset or 0])
-  starts, ends = group_bounds(
-      sizes[offset or 0:][:local], m, first)
+  starts, ends = group_bounds(sizes[offset or 0:][:local], m, first)
   rows = np.arange(m)[:, None]
   onehot = ((rows >= starts) & (rows < ends)).astype(np.float64)
 

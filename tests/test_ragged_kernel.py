@@ -27,6 +27,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import strategies as st  # noqa: E402
 
+import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.ragged_dot import arg_specs, configs, mosaic, mosaic_schedule
@@ -2649,7 +2650,6 @@ def test_float32_output_gradients_run_on_the_kernels(transpose_rhs):
   Mosaic kernels (interpreted on a CPU): the float32 cotangent's two
   bfloat16 parts, the weight gradient over each token row twice. Odd and
   empty groups, rows past the last group; against float64."""
-  import pallas_gemm
   sizes = [5, 0, 11, 3, 17, 1]
   m, k, n = 41, 64, 64
   keys = jax.random.split(jax.random.key(7), 3)

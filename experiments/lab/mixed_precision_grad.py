@@ -1,17 +1,17 @@
 """The backward of a bfloat16 grouped GEMM whose forward asked for float32
 output (`preferred_element_type=float32`), timed four ways on a GPU.
 
-Its cotangent is float32. `ragged_dot_p`'s transpose runs each cotangent
-product as two bfloat16 products (the cotangent's high and low bfloat16
-parts) on the grouped GEMM kernels (`primitive.splits_wide_cotangent`):
-the weight gradient as one product over each token row twice, the input
-gradient as two products added in float32. Before, it upcast the other operand
-to float32, a problem only XLA's ragged product takes. Per case:
+Its cotangent is float32. Since fb57070 `ragged_dot_p`'s transpose cuts
+it into high and low bfloat16 parts and runs their products on the grouped
+GEMM kernels (`primitive.splits_wide_cotangent`): the weight gradient as
+one product over each token row twice, the input gradient as two products
+added in float32. Before, it upcast the other operand to float32, a
+problem only XLA's ragged product takes. Per case:
 
   lax      jax.vjp of jax.lax.ragged_dot, float32 output (XLA)
   upcast   the products the transpose ran before: float32 operands through
            pallas_gemm (which resolves them to XLA)
-  split    jax.vjp of pallas_gemm.ragged_dot, float32 output (this change)
+  split    jax.vjp of pallas_gemm.ragged_dot, float32 output (the split)
   bf16     jax.vjp of pallas_gemm.ragged_dot, bfloat16 output: the same
            products with a bfloat16 cotangent, for scale
 
@@ -27,7 +27,6 @@ against `lax` (which runs TF32 products; float64 is too slow here).
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 

@@ -39,6 +39,27 @@ def lower_for_cuda(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 
 
+def ragged_sin_loss_grads(lhs, rhs, group_sizes, weights, *,
+                          transpose_rhs=False, row_offset=0):
+  """float64 (dlhs, drhs) of sum(weights * sin(ragged_dot(lhs, rhs))), the
+  rows form, from the float64 `ragged_dot.reference`: the output's
+  cotangent is weights * cos(out), and each gradient is its ragged
+  product. Rows outside the groups get no gradient."""
+  from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
+  (m, k), groups = lhs.shape, rhs.shape[0]
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+
+  def product(a, b, mode, k, n, transpose_rhs=False):
+    return reference(a, b, group_sizes, RaggedProblem(
+        mode, m, k, n, groups, "float32", "float32",
+        transpose_rhs=transpose_rhs), row_offset)
+  out = product(lhs, rhs, "rows", k, n, transpose_rhs)
+  dout = np.asarray(weights, np.float64) * np.cos(out)
+  dlhs = product(dout, rhs, "rows", n, k, not transpose_rhs)
+  drhs = product(lhs, dout, "contracting", k, n)
+  return dlhs, np.swapaxes(drhs, 1, 2) if transpose_rhs else drhs
+
+
 def make_operands(shape, dtype, *, layout="NN", batch=None, key=None):
   m, n, k = shape
   key = key if key is not None else numerics.fresh_key()

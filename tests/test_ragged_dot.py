@@ -24,9 +24,8 @@ import pytest
 import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
-from kernel_test_base import lower_for_cuda
+from kernel_test_base import lower_for_cuda, ragged_sin_loss_grads
 from pallas_gemm.ragged_dot.primitive import bfloat16_parts
-from pallas_gemm.ragged_dot.problem import group_bounds
 from pallas_gemm.ragged_dot import (RaggedProblem, arg_specs, explain,
                                     implementations, ragged_dot,
                                     ragged_dot_general, reference, xla)
@@ -258,21 +257,10 @@ def test_grad_with_float32_output_of_bfloat16_operands(case, transpose_rhs,
     assert [str(v.aval.dtype) for v in eqn.invars[:2]] == ["bfloat16"] * 2
     assert eqn.params["precision"] == "default"
 
-  # float64 reference: each row times its group's weights, through a
-  # row-to-group matrix that jnp differentiates.
-  first = sum(max(s, 0) for s in sizes[:offset or 0])
-  starts, ends = group_bounds(sizes[offset or 0:][:local], m, first)
-  rows = np.arange(m)[:, None]
-  onehot = ((rows >= starts) & (rows < ends)).astype(np.float64)
-
-  def reference_loss(l, r):
-    w = jnp.swapaxes(r, 1, 2) if transpose_rhs else r
-    out = jnp.einsum("mg,mk,gkn->mn", onehot, l, w,
-                     precision=jax.lax.Precision.HIGHEST)
-    return jnp.sum(weights * jnp.sin(out))
-  f64 = lambda x: np.asarray(x, np.float64)
-  with jax.enable_x64(True):
-    expected = jax.grad(reference_loss, (0, 1))(f64(lhs), f64(rhs))
+  expected = ragged_sin_loss_grads(
+      lhs, rhs, sizes[offset or 0:][:local], weights,
+      transpose_rhs=transpose_rhs,
+      row_offset=sum(max(s, 0) for s in sizes[:offset or 0]))
   for a, b in zip(jax.jit(ours)(lhs, rhs), expected):
     assert a.dtype == jnp.bfloat16
     _check(a, np.asarray(b), "bfloat16", "default")
@@ -353,16 +341,7 @@ def test_float32_cotangent_keeps_its_low_part():
                                        else out))
     return jax.jit(jax.grad(f, (0, 1)))
 
-  def reference_loss(l, r):
-    ends = jnp.cumsum(sizes)
-    rows = jnp.arange(512)[:, None]
-    onehot = ((rows >= ends - sizes) & (rows < ends)).astype(l.dtype)
-    out = jnp.einsum("mg,mk,gkn->mn", onehot, l, r,
-                     precision=jax.lax.Precision.HIGHEST)
-    return jnp.sum(weights * jnp.sin(out))
-  with jax.enable_x64(True):
-    expected = jax.grad(reference_loss, (0, 1))(
-        np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
+  expected = ragged_sin_loss_grads(lhs, rhs, np.asarray(sizes), weights)
   for split, rounded, ref in zip(loss(False)(lhs, rhs),
                                  loss(True)(lhs, rhs), expected):
     assert (numerics.relative_error(split, ref)

@@ -37,7 +37,7 @@ from pallas_gemm.ragged_dot.configs import RaggedConfig
 from pallas_gemm.ragged_dot.problem import RaggedProblem, group_bounds, reference
 from pallas_gemm.mosaic_backend import bulk_stores, tile_claims, tma
 from pallas_gemm.mosaic_backend.warp_specialised import interpret_params
-from kernel_test_base import lower_for_cuda
+from kernel_test_base import lower_for_cuda, ragged_sin_loss_grads
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -2666,19 +2666,9 @@ def test_float32_output_gradients_run_on_the_kernels(transpose_rhs):
                                  preferred_element_type=jnp.float32)
     return jnp.sum(weights * jnp.sin(out))
   grads = jax.jit(jax.grad(loss, (0, 1)))(lhs, rhs)
-
-  forward = RaggedProblem("rows", m, k, n, len(sizes), "float32", "float32",
-                          transpose_rhs=transpose_rhs)
-  out = reference(lhs, rhs, sizes, forward)
-  dout = np.asarray(weights, np.float64) * np.cos(out)
-  dlhs = reference(dout, rhs, sizes, RaggedProblem(
-      "rows", m, n, k, len(sizes), "float32", "float32",
-      transpose_rhs=not transpose_rhs))
-  drhs = reference(lhs, dout, sizes, RaggedProblem(
-      "contracting", m, k, n, len(sizes), "float32", "float32"))
-  if transpose_rhs:
-    drhs = np.swapaxes(drhs, 1, 2)
+  expected = ragged_sin_loss_grads(lhs, rhs, sizes, weights,
+                                   transpose_rhs=transpose_rhs)
   tol = numerics.tolerance("bfloat16", "default", "bfloat16")
-  for got, want in zip(grads, (dlhs, drhs)):
+  for got, want in zip(grads, expected):
     assert got.dtype == jnp.bfloat16
     assert numerics.relative_error(got, want) <= tol

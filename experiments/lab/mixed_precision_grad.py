@@ -44,8 +44,8 @@ WAYS = ("lax", "upcast", "split", "bf16")
 
 
 def _layer(name: str):
-  layers = [layer for suite in ("moe", "moe_holdout", "moe_unseen", "moe_small")
-            for layer in arg_specs.SUITES[suite] if name in layer.name]
+  layers = [layer for layer in sum(arg_specs.SUITES.values(), ())
+            if name in layer.name]
   if not layers:
     raise SystemExit(f"--layers: no layer matches {name!r}")
   return layers[0]
@@ -89,6 +89,9 @@ def main(argv=None) -> int:
   parser.add_argument("--budget_s", type=float, default=0.0,
                       help="start no new case after this long (0: no limit)")
   args = parser.parse_args(argv)
+  ways = args.ways.split(",")
+  if unknown := sorted(set(ways) - set(WAYS)):
+    parser.error(f"--ways: {unknown} are not among {WAYS}")
   on_gpu = jax.default_backend() == "gpu"
   print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
         f"{'CUPTI' if on_gpu else 'wall clock'} median of "
@@ -110,10 +113,9 @@ def main(argv=None) -> int:
       ct = numerics.random_normal(keys[2], (layer.rows, layer.n), jnp.float32)
       sizes = jnp.asarray(arg_specs.group_sizes(distribution, layer.rows,
                                                 layer.groups))
-      ways = pullbacks(sizes)
       times, grads = {}, {}
-      for way, fn in ways.items():
-        if way not in args.ways.split(","):
+      for way, fn in pullbacks(sizes).items():
+        if way not in ways:
           continue
         try:
           grads[way] = jax.block_until_ready(fn(x, w, ct))

@@ -25,7 +25,7 @@ import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from kernel_test_base import lower_for_cuda, ragged_sin_loss_grads
-from pallas_gemm.ragged_dot.primitive import bfloat16_parts
+from pallas_gemm.ragged_dot.bfloat16_split import bfloat16_parts
 from pallas_gemm.ragged_dot import (RaggedProblem, arg_specs, explain,
                                     implementations, ragged_dot,
                                     ragged_dot_general, reference, xla)

@@ -135,7 +135,8 @@ def _run(problem, sizes, *, row_offset=0, config=SMALL, detect_races=False):
   as64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
   want = reference(as64(lhs), as64(rhs), sizes, problem, row_offset)
   got = as64(out)
-  tol = numerics.tolerance(problem.in_dtype, "default", problem.out_dtype)
+  tol = numerics.tolerance(problem.in_dtype, problem.precision,
+                           problem.out_dtype)
   scale = max(np.linalg.norm(want), 1.0)
   assert np.linalg.norm(got - want) / scale <= tol, (sizes, row_offset)
   # Rows (rows mode) or groups (contracting) with no data are exactly zero.
@@ -2672,3 +2673,137 @@ def test_float32_output_gradients_run_on_the_kernels(transpose_rhs):
   for got, want in zip(grads, expected):
     assert got.dtype == jnp.bfloat16
     assert numerics.relative_error(got, want) <= tol
+
+
+# ------------------------------------------------------- float32 operands ---
+
+#: The split's error budget: its three bfloat16 products leave about 2^-16
+#: of each product, where TF32 (precision="default") would leave 2^-11 and
+#: the high parts alone (a dropped low part) about 2^-8.
+THREE_PRODUCTS_TOLERANCE = 1e-4
+
+
+@pytest.mark.parametrize("problem, sizes, row_offset", [
+    (RaggedProblem("rows", 100, 72, 40, 4, "float32", "float32",
+                   precision="tf32"), [30, 0, 50, 15], 0),
+    # rhs stored (groups, n, k), an activation, a bfloat16 output, a group
+    # offset whose groups run past m.
+    (RaggedProblem("rows", 90, 64, 48, 3, "float32", "bfloat16",
+                   transpose_rhs=True, activation="gelu", precision="tf32"),
+     [40, 7, 60], 5),
+    # Each token row three times: sums past m, a negative size, an offset.
+    (RaggedProblem("contracting", 77, 40, 56, 4, "float32", "float32",
+                   precision="tf32"), [20, -3, 31, 40], 4),
+], ids=["rows", "rows_transposed_activation_bf16_out", "contracting"])
+def test_float32_operands_run_as_three_bfloat16_products(problem, sizes,
+                                                         row_offset):
+  """float32 operands on the bfloat16 kernels: high x high + high x low +
+  low x high in one call, against float64, well inside what TF32 or a
+  dropped low part would give."""
+  assert mosaic.supports(problem, HOPPER) is None
+  got, want = _run(problem, sizes, row_offset=row_offset)
+  if problem.out_dtype == "float32":
+    error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert error <= THREE_PRODUCTS_TOLERANCE, error
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_float32_operands_keep_infinities_and_nans(transpose_rhs):
+  """An infinity meets the other operand's high part only: where the float32
+  product is an infinity the split gives the same one, not the NaN a cross
+  term (infinity times a low part of zero) would add; NaNs stay NaNs."""
+  m, k, n, sizes = 40, 64, 24, [10, 14, 16]
+  keys = jax.random.split(jax.random.key(3), 2)
+  lhs = np.array(numerics.random_normal(keys[0], (m, k), jnp.float32))
+  rhs = np.array(numerics.random_normal(keys[1], (3, k, n), jnp.float32))
+  # bfloat16 holds these exactly, so their own low parts are zero.
+  lhs[:, :8] = 0.5
+  rhs[:, :8, :] = -2.0
+  lhs[2, 3] = np.inf  # group 0
+  lhs[13, 9] = np.nan  # group 1
+  rhs[2, 5, 7] = -np.inf  # group 2's rows, column 7
+  problem = RaggedProblem("rows", m, k, n, 3, "float32", "float32",
+                          transpose_rhs=transpose_rhs, precision="tf32")
+  stored = np.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+  out = mosaic.ragged_matmul(
+      jnp.asarray(lhs), jnp.asarray(stored), jnp.asarray(sizes, jnp.int32),
+      jnp.zeros((1,), jnp.int32), problem=problem, config=SMALL,
+      interpret=False if ON_GPU else plgpu.InterpretGPUParams())
+  got = np.asarray(out, np.float64)
+  with np.errstate(invalid="ignore"):
+    want = reference(lhs, stored, sizes, problem)
+  assert np.isinf(want).sum() > n  # row 2, and column 7 of group 2's rows
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+  np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+  np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+  finite = np.isfinite(want)
+  assert (np.linalg.norm(got[finite] - want[finite])
+          / np.linalg.norm(want[finite])) <= THREE_PRODUCTS_TOLERANCE
+
+
+def test_float32_operands_at_exact_precision_are_not_split():
+  """precision="highest" asks for float32 products, which three bfloat16
+  ones do not give: the kernels decline (the automatic choice then falls
+  back to xla) and raise when run anyway."""
+  exact = RaggedProblem("rows", 64, 64, 64, 2, "float32", "float32",
+                        precision="ieee")
+  assert "exact float32" in mosaic.supports(exact, HOPPER)
+  with pytest.raises(ValueError, match="exact float32"):
+    mosaic.ragged_matmul(jnp.ones((64, 64)), jnp.ones((2, 64, 64)),
+                         jnp.asarray([32, 32], jnp.int32),
+                         jnp.zeros((1,), jnp.int32), problem=exact,
+                         config=SMALL, interpret=True)
+  huge = RaggedProblem("contracting", 2**30, 64, 64, 2, "float32", "float32",
+                       precision="tf32")
+  assert "int32" in mosaic.supports(huge, HOPPER)
+
+
+def test_float32_operands_get_the_bfloat16_problems_config():
+  """The config is the heuristic's for the bfloat16 problem the kernels
+  run: three times the contraction (rows), three times the rows
+  (contracting)."""
+  for problem in (RaggedProblem("rows", 4096, 2048, 768, 128, "float32",
+                                "float32", precision="tf32"),
+                  RaggedProblem("contracting", 4096, 2048, 768, 128,
+                                "float32", "float32", precision="tf32")):
+    parts = mosaic.bfloat16_split.bfloat16_problem(problem)
+    assert parts.in_dtype == "bfloat16" and parts.flops == 3 * problem.flops
+    assert mosaic.heuristic(problem, HOPPER) == configs.heuristic(parts,
+                                                                  HOPPER)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_float32_operand_gradients_run_on_the_kernels(transpose_rhs):
+  """The pullback of float32 operands through the Mosaic kernels: every
+  product (forward, dlhs, drhs) is a float32 `ragged_dot_p` that runs as
+  three bfloat16 products; against float64."""
+  sizes = [5, 0, 11, 3, 17, 1]
+  m, k, n = 41, 64, 40
+  keys = jax.random.split(jax.random.key(11), 3)
+  lhs = numerics.random_normal(keys[0], (m, k), jnp.float32)
+  rhs = numerics.random_normal(
+      keys[1], (len(sizes), n, k) if transpose_rhs else (len(sizes), k, n),
+      jnp.float32)
+  weights = numerics.random_normal(keys[2], (m, n), jnp.float32)
+  group_sizes = jnp.asarray(sizes, jnp.int32)
+
+  def loss(l, r):
+    out = pallas_gemm.ragged_dot(l, r, group_sizes, kernel="mosaic",
+                                 transpose_rhs=transpose_rhs,
+                                 precision="default")
+    return jnp.sum(weights * jnp.sin(out))
+  jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(lhs, rhs)
+  products = [e for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
+  assert len(products) == 3
+  assert all(e.params["kernel"] == "mosaic" and e.params["precision"] == "tf32"
+             for e in products)
+  grads = jax.jit(jax.grad(loss, (0, 1)))(lhs, rhs)
+  expected = ragged_sin_loss_grads(lhs, rhs, sizes, weights,
+                                   transpose_rhs=transpose_rhs)
+  # The cotangent, cos(out), takes the forward's error in absolute terms
+  # (out is about sqrt(k) in size), so the gradients get ten times the
+  # forward's budget, still well under what TF32 products would give.
+  for got, want in zip(grads, expected):
+    assert got.dtype == jnp.float32
+    assert (numerics.relative_error(got, want)
+            <= 10 * THREE_PRODUCTS_TOLERANCE)

@@ -68,7 +68,7 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     run_producer, run_warpgroups, tile_coordinates, tiles_of_this_cta,
     warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv, power_of_two_at_most
-from pallas_gemm.ragged_dot import configs, mosaic_schedule as schedule
+from pallas_gemm.ragged_dot import bfloat16_split, configs, mosaic_schedule as schedule
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, SHORT_ITEM_ROWS,
                                           RaggedConfig)
@@ -81,13 +81,26 @@ OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
-  return configs.heuristic(problem, device)
+  return configs.heuristic(_kernel_problem(problem), device)
+
+
+def _kernel_problem(problem: RaggedProblem) -> RaggedProblem:
+  """The problem the kernels run: float32 operands as the bfloat16 problem
+  of their three parts' products (`bfloat16_split`)."""
+  if bfloat16_split.splits(problem):
+    return bfloat16_split.bfloat16_problem(problem)
+  return problem
 
 
 def supports(problem: RaggedProblem, device: DeviceInfo) -> str | None:
   reason = hopper_device_unsupported(device)
   if reason:
     return reason
+  if bfloat16_split.splits(problem):
+    reason = bfloat16_split.why_not(problem)
+    if reason:
+      return reason
+  problem = _kernel_problem(problem)
   if problem.in_dtype not in INPUT_DTYPES:
     return f"input dtype {problem.in_dtype} is not one of {INPUT_DTYPES}"
   if problem.out_dtype not in OUTPUT_DTYPES:
@@ -748,6 +761,15 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
   if not isinstance(config, RaggedConfig):
     raise TypeError(f"config must be a RaggedConfig, got "
                     f"{type(config).__name__}")
+  if bfloat16_split.splits(problem):
+    reason = bfloat16_split.why_not(problem)
+    if reason:
+      raise ValueError(f"{problem} cannot run on the mosaic kernels: {reason}")
+    _check_operands(lhs, rhs, group_sizes, row_offset, problem)
+    *operands, parts_problem = bfloat16_split.three_products(
+        lhs, rhs, group_sizes, row_offset, problem)
+    return ragged_matmul(*operands, problem=parts_problem, config=config,
+                         interpret=interpret)
   if not config.fits(problem):
     raise ValueError(f"config={config} needs {config.smem_bytes(problem)} "
                      "bytes of shared memory, more than an sm_90 block has")

@@ -46,6 +46,7 @@ from pallas_gemm import sharding
 from pallas_gemm.devices import device_info
 from pallas_gemm.problem import ACTIVATIONS, dtype_name
 from pallas_gemm.ragged_dot import implementations
+from pallas_gemm.ragged_dot.bfloat16_split import INT32_MAX, bfloat16_parts
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 from pallas_gemm.ragged_dot.xla import clipped_groups, group_row_mask
 
@@ -320,7 +321,7 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
     # where an upcast operand would leave only XLA's float32 product.
     high, low = bfloat16_parts(ct)
     m = ct.shape[0]
-    if contracting and 2 * m <= _INT32_MAX:
+    if contracting and 2 * m <= INT32_MAX:
       # One product over twice the rows: each token row twice, with the
       # high then the low part, so that the kernel adds both parts in its
       # float32 accumulator and rounds once. Doubled, the clipped groups
@@ -348,24 +349,6 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
                    target_dtype)
   return [grad, None, None, None] if wanted_lhs else [None, grad, None, None]
 
-
-_INT32_MAX = 2**31 - 1
-
-
-def bfloat16_parts(x):
-  """(high, low) bfloat16 parts of float32 `x`: high is `x` cut to
-  bfloat16's 8 significand bits, low what is left, rounded. The cut is a
-  bit mask, not a round trip through bfloat16, because XLA may drop such a
-  round trip (excess precision, on the GPU), which would leave low zero;
-  and a cut never overflows. Where `x` is not finite, high is `x` (a NaN
-  whose payload lies in the cut bits stays a NaN) and low is zero."""
-  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  cut = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000),
-                                     jnp.float32)
-  finite = jnp.isfinite(x)
-  high = jnp.where(finite, cut, x)
-  low = jnp.where(finite, x - cut, 0)
-  return high.astype(jnp.bfloat16), low.astype(jnp.bfloat16)
 
 
 def splits_wide_cotangent(ct_dtype, operand_dtype, precision: str) -> bool:

@@ -1,0 +1,148 @@
+"""float32 grouped GEMMs: XLA's ragged product against the Mosaic kernels
+running three bfloat16 products (`pallas_gemm.ragged_dot.bfloat16_split`),
+from decode batches to training steps, on a GPU.
+
+Per (layer, rows, routing), each timed in one process against the others:
+
+  xla    jax.lax.ragged_dot on float32 operands, precision="default"
+  split  pallas_gemm.ragged_dot(kernel="mosaic") on the float32 operands
+  auto   pallas_gemm.ragged_dot as resolved automatically
+  bf16   pallas_gemm.ragged_dot on the operands cast to bfloat16, for scale
+
+`--direction forward` times the product, `grad` the pullback of both
+operands (a float32 cotangent). CUPTI time of every kernel of one call,
+median of `--iterations`. Where the product is small enough for NumPy, the
+relative error of xla and split against float64 is printed too.
+
+    PYTHONPATH=. python3 experiments/lab/float32_ragged.py \
+        [--layers qwen3_30b_a3b_up,mixtral8x7b_up] [--rows 64,1024,0] \
+        [--distributions even,zipf] [--direction forward|grad] \
+        [--ways xla,split,auto,bf16] [--iterations 10] [--budget_s 200]
+
+`--rows 0` stands for the layer's own rows (its training step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_gemm
+from pallas_gemm import numerics, timing
+from pallas_gemm.ragged_dot import arg_specs
+from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
+
+WAYS = ("xla", "split", "auto", "bf16")
+#: The largest product (flops) whose float64 NumPy reference is computed.
+_REFERENCE_FLOPS = 4e10
+
+
+def _layer(name: str):
+  layers = [layer for layer in sum(arg_specs.SUITES.values(), ())
+            if layer.name.startswith(name)]
+  if not layers:
+    raise SystemExit(f"--layers: no layer's name starts with {name!r}")
+  return layers[0]
+
+
+def _forward(way: str, group_sizes):
+  if way == "xla":
+    return lambda x, w: jax.lax.ragged_dot(x, w, group_sizes)
+  if way == "bf16":
+    return lambda x, w: pallas_gemm.ragged_dot(
+        x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
+        preferred_element_type=jnp.float32)
+  kernel = "mosaic" if way == "split" else None
+  return lambda x, w: pallas_gemm.ragged_dot(x, w, group_sizes, kernel=kernel)
+
+
+def _call(way: str, group_sizes, direction: str):
+  forward = _forward(way, group_sizes)
+  if direction == "forward":
+    return jax.jit(lambda x, w, ct: forward(x, w))
+  return jax.jit(lambda x, w, ct: jax.vjp(forward, x, w)[1](ct))
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--layers", default="qwen3_30b_a3b_up,mixtral8x7b_up,"
+                      "deepseek_v3_up,g64_t16384")
+  parser.add_argument("--rows", default="16,256,2048,0",
+                      help="lhs rows per case; 0: the layer's own")
+  parser.add_argument("--distributions", default="even,zipf")
+  parser.add_argument("--direction", choices=("forward", "grad"),
+                      default="forward")
+  parser.add_argument("--ways", default=",".join(WAYS),
+                      help=f"a subset of {WAYS}")
+  parser.add_argument("--iterations", type=int, default=10)
+  parser.add_argument("--budget_s", type=float, default=0.0,
+                      help="start no new case after this long (0: no limit)")
+  args = parser.parse_args(argv)
+  ways = args.ways.split(",")
+  if unknown := sorted(set(ways) - set(WAYS)):
+    parser.error(f"--ways: {unknown} are not among {WAYS}")
+  try:
+    rows_list = [int(r) for r in args.rows.split(",")]
+  except ValueError:
+    parser.error(f"--rows={args.rows!r} must be integers")
+  if any(r < 0 for r in rows_list):
+    parser.error(f"--rows={args.rows!r} must be >= 0")
+  on_gpu = jax.default_backend() == "gpu"
+  print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
+        f"{'CUPTI' if on_gpu else 'wall clock'} median of "
+        f"{args.iterations}, {args.direction}", flush=True)
+  print("| case | " + " | ".join(f"{w} (us)" for w in WAYS)
+        + " | xla / split | split / bf16 | xla error | split error |")
+  print("|---|" + "---|" * (len(WAYS) + 4), flush=True)
+  start = time.perf_counter()
+  for name in args.layers.split(","):
+    layer = _layer(name)
+    for rows in rows_list:
+      rows = rows or layer.rows
+      for distribution in args.distributions.split(","):
+        if args.budget_s and time.perf_counter() - start > args.budget_s:
+          print(f"# budget of {args.budget_s} s spent: stopping", flush=True)
+          return 0
+        label = (f"{layer.name} g{layer.groups} k{layer.k} n{layer.n} "
+                 f"m{rows} {distribution}")
+        keys = jax.random.split(jax.random.key(0), 3)
+        x = numerics.random_normal(keys[0], (rows, layer.k), jnp.float32)
+        w = numerics.random_normal(keys[1], (layer.groups, layer.k, layer.n),
+                                   jnp.float32)
+        ct = numerics.random_normal(keys[2], (rows, layer.n), jnp.float32)
+        sizes = arg_specs.group_sizes(distribution, rows, layer.groups)
+        times, outs = {}, {}
+        for way in ways:
+          fn = _call(way, jnp.asarray(sizes), args.direction)
+          try:
+            outs[way] = jax.block_until_ready(fn(x, w, ct))
+            times[way] = 1e3 * timing.median_time_ms(
+                fn, (x, w, ct), iterations=args.iterations, on_gpu=on_gpu)
+          except Exception as error:  # noqa: BLE001 - reported, run goes on
+            print(f"# {label} {way}: {type(error).__name__}: "
+                  f"{str(error)[:200]}", flush=True)
+        errors = {}
+        problem = RaggedProblem("rows", rows, layer.k, layer.n, layer.groups,
+                                "float32", "float32")
+        if args.direction == "forward" and problem.flops <= _REFERENCE_FLOPS:
+          want = reference(np.asarray(x), np.asarray(w), sizes, problem)
+          errors = {way: numerics.relative_error(outs[way], want)
+                    for way in ("xla", "split") if way in outs}
+        cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
+        ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
+                              if a in times and b in times else "-")
+        print(f"| {label} | " + " | ".join(cell(w) for w in WAYS)
+              + f" | {ratio('xla', 'split')} | {ratio('split', 'bf16')} | "
+              + " | ".join(f"{errors[w]:.1e}" if w in errors else "-"
+                           for w in ("xla", "split")) + " |", flush=True)
+        del x, w, ct, outs
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

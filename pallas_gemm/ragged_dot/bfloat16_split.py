@@ -1,0 +1,112 @@
+"""float32 values as sums of bfloat16 parts, so that the grouped GEMM
+kernels (which multiply 16-bit operands only) can run float32 work.
+
+`bfloat16_parts(x)` cuts x into high + low: high is x's sign, exponent and
+top 7 stored significand bits, low the rest rounded to bfloat16, so that
+together they hold 16 of x's 24 significand bits.
+
+`three_products(...)` turns a float32 `RaggedProblem` into one bfloat16
+problem whose products are
+
+    a @ b  ~  high(a) @ high(b) + high(a) @ low(b) + low(a) @ high(b)
+
+(XLA's BF16_BF16_F32_X3 algorithm). What it leaves out, low(a) @ low(b) and
+the rounding of each low part, is about 2^-16 of each product, finer than
+the 2^-11 of the TF32 products that precision="default" allows for float32
+operands on a GPU, but not the exact float32 products of
+precision="highest". The three products run as one kernel call, so that the
+kernel adds them in its float32 accumulator and rounds once:
+  * "rows": the parts are laid side by side along the contraction, lhs
+    (m, 3k) = [high, high, low] against rhs [high; low; high];
+  * "contracting": each token row is repeated three times, once per pair
+    of parts, so that every group's rows stay contiguous (the group sizes
+    and the row offset are tripled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from pallas_gemm.ragged_dot.problem import RaggedProblem
+from pallas_gemm.ragged_dot.xla import clipped_groups
+
+#: How many bfloat16 products stand for one float32 product.
+PRODUCTS = 3
+INT32_MAX = 2**31 - 1
+
+
+def bfloat16_parts(x):
+  """(high, low) bfloat16 parts of float32 `x`: high is `x` cut to
+  bfloat16's 8 significand bits, low what is left, rounded. The cut is a
+  bit mask, not a round trip through bfloat16, because XLA may drop such a
+  round trip (excess precision, on the GPU), which would leave low zero;
+  and a cut never overflows. Where `x` is not finite, high is `x` (a NaN
+  whose payload lies in the cut bits stays a NaN) and low is zero."""
+  high, low, _ = _parts(x)
+  return high, low
+
+
+def _parts(x):
+  """(high, low, high of the cross terms): the last is high with the
+  values that are not finite zeroed. A cross term multiplies one operand's
+  high part by the other's low part; an infinity there would meet a low
+  part of zero (any value that bfloat16 holds exactly) and make a NaN that
+  the float32 product has not. The high x high term still carries it."""
+  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  cut = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000),
+                                     jnp.float32)
+  finite = jnp.isfinite(x)
+  high = jnp.where(finite, cut, x).astype(jnp.bfloat16)
+  low = jnp.where(finite, x - cut, 0).astype(jnp.bfloat16)
+  cross_high = jnp.where(finite, cut, 0).astype(jnp.bfloat16)
+  return high, low, cross_high
+
+
+def splits(problem: RaggedProblem) -> bool:
+  """Whether `problem` runs as `three_products` on the kernels."""
+  return problem.in_dtype == "float32"
+
+
+def why_not(problem: RaggedProblem) -> str | None:
+  """Why a float32 problem cannot run as three bfloat16 products, or None."""
+  if problem.precision != "tf32":
+    return (f"precision {problem.precision!r} asks for exact float32 "
+            "products; the kernels' three bfloat16 products keep about 16 "
+            "significand bits (enough for precision='default', which allows "
+            "TF32)")
+  if problem.mode == "contracting" and PRODUCTS * problem.m > INT32_MAX:
+    return (f"the contracting form repeats each of the m={problem.m} rows "
+            f"{PRODUCTS} times, past int32 row numbers")
+  return None
+
+
+def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:
+  """The one bfloat16 problem that `three_products` runs for `problem`."""
+  longer = ({"m": PRODUCTS * problem.m} if problem.mode == "contracting"
+            else {"k": PRODUCTS * problem.k})
+  return dataclasses.replace(problem, in_dtype="bfloat16", precision="default",
+                             **longer)
+
+
+def three_products(lhs, rhs, group_sizes, row_offset, problem: RaggedProblem):
+  """(lhs, rhs, group_sizes, row_offset, problem) of the bfloat16 problem
+  whose result is float32 `problem`'s, to about 2^-16 of each product."""
+  lhs_high, lhs_low, lhs_cross = _parts(lhs)
+  rhs_high, rhs_low, rhs_cross = _parts(rhs)
+  # Pairs, in order: high x high, high x low, low x high.
+  lhs_parts = (lhs_high, lhs_cross, lhs_low)
+  rhs_parts = (rhs_high, rhs_low, rhs_cross)
+  if problem.mode == "contracting":
+    m = problem.m
+    first, sizes = clipped_groups(group_sizes, row_offset, m)
+    interleave = lambda parts: jnp.stack(parts, axis=1).reshape(
+        PRODUCTS * m, parts[0].shape[1])
+    return (interleave(lhs_parts), interleave(rhs_parts), PRODUCTS * sizes,
+            jnp.reshape(PRODUCTS * first, (1,)), bfloat16_problem(problem))
+  k_axis = 2 if problem.transpose_rhs else 1
+  return (jnp.concatenate(lhs_parts, axis=1),
+          jnp.concatenate(rhs_parts, axis=k_axis), group_sizes, row_offset,
+          bfloat16_problem(problem))

@@ -116,6 +116,22 @@ def peak_tflops(device_kind: str, dtype: str, precision: str = "default"):
   return None
 
 
+#: Device-to-device copy bandwidth in TB/s, measured with CUPTI on the GPU
+#: machines (`copy_bandwidth_tbs` in experiments/results/<gpu>/moe*/
+#: results.json): what a pass over memory costs in the cost models that
+#: choose between implementations. Keys as above.
+COPY_TB_PER_S = {"H200": 4.3, "H100": 3.0}
+
+
+def copy_tb_per_s(device_kind: str) -> float:
+  """The measured copy bandwidth, or the lowest known for a device not in
+  the table (a cost model then errs towards the cheaper memory pass)."""
+  for name, value in COPY_TB_PER_S.items():
+    if name in device_kind:
+      return value
+  return min(COPY_TB_PER_S.values())
+
+
 def _cuda_plugin_installed() -> bool:
   import importlib.util
   for name in ("jax_cuda13_plugin", "jax_cuda12_plugin",

@@ -2807,3 +2807,30 @@ def test_float32_operand_gradients_run_on_the_kernels(transpose_rhs):
     assert got.dtype == jnp.float32
     assert (numerics.relative_error(got, want)
             <= 10 * THREE_PRODUCTS_TOLERANCE)
+
+
+def test_automatic_choice_for_float32_operands_follows_the_cost_model():
+  """float32 operands: the split where its memory passes pay off (many
+  rows, where XLA's product does groups times the flops), XLA on a decode
+  batch (a pass over the weights is all either does, and the split makes
+  four), and XLA where exact products are asked for; each with its
+  reason."""
+  from pallas_gemm.ragged_dot import bfloat16_split, implementations
+
+  def choice(m, mode="rows", precision="tf32"):
+    problem = RaggedProblem(mode, m, 2048, 768, 128, "float32", "float32",
+                            precision=precision)
+    return implementations.resolve(problem, HOPPER)
+  for m in (16, 256):
+    decode = choice(m)
+    assert decode.implementation == "xla" and "estimates" in decode.reason
+    split, xla = bfloat16_split.estimated_seconds(
+        RaggedProblem("rows", m, 2048, 768, 128, "float32", "float32",
+                      precision="tf32"), HOPPER)
+    assert split > 2 * xla
+  for mode in ("rows", "contracting"):
+    training = choice(32768, mode)
+    assert training.implementation == "mosaic", training.reason
+    assert "three bfloat16 products" in training.reason
+  exact = choice(32768, precision="ieee")
+  assert exact.implementation == "xla" and "exact float32" in exact.reason

@@ -9,14 +9,15 @@ Per (layer, rows, routing), each timed in one process against the others:
   auto   pallas_gemm.ragged_dot as resolved automatically
   bf16   pallas_gemm.ragged_dot on the operands cast to bfloat16, for scale
 
-`--direction forward` times the product, `grad` the pullback of both
-operands (a float32 cotangent). CUPTI time of every kernel of one call,
+`--direction forward` times the rows product x @ w, `drhs` the weight
+gradient's contracting product of x and a float32 cotangent, `grad` the
+pullback of both operands. CUPTI time of every kernel of one call,
 median of `--iterations`. Where the product is small enough for NumPy, the
 relative error of xla and split against float64 is printed too.
 
     PYTHONPATH=. python3 experiments/lab/float32_ragged.py \
         [--layers qwen3_30b_a3b_up,mixtral8x7b_up] [--rows 64,1024,0] \
-        [--distributions even,zipf] [--direction forward|grad] \
+        [--distributions even,zipf] [--direction forward|drhs|grad] \
         [--ways xla,split,auto,bf16] [--iterations 10] [--budget_s 200]
 
 `--rows 0` stands for the layer's own rows (its training step).
@@ -50,22 +51,38 @@ def _layer(name: str):
   return layers[0]
 
 
-def _forward(way: str, group_sizes):
+CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
+                                                (0,), ())
+DIRECTIONS = ("forward", "drhs", "grad")
+
+
+def _product(way: str, group_sizes, direction: str):
+  """f(a, b): the forward's rows product of x and w, or (drhs) the
+  contracting product of x and the cotangent."""
   if way == "xla":
-    return lambda x, w: jax.lax.ragged_dot(x, w, group_sizes)
-  if way == "bf16":
-    return lambda x, w: pallas_gemm.ragged_dot(
-        x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
-        preferred_element_type=jnp.float32)
+    if direction == "drhs":
+      return lambda a, b: jax.lax.ragged_dot_general(a, b, group_sizes,
+                                                     CONTRACTING)
+    return lambda a, b: jax.lax.ragged_dot(a, b, group_sizes)
+  cast = ((lambda v: v.astype(jnp.bfloat16)) if way == "bf16"
+          else (lambda v: v))
   kernel = "mosaic" if way == "split" else None
-  return lambda x, w: pallas_gemm.ragged_dot(x, w, group_sizes, kernel=kernel)
+  if direction == "drhs":
+    return lambda a, b: pallas_gemm.ragged_dot_general(
+        cast(a), cast(b), group_sizes, CONTRACTING, kernel=kernel,
+        preferred_element_type=jnp.float32)
+  return lambda a, b: pallas_gemm.ragged_dot(
+      cast(a), cast(b), group_sizes, kernel=kernel,
+      preferred_element_type=jnp.float32)
 
 
 def _call(way: str, group_sizes, direction: str):
-  forward = _forward(way, group_sizes)
+  product = _product(way, group_sizes, direction)
   if direction == "forward":
-    return jax.jit(lambda x, w, ct: forward(x, w))
-  return jax.jit(lambda x, w, ct: jax.vjp(forward, x, w)[1](ct))
+    return jax.jit(lambda x, w, ct: product(x, w))
+  if direction == "drhs":
+    return jax.jit(lambda x, w, ct: product(x, ct))
+  return jax.jit(lambda x, w, ct: jax.vjp(product, x, w)[1](ct))
 
 
 def main(argv=None) -> int:
@@ -75,8 +92,7 @@ def main(argv=None) -> int:
   parser.add_argument("--rows", default="16,256,2048,0",
                       help="lhs rows per case; 0: the layer's own")
   parser.add_argument("--distributions", default="even,zipf")
-  parser.add_argument("--direction", choices=("forward", "grad"),
-                      default="forward")
+  parser.add_argument("--direction", choices=DIRECTIONS, default="forward")
   parser.add_argument("--ways", default=",".join(WAYS),
                       help=f"a subset of {WAYS}")
   parser.add_argument("--iterations", type=int, default=10)
@@ -127,10 +143,12 @@ def main(argv=None) -> int:
             print(f"# {label} {way}: {type(error).__name__}: "
                   f"{str(error)[:200]}", flush=True)
         errors = {}
-        problem = RaggedProblem("rows", rows, layer.k, layer.n, layer.groups,
+        mode = "contracting" if args.direction == "drhs" else "rows"
+        problem = RaggedProblem(mode, rows, layer.k, layer.n, layer.groups,
                                 "float32", "float32")
-        if args.direction == "forward" and problem.flops <= _REFERENCE_FLOPS:
-          want = reference(np.asarray(x), np.asarray(w), sizes, problem)
+        if args.direction != "grad" and problem.flops <= _REFERENCE_FLOPS:
+          want = reference(np.asarray(x), np.asarray(
+              ct if mode == "contracting" else w), sizes, problem)
           errors = {way: numerics.relative_error(outs[way], want)
                     for way in ("xla", "split") if way in outs}
         cell = lambda way: f"{times[way]:.1f}" if way in times else "-"

@@ -26,10 +26,13 @@ kernel adds them in its float32 accumulator and rounds once:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
+from pallas_gemm.devices import DeviceInfo, copy_tb_per_s, peak_tflops
+from pallas_gemm.problem import itemsize
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 from pallas_gemm.ragged_dot.xla import clipped_groups
 
@@ -81,6 +84,51 @@ def why_not(problem: RaggedProblem) -> str | None:
     return (f"the contracting form repeats each of the m={problem.m} rows "
             f"{PRODUCTS} times, past int32 row numbers")
   return None
+
+
+#: Bytes the split moves per float32 operand element: the parts' pass reads
+#: 4 and writes 6 (three bfloat16 parts), and the kernel reads the 6 again.
+SPLIT_BYTES_PER_ELEMENT = 16
+#: The fraction of the datasheet peak that long calls reach: the kernels'
+#: bfloat16 products, and XLA's float32 ragged product (TF32).
+KERNEL_PEAK_FRACTION = 0.8
+XLA_PEAK_FRACTION = 0.8
+
+
+def estimated_seconds(problem: RaggedProblem,
+                      device: DeviceInfo) -> tuple[float, float]:
+  """(the split on the kernels, XLA's float32 ragged product): a cost model
+  for the automatic choice between them.
+
+  The split pays its memory passes over every operand element, whichever
+  groups have rows (the parts of every expert's weights are made), then
+  three bfloat16 products. XLA's float32 ragged product expands the groups
+  into one dense batched product, every group against every row: it reads
+  each operand once but does `groups` times the flops. So XLA is faster on
+  a few rows (decode batches: a pass over the weights is all either does),
+  and the split by up to the group count on many."""
+  bandwidth = copy_tb_per_s(device.device_kind) * 1e12
+  bf16_rate = KERNEL_PEAK_FRACTION * 1e12 * (
+      peak_tflops(device.device_kind, "bfloat16") or 989.0)
+  tf32_rate = XLA_PEAK_FRACTION * 1e12 * (
+      peak_tflops(device.device_kind, "float32", "tf32") or 495.0)
+  elements = math.prod(problem.lhs_shape) + math.prod(problem.rhs_shape)
+  out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
+  split = ((SPLIT_BYTES_PER_ELEMENT * elements + out_bytes) / bandwidth
+           + PRODUCTS * problem.flops / bf16_rate)
+  xla = max((itemsize("float32") * elements + out_bytes) / bandwidth,
+            problem.groups * problem.flops / tf32_rate)
+  return split, xla
+
+
+def slower_than_xla(problem: RaggedProblem, device: DeviceInfo) -> str | None:
+  """Why XLA's float32 product beats the split on `problem`, or None."""
+  split, xla = estimated_seconds(problem, device)
+  if split <= xla:
+    return None
+  return (f"three bfloat16 products would take about {split * 1e6:.0f} us "
+          f"(mostly their parts' memory passes), XLA's float32 product about "
+          f"{xla * 1e6:.0f} us (estimates)")
 
 
 def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:

@@ -19,7 +19,7 @@ import functools
 import importlib
 
 from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.ragged_dot import xla
+from pallas_gemm.ragged_dot import bfloat16_split, xla
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 IMPLEMENTATIONS: dict[str, object] = {"xla": xla}
@@ -114,7 +114,9 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
 
   kernel given: it must support the problem, or this raises with its reason.
   kernel None: the Mosaic kernel on a Hopper GPU when it supports the
-  problem, otherwise `xla`, with the reason recorded. config given: checked
+  problem, otherwise `xla`, with the reason recorded; float32 operands go
+  to the Mosaic kernels only where `bfloat16_split`'s cost model has them
+  faster than XLA. config given: checked
   and used as is; otherwise the implementation's heuristic picks one.
   Memoized: one decision per (problem, device, kernel, config)."""
   if not isinstance(problem, RaggedProblem):
@@ -156,6 +158,12 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
   why_not = IMPLEMENTATIONS["mosaic"].supports(problem, device)
   if why_not is not None:
     return "xla", f"fallback to xla: mosaic does not support it: {why_not}"
+  if bfloat16_split.splits(problem):
+    slower = bfloat16_split.slower_than_xla(problem, device)
+    if slower is not None:
+      return "xla", f"xla: faster on float32 operands here: {slower}"
+    return "mosaic", ("the mosaic kernel, float32 operands as three bfloat16 "
+                      "products (faster than XLA's float32 product here)")
   return "mosaic", "the mosaic kernel supports it on this Hopper GPU"
 
 

@@ -2827,7 +2827,7 @@ def test_automatic_choice_for_float32_operands_follows_the_cost_model():
     split, xla = bfloat16_split.estimated_seconds(
         RaggedProblem("rows", m, 2048, 768, 128, "float32", "float32",
                       precision="tf32"), HOPPER)
-    assert split > 2 * xla
+    assert split > 1.5 * xla
   for mode in ("rows", "contracting"):
     training = choice(32768, mode)
     assert training.implementation == "mosaic", training.reason

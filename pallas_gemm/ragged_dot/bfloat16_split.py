@@ -124,14 +124,17 @@ def estimated_seconds(problem: RaggedProblem,
   return split, xla
 
 
-def slower_than_xla(problem: RaggedProblem, device: DeviceInfo) -> str | None:
-  """Why XLA's float32 product beats the split on `problem`, or None."""
+def slower_than_xla(problem: RaggedProblem, device: DeviceInfo) -> bool:
+  """Whether the cost model has XLA's float32 product faster."""
   split, xla = estimated_seconds(problem, device)
-  if split <= xla:
-    return None
-  return (f"three bfloat16 products would take about {split * 1e6:.0f} us "
-          f"(mostly their parts' memory passes), XLA's float32 product about "
-          f"{xla * 1e6:.0f} us (estimates)")
+  return split > xla
+
+
+def estimates(problem: RaggedProblem, device: DeviceInfo) -> str:
+  """The cost model's two estimates, for `explain`."""
+  split, xla = estimated_seconds(problem, device)
+  return (f"three bfloat16 products about {split * 1e6:.0f} us, XLA's "
+          f"float32 product about {xla * 1e6:.0f} us (estimates)")
 
 
 def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:

@@ -159,11 +159,11 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
   if why_not is not None:
     return "xla", f"fallback to xla: mosaic does not support it: {why_not}"
   if bfloat16_split.splits(problem):
-    slower = bfloat16_split.slower_than_xla(problem, device)
-    if slower is not None:
-      return "xla", f"xla: faster on float32 operands here: {slower}"
-    return "mosaic", ("the mosaic kernel, float32 operands as three bfloat16 "
-                      "products (faster than XLA's float32 product here)")
+    estimates = bfloat16_split.estimates(problem, device)
+    if bfloat16_split.slower_than_xla(problem, device):
+      return "xla", f"xla: faster on these float32 operands: {estimates}"
+    return "mosaic", ("the mosaic kernel, faster on these float32 operands: "
+                      f"{estimates}")
   return "mosaic", "the mosaic kernel supports it on this Hopper GPU"
 
 

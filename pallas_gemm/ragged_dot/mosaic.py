@@ -45,7 +45,8 @@ tile into both CTAs' stage; a stage is released once the consumers of both
 CTAs are done with it. With an odd strip count the second CTA's last strip
 lies past the output: its weight loads read zeros and it stores nothing.
 
-Mode "contracting" lives in `mosaic_contracting.py`.
+Mode "contracting" lives in `mosaic_contracting.py`. float32 operands run
+as the bfloat16 problem of their parts' three products (`bfloat16_split`).
 """
 
 from __future__ import annotations

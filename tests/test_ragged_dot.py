@@ -687,3 +687,33 @@ def test_bench_moe_names_the_cases_a_budget_left():
   assert bench_moe.run_status(metadata, rows)[0] == (
       "**Incomplete:** 1 of 3 cases so far.")
   assert bench_moe.run_status({**metadata, "complete": True}, rows) == []
+
+
+@pytest.mark.parametrize("rows, upcast_kernel", [(32, "xla"),
+                                                 (32768, "mosaic")])
+def test_float16_operands_float32_cotangent_products_are_chosen_by_cost(
+    monkeypatch, rows, upcast_kernel):
+  """float16 operands with a float32 output: the transpose upcasts the
+  other operand, so the cotangent's products are float32 ones. Where the
+  forward ran on the Mosaic kernels, those products are chosen anew (as
+  on an H100 here): the split on the kernels on many rows, XLA on a few,
+  as the cost model has it."""
+  if not implementations.available("mosaic"):
+    pytest.skip("pallas_gemm.ragged_dot.mosaic is not importable")
+  from pallas_gemm.ragged_dot import primitive
+  monkeypatch.setattr(primitive, "device_info", lambda: _HOPPER)
+  implementations.clear_cache()
+  sizes = jnp.zeros((128,), jnp.int32)
+
+  def loss(x, w):
+    return jnp.sum(ragged_dot(x, w, sizes, preferred_element_type=jnp.float32))
+  try:
+    jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(
+        jax.ShapeDtypeStruct((rows, 2048), jnp.float16),
+        jax.ShapeDtypeStruct((128, 2048, 768), jnp.float16))
+  finally:
+    implementations.clear_cache()
+  products = [(e.params["kernel"], str(e.invars[0].aval.dtype))
+              for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
+  assert products[0] == ("mosaic", "float16")  # the forward
+  assert sorted(products[1:]) == [(upcast_kernel, "float32")] * 2

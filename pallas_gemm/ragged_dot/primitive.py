@@ -83,11 +83,12 @@ def bind(lhs, rhs, group_sizes, row_offset, *, kernel=None, config=None,
 def rebind(lhs, rhs, group_sizes, row_offset, *, kernel, **problem_params):
   """Binds a derived product (a tangent, a cotangent, a batched copy): the
   same implementation when it supports the new problem (with its heuristic's
-  config: the caller's was chosen for another shape), else the automatic
-  choice."""
+  config: the caller's was chosen for another shape), else (or with kernel
+  None) the automatic choice."""
   problem = problem_for(lhs, rhs, group_sizes, **problem_params)
   device = device_info()
-  if implementations.get(kernel).supports(problem, device) is not None:
+  if kernel is not None and implementations.get(kernel).supports(
+      problem, device) is not None:
     kernel = None
   resolution = implementations.resolve(problem, device, kernel, None)
   return _bind(resolution, (lhs, rhs, group_sizes, row_offset), problem_params)
@@ -296,9 +297,9 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
   # is a "rows" product.
   contracting = params["mode"] == "rows" and not wanted_lhs
 
-  def product(ct, other, sizes, precision, out_dtype):
+  def product(ct, other, sizes, precision, out_dtype, kernel=params["kernel"]):
     """The cotangent's product with the other operand."""
-    common = dict(kernel=params["kernel"], activation=None,
+    common = dict(kernel=kernel, activation=None,
                   precision=precision, out_dtype=out_dtype)
     if contracting:
       first, second = (ct, other) if tr else (other, ct)
@@ -342,8 +343,13 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
   elif jnp.dtype(ct.dtype).itemsize > jnp.dtype(other.dtype).itemsize:
     # A cotangent wider than the operands keeps its precision, as lax's
     # does: the other operand is upcast instead.
+    # Where the forward ran on the Mosaic kernels, the automatic choice
+    # decides where these float32 products run: split on the kernels, or
+    # on XLA where its cost model has XLA faster (a few rows).
     grad = product(ct, other.astype(ct.dtype), sizes,
-                   "ieee" if precision == "ieee" else "tf32", target_dtype)
+                   "ieee" if precision == "ieee" else "tf32", target_dtype,
+                   kernel=None if params["kernel"] == "mosaic"
+                   else params["kernel"])
   else:
     grad = product(ct.astype(other.dtype), other, sizes, precision,
                    target_dtype)

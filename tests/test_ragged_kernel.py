@@ -2831,6 +2831,40 @@ def test_automatic_choice_for_float32_operands_follows_the_cost_model():
   for mode in ("rows", "contracting"):
     training = choice(32768, mode)
     assert training.implementation == "mosaic", training.reason
-    assert "three bfloat16 products about" in training.reason
+    assert "3 bfloat16 products about" in training.reason
   exact = choice(32768, precision="ieee")
   assert exact.implementation == "xla" and "exact float32" in exact.reason
+
+
+@pytest.mark.parametrize("problem, sizes, row_offset", [
+    (RaggedProblem("rows", 90, 64, 40, 3, "float8_e4m3fn", "float32"),
+     [30, 0, 50], 0),
+    (RaggedProblem("rows", 70, 48, 64, 3, "float8_e5m2", "bfloat16",
+                   transpose_rhs=True, activation="silu"), [20, 31, 40], 2),
+    (RaggedProblem("contracting", 77, 40, 56, 4, "float8_e4m3fn", "float32"),
+     [20, -3, 31, 40], 4),
+], ids=["rows_e4m3", "rows_e5m2_transposed_silu_bf16_out", "contracting"])
+def test_fp8_operands_run_as_one_exact_bfloat16_product(problem, sizes,
+                                                        row_offset):
+  """fp8 operands on the bfloat16 kernels: bfloat16 holds every fp8 value,
+  so the widened product is exact up to the float32 sums."""
+  assert mosaic.supports(problem, HOPPER) is None
+  assert mosaic.bfloat16_split.bfloat16_problem(problem).k == problem.k
+  got, want = _run(problem, sizes, row_offset=row_offset)
+  if problem.out_dtype == "float32":
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-6
+
+
+def test_automatic_choice_for_fp8_operands_follows_the_cost_model():
+  """fp8 operands: widened on the kernels on many rows, XLA's fp8 product
+  on a decode batch (it reads a byte per weight, the widening five)."""
+  from pallas_gemm.ragged_dot import implementations
+
+  def choice(m, mode="rows"):
+    return implementations.resolve(RaggedProblem(
+        mode, m, 7168, 2048, 256, "float8_e4m3fn", "float32"), HOPPER)
+  decode = choice(16)
+  assert decode.implementation == "xla", decode.reason
+  assert "1 bfloat16 product about" in decode.reason
+  for mode in ("rows", "contracting"):
+    assert choice(32768, mode).implementation == "mosaic"

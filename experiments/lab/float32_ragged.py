@@ -1,11 +1,12 @@
-"""float32 grouped GEMMs: XLA's ragged product against the Mosaic kernels
-running three bfloat16 products (`pallas_gemm.ragged_dot.bfloat16_split`),
-from decode batches to training steps, on a GPU.
+"""float32 (or fp8) grouped GEMMs: XLA's ragged product against the Mosaic
+kernels running bfloat16 products of the operands' parts
+(`pallas_gemm.ragged_dot.bfloat16_split`: three for float32, one widened
+product for fp8), from decode batches to training steps, on a GPU.
 
 Per (layer, rows, routing), each timed in one process against the others:
 
-  xla    jax.lax.ragged_dot on float32 operands, precision="default"
-  split  pallas_gemm.ragged_dot(kernel="mosaic") on the float32 operands
+  xla    jax.lax.ragged_dot on the operands, precision="default"
+  split  pallas_gemm.ragged_dot(kernel="mosaic") on the operands
   auto   pallas_gemm.ragged_dot as resolved automatically
   bf16   pallas_gemm.ragged_dot on the operands cast to bfloat16, for scale
 
@@ -18,7 +19,8 @@ relative error of xla and split against float64 is printed too.
     PYTHONPATH=. python3 experiments/lab/float32_ragged.py \
         [--layers qwen3_30b_a3b_up,mixtral8x7b_up] [--rows 64,1024,0] \
         [--distributions even,zipf] [--direction forward|drhs|grad] \
-        [--ways xla,split,auto,bf16] [--iterations 10] [--budget_s 200]
+        [--ways xla,split,auto,bf16] [--dtype float32|float8_e4m3fn|float8_e5m2] \
+        [--iterations 10] [--budget_s 200]
 
 `--rows 0` stands for the layer's own rows (its training step).
 """
@@ -61,9 +63,10 @@ def _product(way: str, group_sizes, direction: str):
   contracting product of x and the cotangent."""
   if way == "xla":
     if direction == "drhs":
-      return lambda a, b: jax.lax.ragged_dot_general(a, b, group_sizes,
-                                                     CONTRACTING)
-    return lambda a, b: jax.lax.ragged_dot(a, b, group_sizes)
+      return lambda a, b: jax.lax.ragged_dot_general(
+          a, b, group_sizes, CONTRACTING, preferred_element_type=jnp.float32)
+    return lambda a, b: jax.lax.ragged_dot(a, b, group_sizes,
+                                           preferred_element_type=jnp.float32)
   cast = ((lambda v: v.astype(jnp.bfloat16)) if way == "bf16"
           else (lambda v: v))
   kernel = "mosaic" if way == "split" else None
@@ -95,6 +98,8 @@ def main(argv=None) -> int:
   parser.add_argument("--direction", choices=DIRECTIONS, default="forward")
   parser.add_argument("--ways", default=",".join(WAYS),
                       help=f"a subset of {WAYS}")
+  parser.add_argument("--dtype", default="float32",
+                      choices=("float32", "float8_e4m3fn", "float8_e5m2"))
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--budget_s", type=float, default=0.0,
                       help="start no new case after this long (0: no limit)")
@@ -108,10 +113,13 @@ def main(argv=None) -> int:
     parser.error(f"--rows={args.rows!r} must be integers")
   if any(r < 0 for r in rows_list):
     parser.error(f"--rows={args.rows!r} must be >= 0")
+  if args.direction == "grad" and args.dtype != "float32":
+    parser.error("--direction grad takes --dtype float32 only")
+  dtype = jnp.dtype(args.dtype)
   on_gpu = jax.default_backend() == "gpu"
   print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
         f"{'CUPTI' if on_gpu else 'wall clock'} median of "
-        f"{args.iterations}, {args.direction}", flush=True)
+        f"{args.iterations}, {args.direction}, {args.dtype}", flush=True)
   print("| case | " + " | ".join(f"{w} (us)" for w in WAYS)
         + " | xla / split | split / bf16 | xla error | split error |")
   print("|---|" + "---|" * (len(WAYS) + 4), flush=True)
@@ -127,10 +135,10 @@ def main(argv=None) -> int:
         label = (f"{layer.name} g{layer.groups} k{layer.k} n{layer.n} "
                  f"m{rows} {distribution}")
         keys = jax.random.split(jax.random.key(0), 3)
-        x = numerics.random_normal(keys[0], (rows, layer.k), jnp.float32)
+        x = numerics.random_normal(keys[0], (rows, layer.k), dtype)
         w = numerics.random_normal(keys[1], (layer.groups, layer.k, layer.n),
-                                   jnp.float32)
-        ct = numerics.random_normal(keys[2], (rows, layer.n), jnp.float32)
+                                   dtype)
+        ct = numerics.random_normal(keys[2], (rows, layer.n), dtype)
         sizes = arg_specs.group_sizes(distribution, rows, layer.groups)
         times, outs = {}, {}
         for way in ways:
@@ -145,10 +153,11 @@ def main(argv=None) -> int:
         errors = {}
         mode = "contracting" if args.direction == "drhs" else "rows"
         problem = RaggedProblem(mode, rows, layer.k, layer.n, layer.groups,
-                                "float32", "float32")
+                                args.dtype, "float32")
         if args.direction != "grad" and problem.flops <= _REFERENCE_FLOPS:
-          want = reference(np.asarray(x), np.asarray(
-              ct if mode == "contracting" else w), sizes, problem)
+          wide = lambda v: np.asarray(v.astype(jnp.float32))
+          want = reference(wide(x), wide(ct if mode == "contracting" else w),
+                           sizes, problem)
           errors = {way: numerics.relative_error(outs[way], want)
                     for way in ("xla", "split") if way in outs}
         cell = lambda way: f"{times[way]:.1f}" if way in times else "-"

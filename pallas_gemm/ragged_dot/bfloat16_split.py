@@ -1,11 +1,11 @@
-"""float32 values as sums of bfloat16 parts, so that the grouped GEMM
-kernels (which multiply 16-bit operands only) can run float32 work.
+"""float32 and fp8 operands as bfloat16 parts, so that the grouped GEMM
+kernels (which multiply 16-bit operands only) can run their work.
 
 `bfloat16_parts(x)` cuts x into high + low: high is x's sign, exponent and
 top 7 stored significand bits, low the rest rounded to bfloat16, so that
 together they hold 16 of x's 24 significand bits.
 
-`three_products(...)` turns a float32 `RaggedProblem` into one bfloat16
+`bfloat16_products(...)` turns a float32 `RaggedProblem` into one bfloat16
 problem whose products are
 
     a @ b  ~  high(a) @ high(b) + high(a) @ low(b) + low(a) @ high(b)
@@ -21,6 +21,14 @@ kernel adds them in its float32 accumulator and rounds once:
   * "contracting": each token row is repeated three times, once per pair
     of parts, so that every group's rows stay contiguous (the group sizes
     and the row offset are tripled).
+
+An fp8 value is its own high part: bfloat16 holds every float8_e4m3fn and
+float8_e5m2 value exactly, so fp8 operands become one bfloat16 product of
+the same shape, exact, with a pass that widens them.
+
+Which is faster, this or XLA's ragged product of the operands as they
+are, depends on the rows (`estimated_seconds`); the automatic choice
+(`implementations.resolve`) asks the cost model.
 """
 
 from __future__ import annotations
@@ -36,8 +44,8 @@ from pallas_gemm.problem import itemsize
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 from pallas_gemm.ragged_dot.xla import clipped_groups
 
-#: How many bfloat16 products stand for one float32 product.
-PRODUCTS = 3
+#: How many bfloat16 products stand for one product of each dtype.
+PRODUCTS = {"float32": 3, "float8_e4m3fn": 1, "float8_e5m2": 1}
 INT32_MAX = 2**31 - 1
 
 
@@ -50,6 +58,10 @@ def bfloat16_parts(x):
   whose payload lies in the cut bits stays a NaN) and low is zero."""
   high, low, _ = _parts(x)
   return high, low
+
+
+def products(problem: RaggedProblem) -> int:
+  return PRODUCTS[problem.in_dtype]
 
 
 def _parts(x):
@@ -69,58 +81,68 @@ def _parts(x):
 
 
 def splits(problem: RaggedProblem) -> bool:
-  """Whether `problem` runs as `three_products` on the kernels."""
-  return problem.in_dtype == "float32"
+  """Whether `problem` runs on the kernels as `bfloat16_products`."""
+  return problem.in_dtype in PRODUCTS
 
 
 def why_not(problem: RaggedProblem) -> str | None:
-  """Why a float32 problem cannot run as three bfloat16 products, or None."""
-  if problem.precision != "tf32":
+  """Why `problem` cannot run as bfloat16 products, or None."""
+  count = products(problem)
+  if problem.in_dtype == "float32" and problem.precision != "tf32":
     return (f"precision {problem.precision!r} asks for exact float32 "
             "products; the kernels' three bfloat16 products keep about 16 "
             "significand bits (enough for precision='default', which allows "
             "TF32)")
-  if problem.mode == "contracting" and PRODUCTS * problem.m > INT32_MAX:
+  if problem.mode == "contracting" and count * problem.m > INT32_MAX:
     return (f"the contracting form repeats each of the m={problem.m} rows "
-            f"{PRODUCTS} times, past int32 row numbers")
+            f"{count} times, past int32 row numbers")
   return None
 
 
-#: Bytes the split moves per float32 operand element: the parts' pass reads
-#: 4 and writes 6 (three bfloat16 parts), and the kernel reads the 6 again.
-SPLIT_BYTES_PER_ELEMENT = 16
+#: Bytes the split moves per operand element beyond its first read: the
+#: parts' pass writes 2 per part, and the kernel reads them again.
+PART_BYTES_MOVED = 4
 #: The fractions of the datasheet peaks reached: the kernels' bfloat16
-#: products on long calls, and XLA's float32 ragged product (TF32) near
-#: where the two cross. Fitted to the H200 runs of
-#: experiments/results/nvidia_h200/float32_ragged/; XLA's varies with the
-#: shape, so near the crossing the choice can cost a little either way.
+#: products on long calls, and XLA's ragged product near where the two
+#: cross, at the peak of the products it runs (TF32 for float32). Fitted to
+#: the H200 runs of experiments/results/nvidia_h200/float32_ragged/; XLA's
+#: varies with the shape, so near the crossing the choice can cost a little
+#: either way.
 KERNEL_PEAK_FRACTION = 0.8
 XLA_PEAK_FRACTION = 0.6
+#: The dtype and precision of XLA's products for each operand dtype.
+_XLA_PRODUCTS = {"float32": ("float32", "tf32"),
+                 "float8_e4m3fn": ("bfloat16", "default"),
+                 "float8_e5m2": ("bfloat16", "default")}
 
 
 def estimated_seconds(problem: RaggedProblem,
                       device: DeviceInfo) -> tuple[float, float]:
-  """(the split on the kernels, XLA's float32 ragged product): a cost model
-  for the automatic choice between them.
+  """(the split on the kernels, XLA's ragged product of the operands as
+  they are): a cost model for the automatic choice between them.
 
   The split pays its memory passes over every operand element, whichever
   groups have rows (the parts of every expert's weights are made), then
-  three bfloat16 products. XLA's float32 ragged product expands the groups
-  into one dense batched product, every group against every row: it reads
-  each operand once but does `groups` times the flops. So XLA is faster on
-  a few rows (decode batches: a pass over the weights is all either does),
+  its bfloat16 products. XLA's ragged product expands the groups into one
+  dense batched product, every group against every row: it reads each
+  operand once but does `groups` times the flops. So XLA is faster on a
+  few rows (decode batches: a pass over the weights is all either does),
   and the split by up to the group count on many."""
   bandwidth = copy_tb_per_s(device.device_kind) * 1e12
   bf16_rate = KERNEL_PEAK_FRACTION * 1e12 * (
       peak_tflops(device.device_kind, "bfloat16") or 989.0)
-  tf32_rate = XLA_PEAK_FRACTION * 1e12 * (
-      peak_tflops(device.device_kind, "float32", "tf32") or 495.0)
+  xla_dtype, xla_precision = _XLA_PRODUCTS[problem.in_dtype]
+  xla_rate = XLA_PEAK_FRACTION * 1e12 * (
+      peak_tflops(device.device_kind, xla_dtype, xla_precision)
+      or peak_tflops("H100", xla_dtype, xla_precision))
   elements = math.prod(problem.lhs_shape) + math.prod(problem.rhs_shape)
   out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
-  split = ((SPLIT_BYTES_PER_ELEMENT * elements + out_bytes) / bandwidth
-           + PRODUCTS * problem.flops / bf16_rate)
-  xla = max((itemsize("float32") * elements + out_bytes) / bandwidth,
-            problem.groups * problem.flops / tf32_rate)
+  read_bytes = itemsize(problem.in_dtype) * elements + out_bytes
+  count = products(problem)
+  split = ((read_bytes + count * PART_BYTES_MOVED * elements) / bandwidth
+           + count * problem.flops / bf16_rate)
+  xla = max(read_bytes / bandwidth,
+            problem.groups * problem.flops / xla_rate)
   return split, xla
 
 
@@ -133,21 +155,29 @@ def slower_than_xla(problem: RaggedProblem, device: DeviceInfo) -> bool:
 def estimates(problem: RaggedProblem, device: DeviceInfo) -> str:
   """The cost model's two estimates, for `explain`."""
   split, xla = estimated_seconds(problem, device)
-  return (f"three bfloat16 products about {split * 1e6:.0f} us, XLA's "
-          f"float32 product about {xla * 1e6:.0f} us (estimates)")
+  count = products(problem)
+  return (f"{count} bfloat16 product{'s' if count > 1 else ''} about "
+          f"{split * 1e6:.0f} us, XLA's {problem.in_dtype} product about "
+          f"{xla * 1e6:.0f} us (estimates)")
 
 
 def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:
-  """The one bfloat16 problem that `three_products` runs for `problem`."""
-  longer = ({"m": PRODUCTS * problem.m} if problem.mode == "contracting"
-            else {"k": PRODUCTS * problem.k})
+  """The one bfloat16 problem that `bfloat16_products` runs for `problem`."""
+  count = products(problem)
+  longer = ({"m": count * problem.m} if problem.mode == "contracting"
+            else {"k": count * problem.k})
   return dataclasses.replace(problem, in_dtype="bfloat16", precision="default",
                              **longer)
 
 
-def three_products(lhs, rhs, group_sizes, row_offset, problem: RaggedProblem):
+def bfloat16_products(lhs, rhs, group_sizes, row_offset,
+                      problem: RaggedProblem):
   """(lhs, rhs, group_sizes, row_offset, problem) of the bfloat16 problem
-  whose result is float32 `problem`'s, to about 2^-16 of each product."""
+  whose result is `problem`'s: exactly for fp8 operands, to about 2^-16
+  of each product for float32 ones."""
+  if products(problem) == 1:  # bfloat16 holds the values exactly
+    return (lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), group_sizes,
+            row_offset, bfloat16_problem(problem))
   lhs_high, lhs_low, lhs_cross = _parts(lhs)
   rhs_high, rhs_low, rhs_cross = _parts(rhs)
   # Pairs, in order: high x high, high x low, low x high.
@@ -156,10 +186,11 @@ def three_products(lhs, rhs, group_sizes, row_offset, problem: RaggedProblem):
   if problem.mode == "contracting":
     m = problem.m
     first, sizes = clipped_groups(group_sizes, row_offset, m)
+    count = len(lhs_parts)
     interleave = lambda parts: jnp.stack(parts, axis=1).reshape(
-        PRODUCTS * m, parts[0].shape[1])
-    return (interleave(lhs_parts), interleave(rhs_parts), PRODUCTS * sizes,
-            jnp.reshape(PRODUCTS * first, (1,)), bfloat16_problem(problem))
+        count * m, parts[0].shape[1])
+    return (interleave(lhs_parts), interleave(rhs_parts), count * sizes,
+            jnp.reshape(count * first, (1,)), bfloat16_problem(problem))
   k_axis = 2 if problem.transpose_rhs else 1
   return (jnp.concatenate(lhs_parts, axis=1),
           jnp.concatenate(rhs_parts, axis=k_axis), group_sizes, row_offset,

@@ -114,9 +114,9 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
 
   kernel given: it must support the problem, or this raises with its reason.
   kernel None: the Mosaic kernel on a Hopper GPU when it supports the
-  problem, otherwise `xla`, with the reason recorded; float32 operands go
-  to the Mosaic kernels only where `bfloat16_split`'s cost model has them
-  faster than XLA. config given: checked
+  problem, otherwise `xla`, with the reason recorded; float32 and fp8
+  operands go to the Mosaic kernels only where `bfloat16_split`'s cost
+  model has them faster than XLA. config given: checked
   and used as is; otherwise the implementation's heuristic picks one.
   Memoized: one decision per (problem, device, kernel, config)."""
   if not isinstance(problem, RaggedProblem):
@@ -160,10 +160,10 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
     return "xla", f"fallback to xla: mosaic does not support it: {why_not}"
   if bfloat16_split.splits(problem):
     estimates = bfloat16_split.estimates(problem, device)
+    operands = f"these {problem.in_dtype} operands"
     if bfloat16_split.slower_than_xla(problem, device):
-      return "xla", f"xla: faster on these float32 operands: {estimates}"
-    return "mosaic", ("the mosaic kernel, faster on these float32 operands: "
-                      f"{estimates}")
+      return "xla", f"xla: faster on {operands}: {estimates}"
+    return "mosaic", f"the mosaic kernel, faster on {operands}: {estimates}"
   return "mosaic", "the mosaic kernel supports it on this Hopper GPU"
 
 

@@ -45,8 +45,8 @@ tile into both CTAs' stage; a stage is released once the consumers of both
 CTAs are done with it. With an odd strip count the second CTA's last strip
 lies past the output: its weight loads read zeros and it stores nothing.
 
-Mode "contracting" lives in `mosaic_contracting.py`. float32 operands run
-as the bfloat16 problem of their parts' three products (`bfloat16_split`).
+Mode "contracting" lives in `mosaic_contracting.py`. float32 and fp8
+operands run as a bfloat16 problem of their parts (`bfloat16_split`).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
 
 
 def _kernel_problem(problem: RaggedProblem) -> RaggedProblem:
-  """The problem the kernels run: float32 operands as the bfloat16 problem
-  of their three parts' products (`bfloat16_split`)."""
+  """The problem the kernels run: float32 and fp8 operands as the bfloat16
+  problem of their parts' products (`bfloat16_split`)."""
   if bfloat16_split.splits(problem):
     return bfloat16_split.bfloat16_problem(problem)
   return problem
@@ -767,7 +767,7 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
     if reason:
       raise ValueError(f"{problem} cannot run on the mosaic kernels: {reason}")
     _check_operands(lhs, rhs, group_sizes, row_offset, problem)
-    *operands, parts_problem = bfloat16_split.three_products(
+    *operands, parts_problem = bfloat16_split.bfloat16_products(
         lhs, rhs, group_sizes, row_offset, problem)
     return ragged_matmul(*operands, problem=parts_problem, config=config,
                          interpret=interpret)

@@ -2855,16 +2855,16 @@ def test_fp8_operands_run_as_one_exact_bfloat16_product(problem, sizes,
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-6
 
 
-def test_automatic_choice_for_fp8_operands_follows_the_cost_model():
-  """fp8 operands: widened on the kernels on many rows, XLA's fp8 product
-  on a decode batch (it reads a byte per weight, the widening five)."""
-  from pallas_gemm.ragged_dot import implementations
-
-  def choice(m, mode="rows"):
-    return implementations.resolve(RaggedProblem(
-        mode, m, 7168, 2048, 256, "float8_e4m3fn", "float32"), HOPPER)
-  decode = choice(16)
-  assert decode.implementation == "xla", decode.reason
-  assert "1 bfloat16 product about" in decode.reason
-  for mode in ("rows", "contracting"):
-    assert choice(32768, mode).implementation == "mosaic"
+def test_automatic_choice_for_fp8_operands_is_the_kernels():
+  """fp8 operands: widened on the kernels at any row count, decode batches
+  included: XLA's fp8 ragged product is no candidate, and the cost model
+  has no estimate for it."""
+  from pallas_gemm.ragged_dot import bfloat16_split, implementations
+  for m, mode in ((16, "rows"), (32768, "rows"), (16, "contracting")):
+    problem = RaggedProblem(mode, m, 7168, 2048, 256, "float8_e5m2",
+                            "float32")
+    chosen = implementations.resolve(problem, HOPPER)
+    assert chosen.implementation == "mosaic", chosen.reason
+    assert "widened exactly" in chosen.reason
+  with pytest.raises(ValueError, match="no cost model"):
+    bfloat16_split.estimated_seconds(problem, HOPPER)

@@ -26,9 +26,10 @@ An fp8 value is its own high part: bfloat16 holds every float8_e4m3fn and
 float8_e5m2 value exactly, so fp8 operands become one bfloat16 product of
 the same shape, exact, with a pass that widens them.
 
-Which is faster, this or XLA's ragged product of the operands as they
-are, depends on the rows (`estimated_seconds`); the automatic choice
-(`implementations.resolve`) asks the cost model.
+For float32 operands, which is faster, this or XLA's ragged product of the
+operands as they are, depends on the rows (`estimated_seconds`); the
+automatic choice (`implementations.resolve`) asks the cost model. fp8
+operands always take the kernels (`XLA_COMPETES`).
 """
 
 from __future__ import annotations
@@ -103,17 +104,17 @@ def why_not(problem: RaggedProblem) -> str | None:
 #: parts' pass writes 2 per part, and the kernel reads them again.
 PART_BYTES_MOVED = 4
 #: The fractions of the datasheet peaks reached: the kernels' bfloat16
-#: products on long calls, and XLA's ragged product near where the two
-#: cross, at the peak of the products it runs (TF32 for float32). Fitted to
-#: the H200 runs of experiments/results/nvidia_h200/float32_ragged/; XLA's
-#: varies with the shape, so near the crossing the choice can cost a little
-#: either way.
+#: products on long calls, and XLA's float32 ragged product (TF32) near
+#: where the two cross. Fitted to the H200 runs of
+#: experiments/results/nvidia_h200/float32_ragged/; XLA's varies with the
+#: shape, so near the crossing the choice can cost a little either way.
 KERNEL_PEAK_FRACTION = 0.8
 XLA_PEAK_FRACTION = 0.6
-#: The dtype and precision of XLA's products for each operand dtype.
-_XLA_PRODUCTS = {"float32": ("float32", "tf32"),
-                 "float8_e4m3fn": ("bfloat16", "default"),
-                 "float8_e5m2": ("bfloat16", "default")}
+#: The operand dtypes whose XLA ragged product can beat the split: float32's
+#: (on a few rows). XLA's fp8 ragged product ran far below the memory bound
+#: on the H200, slower than the widened product on every layer measured but
+#: the smallest (same folder), so fp8 operands always take the kernels.
+XLA_COMPETES = ("float32",)
 
 
 def estimated_seconds(problem: RaggedProblem,
@@ -127,14 +128,16 @@ def estimated_seconds(problem: RaggedProblem,
   dense batched product, every group against every row: it reads each
   operand once but does `groups` times the flops. So XLA is faster on a
   few rows (decode batches: a pass over the weights is all either does),
-  and the split by up to the group count on many."""
+  and the split by up to the group count on many. For the dtypes of
+  `XLA_COMPETES` only."""
+  if problem.in_dtype not in XLA_COMPETES:
+    raise ValueError(f"no cost model for XLA's {problem.in_dtype} ragged "
+                     f"product (only {XLA_COMPETES})")
   bandwidth = copy_tb_per_s(device.device_kind) * 1e12
   bf16_rate = KERNEL_PEAK_FRACTION * 1e12 * (
       peak_tflops(device.device_kind, "bfloat16") or 989.0)
-  xla_dtype, xla_precision = _XLA_PRODUCTS[problem.in_dtype]
   xla_rate = XLA_PEAK_FRACTION * 1e12 * (
-      peak_tflops(device.device_kind, xla_dtype, xla_precision)
-      or peak_tflops("H100", xla_dtype, xla_precision))
+      peak_tflops(device.device_kind, "float32", "tf32") or 495.0)
   elements = math.prod(problem.lhs_shape) + math.prod(problem.rhs_shape)
   out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
   read_bytes = itemsize(problem.in_dtype) * elements + out_bytes
@@ -147,18 +150,23 @@ def estimated_seconds(problem: RaggedProblem,
 
 
 def slower_than_xla(problem: RaggedProblem, device: DeviceInfo) -> bool:
-  """Whether the cost model has XLA's float32 product faster."""
+  """Whether XLA's ragged product is expected to beat the split."""
+  if problem.in_dtype not in XLA_COMPETES:
+    return False
   split, xla = estimated_seconds(problem, device)
   return split > xla
 
 
 def estimates(problem: RaggedProblem, device: DeviceInfo) -> str:
-  """The cost model's two estimates, for `explain`."""
-  split, xla = estimated_seconds(problem, device)
+  """Why the split or XLA, for `explain`: the cost model's estimates."""
   count = products(problem)
-  return (f"{count} bfloat16 product{'s' if count > 1 else ''} about "
-          f"{split * 1e6:.0f} us, XLA's {problem.in_dtype} product about "
-          f"{xla * 1e6:.0f} us (estimates)")
+  if problem.in_dtype not in XLA_COMPETES:
+    return (f"widened exactly to {count} bfloat16 product; XLA's "
+            f"{problem.in_dtype} ragged product runs far below the memory "
+            "bound")
+  split, xla = estimated_seconds(problem, device)
+  return (f"{count} bfloat16 products about {split * 1e6:.0f} us, XLA's "
+          f"{problem.in_dtype} product about {xla * 1e6:.0f} us (estimates)")
 
 
 def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:

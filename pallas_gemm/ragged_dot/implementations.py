@@ -114,10 +114,10 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
 
   kernel given: it must support the problem, or this raises with its reason.
   kernel None: the Mosaic kernel on a Hopper GPU when it supports the
-  problem, otherwise `xla`, with the reason recorded; float32 and fp8
-  operands go to the Mosaic kernels only where `bfloat16_split`'s cost
-  model has them faster than XLA. config given: checked
-  and used as is; otherwise the implementation's heuristic picks one.
+  problem, otherwise `xla`, with the reason recorded; float32 operands go
+  to the Mosaic kernels only where `bfloat16_split`'s cost model has them
+  faster than XLA (fp8 operands always do). config given: checked and
+  used as is; otherwise the implementation's heuristic picks one.
   Memoized: one decision per (problem, device, kernel, config)."""
   if not isinstance(problem, RaggedProblem):
     raise TypeError(f"problem must be a RaggedProblem, got {type(problem).__name__}")

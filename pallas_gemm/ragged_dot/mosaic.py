@@ -69,7 +69,8 @@ from pallas_gemm.mosaic_backend.warp_specialised import (
     run_producer, run_warpgroups, tile_coordinates, tiles_of_this_cta,
     warp_specialised_kernel)
 from pallas_gemm.problem import ACTIVATIONS, cdiv, power_of_two_at_most
-from pallas_gemm.ragged_dot import bfloat16_split, configs, mosaic_schedule as schedule
+from pallas_gemm.ragged_dot import bfloat16_split, configs
+from pallas_gemm.ragged_dot import mosaic_schedule as schedule
 from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, SHORT_ITEM_ROWS,
                                           RaggedConfig)

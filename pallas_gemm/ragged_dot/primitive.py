@@ -342,10 +342,10 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
               ).astype(target_dtype)
   elif jnp.dtype(ct.dtype).itemsize > jnp.dtype(other.dtype).itemsize:
     # A cotangent wider than the operands keeps its precision, as lax's
-    # does: the other operand is upcast instead.
-    # Where the forward ran on the Mosaic kernels, the automatic choice
-    # decides where these float32 products run: split on the kernels, or
-    # on XLA where its cost model has XLA faster (a few rows).
+    # does: the other operand is upcast instead. Where the forward ran on
+    # the Mosaic kernels, the automatic choice decides where these float32
+    # products run: split on the kernels, or on XLA where the cost model
+    # has XLA faster (a few rows).
     grad = product(ct, other.astype(ct.dtype), sizes,
                    "ieee" if precision == "ieee" else "tf32", target_dtype,
                    kernel=None if params["kernel"] == "mosaic"

@@ -2645,30 +2645,36 @@ def test_inclusive_sum_is_cumsum_at_any_length(count):
   np.testing.assert_array_equal(np.asarray(got), np.cumsum(values))
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_float32_output_gradients_run_on_the_kernels(transpose_rhs):
-  """The backward of a float32 output on bfloat16 operands, through the
-  Mosaic kernels (interpreted on a CPU): the float32 cotangent's two
-  bfloat16 parts, the weight gradient over each token row twice. Odd and
-  empty groups, rows past the last group; against float64."""
+def _sin_loss_on_the_kernels(dtype, transpose_rhs, seed, n, **options):
+  """(loss(lhs, rhs), lhs, rhs, float64 (dlhs, drhs)): sum(weights *
+  sin(ragged_dot(lhs, rhs))) on the Mosaic kernels (interpreted on a
+  CPU) with `options`, over odd and empty groups and rows past the last."""
   sizes = [5, 0, 11, 3, 17, 1]
-  m, k, n = 41, 64, 64
-  keys = jax.random.split(jax.random.key(7), 3)
-  lhs = numerics.random_normal(keys[0], (m, k), jnp.bfloat16)
+  m, k = 41, 64
+  keys = jax.random.split(jax.random.key(seed), 3)
+  lhs = numerics.random_normal(keys[0], (m, k), dtype)
   rhs = numerics.random_normal(
       keys[1], (len(sizes), n, k) if transpose_rhs else (len(sizes), k, n),
-      jnp.bfloat16)
+      dtype)
   weights = numerics.random_normal(keys[2], (m, n), jnp.float32)
   group_sizes = jnp.asarray(sizes, jnp.int32)
 
   def loss(l, r):
     out = pallas_gemm.ragged_dot(l, r, group_sizes, kernel="mosaic",
-                                 transpose_rhs=transpose_rhs,
-                                 preferred_element_type=jnp.float32)
+                                 transpose_rhs=transpose_rhs, **options)
     return jnp.sum(weights * jnp.sin(out))
+  return loss, lhs, rhs, ragged_sin_loss_grads(
+      lhs, rhs, sizes, weights, transpose_rhs=transpose_rhs)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_float32_output_gradients_run_on_the_kernels(transpose_rhs):
+  """The backward of a float32 output on bfloat16 operands, through the
+  Mosaic kernels: the float32 cotangent's two bfloat16 parts, the weight
+  gradient over each token row twice; against float64."""
+  loss, lhs, rhs, expected = _sin_loss_on_the_kernels(
+      jnp.bfloat16, transpose_rhs, 7, 64, preferred_element_type=jnp.float32)
   grads = jax.jit(jax.grad(loss, (0, 1)))(lhs, rhs)
-  expected = ragged_sin_loss_grads(lhs, rhs, sizes, weights,
-                                   transpose_rhs=transpose_rhs)
   tol = numerics.tolerance("bfloat16", "default", "bfloat16")
   for got, want in zip(grads, expected):
     assert got.dtype == jnp.bfloat16
@@ -2777,29 +2783,14 @@ def test_float32_operand_gradients_run_on_the_kernels(transpose_rhs):
   """The pullback of float32 operands through the Mosaic kernels: every
   product (forward, dlhs, drhs) is a float32 `ragged_dot_p` that runs as
   three bfloat16 products; against float64."""
-  sizes = [5, 0, 11, 3, 17, 1]
-  m, k, n = 41, 64, 40
-  keys = jax.random.split(jax.random.key(11), 3)
-  lhs = numerics.random_normal(keys[0], (m, k), jnp.float32)
-  rhs = numerics.random_normal(
-      keys[1], (len(sizes), n, k) if transpose_rhs else (len(sizes), k, n),
-      jnp.float32)
-  weights = numerics.random_normal(keys[2], (m, n), jnp.float32)
-  group_sizes = jnp.asarray(sizes, jnp.int32)
-
-  def loss(l, r):
-    out = pallas_gemm.ragged_dot(l, r, group_sizes, kernel="mosaic",
-                                 transpose_rhs=transpose_rhs,
-                                 precision="default")
-    return jnp.sum(weights * jnp.sin(out))
+  loss, lhs, rhs, expected = _sin_loss_on_the_kernels(
+      jnp.float32, transpose_rhs, 11, 40, precision="default")
   jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(lhs, rhs)
   products = [e for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
   assert len(products) == 3
   assert all(e.params["kernel"] == "mosaic" and e.params["precision"] == "tf32"
              for e in products)
   grads = jax.jit(jax.grad(loss, (0, 1)))(lhs, rhs)
-  expected = ragged_sin_loss_grads(lhs, rhs, sizes, weights,
-                                   transpose_rhs=transpose_rhs)
   # The cotangent, cos(out), takes the forward's error in absolute terms
   # (out is about sqrt(k) in size), so the gradients get ten times the
   # forward's budget, still well under what TF32 products would give.

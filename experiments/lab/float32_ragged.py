@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -40,17 +39,11 @@ from pallas_gemm import numerics, timing
 from pallas_gemm.ragged_dot import arg_specs
 from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
 
+from experiments.lab import ragged_lab_common as common
+
 WAYS = ("xla", "split", "auto", "bf16")
 #: The largest product (flops) whose float64 NumPy reference is computed.
 _REFERENCE_FLOPS = 4e10
-
-
-def _layer(name: str):
-  layers = [layer for layer in sum(arg_specs.SUITES.values(), ())
-            if layer.name.startswith(name)]
-  if not layers:
-    raise SystemExit(f"--layers: no layer's name starts with {name!r}")
-  return layers[0]
 
 
 CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
@@ -116,21 +109,16 @@ def main(argv=None) -> int:
   if args.direction == "grad" and args.dtype != "float32":
     parser.error("--direction grad takes --dtype float32 only")
   dtype = jnp.dtype(args.dtype)
-  on_gpu = jax.default_backend() == "gpu"
-  print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
-        f"{'CUPTI' if on_gpu else 'wall clock'} median of "
-        f"{args.iterations}, {args.direction}, {args.dtype}", flush=True)
-  print("| case | " + " | ".join(f"{w} (us)" for w in WAYS)
-        + " | xla / split | split / bf16 | xla error | split error |")
-  print("|---|" + "---|" * (len(WAYS) + 4), flush=True)
-  start = time.perf_counter()
+  on_gpu = common.print_header(
+      WAYS, ("xla / split", "split / bf16", "xla error", "split error"),
+      args.iterations, args.direction, args.dtype)
+  budget = common.Budget(args.budget_s)
   for name in args.layers.split(","):
-    layer = _layer(name)
+    layer = common.suite_layer(name)
     for rows in rows_list:
       rows = rows or layer.rows
       for distribution in args.distributions.split(","):
-        if args.budget_s and time.perf_counter() - start > args.budget_s:
-          print(f"# budget of {args.budget_s} s spent: stopping", flush=True)
+        if budget.spent():
           return 0
         label = (f"{layer.name} g{layer.groups} k{layer.k} n{layer.n} "
                  f"m{rows} {distribution}")

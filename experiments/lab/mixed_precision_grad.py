@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -38,17 +37,11 @@ import pallas_gemm
 from pallas_gemm import numerics, timing
 from pallas_gemm.ragged_dot import arg_specs
 
+from experiments.lab import ragged_lab_common as common
+
 CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
                                                 (0,), ())
 WAYS = ("lax", "upcast", "split", "bf16")
-
-
-def _layer(name: str):
-  layers = [layer for layer in sum(arg_specs.SUITES.values(), ())
-            if name in layer.name]
-  if not layers:
-    raise SystemExit(f"--layers: no layer matches {name!r}")
-  return layers[0]
 
 
 def pullbacks(group_sizes):
@@ -92,19 +85,14 @@ def main(argv=None) -> int:
   ways = args.ways.split(",")
   if unknown := sorted(set(ways) - set(WAYS)):
     parser.error(f"--ways: {unknown} are not among {WAYS}")
-  on_gpu = jax.default_backend() == "gpu"
-  print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
-        f"{'CUPTI' if on_gpu else 'wall clock'} median of "
-        f"{args.iterations}", flush=True)
-  print("| case | " + " | ".join(f"{w} (us)" for w in WAYS)
-        + " | lax / split | split / bf16 | split error | upcast error |")
-  print("|---|" + "---|" * (len(WAYS) + 4), flush=True)
-  start = time.perf_counter()
+  on_gpu = common.print_header(
+      WAYS, ("lax / split", "split / bf16", "split error", "upcast error"),
+      args.iterations)
+  budget = common.Budget(args.budget_s)
   for name in args.layers.split(","):
-    layer = _layer(name)
+    layer = common.suite_layer(name)
     for distribution in args.distributions.split(","):
-      if args.budget_s and time.perf_counter() - start > args.budget_s:
-        print(f"# budget of {args.budget_s} s spent: stopping", flush=True)
+      if budget.spent():
         return 0
       keys = jax.random.split(jax.random.key(0), 3)
       x = numerics.random_normal(keys[0], (layer.rows, layer.k), jnp.bfloat16)

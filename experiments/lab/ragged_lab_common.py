@@ -1,0 +1,48 @@
+"""Not a script: what the grouped-GEMM lab scripts that time ways against
+each other share (`mixed_precision_grad.py`, `float32_ragged.py`): the
+layer lookup, the table's header and the run's time budget."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from pallas_gemm.ragged_dot import arg_specs
+
+
+def suite_layer(name: str):
+  """The first layer of any suite whose name starts with `name`."""
+  layers = [layer for layer in sum(arg_specs.SUITES.values(), ())
+            if layer.name.startswith(name)]
+  if not layers:
+    raise SystemExit(f"--layers: no layer's name starts with {name!r}")
+  return layers[0]
+
+
+def print_header(ways, more_columns, iterations: int, *notes) -> bool:
+  """Prints the run's line (jax, device, timing) and the table's header:
+  a time column per way, then `more_columns`. Returns whether it runs on
+  a GPU (CUPTI timing)."""
+  on_gpu = jax.default_backend() == "gpu"
+  print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, "
+        f"{'CUPTI' if on_gpu else 'wall clock'} median of {iterations}"
+        + "".join(f", {note}" for note in notes), flush=True)
+  print("| case | " + " | ".join(f"{w} (us)" for w in ways) + " | "
+        + " | ".join(more_columns) + " |")
+  print("|---|" + "---|" * (len(ways) + len(more_columns)), flush=True)
+  return on_gpu
+
+
+class Budget:
+  """Start no new case once `seconds` have passed (0: no limit)."""
+
+  def __init__(self, seconds: float):
+    self.seconds = seconds
+    self.start = time.perf_counter()
+
+  def spent(self) -> bool:
+    if self.seconds and time.perf_counter() - self.start > self.seconds:
+      print(f"# budget of {self.seconds} s spent: stopping", flush=True)
+      return True
+    return False

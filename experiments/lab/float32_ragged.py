@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_gemm
-from pallas_gemm import numerics, timing
+from pallas_gemm import numerics
 from pallas_gemm.ragged_dot import arg_specs
 from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
 
@@ -128,16 +128,10 @@ def main(argv=None) -> int:
                                    dtype)
         ct = numerics.random_normal(keys[2], (rows, layer.n), dtype)
         sizes = arg_specs.group_sizes(distribution, rows, layer.groups)
-        times, outs = {}, {}
-        for way in ways:
-          fn = _call(way, jnp.asarray(sizes), args.direction)
-          try:
-            outs[way] = jax.block_until_ready(fn(x, w, ct))
-            times[way] = 1e3 * timing.median_time_ms(
-                fn, (x, w, ct), iterations=args.iterations, on_gpu=on_gpu)
-          except Exception as error:  # noqa: BLE001 - reported, run goes on
-            print(f"# {label} {way}: {type(error).__name__}: "
-                  f"{str(error)[:200]}", flush=True)
+        times, outs = common.time_ways(
+            {way: _call(way, jnp.asarray(sizes), args.direction)
+             for way in ways}, (x, w, ct), iterations=args.iterations,
+            on_gpu=on_gpu, label=label)
         errors = {}
         mode = "contracting" if args.direction == "drhs" else "rows"
         problem = RaggedProblem(mode, rows, layer.k, layer.n, layer.groups,
@@ -148,13 +142,9 @@ def main(argv=None) -> int:
                            sizes, problem)
           errors = {way: numerics.relative_error(outs[way], want)
                     for way in ("xla", "split") if way in outs}
-        cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
-        ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
-                              if a in times and b in times else "-")
-        print(f"| {label} | " + " | ".join(cell(w) for w in WAYS)
-              + f" | {ratio('xla', 'split')} | {ratio('split', 'bf16')} | "
-              + " | ".join(f"{errors[w]:.1e}" if w in errors else "-"
-                           for w in ("xla", "split")) + " |", flush=True)
+        common.print_row(label, WAYS, times,
+                         (("xla", "split"), ("split", "bf16")), errors,
+                         ("xla", "split"))
         del x, w, ct, outs
   return 0
 

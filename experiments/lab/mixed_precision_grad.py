@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_gemm
-from pallas_gemm import numerics, timing
+from pallas_gemm import numerics
 from pallas_gemm.ragged_dot import arg_specs
 
 from experiments.lab import ragged_lab_common as common
@@ -101,30 +101,18 @@ def main(argv=None) -> int:
       ct = numerics.random_normal(keys[2], (layer.rows, layer.n), jnp.float32)
       sizes = jnp.asarray(arg_specs.group_sizes(distribution, layer.rows,
                                                 layer.groups))
-      times, grads = {}, {}
-      for way, fn in pullbacks(sizes).items():
-        if way not in ways:
-          continue
-        try:
-          grads[way] = jax.block_until_ready(fn(x, w, ct))
-          times[way] = 1e3 * timing.median_time_ms(
-              fn, (x, w, ct), iterations=args.iterations, on_gpu=on_gpu)
-        except Exception as error:  # noqa: BLE001 - reported, run goes on
-          print(f"# {layer.name} {distribution} {way}: "
-                f"{type(error).__name__}: {str(error)[:200]}", flush=True)
+      label = f"{layer.name} {distribution}"
+      times, grads = common.time_ways(
+          {way: fn for way, fn in pullbacks(sizes).items() if way in ways},
+          (x, w, ct), iterations=args.iterations, on_gpu=on_gpu, label=label)
       errors = {way: max(numerics.relative_error(np.asarray(a, np.float32),
                                                  np.asarray(b, np.float64))
                          for a, b in zip(grads[way], grads["lax"]))
                 for way in ("split", "upcast")
                 if way in grads and "lax" in grads}
-      cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
-      ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
-                            if a in times and b in times else "-")
-      print(f"| {layer.name} {distribution} | "
-            + " | ".join(cell(w) for w in WAYS)
-            + f" | {ratio('lax', 'split')} | {ratio('split', 'bf16')} | "
-            + " | ".join(f"{errors[w]:.1e}" if w in errors else "-"
-                         for w in ("split", "upcast")) + " |", flush=True)
+      common.print_row(label, WAYS, times,
+                       (("lax", "split"), ("split", "bf16")), errors,
+                       ("split", "upcast"))
       del x, w, ct, grads
   return 0
 

@@ -1,6 +1,7 @@
 """Not a script: what the grouped-GEMM lab scripts that time ways against
 each other share (`mixed_precision_grad.py`, `float32_ragged.py`): the
-layer lookup, the table's header and the run's time budget."""
+layer lookup, the run's time budget, the timing of the ways and the
+table's header and rows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import jax
 
+from pallas_gemm import timing
 from pallas_gemm.ragged_dot import arg_specs
 
 
@@ -46,3 +48,30 @@ class Budget:
       print(f"# budget of {self.seconds} s spent: stopping", flush=True)
       return True
     return False
+
+
+def time_ways(calls, operands, *, iterations: int, on_gpu: bool, label: str):
+  """({way: µs}, {way: result}) of each call on `operands`; a call that
+  fails is reported and left out, and the run goes on."""
+  times, results = {}, {}
+  for way, fn in calls.items():
+    try:
+      results[way] = jax.block_until_ready(fn(*operands))
+      times[way] = 1e3 * timing.median_time_ms(
+          fn, operands, iterations=iterations, on_gpu=on_gpu)
+    except Exception as error:  # noqa: BLE001 - reported, run goes on
+      print(f"# {label} {way}: {type(error).__name__}: {str(error)[:200]}",
+            flush=True)
+  return times, results
+
+
+def print_row(label: str, ways, times, ratios, errors, error_ways) -> None:
+  """One table row: a time per way ("-" where none), the time ratios of
+  the (a, b) pairs of `ratios`, and the errors of `error_ways`."""
+  cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
+  ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
+                        if a in times and b in times else "-")
+  print(f"| {label} | " + " | ".join(cell(w) for w in ways) + " | "
+        + " | ".join(ratio(a, b) for a, b in ratios) + " | "
+        + " | ".join(f"{errors[w]:.1e}" if w in errors else "-"
+                     for w in error_ways) + " |", flush=True)

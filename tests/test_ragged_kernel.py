@@ -2129,8 +2129,10 @@ def test_weight_gradient_reads_rows_not_a_multiple_of_8_in_place(m, groups):
   assert not in_place(config, problem, params=interpret_params(True))
   whole_tiles = dataclasses.replace(problem, m=m // 8 * 8)
   assert not mosaic.heuristic(whole_tiles, HOPPER).operand_planes
+  # 32-bit rows keep the tiled stages (float32 operands reach the kernels
+  # as bfloat16 parts, so only the configs' own heuristic sees them).
   f32 = dataclasses.replace(problem, in_dtype="float32")
-  assert not mosaic.heuristic(f32, HOPPER).operand_planes
+  assert not configs.heuristic(f32, HOPPER).operand_planes
   # A sweep's candidates read the rows in place too.
   assert all(c.operand_planes for c in configs.candidates(problem))
   text = _lower_for_cuda(problem, config).as_text()
@@ -2613,7 +2615,9 @@ def test_merge_pieces_adds_each_cut_groups_pieces_in_place():
 
 def test_operand_planes_rejects_what_it_cannot_run():
   """operand_planes: excludes 2-CTA clusters, a "contracting"-mode option,
-  16-bit inputs only; each error names the option."""
+  16-bit inputs only (the kernel's own check: through `ragged_matmul`,
+  float32 operands become bfloat16 parts first); each error names the
+  option."""
   for shared in ("cluster_columns", "cluster_rows"):
     with pytest.raises(ValueError, match="operand_planes excludes "
                        "cluster_columns and cluster_rows"):
@@ -2624,11 +2628,12 @@ def test_operand_planes_rejects_what_it_cannot_run():
                           "float32")
   ones = jnp.ones((150, 128), jnp.float32)
   with pytest.raises(ValueError, match="operand_planes needs 16-bit"):
-    mosaic.ragged_matmul(ones, ones, jnp.array([100, 50], jnp.int32),
-                         jnp.zeros((1,), jnp.int32), problem=problem,
-                         config=RaggedConfig(tile_m=64, tile_n=128,
-                                             stages=2, operand_planes=True),
-                         interpret=True)
+    mosaic_contracting.contracting_matmul(
+        ones, ones, jnp.array([100, 50], jnp.int32),
+        jnp.zeros((1,), jnp.int32), problem=problem,
+        config=RaggedConfig(tile_m=64, tile_n=128, stages=2,
+                            operand_planes=True),
+        params=interpret_params(True))
 
 
 @pytest.mark.parametrize("count", [

@@ -89,7 +89,7 @@ def splits(problem: RaggedProblem) -> bool:
 def why_not(problem: RaggedProblem) -> str | None:
   """Why `problem` cannot run as bfloat16 products, or None."""
   count = products(problem)
-  if problem.in_dtype == "float32" and problem.precision != "tf32":
+  if problem.in_dtype == "float32" and problem.precision == "ieee":
     return (f"precision {problem.precision!r} asks for exact float32 "
             "products; the kernels' three bfloat16 products keep about 16 "
             "significand bits (enough for precision='default', which allows "

@@ -2034,8 +2034,14 @@ def test_supports():
   problem = RaggedProblem("rows", 64, 64, 64, 2, "bfloat16", "bfloat16")
   assert mosaic.supports(problem, HOPPER) is None
   assert "Hopper" in mosaic.supports(problem, AMPERE)
+  # float32 runs as bfloat16 parts, except where exact products are asked
+  # for; float64 not at all.
   f32 = RaggedProblem("rows", 64, 64, 64, 2, "float32", "float32")
-  assert "float32" in mosaic.supports(f32, HOPPER)
+  assert mosaic.supports(f32, HOPPER) is None
+  exact = dataclasses.replace(f32, precision="ieee")
+  assert "exact float32" in mosaic.supports(exact, HOPPER)
+  f64 = RaggedProblem("rows", 64, 64, 64, 2, "float64", "float64")
+  assert "float64" in mosaic.supports(f64, HOPPER)
 
 
 def test_bad_operands_name_the_argument():

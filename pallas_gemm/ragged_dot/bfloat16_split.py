@@ -94,7 +94,8 @@ def why_not(problem: RaggedProblem) -> str | None:
             "products; the kernels' three bfloat16 products keep about 16 "
             "significand bits (enough for precision='default', which allows "
             "TF32)")
-  if problem.mode == "contracting" and count * problem.m > INT32_MAX:
+  if problem.mode == "contracting" and not repeated_rows_fit(problem.m,
+                                                             count):
     return (f"the contracting form repeats each of the m={problem.m} rows "
             f"{count} times, past int32 row numbers")
   return None
@@ -149,24 +150,19 @@ def estimated_seconds(problem: RaggedProblem,
   return split, xla
 
 
-def slower_than_xla(problem: RaggedProblem, device: DeviceInfo) -> bool:
-  """Whether XLA's ragged product is expected to beat the split."""
-  if problem.in_dtype not in XLA_COMPETES:
-    return False
-  split, xla = estimated_seconds(problem, device)
-  return split > xla
-
-
-def estimates(problem: RaggedProblem, device: DeviceInfo) -> str:
-  """Why the split or XLA, for `explain`: the cost model's estimates."""
+def against_xla(problem: RaggedProblem,
+                device: DeviceInfo) -> tuple[bool, str]:
+  """(whether XLA's ragged product is expected to beat the split, why: the
+  cost model's estimates, for `explain`)."""
   count = products(problem)
   if problem.in_dtype not in XLA_COMPETES:
-    return (f"widened exactly to {count} bfloat16 product; XLA's "
-            f"{problem.in_dtype} ragged product runs far below the memory "
-            "bound")
+    return False, (f"widened exactly to {count} bfloat16 product; XLA's "
+                   f"{problem.in_dtype} ragged product runs far below the "
+                   "memory bound")
   split, xla = estimated_seconds(problem, device)
-  return (f"{count} bfloat16 products about {split * 1e6:.0f} us, XLA's "
-          f"{problem.in_dtype} product about {xla * 1e6:.0f} us (estimates)")
+  return split > xla, (
+      f"{count} bfloat16 products about {split * 1e6:.0f} us, XLA's "
+      f"{problem.in_dtype} product about {xla * 1e6:.0f} us (estimates)")
 
 
 def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:
@@ -192,14 +188,29 @@ def bfloat16_products(lhs, rhs, group_sizes, row_offset,
   lhs_parts = (lhs_high, lhs_cross, lhs_low)
   rhs_parts = (rhs_high, rhs_low, rhs_cross)
   if problem.mode == "contracting":
-    m = problem.m
-    first, sizes = clipped_groups(group_sizes, row_offset, m)
-    count = len(lhs_parts)
-    interleave = lambda parts: jnp.stack(parts, axis=1).reshape(
-        count * m, parts[0].shape[1])
-    return (interleave(lhs_parts), interleave(rhs_parts), count * sizes,
-            jnp.reshape(count * first, (1,)), bfloat16_problem(problem))
+    return (*repeated_rows(lhs_parts, rhs_parts, group_sizes, row_offset),
+            bfloat16_problem(problem))
   k_axis = 2 if problem.transpose_rhs else 1
   return (jnp.concatenate(lhs_parts, axis=1),
           jnp.concatenate(rhs_parts, axis=k_axis), group_sizes, row_offset,
           bfloat16_problem(problem))
+
+
+def repeated_rows_fit(m: int, count: int) -> bool:
+  """Whether `count` rows per token row still have int32 row numbers."""
+  return count * m <= INT32_MAX
+
+
+def repeated_rows(lhs_parts, rhs_parts, group_sizes, row_offset):
+  """(lhs, rhs, group_sizes, row_offset) of a contracting product over
+  each token row once per part pair: row r becomes rows count * r ...
+  count * r + count - 1, holding lhs_parts[i][r] and rhs_parts[i][r], so
+  that the kernel sums every pair of one token into its float32
+  accumulator. The groups, clipped to [0, m) and scaled by the count, stay
+  contiguous."""
+  count, m = len(lhs_parts), lhs_parts[0].shape[0]
+  first, sizes = clipped_groups(group_sizes, row_offset, m)
+  interleave = lambda parts: jnp.stack(parts, axis=1).reshape(
+      count * m, parts[0].shape[1])
+  return (interleave(lhs_parts), interleave(rhs_parts), count * sizes,
+          jnp.reshape(count * first, (1,)))

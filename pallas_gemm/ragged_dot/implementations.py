@@ -159,9 +159,9 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
   if why_not is not None:
     return "xla", f"fallback to xla: mosaic does not support it: {why_not}"
   if bfloat16_split.splits(problem):
-    estimates = bfloat16_split.estimates(problem, device)
+    xla_faster, estimates = bfloat16_split.against_xla(problem, device)
     operands = f"these {problem.in_dtype} operands"
-    if bfloat16_split.slower_than_xla(problem, device):
+    if xla_faster:
       return "xla", f"xla: faster on {operands}: {estimates}"
     return "mosaic", f"the mosaic kernel, faster on {operands}: {estimates}"
   return "mosaic", "the mosaic kernel supports it on this Hopper GPU"

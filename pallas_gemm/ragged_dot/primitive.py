@@ -46,7 +46,9 @@ from pallas_gemm import sharding
 from pallas_gemm.devices import device_info
 from pallas_gemm.problem import ACTIVATIONS, dtype_name
 from pallas_gemm.ragged_dot import implementations
-from pallas_gemm.ragged_dot.bfloat16_split import INT32_MAX, bfloat16_parts
+from pallas_gemm.ragged_dot.bfloat16_split import (bfloat16_parts,
+                                                   repeated_rows,
+                                                   repeated_rows_fit)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 from pallas_gemm.ragged_dot.xla import clipped_groups, group_row_mask
 
@@ -322,16 +324,13 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
     # where an upcast operand would leave only XLA's float32 product.
     high, low = bfloat16_parts(ct)
     m = ct.shape[0]
-    if contracting and 2 * m <= INT32_MAX:
+    if contracting and repeated_rows_fit(m, 2):
       # One product over twice the rows: each token row twice, with the
       # high then the low part, so that the kernel adds both parts in its
-      # float32 accumulator and rounds once. Doubled, the clipped groups
-      # stay contiguous.
-      parts = jnp.stack([high, low], axis=1).reshape(2 * m, ct.shape[1])
-      first, clipped = clipped_groups(group_sizes, row_offset, m)
-      grad = product(parts, jnp.repeat(other, 2, axis=0),
-                     (2 * clipped, jnp.reshape(2 * first, (1,))),
-                     precision, target_dtype)
+      # float32 accumulator and rounds once.
+      parts, others, *doubled = repeated_rows((high, low), (other, other),
+                                              group_sizes, row_offset)
+      grad = product(parts, others, doubled, precision, target_dtype)
     else:
       # The low part's product is about 2^-8 of the high part's, so
       # rounding it to the operands' dtype costs nothing measurable; the
@@ -354,7 +353,6 @@ def _transpose_rule(ct, lhs, rhs, group_sizes, row_offset, **params):
     grad = product(ct.astype(other.dtype), other, sizes, precision,
                    target_dtype)
   return [grad, None, None, None] if wanted_lhs else [None, grad, None, None]
-
 
 
 def splits_wide_cotangent(ct_dtype, operand_dtype, precision: str) -> bool:

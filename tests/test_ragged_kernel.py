@@ -2813,29 +2813,63 @@ def test_float32_operand_gradients_run_on_the_kernels(transpose_rhs):
 
 def test_automatic_choice_for_float32_operands_follows_the_cost_model():
   """float32 operands: the split where its memory passes pay off (many
-  rows, where XLA's product does groups times the flops), XLA on a decode
-  batch (a pass over the weights is all either does, and the split makes
-  four), and XLA where exact products are asked for; each with its
-  reason."""
+  rows, where XLA's product does groups times the flops, or so few rows
+  that the split makes the parts of a few groups' weights only), XLA on a
+  small batch that reaches most groups (a pass over the weights is all
+  either does, and the split makes four), and XLA where exact products are
+  asked for; each with its reason."""
   from pallas_gemm.ragged_dot import bfloat16_split, implementations
 
   def choice(m, mode="rows", precision="tf32"):
     problem = RaggedProblem(mode, m, 2048, 768, 128, "float32", "float32",
                             precision=precision)
     return implementations.resolve(problem, HOPPER)
-  for m in (16, 256):
+  for m in (64, 256):
     decode = choice(m)
     assert decode.implementation == "xla" and "estimates" in decode.reason
     split, xla = bfloat16_split.estimated_seconds(
         RaggedProblem("rows", m, 2048, 768, 128, "float32", "float32",
                       precision="tf32"), HOPPER)
     assert split > 1.5 * xla
+  # 16 rows reach at most 16 of the 128 groups, whose parts alone are made.
+  assert choice(16).implementation == "mosaic"
   for mode in ("rows", "contracting"):
     training = choice(32768, mode)
     assert training.implementation == "mosaic", training.reason
     assert "3 bfloat16 products about" in training.reason
   exact = choice(32768, precision="ieee")
   assert exact.implementation == "xla" and "exact float32" in exact.reason
+
+
+def _sparse_sizes(groups, sizes_of):
+  """`groups` group sizes, zero but for the {group: size} given."""
+  return [sizes_of.get(g, 0) for g in range(groups)]
+
+
+@pytest.mark.parametrize("in_dtype", ["float32", "float8_e4m3fn"])
+@pytest.mark.parametrize("m, groups, sizes, row_offset, transpose_rhs", [
+    # 40 rows in 4 of 64 groups, one of them negative (so empty).
+    (40, 64, _sparse_sizes(64, {3: 9, 17: -4, 18: 11, 40: 13, 62: 7}), 0,
+     False),
+    # An offset, the last group running past m, weights stored (g, n, k).
+    (30, 48, _sparse_sizes(48, {0: 5, 10: 12, 47: 20}), 6, True),
+    # Every row its own group: as many groups with rows as rows.
+    (16, 24, [1] * 16 + [0] * 8, 0, False),
+], ids=["gaps", "offset_past_m_transposed", "one_row_each"])
+def test_decode_batches_split_only_the_groups_with_rows(
+    in_dtype, m, groups, sizes, row_offset, transpose_rhs):
+  """With fewer rows than groups, the weights of the groups with rows are
+  gathered on the device before their parts are made: the kernels run m
+  groups, and the result is the full product's."""
+  problem = RaggedProblem("rows", m, 64, 40, groups, in_dtype, "float32",
+                          transpose_rhs=transpose_rhs,
+                          activation="silu" if transpose_rhs else None,
+                          precision="tf32" if in_dtype == "float32"
+                          else "default")
+  assert mosaic.bfloat16_split.bfloat16_problem(problem).groups == m
+  got, want = _run(problem, sizes, row_offset=row_offset)
+  budget = THREE_PRODUCTS_TOLERANCE if in_dtype == "float32" else 1e-6
+  assert np.linalg.norm(got - want) / np.linalg.norm(want) <= budget
 
 
 @pytest.mark.parametrize("problem, sizes, row_offset", [

@@ -26,6 +26,12 @@ An fp8 value is its own high part: bfloat16 holds every float8_e4m3fn and
 float8_e5m2 value exactly, so fp8 operands become one bfloat16 product of
 the same shape, exact, with a pass that widens them.
 
+The pass over the weights is what a decode batch pays for: with fewer rows
+than groups, most experts have no rows, and the kernels never read their
+weights. So a "rows" problem with m < groups first gathers the weights of
+the groups that have rows (at most m of them, found on the device:
+`groups_with_rows`), and makes the parts of those only.
+
 For float32 operands, which is faster, this or XLA's ragged product of the
 operands as they are, depends on the rows (`estimated_seconds`); the
 automatic choice (`implementations.resolve`) asks the cost model. fp8
@@ -118,13 +124,37 @@ XLA_PEAK_FRACTION = 0.6
 XLA_COMPETES = ("float32",)
 
 
+def active_groups(problem: RaggedProblem) -> int:
+  """How many groups' weights the split makes parts of: in the "rows" form
+  at most one group per row can have rows, so with fewer rows than groups
+  only m groups' weights are gathered (`groups_with_rows`)."""
+  if problem.mode == "rows":
+    return min(problem.m, problem.groups)
+  return problem.groups
+
+
+def groups_with_rows(rhs, group_sizes, row_offset, m: int, count: int):
+  """(rhs, group_sizes, row_offset) of the same "rows" product over only
+  the groups that have rows, in order, padded with empty groups to `count`
+  groups (`count` >= how many groups have rows, which m bounds). Groups of
+  no rows leave no gap in the rows, so dropping them moves no group; the
+  sizes come back clipped to [0, m), from the clipped first row. A gather
+  on the device: no host sync, one compiled program for any routing."""
+  first, sizes = clipped_groups(group_sizes, row_offset, m)
+  has_rows = sizes > 0
+  (kept,) = jnp.nonzero(has_rows, size=count, fill_value=0)
+  padding = jnp.arange(count) >= jnp.sum(has_rows)
+  return (jnp.take(rhs, kept, axis=0), jnp.where(padding, 0, sizes[kept]),
+          jnp.reshape(first, (1,)))
+
+
 def estimated_seconds(problem: RaggedProblem,
                       device: DeviceInfo) -> tuple[float, float]:
   """(the split on the kernels, XLA's ragged product of the operands as
   they are): a cost model for the automatic choice between them.
 
-  The split pays its memory passes over every operand element, whichever
-  groups have rows (the parts of every expert's weights are made), then
+  The split pays its memory passes over every operand element, over the
+  weights of at most m groups in the "rows" form (`active_groups`), then
   its bfloat16 products. XLA's ragged product expands the groups into one
   dense batched product, every group against every row: it reads each
   operand once but does `groups` times the flops. So XLA is faster on a
@@ -140,10 +170,14 @@ def estimated_seconds(problem: RaggedProblem,
   xla_rate = XLA_PEAK_FRACTION * 1e12 * (
       peak_tflops(device.device_kind, "float32", "tf32") or 495.0)
   elements = math.prod(problem.lhs_shape) + math.prod(problem.rhs_shape)
+  split_elements = math.prod(problem.lhs_shape) + (
+      math.prod(problem.rhs_shape) * active_groups(problem)
+      // max(problem.groups, 1))
   out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
   read_bytes = itemsize(problem.in_dtype) * elements + out_bytes
   count = products(problem)
-  split = ((read_bytes + count * PART_BYTES_MOVED * elements) / bandwidth
+  split = ((itemsize(problem.in_dtype) * split_elements + out_bytes
+            + count * PART_BYTES_MOVED * split_elements) / bandwidth
            + count * problem.flops / bf16_rate)
   xla = max(read_bytes / bandwidth,
             problem.groups * problem.flops / xla_rate)
@@ -171,7 +205,7 @@ def bfloat16_problem(problem: RaggedProblem) -> RaggedProblem:
   longer = ({"m": count * problem.m} if problem.mode == "contracting"
             else {"k": count * problem.k})
   return dataclasses.replace(problem, in_dtype="bfloat16", precision="default",
-                             **longer)
+                             groups=active_groups(problem), **longer)
 
 
 def bfloat16_products(lhs, rhs, group_sizes, row_offset,
@@ -179,6 +213,9 @@ def bfloat16_products(lhs, rhs, group_sizes, row_offset,
   """(lhs, rhs, group_sizes, row_offset, problem) of the bfloat16 problem
   whose result is `problem`'s: exactly for fp8 operands, to about 2^-16
   of each product for float32 ones."""
+  if active_groups(problem) < problem.groups:
+    rhs, group_sizes, row_offset = groups_with_rows(
+        rhs, group_sizes, row_offset, problem.m, active_groups(problem))
   if products(problem) == 1:  # bfloat16 holds the values exactly
     return (lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), group_sizes,
             row_offset, bfloat16_problem(problem))

@@ -2833,6 +2833,12 @@ def test_automatic_choice_for_float32_operands_follows_the_cost_model():
     assert split > 1.5 * xla
   # 16 rows reach at most 16 of the 128 groups, whose parts alone are made.
   assert choice(16).implementation == "mosaic"
+  # The gather pays only well below one row per group for float32 weights
+  # (its mask pass); fp8 weights are gathered whenever rows are fewer.
+  gathers = lambda m, dtype: bfloat16_split.gathers(
+      RaggedProblem("rows", m, 2048, 768, 128, dtype, "float32"))
+  assert gathers(64, "float32") and not gathers(100, "float32")
+  assert gathers(127, "float8_e4m3fn") and not gathers(128, "float8_e4m3fn")
   for mode in ("rows", "contracting"):
     training = choice(32768, mode)
     assert training.implementation == "mosaic", training.reason

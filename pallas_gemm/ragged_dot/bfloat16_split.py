@@ -28,9 +28,10 @@ the same shape, exact, with a pass that widens them.
 
 The pass over the weights is what a decode batch pays for: with fewer rows
 than groups, most experts have no rows, and the kernels never read their
-weights. So a "rows" problem with m < groups first gathers the weights of
-the groups that have rows (at most m of them, found on the device:
-`groups_with_rows`), and makes the parts of those only.
+weights. So a "rows" problem with enough fewer rows than groups (`gathers`)
+first gathers the weights of the groups that have rows (at most m of them,
+found on the device: `groups_with_rows`), and makes the parts of those
+only.
 
 For float32 operands, which is faster, this or XLA's ragged product of the
 operands as they are, depends on the rows (`estimated_seconds`); the
@@ -110,6 +111,10 @@ def why_not(problem: RaggedProblem) -> str | None:
 #: Bytes the split moves per operand element beyond its first read: the
 #: parts' pass writes 2 per part, and the kernel reads them again.
 PART_BYTES_MOVED = 4
+#: ... and per gathered float32 weight element (`groups_with_rows`): XLA
+#: computes the finiteness mask of gathered weights in a pass of its own,
+#: which reads them (4) and writes the mask (1), read again by the parts.
+GATHERED_MASK_BYTES = 6
 #: The fractions of the datasheet peaks reached: the kernels' bfloat16
 #: products on long calls, and XLA's float32 ragged product (TF32) near
 #: where the two cross. Fitted to the H200 runs of
@@ -125,12 +130,27 @@ XLA_COMPETES = ("float32",)
 
 
 def active_groups(problem: RaggedProblem) -> int:
-  """How many groups' weights the split makes parts of: in the "rows" form
-  at most one group per row can have rows, so with fewer rows than groups
-  only m groups' weights are gathered (`groups_with_rows`)."""
-  if problem.mode == "rows":
-    return min(problem.m, problem.groups)
-  return problem.groups
+  """How many groups' weights the split makes parts of: all, or m where it
+  gathers the weights of the groups with rows first (`gathers`)."""
+  return problem.m if gathers(problem) else problem.groups
+
+
+def gathers(problem: RaggedProblem) -> bool:
+  """Whether the split first gathers the weights of the groups with rows
+  (`groups_with_rows`). In the "rows" form at most m groups have rows; the
+  gather pays where its passes over m groups' weights (with the mask pass
+  that float32 weights get) move fewer bytes than one over all groups'."""
+  if problem.mode != "rows" or problem.m >= problem.groups:
+    return False
+  per_element = _bytes_per_element(problem)
+  gathered = per_element + (GATHERED_MASK_BYTES if products(problem) > 1
+                            else 0)
+  return problem.m * gathered < problem.groups * per_element
+
+
+def _bytes_per_element(problem: RaggedProblem) -> int:
+  """Bytes the split moves per operand element: its read, and its parts."""
+  return itemsize(problem.in_dtype) + products(problem) * PART_BYTES_MOVED
 
 
 def groups_with_rows(rhs, group_sizes, row_offset, m: int, count: int):
@@ -143,9 +163,13 @@ def groups_with_rows(rhs, group_sizes, row_offset, m: int, count: int):
   first, sizes = clipped_groups(group_sizes, row_offset, m)
   has_rows = sizes > 0
   (kept,) = jnp.nonzero(has_rows, size=count, fill_value=0)
+  # The barrier makes the few indices an array of their own: otherwise XLA
+  # fuses their computation (a cumulative sum) into the gather's fusions,
+  # which then redo it for every weight element they copy.
+  kept = jax.lax.optimization_barrier(kept)
   padding = jnp.arange(count) >= jnp.sum(has_rows)
-  return (jnp.take(rhs, kept, axis=0), jnp.where(padding, 0, sizes[kept]),
-          jnp.reshape(first, (1,)))
+  return (jnp.take(rhs, kept, axis=0, mode="clip"),
+          jnp.where(padding, 0, sizes[kept]), jnp.reshape(first, (1,)))
 
 
 def estimated_seconds(problem: RaggedProblem,
@@ -153,9 +177,8 @@ def estimated_seconds(problem: RaggedProblem,
   """(the split on the kernels, XLA's ragged product of the operands as
   they are): a cost model for the automatic choice between them.
 
-  The split pays its memory passes over every operand element, over the
-  weights of at most m groups in the "rows" form (`active_groups`), then
-  its bfloat16 products. XLA's ragged product expands the groups into one
+  The split pays its memory passes over every operand element (over only
+  m groups' weights where it `gathers`), then its bfloat16 products. XLA's ragged product expands the groups into one
   dense batched product, every group against every row: it reads each
   operand once but does `groups` times the flops. So XLA is faster on a
   few rows (decode batches: a pass over the weights is all either does),
@@ -169,15 +192,20 @@ def estimated_seconds(problem: RaggedProblem,
       peak_tflops(device.device_kind, "bfloat16") or 989.0)
   xla_rate = XLA_PEAK_FRACTION * 1e12 * (
       peak_tflops(device.device_kind, "float32", "tf32") or 495.0)
-  elements = math.prod(problem.lhs_shape) + math.prod(problem.rhs_shape)
-  split_elements = math.prod(problem.lhs_shape) + (
-      math.prod(problem.rhs_shape) * active_groups(problem)
-      // max(problem.groups, 1))
+  lhs_elements = math.prod(problem.lhs_shape)
+  rhs_elements = math.prod(problem.rhs_shape)
   out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
-  read_bytes = itemsize(problem.in_dtype) * elements + out_bytes
+  read_bytes = itemsize(problem.in_dtype) * (lhs_elements + rhs_elements)
+  read_bytes += out_bytes
   count = products(problem)
-  split = ((itemsize(problem.in_dtype) * split_elements + out_bytes
-            + count * PART_BYTES_MOVED * split_elements) / bandwidth
+  per_element = _bytes_per_element(problem)
+  if gathers(problem):
+    split_bytes = per_element * lhs_elements + (
+        (per_element + GATHERED_MASK_BYTES) * rhs_elements
+        * problem.m // problem.groups)
+  else:
+    split_bytes = per_element * (lhs_elements + rhs_elements)
+  split = ((split_bytes + out_bytes) / bandwidth
            + count * problem.flops / bf16_rate)
   xla = max(read_bytes / bandwidth,
             problem.groups * problem.flops / xla_rate)
@@ -213,9 +241,9 @@ def bfloat16_products(lhs, rhs, group_sizes, row_offset,
   """(lhs, rhs, group_sizes, row_offset, problem) of the bfloat16 problem
   whose result is `problem`'s: exactly for fp8 operands, to about 2^-16
   of each product for float32 ones."""
-  if active_groups(problem) < problem.groups:
+  if gathers(problem):
     rhs, group_sizes, row_offset = groups_with_rows(
-        rhs, group_sizes, row_offset, problem.m, active_groups(problem))
+        rhs, group_sizes, row_offset, problem.m, problem.m)
   if products(problem) == 1:  # bfloat16 holds the values exactly
     return (lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), group_sizes,
             row_offset, bfloat16_problem(problem))

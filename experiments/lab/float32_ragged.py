@@ -14,13 +14,17 @@ Per (layer, rows, routing), each timed in one process against the others:
 gradient's contracting product of x and a float32 cotangent, `grad` the
 pullback of both operands. CUPTI time of every kernel of one call,
 median of `--iterations`. Where the product is small enough for NumPy, the
-relative error of xla and split against float64 is printed too.
+relative error of xla and split against float64 is printed too. With
+`--breakdown`, a line per way after each row gives its kernels one by one
+(how many, and the CUPTI medians of those over 1 us): the split's passes
+over the operands (a gather, the parts) against the grouped GEMM itself,
+or what pallas_gemm's `xla` adds around XLA's product.
 
     PYTHONPATH=. python3 experiments/lab/float32_ragged.py \
         [--layers qwen3_30b_a3b_up,mixtral8x7b_up] [--rows 64,1024,0] \
         [--distributions even,zipf] [--direction forward|drhs|grad] \
         [--ways xla,split,auto,bf16] [--dtype float32|float8_e4m3fn|float8_e5m2] \
-        [--iterations 10] [--budget_s 200]
+        [--iterations 10] [--budget_s 200] [--breakdown]
 
 `--rows 0` stands for the layer's own rows (its training step).
 """
@@ -35,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_gemm
-from pallas_gemm import numerics
+from pallas_gemm import numerics, timing
 from pallas_gemm.ragged_dot import arg_specs
 from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
 
@@ -96,6 +100,8 @@ def main(argv=None) -> int:
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--budget_s", type=float, default=0.0,
                       help="start no new case after this long (0: no limit)")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="print each way's kernels one by one (GPU only)")
   args = parser.parse_args(argv)
   ways = args.ways.split(",")
   if unknown := sorted(set(ways) - set(WAYS)):
@@ -145,6 +151,13 @@ def main(argv=None) -> int:
         common.print_row(label, WAYS, times,
                          (("xla", "split"), ("split", "bf16")), errors,
                          ("xla", "split"))
+        for way in (ways if args.breakdown and on_gpu else ()):
+          kernels = timing.kernel_medians_us(
+              _call(way, jnp.asarray(sizes), args.direction), (x, w, ct),
+              iterations=args.iterations)
+          print(f"# {label} {way}: {len(kernels)} kernels (us): " + ", ".join(
+              f"{name[:32]} {us:.1f}" for name, us in kernels if us > 1),
+              flush=True)
         del x, w, ct, outs
   return 0
 

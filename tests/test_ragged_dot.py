@@ -70,6 +70,10 @@ SIZES = {
     # Runtime data cannot be checked at trace time: a negative size counts
     # as zero, in every implementation and in the reference.
     "negative": (30, [5, -4, 12, 9]),
+    # Decode batches, rows far fewer than groups: the xla implementation
+    # gathers the weights of the groups with rows (`xla.gathers`).
+    "decode_gaps": (5, [0, 2, 0, 0, -3, 0, 1] + [0] * 4 + [2] + [0] * 6),
+    "decode_past_m": (4, [0] * 6 + [3, 0, 0, 4] + [0] * 6),
 }
 
 
@@ -90,6 +94,28 @@ def test_rows_against_float64(case, dtype):
   # Rows in no group are exactly zero.
   np.testing.assert_array_equal(
       np.asarray(out, np.float32)[sum(max(s, 0) for s in sizes):], 0)
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+@pytest.mark.parametrize("transpose_rhs, activation", [(False, None),
+                                                       (True, "silu")])
+def test_decode_batches_gather_the_groups_with_rows(offset, transpose_rhs,
+                                                    activation):
+  """The xla implementation on far fewer rows than groups copies the
+  weights of the groups with rows (found on the device) and multiplies
+  only those: the result is the product over every group's."""
+  m, sizes = SIZES["decode_gaps"]
+  k, n = 24, 40
+  lhs = _normal((m, k))
+  rhs = _normal((len(sizes), n, k) if transpose_rhs else (len(sizes), k, n))
+  problem = _rows_problem(lhs, rhs, transpose_rhs, activation)
+  assert xla.gathers(problem)
+  out = jax.jit(lambda *a: xla.ragged_matmul(
+      *a, problem=dataclasses.replace(problem, precision="ieee")))(
+          lhs, rhs, jnp.asarray(sizes, jnp.int32),
+          jnp.asarray([offset], jnp.int32))
+  _check(out, reference(lhs, rhs, sizes, problem, row_offset=offset))
+  assert not xla.gathers(dataclasses.replace(problem, m=6))  # 3m == groups
 
 
 @pytest.mark.parametrize("activation", [None, "silu", "sigmoid"])

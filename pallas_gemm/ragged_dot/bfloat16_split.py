@@ -30,7 +30,7 @@ The pass over the weights is what a decode batch pays for: with fewer rows
 than groups, most experts have no rows, and the kernels never read their
 weights. So a "rows" problem with enough fewer rows than groups (`gathers`)
 first gathers the weights of the groups that have rows (at most m of them,
-found on the device: `groups_with_rows`), and makes the parts of those
+found on the device: `xla.groups_with_rows`), and makes the parts of those
 only.
 
 For float32 operands, which is faster, this or XLA's ragged product of the
@@ -50,7 +50,8 @@ import jax.numpy as jnp
 from pallas_gemm.devices import DeviceInfo, copy_tb_per_s, peak_tflops
 from pallas_gemm.problem import itemsize
 from pallas_gemm.ragged_dot.problem import RaggedProblem
-from pallas_gemm.ragged_dot.xla import clipped_groups
+from pallas_gemm.ragged_dot.xla import clipped_groups, groups_with_rows
+from pallas_gemm.ragged_dot.xla import gathers as xla_gathers
 
 #: How many bfloat16 products stand for one product of each dtype.
 PRODUCTS = {"float32": 3, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -111,7 +112,7 @@ def why_not(problem: RaggedProblem) -> str | None:
 #: Bytes the split moves per operand element beyond its first read: the
 #: parts' pass writes 2 per part, and the kernel reads them again.
 PART_BYTES_MOVED = 4
-#: ... and per gathered float32 weight element (`groups_with_rows`): XLA
+#: ... and per gathered float32 weight element (`xla.groups_with_rows`): XLA
 #: computes the finiteness mask of gathered weights in a pass of its own,
 #: which reads them (4) and writes the mask (1), read again by the parts.
 GATHERED_MASK_BYTES = 6
@@ -137,7 +138,7 @@ def active_groups(problem: RaggedProblem) -> int:
 
 def gathers(problem: RaggedProblem) -> bool:
   """Whether the split first gathers the weights of the groups with rows
-  (`groups_with_rows`). In the "rows" form at most m groups have rows; the
+  (`xla.groups_with_rows`). In the "rows" form at most m groups have rows; the
   gather pays where its passes over m groups' weights (with the mask pass
   that float32 weights get) move fewer bytes than one over all groups'."""
   if problem.mode != "rows" or problem.m >= problem.groups:
@@ -153,25 +154,6 @@ def _bytes_per_element(problem: RaggedProblem) -> int:
   return itemsize(problem.in_dtype) + products(problem) * PART_BYTES_MOVED
 
 
-def groups_with_rows(rhs, group_sizes, row_offset, m: int, count: int):
-  """(rhs, group_sizes, row_offset) of the same "rows" product over only
-  the groups that have rows, in order, padded with empty groups to `count`
-  groups (`count` >= how many groups have rows, which m bounds). Groups of
-  no rows leave no gap in the rows, so dropping them moves no group; the
-  sizes come back clipped to [0, m), from the clipped first row. A gather
-  on the device: no host sync, one compiled program for any routing."""
-  first, sizes = clipped_groups(group_sizes, row_offset, m)
-  has_rows = sizes > 0
-  (kept,) = jnp.nonzero(has_rows, size=count, fill_value=0)
-  # The barrier makes the few indices an array of their own: otherwise XLA
-  # fuses their computation (a cumulative sum) into the gather's fusions,
-  # which then redo it for every weight element they copy.
-  kept = jax.lax.optimization_barrier(kept)
-  padding = jnp.arange(count) >= jnp.sum(has_rows)
-  return (jnp.take(rhs, kept, axis=0, mode="clip"),
-          jnp.where(padding, 0, sizes[kept]), jnp.reshape(first, (1,)))
-
-
 def estimated_seconds(problem: RaggedProblem,
                       device: DeviceInfo) -> tuple[float, float]:
   """(the split on the kernels, XLA's ragged product of the operands as
@@ -180,9 +162,10 @@ def estimated_seconds(problem: RaggedProblem,
   The split pays its memory passes over every operand element (over only
   m groups' weights where it `gathers`), then its bfloat16 products. XLA's ragged product expands the groups into one
   dense batched product, every group against every row: it reads each
-  operand once but does `groups` times the flops. So XLA is faster on a
-  few rows (decode batches: a pass over the weights is all either does),
-  and the split by up to the group count on many. For the dtypes of
+  operand once but does `groups` times the flops (on a decode batch, only
+  the weights of at most m groups, gathered: `xla.gathers`). So XLA is
+  faster on a few rows (a pass over the weights is all either does), and
+  the split by up to the group count on many. For the dtypes of
   `XLA_COMPETES` only."""
   if problem.in_dtype not in XLA_COMPETES:
     raise ValueError(f"no cost model for XLA's {problem.in_dtype} ragged "
@@ -207,8 +190,12 @@ def estimated_seconds(problem: RaggedProblem,
     split_bytes = per_element * (lhs_elements + rhs_elements)
   split = ((split_bytes + out_bytes) / bandwidth
            + count * problem.flops / bf16_rate)
-  xla = max(read_bytes / bandwidth,
-            problem.groups * problem.flops / xla_rate)
+  xla_groups = problem.groups
+  if xla_gathers(problem):  # m groups' weights: read, written, read
+    read_bytes = out_bytes + itemsize(problem.in_dtype) * (
+        lhs_elements + 3 * rhs_elements * problem.m // problem.groups)
+    xla_groups = problem.m
+  xla = max(read_bytes / bandwidth, xla_groups * problem.flops / xla_rate)
   return split, xla
 
 

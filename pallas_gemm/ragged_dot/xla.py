@@ -5,6 +5,9 @@ when no Pallas kernel supports a problem. `jax.lax.ragged_dot_general` has
 no `group_offset` yet, so a `row_offset` is honoured by rotating the rows:
 the groups then start at row 0, and rows outside every group come out zero
 (or are left out of the sums) exactly as the problem defines.
+
+A decode batch (far fewer rows than groups) first gathers the weights of
+the groups with rows (`gathers`), since XLA's product would read them all.
 """
 
 from __future__ import annotations
@@ -64,6 +67,35 @@ def group_row_mask(group_sizes, row_offset, m: int):
   return (rows >= first) & (rows < first + jnp.sum(sizes))
 
 
+def gathers(problem: RaggedProblem) -> bool:
+  """Whether the "rows" product first gathers the weights of the groups
+  with rows (`groups_with_rows`). XLA's ragged product reads the weights
+  of every group, also of those with no rows, and multiplies every row by
+  each. At most m groups have rows, so with few rows copying theirs pays:
+  three passes over m groups' weights (the gather's read and write, the
+  product's read) against one over all groups'."""
+  return problem.mode == "rows" and 0 < 3 * problem.m < problem.groups
+
+
+def groups_with_rows(rhs, group_sizes, row_offset, m: int, count: int):
+  """(rhs, group_sizes, row_offset) of the same "rows" product over only
+  the groups that have rows, in order, padded with empty groups to `count`
+  groups (`count` >= how many groups have rows, which m bounds). Groups of
+  no rows leave no gap in the rows, so dropping them moves no group; the
+  sizes come back clipped to [0, m), from the clipped first row. A gather
+  on the device: no host sync, one compiled program for any routing."""
+  first, sizes = clipped_groups(group_sizes, row_offset, m)
+  has_rows = sizes > 0
+  (kept,) = jnp.nonzero(has_rows, size=count, fill_value=0)
+  # The barrier makes the few indices an array of their own: otherwise XLA
+  # fuses their computation (a cumulative sum) into the gather's fusions,
+  # which then redo it for every weight element they copy.
+  kept = jax.lax.optimization_barrier(kept)
+  padding = jnp.arange(count) >= jnp.sum(has_rows)
+  return (jnp.take(rhs, kept, axis=0, mode="clip"),
+          jnp.where(padding, 0, sizes[kept]), jnp.reshape(first, (1,)))
+
+
 def ragged_matmul(lhs, rhs, group_sizes, row_offset, *, problem: RaggedProblem,
                   config=None, interpret=False):
   del interpret
@@ -85,6 +117,8 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *, problem: RaggedProblem,
         precision=precision, preferred_element_type=acc_dtype)
     return out.astype(problem.out_dtype)
   numbers = _ROWS_TRANSPOSED if problem.transpose_rhs else _ROWS
+  if gathers(problem):
+    rhs, sizes, _ = groups_with_rows(rhs, group_sizes, row_offset, m, m)
   out = jax.lax.ragged_dot_general(
       rotate(lhs, -first), rhs, sizes, numbers, precision=precision,
       preferred_element_type=acc_dtype)

@@ -160,13 +160,13 @@ def estimated_seconds(problem: RaggedProblem,
   they are): a cost model for the automatic choice between them.
 
   The split pays its memory passes over every operand element (over only
-  m groups' weights where it `gathers`), then its bfloat16 products. XLA's ragged product expands the groups into one
-  dense batched product, every group against every row: it reads each
-  operand once but does `groups` times the flops (on a decode batch, only
-  the weights of at most m groups, gathered: `xla.gathers`). So XLA is
-  faster on a few rows (a pass over the weights is all either does), and
-  the split by up to the group count on many. For the dtypes of
-  `XLA_COMPETES` only."""
+  m groups' weights where it `gathers`), then its bfloat16 products.
+  XLA's ragged product expands the groups into one dense batched product,
+  every group against every row: it reads each operand once but does
+  `groups` times the flops (on a decode batch, over the gathered weights
+  of at most m groups: `xla.gathers`). So XLA is faster on a few rows (a
+  pass over the weights is all either does), and the split by up to the
+  group count on many. For the dtypes of `XLA_COMPETES` only."""
   if problem.in_dtype not in XLA_COMPETES:
     raise ValueError(f"no cost model for XLA's {problem.in_dtype} ragged "
                      f"product (only {XLA_COMPETES})")

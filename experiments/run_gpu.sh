@@ -75,6 +75,16 @@
 #              FP8_CUDA_MODES (block none), output in $OUT/fp8_cuda.txt;
 #              FP8_CUDA_NCU="M N K" adds an Nsight Compute report per step
 #                                                      BUDGET_fp8_cuda=120
+#   ragged_dtypes
+#              not in the default run: float32 and fp8 grouped GEMMs
+#              (experiments/lab/float32_ragged.py): float32 forward on
+#              RAGGED_DTYPES_LAYERS (comma-separated; default two
+#              calibration and two held-out layers) at decode rows
+#              (8,16,32,64) and at the split's crossing
+#              (256,512,768,1024,2048), xla against split against auto;
+#              then fp8 at 16 rows, xla against split; output in
+#              $OUT/ragged_dtypes_{decode,crossing,fp8}.txt
+#                                                   BUDGET_ragged_dtypes=300
 #   lab        not in the default run: the lab sweeps' GPU checks (every
 #              Triton rung and both Mosaic kernels compiled, vs float64),
 #              raw output under $OUT/lab                      BUDGET_lab=240
@@ -330,6 +340,23 @@ if wanted fp8_cuda; then
         --section SchedulerStats --section ComputeWorkloadAnalysis "$program" $FP8_CUDA_NCU block \
         > "$OUT/ncu_$label.txt" 2>&1
     fi
+  done
+fi
+
+if wanted ragged_dtypes; then
+  stage "float32 and fp8 grouped GEMMs: xla, split, auto"
+  deadline=$(( SECONDS + $(budget ragged_dtypes 300) ))
+  layers=${RAGGED_DTYPES_LAYERS:-qwen3_30b_a3b_up,deepseek_v3_up,olmoe_up,gpt_oss_20b}
+  for part in "decode 8,16,32,64 xla,split,auto float32" \
+              "crossing 256,512,768,1024,2048 xla,split,auto float32" \
+              "fp8 16 xla,split float8_e4m3fn"; do
+    read -r name rows ways dtype <<< "$part"
+    left=$(( deadline - SECONDS ))
+    [ "$left" -gt 10 ] || { echo "(budget spent before $name)"; break; }
+    run_budgeted "$left" "$PY" experiments/lab/float32_ragged.py \
+      --layers "$layers" --rows "$rows" --distributions even --ways "$ways" \
+      --dtype "$dtype" > "$OUT/ragged_dtypes_$name.txt" 2>&1
+    grep '^|' "$OUT/ragged_dtypes_$name.txt"
   done
 fi
 

@@ -26,6 +26,7 @@ from pallas_gemm import numerics
 from pallas_gemm.devices import DeviceInfo, device_info
 from kernel_test_base import lower_for_cuda, ragged_sin_loss_grads
 from pallas_gemm.ragged_dot.bfloat16_split import bfloat16_parts
+from pallas_gemm.ragged_dot.problem import group_bounds
 from pallas_gemm.ragged_dot import (RaggedProblem, arg_specs, explain,
                                     implementations, ragged_dot,
                                     ragged_dot_general, reference, xla)
@@ -116,6 +117,36 @@ def test_decode_batches_gather_the_groups_with_rows(offset, transpose_rhs,
           jnp.asarray([offset], jnp.int32))
   _check(out, reference(lhs, rhs, sizes, problem, row_offset=offset))
   assert not xla.gathers(dataclasses.replace(problem, m=6))  # 3m == groups
+
+
+def test_gathered_groups_keep_every_row_where_it_was():
+  """`xla.groups_with_rows` on random routings (negative and zero sizes,
+  offsets before, inside and past the rows, sums past m): the gathered
+  product is the full one, and the gathered sizes are the clipped sizes of
+  the groups with rows, in order, then zeros."""
+  hypothesis = pytest.importorskip("hypothesis")
+  from hypothesis import strategies as st
+
+  @hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
+  @hypothesis.given(st.integers(1, 6),
+                    st.lists(st.integers(-3, 4), min_size=20, max_size=30),
+                    st.integers(-4, 8))
+  def check(m, sizes, offset):
+    lhs, rhs = _normal((m, 8)), _normal((len(sizes), 8, 16))
+    problem = dataclasses.replace(_rows_problem(lhs, rhs), precision="ieee")
+    assert xla.gathers(problem)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    row_offset = jnp.asarray([offset], jnp.int32)
+    _, kept_sizes, _ = xla.groups_with_rows(rhs, group_sizes, row_offset, m,
+                                            m)
+    starts, ends = group_bounds(sizes, m, offset)
+    clipped = [int(e - s) for s, e in zip(starts, ends) if e > s]
+    assert list(np.asarray(kept_sizes)) == clipped + [0] * (m - len(clipped))
+    out = xla.ragged_matmul(lhs, rhs, group_sizes, row_offset,
+                            problem=problem)
+    _check(out, reference(lhs, rhs, sizes, problem, row_offset=offset))
+
+  check()
 
 
 @pytest.mark.parametrize("activation", [None, "silu", "sigmoid"])

@@ -347,15 +347,19 @@ if wanted ragged_dtypes; then
   stage "float32 and fp8 grouped GEMMs: xla, split, auto"
   deadline=$(( SECONDS + $(budget ragged_dtypes 300) ))
   layers=${RAGGED_DTYPES_LAYERS:-qwen3_30b_a3b_up,deepseek_v3_up,olmoe_up,gpt_oss_20b}
-  for part in "decode 8,16,32,64 xla,split,auto float32" \
-              "crossing 256,512,768,1024,2048 xla,split,auto float32" \
-              "fp8 16 xla,split float8_e4m3fn"; do
-    read -r name rows ways dtype <<< "$part"
+  parts=("decode 8,16,32,64 xla,split,auto float32"
+         "crossing 256,512,768,1024,2048 xla,split,auto float32"
+         "fp8 16 xla,split float8_e4m3fn")
+  for i in "${!parts[@]}"; do
+    read -r name rows ways dtype <<< "${parts[$i]}"
     left=$(( deadline - SECONDS ))
     [ "$left" -gt 10 ] || { echo "(budget spent before $name)"; break; }
+    # Each part starts no new case past its share of what is left, so
+    # that the later parts still run.
+    share=$(( left / (${#parts[@]} - i) ))
     run_budgeted "$left" "$PY" experiments/lab/float32_ragged.py \
       --layers "$layers" --rows "$rows" --distributions even --ways "$ways" \
-      --dtype "$dtype" > "$OUT/ragged_dtypes_$name.txt" 2>&1
+      --dtype "$dtype" --budget_s "$share" > "$OUT/ragged_dtypes_$name.txt" 2>&1
     grep '^|' "$OUT/ragged_dtypes_$name.txt"
   done
 fi

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
   parser.add_argument("--budget_s", type=float, default=0.0,
                       help="start no new case after this long (0: no limit)")
   parser.add_argument("--breakdown", action="store_true",
-                      help="print each way's kernels one by one (GPU only)")
+                      help="print each way's kernels one by one (a GPU only)")
   args = parser.parse_args(argv)
   ways = args.ways.split(",")
   if unknown := sorted(set(ways) - set(WAYS)):
@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     parser.error(f"--rows={args.rows!r} must be >= 0")
   if args.direction == "grad" and args.dtype != "float32":
     parser.error("--direction grad takes --dtype float32 only")
+  if args.breakdown and jax.default_backend() != "gpu":
+    parser.error("--breakdown needs a GPU (CUPTI's kernel records)")
   dtype = jnp.dtype(args.dtype)
   on_gpu = common.print_header(
       WAYS, ("xla / split", "split / bf16", "xla error", "split error"),
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
         common.print_row(label, WAYS, times,
                          (("xla", "split"), ("split", "bf16")), errors,
                          ("xla", "split"))
-        for way in (ways if args.breakdown and on_gpu else ()):
+        for way in (w for w in ways if args.breakdown and w in times):
           kernels = timing.kernel_medians_us(
               _call(way, jnp.asarray(sizes), args.direction), (x, w, ct),
               iterations=args.iterations)

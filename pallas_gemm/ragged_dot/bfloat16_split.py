@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from pallas_gemm.devices import DeviceInfo, copy_tb_per_s, peak_tflops
 from pallas_gemm.problem import itemsize
 from pallas_gemm.ragged_dot.problem import RaggedProblem
+from pallas_gemm.ragged_dot.xla import GATHER_PASSES as xla_gather_passes
 from pallas_gemm.ragged_dot.xla import clipped_groups, groups_with_rows
 from pallas_gemm.ragged_dot.xla import gathers as xla_gathers
 
@@ -143,15 +144,19 @@ def gathers(problem: RaggedProblem) -> bool:
   that float32 weights get) move fewer bytes than one over all groups'."""
   if problem.mode != "rows" or problem.m >= problem.groups:
     return False
-  per_element = _bytes_per_element(problem)
-  gathered = per_element + (GATHERED_MASK_BYTES if products(problem) > 1
-                            else 0)
-  return problem.m * gathered < problem.groups * per_element
+  return (problem.m * _gathered_bytes_per_element(problem)
+          < problem.groups * _bytes_per_element(problem))
 
 
 def _bytes_per_element(problem: RaggedProblem) -> int:
   """Bytes the split moves per operand element: its read, and its parts."""
   return itemsize(problem.in_dtype) + products(problem) * PART_BYTES_MOVED
+
+
+def _gathered_bytes_per_element(problem: RaggedProblem) -> int:
+  """... per gathered weight element: float32 weights add the mask pass."""
+  return _bytes_per_element(problem) + (
+      GATHERED_MASK_BYTES if products(problem) > 1 else 0)
 
 
 def estimated_seconds(problem: RaggedProblem,
@@ -178,24 +183,23 @@ def estimated_seconds(problem: RaggedProblem,
   lhs_elements = math.prod(problem.lhs_shape)
   rhs_elements = math.prod(problem.rhs_shape)
   out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
-  read_bytes = itemsize(problem.in_dtype) * (lhs_elements + rhs_elements)
-  read_bytes += out_bytes
-  count = products(problem)
+  # The weights of the m groups a gather keeps, as whole groups' elements.
+  kept_elements = rhs_elements * problem.m // max(problem.groups, 1)
   per_element = _bytes_per_element(problem)
   if gathers(problem):
-    split_bytes = per_element * lhs_elements + (
-        (per_element + GATHERED_MASK_BYTES) * rhs_elements
-        * problem.m // problem.groups)
+    split_bytes = (per_element * lhs_elements
+                   + _gathered_bytes_per_element(problem) * kept_elements)
   else:
     split_bytes = per_element * (lhs_elements + rhs_elements)
   split = ((split_bytes + out_bytes) / bandwidth
-           + count * problem.flops / bf16_rate)
-  xla_groups = problem.groups
-  if xla_gathers(problem):  # m groups' weights: read, written, read
-    read_bytes = out_bytes + itemsize(problem.in_dtype) * (
-        lhs_elements + 3 * rhs_elements * problem.m // problem.groups)
-    xla_groups = problem.m
-  xla = max(read_bytes / bandwidth, xla_groups * problem.flops / xla_rate)
+           + products(problem) * problem.flops / bf16_rate)
+  if xla_gathers(problem):
+    xla_weights, xla_groups = xla_gather_passes * kept_elements, problem.m
+  else:
+    xla_weights, xla_groups = rhs_elements, problem.groups
+  xla_bytes = out_bytes + itemsize(problem.in_dtype) * (lhs_elements
+                                                        + xla_weights)
+  xla = max(xla_bytes / bandwidth, xla_groups * problem.flops / xla_rate)
   return split, xla
 
 

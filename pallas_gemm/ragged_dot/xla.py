@@ -67,14 +67,19 @@ def group_row_mask(group_sizes, row_offset, m: int):
   return (rows >= first) & (rows < first + jnp.sum(sizes))
 
 
+#: Passes over the gathered weights: the gather's read and write, then the
+#: product's read.
+GATHER_PASSES = 3
+
+
 def gathers(problem: RaggedProblem) -> bool:
   """Whether the "rows" product first gathers the weights of the groups
   with rows (`groups_with_rows`). XLA's ragged product reads the weights
   of every group, also of those with no rows, and multiplies every row by
   each. At most m groups have rows, so with few rows copying theirs pays:
-  three passes over m groups' weights (the gather's read and write, the
-  product's read) against one over all groups'."""
-  return problem.mode == "rows" and 0 < 3 * problem.m < problem.groups
+  `GATHER_PASSES` over m groups' weights against one over all groups'."""
+  return (problem.mode == "rows"
+          and 0 < GATHER_PASSES * problem.m < problem.groups)
 
 
 def groups_with_rows(rhs, group_sizes, row_offset, m: int, count: int):

@@ -149,6 +149,40 @@ def test_gathered_groups_keep_every_row_where_it_was():
   check()
 
 
+def test_xla_product_clips_only_what_xla_needs():
+  """The xla implementation without a gather (`xla.product_sizes`) on
+  random routings: negative and zero sizes, sums past the rows, first rows
+  before, at, inside and past the rows, both forms. With a first row of 0
+  XLA gets the sizes unclipped; the result is the reference's anyway, and
+  the rows of no group are exactly zero."""
+  hypothesis = pytest.importorskip("hypothesis")
+  from hypothesis import strategies as st
+
+  @hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
+  @hypothesis.given(st.integers(1, 24),
+                    st.lists(st.integers(-5, 12), min_size=1, max_size=6),
+                    st.sampled_from([-3, 0, 0, 2, 7, 30]),
+                    st.booleans())
+  def check(m, sizes, offset, contracting):
+    lhs = _normal((m, 8))
+    if contracting:
+      rhs = _normal((m, 16))
+      problem = RaggedProblem("contracting", m, 8, 16, len(sizes), "float32",
+                              "float32", precision="ieee")
+    else:
+      rhs = _normal((len(sizes), 8, 16))
+      problem = dataclasses.replace(_rows_problem(lhs, rhs), precision="ieee")
+    out = jax.jit(lambda *a: xla.ragged_matmul(*a, problem=problem))(
+        lhs, rhs, jnp.asarray(sizes, jnp.int32),
+        jnp.asarray([offset], jnp.int32))
+    ref = reference(lhs, rhs, sizes, problem, row_offset=offset)
+    _check(out, ref)
+    if not contracting:
+      np.testing.assert_array_equal(np.asarray(out)[np.asarray(ref) == 0], 0)
+
+  check()
+
+
 @pytest.mark.parametrize("activation", [None, "silu", "sigmoid"])
 def test_transposed_rhs_and_activation(activation):
   m, sizes = SIZES["sum_below_m"]

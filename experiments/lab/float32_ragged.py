@@ -6,6 +6,8 @@ product for fp8), from decode batches to training steps, on a GPU.
 Per (layer, rows, routing), each timed in one process against the others:
 
   xla    jax.lax.ragged_dot on the operands, precision="default"
+  ours_xla  pallas_gemm.ragged_dot(kernel="xla"): XLA's product with what
+         pallas_gemm adds around it (clipped sizes, a gather)
   split  pallas_gemm.ragged_dot(kernel="mosaic") on the operands
   auto   pallas_gemm.ragged_dot as resolved automatically
   bf16   pallas_gemm.ragged_dot on the operands cast to bfloat16, for scale
@@ -13,7 +15,8 @@ Per (layer, rows, routing), each timed in one process against the others:
 `--direction forward` times the rows product x @ w, `drhs` the weight
 gradient's contracting product of x and a float32 cotangent, `grad` the
 pullback of both operands. CUPTI time of every kernel of one call,
-median of `--iterations`. Where the product is small enough for NumPy, the
+median of `--iterations`. The group sizes are an argument of the jitted
+call, as in a model, not a constant XLA could fold. Where the product is small enough for NumPy, the
 relative error of xla and split against float64 is printed too. With
 `--breakdown`, a line per way after each row gives its kernels one by one
 (how many, and the CUPTI medians of those over 1 us): the split's passes
@@ -23,7 +26,7 @@ or what pallas_gemm's `xla` adds around XLA's product.
     PYTHONPATH=. python3 experiments/lab/float32_ragged.py \
         [--layers qwen3_30b_a3b_up,mixtral8x7b_up] [--rows 64,1024,0] \
         [--distributions even,zipf] [--direction forward|drhs|grad] \
-        [--ways xla,split,auto,bf16] [--dtype float32|float8_e4m3fn|float8_e5m2] \
+        [--ways xla,ours_xla,split,auto,bf16] [--dtype float32|float8_e4m3fn|float8_e5m2] \
         [--iterations 10] [--budget_s 200] [--breakdown]
 
 `--rows 0` stands for the layer's own rows (its training step).
@@ -45,7 +48,7 @@ from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
 
 from experiments.lab import ragged_lab_common as common
 
-WAYS = ("xla", "split", "auto", "bf16")
+WAYS = ("xla", "ours_xla", "split", "auto", "bf16")
 #: The largest product (flops) whose float64 NumPy reference is computed.
 _REFERENCE_FLOPS = 4e10
 
@@ -55,34 +58,34 @@ CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
 DIRECTIONS = ("forward", "drhs", "grad")
 
 
-def _product(way: str, group_sizes, direction: str):
-  """f(a, b): the forward's rows product of x and w, or (drhs) the
-  contracting product of x and the cotangent."""
+def _product(way: str, direction: str):
+  """f(a, b, group sizes): the forward's rows product of x and w, or (drhs)
+  the contracting product of x and the cotangent."""
   if way == "xla":
     if direction == "drhs":
-      return lambda a, b: jax.lax.ragged_dot_general(
-          a, b, group_sizes, CONTRACTING, preferred_element_type=jnp.float32)
-    return lambda a, b: jax.lax.ragged_dot(a, b, group_sizes,
-                                           preferred_element_type=jnp.float32)
+      return lambda a, b, s: jax.lax.ragged_dot_general(
+          a, b, s, CONTRACTING, preferred_element_type=jnp.float32)
+    return lambda a, b, s: jax.lax.ragged_dot(
+        a, b, s, preferred_element_type=jnp.float32)
   cast = ((lambda v: v.astype(jnp.bfloat16)) if way == "bf16"
           else (lambda v: v))
-  kernel = "mosaic" if way == "split" else None
+  kernel = {"split": "mosaic", "ours_xla": "xla"}.get(way)
   if direction == "drhs":
-    return lambda a, b: pallas_gemm.ragged_dot_general(
-        cast(a), cast(b), group_sizes, CONTRACTING, kernel=kernel,
+    return lambda a, b, s: pallas_gemm.ragged_dot_general(
+        cast(a), cast(b), s, CONTRACTING, kernel=kernel,
         preferred_element_type=jnp.float32)
-  return lambda a, b: pallas_gemm.ragged_dot(
-      cast(a), cast(b), group_sizes, kernel=kernel,
-      preferred_element_type=jnp.float32)
+  return lambda a, b, s: pallas_gemm.ragged_dot(
+      cast(a), cast(b), s, kernel=kernel, preferred_element_type=jnp.float32)
 
 
-def _call(way: str, group_sizes, direction: str):
-  product = _product(way, group_sizes, direction)
+def _call(way: str, direction: str):
+  product = _product(way, direction)
   if direction == "forward":
-    return jax.jit(lambda x, w, ct: product(x, w))
+    return jax.jit(lambda x, w, ct, s: product(x, w, s))
   if direction == "drhs":
-    return jax.jit(lambda x, w, ct: product(x, ct))
-  return jax.jit(lambda x, w, ct: jax.vjp(product, x, w)[1](ct))
+    return jax.jit(lambda x, w, ct, s: product(x, ct, s))
+  return jax.jit(lambda x, w, ct, s: jax.vjp(
+      lambda a, b: product(a, b, s), x, w)[1](ct))
 
 
 def main(argv=None) -> int:
@@ -118,7 +121,8 @@ def main(argv=None) -> int:
     parser.error("--breakdown needs a GPU (CUPTI's kernel records)")
   dtype = jnp.dtype(args.dtype)
   on_gpu = common.print_header(
-      WAYS, ("xla / split", "split / bf16", "xla error", "split error"),
+      WAYS, ("xla / split", "split / bf16", "ours_xla / xla", "xla error",
+             "split error"),
       args.iterations, args.direction, args.dtype)
   budget = common.Budget(args.budget_s)
   for name in args.layers.split(","):
@@ -136,9 +140,10 @@ def main(argv=None) -> int:
                                    dtype)
         ct = numerics.random_normal(keys[2], (rows, layer.n), dtype)
         sizes = arg_specs.group_sizes(distribution, rows, layer.groups)
+        operands = (x, w, ct, jnp.asarray(sizes, jnp.int32))
         times, outs = common.time_ways(
-            {way: _call(way, jnp.asarray(sizes), args.direction)
-             for way in ways}, (x, w, ct), iterations=args.iterations,
+            {way: _call(way, args.direction) for way in ways}, operands,
+            iterations=args.iterations,
             on_gpu=on_gpu, label=label)
         errors = {}
         mode = "contracting" if args.direction == "drhs" else "rows"
@@ -151,16 +156,17 @@ def main(argv=None) -> int:
           errors = {way: numerics.relative_error(outs[way], want)
                     for way in ("xla", "split") if way in outs}
         common.print_row(label, WAYS, times,
-                         (("xla", "split"), ("split", "bf16")), errors,
+                         (("xla", "split"), ("split", "bf16"),
+                          ("ours_xla", "xla")), errors,
                          ("xla", "split"))
         for way in (w for w in ways if args.breakdown and w in times):
           kernels = timing.kernel_medians_us(
-              _call(way, jnp.asarray(sizes), args.direction), (x, w, ct),
+              _call(way, args.direction), operands,
               iterations=args.iterations)
           print(f"# {label} {way}: {len(kernels)} kernels (us): " + ", ".join(
               f"{name[:32]} {us:.1f}" for name, us in kernels if us > 1),
               flush=True)
-        del x, w, ct, outs
+        del x, w, ct, operands, outs
   return 0
 
 

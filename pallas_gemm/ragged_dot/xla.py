@@ -60,6 +60,22 @@ def clipped_groups(group_sizes, row_offset, m: int):
   return jnp.clip(offset[0], 0, m), ends - starts
 
 
+def product_sizes(group_sizes, row_offset, m: int):
+  """(first row, sizes) to give XLA's ragged product, once the rows are
+  rotated to start at the first row. XLA assigns the rows by comparing them
+  with the sizes' cumulative sum, so sizes that sum past m need no clip:
+  the rows past m do not exist. A negative size (which would move the later
+  groups back) needs only a maximum. A row offset other than 0 needs
+  `clipped_groups`, whose cumulative sum is a kernel of its own: below 0
+  the first groups start before row 0, above it the rows rotated round to
+  the end belong to no group. With no group offset the row offset is a
+  constant 0, so XLA folds the select and that kernel is gone."""
+  first, clipped = clipped_groups(group_sizes, row_offset, m)
+  nonnegative = jnp.maximum(group_sizes.astype(jnp.int32), 0)
+  at_row_0 = jnp.reshape(row_offset, ()) == 0
+  return first, jnp.where(at_row_0, nonnegative, clipped)
+
+
 def group_row_mask(group_sizes, row_offset, m: int):
   """(m,) bool: which rows belong to some group."""
   first, sizes = clipped_groups(group_sizes, row_offset, m)
@@ -107,7 +123,7 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *, problem: RaggedProblem,
   if config is not None:
     raise TypeError(f"the xla implementation takes no config, got {config!r}")
   m = problem.m
-  first, sizes = clipped_groups(group_sizes, row_offset, m)
+  first, sizes = product_sizes(group_sizes, row_offset, m)
   precision = _PRECISION[problem.precision]
   wide = jnp.float64 if "float64" in (problem.in_dtype,
                                       problem.out_dtype) else jnp.float32

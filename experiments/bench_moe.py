@@ -72,7 +72,10 @@ def parse_args(argv=None):
                       "must match a layer of the suite)")
   parser.add_argument("--distributions", default=",".join(arg_specs.DISTRIBUTIONS))
   parser.add_argument("--directions", default=",".join(arg_specs.DIRECTIONS))
-  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--dtype", default="bfloat16",
+                      choices=("bfloat16", "float16", "float32"),
+                      help="operands and output; float32 runs at the default "
+                      "precision (TF32 allowed), as jnp.dot does")
   add_iters_flag(parser)
   parser.add_argument("--max_seconds", type=float, default=0.0,
                       help="stop starting new cases after this long (0: none)")
@@ -366,7 +369,9 @@ def run_case(case, args, iters, on_gpu, bandwidth, dense_ms):
             flush=True)
       results.append(row)
       continue
-    tolerance = numerics.tolerance(problem.in_dtype, "default", problem.out_dtype)
+    tolerance = numerics.tolerance(
+        problem.in_dtype, "tf32" if problem.in_dtype == "float32" else "default",
+        problem.out_dtype)
     target = roofline_target(case.distribution, case.direction)
     fraction = (row["roofline_ms"] / ms) if row["roofline_ms"] else None
     row.update(status="ok", time_ms=ms, tflops=row["flops"] / (ms * 1e-3) / 1e12,

@@ -738,6 +738,25 @@ def test_bench_moe_smoke(tmp_path):
   assert "Stopped by" not in readme and "Incomplete" not in readme
 
 
+@pytest.mark.slow  # the benchmark's plumbing, no kernel numerics
+def test_bench_moe_float32_is_checked_at_tf32(tmp_path, capsys):
+  """--dtype float32 runs at the default precision, so its check uses the
+  TF32 budget (it raised a KeyError on the missing float32 "default"
+  budget); a dtype the benchmark cannot run is refused by name."""
+  from experiments import bench_moe
+  status = bench_moe.main([
+      "--suite=moe_small", "--shapes=small_g4", "--distributions=even",
+      "--directions=forward", "--kernels=auto,xla", "--dtype=float32",
+      "--iters=1", f"--output_dir={tmp_path}"])
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert status == 0 and results["metadata"]["complete"]
+  assert [(r["status"], r["correct"], r["tolerance"])
+          for r in results["results"]] == [("ok", True, 5e-3)] * 2
+  with pytest.raises(SystemExit):
+    bench_moe.parse_args(["--dtype=float8_e4m3fn"])
+  assert "--dtype" in capsys.readouterr().err
+
+
 def test_bench_moe_shapes_that_match_no_layer_are_an_error():
   """A --shapes entry that names no layer of the suite stops the run with
   the suite's layers, instead of running the other entries (or nothing)."""

@@ -157,6 +157,23 @@ MOE_UNSEEN_LAYERS = (
     MoeLayer("mixtral8x7b_t64_down", 8, 128, 14336, 4096),
 )
 
+#: Edges of the space the model layers leave out, to check that the
+#: automatic choice never loses to `jax.lax.ragged_dot` there: one and two
+#: experts (where XLA's ragged product is one dense product, or two
+#: times the flops), a small product whose fixed costs show, and decode
+#: steps of one to four tokens.
+MOE_EDGE_LAYERS = (
+    MoeLayer("g1_t8192_k4096_n4096", 1, 8192, 4096, 4096),
+    MoeLayer("g2_t8192_k4096_n4096", 2, 8192, 4096, 4096),
+    MoeLayer("g4_t512_k512_n512", 4, 512, 512, 512),
+    # Mixtral 8x7B, one token (top-2).
+    MoeLayer("mixtral8x7b_t1_up", 8, 2, 4096, 14336),
+    # DeepSeek-V3, one token (top-8).
+    MoeLayer("deepseek_v3_t1_up", 256, 8, 7168, 2048),
+    # Qwen3-30B-A3B, four tokens (top-8).
+    MoeLayer("qwen3_30b_a3b_t4_down", 128, 32, 768, 2048),
+)
+
 #: CPU-sized layers (interpret mode): odd sizes, one group, many groups.
 MOE_SMALL_LAYERS = (
     MoeLayer("small_g4", 4, 96, 64, 128),
@@ -176,4 +193,5 @@ def cases(layers=MOE_LAYERS, distributions=DISTRIBUTIONS,
 
 
 SUITES = {"moe": MOE_LAYERS, "moe_holdout": MOE_HOLDOUT_LAYERS,
-          "moe_unseen": MOE_UNSEEN_LAYERS, "moe_small": MOE_SMALL_LAYERS}
+          "moe_unseen": MOE_UNSEEN_LAYERS, "moe_edges": MOE_EDGE_LAYERS,
+          "moe_small": MOE_SMALL_LAYERS}

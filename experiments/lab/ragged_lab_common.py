@@ -1,7 +1,7 @@
 """Not a script: what the grouped-GEMM lab scripts that time ways against
-each other share (`mixed_precision_grad.py`, `float32_ragged.py`): the
-layer lookup, the run's time budget, the timing of the ways and the
-table's header and rows."""
+each other share (`mixed_precision_grad.py`, `float32_ragged.py`,
+`small_ragged_sweep.py`): the layer lookup, the run's time budget, the
+timing of the ways and the table's header and rows."""
 
 from __future__ import annotations
 
@@ -71,7 +71,6 @@ def print_row(label: str, ways, times, ratios, errors, error_ways) -> None:
   cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
   ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
                         if a in times and b in times else "-")
-  print(f"| {label} | " + " | ".join(cell(w) for w in ways) + " | "
-        + " | ".join(ratio(a, b) for a, b in ratios) + " | "
-        + " | ".join(f"{errors[w]:.1e}" if w in errors else "-"
-                     for w in error_ways) + " |", flush=True)
+  cells = ([cell(w) for w in ways] + [ratio(a, b) for a, b in ratios]
+           + [f"{errors[w]:.1e}" if w in errors else "-" for w in error_ways])
+  print(f"| {label} | " + " | ".join(cells) + " |", flush=True)

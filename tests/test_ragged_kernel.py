@@ -2246,12 +2246,15 @@ def test_turns_keep_no_token_width_below_64_on_the_h200():
     (256, 2048, 7168, 2048),    # DeepSeek-V3 decode batch
     (96, 5000, 520, 136),       # odd columns, 52 rows per group
 ], ids=["deepseek_v3_up", "deepseek_v3_down", "g128", "decode", "odd"])
-def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
+def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n,
+                                                       monkeypatch):
   """On the H200 the weight gradient's short-reduction tile has its CTAs
   claim their tiles, the empty groups' last, and its producer store those
   groups' zeros in wide boxes (`configs.CLAIMED_TILES_DEVICES`), where the
   zero buffer costs no ring stage; elsewhere its config is the one
-  without."""
+  without. (The odd layer's output is below SHORT_TILE_MIN_OUTPUT_BYTES,
+  lowered to reach the tile.)"""
+  monkeypatch.setattr(configs, "SHORT_TILE_MIN_OUTPUT_BYTES", 0)
   problem = RaggedProblem("contracting", m, k, n, groups, "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
@@ -2294,10 +2297,13 @@ def test_short_reduction_tile_claims_tiles_on_the_h200(groups, m, k, n):
      3, True),
 ], ids=["odd_columns", "operand_planes"])
 def test_h200_short_reduction_tile_config_is_correct(m, k, n, sizes, offset,
-                                                     planes):
+                                                     planes, monkeypatch):
   """The H200 heuristic's short-reduction weight-gradient config (tiles
   claimed, the empty groups' last, zeros stored by the producer, lookahead
-  capped) on odd shapes, with rows of no group."""
+  capped) on odd shapes, with rows of no group. The heuristic takes that
+  tile from SHORT_TILE_MIN_OUTPUT_BYTES of output, which these shapes are
+  far below, so the bound is lowered here."""
+  monkeypatch.setattr(configs, "SHORT_TILE_MIN_OUTPUT_BYTES", 0)
   problem = RaggedProblem("contracting", m, k, n, len(sizes), "bfloat16",
                           "bfloat16")
   config = mosaic.heuristic(problem, HOPPER)
@@ -2424,6 +2430,36 @@ def test_weight_gradient_walks_narrow_outputs_one_k_strip_at_a_time():
   assert band(8192, 7168, 2048, 128) == (256, 1)
   assert band(32768, 2048, 7168, 256) == (256, 8)  # 28 column tiles
   assert band(16384, 2048, 1408, 60)[1] == 8  # 273 rows per expert
+
+
+def test_short_reductions_take_turns_below_the_short_tiles_output_size():
+  """The weight gradient of at most two chunks per expert takes the short,
+  wide tile (and on the H200 its claims) from SHORT_TILE_MIN_OUTPUT_BYTES
+  of output on, and the plain tile taking turns below: the tables of the
+  short tile's claims cost more than its stores gain on a small output."""
+  def config(m, k, n, groups, out_dtype="bfloat16"):
+    return mosaic.heuristic(RaggedProblem(
+        "contracting", m, k, n, groups, "bfloat16", out_dtype), HOPPER)
+
+  bound = configs.SHORT_TILE_MIN_OUTPUT_BYTES
+  # 64 rows per expert; 2**21 output elements per group, 2 bytes each.
+  groups_at_bound = bound // (2 * 2**21)
+  for groups, out_dtype, short in [
+      (groups_at_bound, "bfloat16", True),
+      (groups_at_bound - 1, "bfloat16", False),
+      (groups_at_bound // 2, "float32", True),  # four bytes an element
+      (2, "bfloat16", False)]:
+    chosen = config(64 * groups, 2048, 1024, groups, out_dtype)
+    assert (chosen.tile_m, chosen.tile_n) == ((64, 256) if short
+                                              else (128, 128)), groups
+    assert chosen.ping_pong == (not short)
+    if out_dtype == "bfloat16":  # float32's ring is too short for the cap
+      assert bool(chosen.short_tile_lookahead) == chosen.claim_tiles == short
+  # The suite's short-reduction layers all lie above the bound.
+  for label in ("deepseek_v3_up even drhs", "deepseek_v3_up_decode even drhs",
+                "g128_t8192_k7168_n2048 even drhs"):
+    (problem,) = [c.problem for c in arg_specs.cases() if c.label == label]
+    assert mosaic.heuristic(problem, HOPPER).short_tile_lookahead, label
 
 
 def test_short_reduction_tile_caps_the_producers_lookahead():

@@ -1113,6 +1113,20 @@ NARROW_OUTPUT_STRIPS = 8
 #: nvidia_h100/ragged_options, "Producer lookahead").
 SHORT_TILE_LOOKAHEAD = 2
 
+#: Output bytes from which the weight gradient of short reductions (at most
+#: two chunks per expert) takes the short, wide tile and its claimed
+#: tiles. Its wide stores pay on a large output, but its tables (the
+#: claims' entries reordered empty last) are more small launches, a few
+#: microseconds, and below this size the plain tile taking turns ran
+#: faster: 1.2-2x under 34 MB, about even at 134 MB, 0-12 % slower from
+#: 268 MB (experiments/results/nvidia_h200/moe_edges, "The short tile's
+#: size").
+SHORT_TILE_MIN_OUTPUT_BYTES = 192 * 2**20
+
+
+def _output_bytes(problem: RaggedProblem) -> int:
+  return math.prod(problem.out_shape) * jnp.dtype(problem.out_dtype).itemsize
+
 
 #: Time per output element of the weight gradient's 128 x 192 turn-taking
 #: tile relative to the 128 x 128 one, where neither pads nor idles SMs: a
@@ -1194,7 +1208,8 @@ def _contracting_heuristic(problem: RaggedProblem,
   rows_per_group = problem.m / max(problem.groups, 1)
   base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
                       grid_band=8)
-  if rows_per_group <= 2 * chunk:
+  short = rows_per_group <= 2 * chunk
+  if short and _output_bytes(problem) >= SHORT_TILE_MIN_OUTPUT_BYTES:
     # A tile's reduction is a chunk or two: its cost is writing its output
     # tile, in bursts as large as possible: a short, wide tile stored by
     # each consumer in one piece (rows of 512 bytes) rather than a deep
@@ -1207,7 +1222,7 @@ def _contracting_heuristic(problem: RaggedProblem,
       # (experiments/results/nvidia_h200/ragged_options, "Store order").
       base = dataclasses.replace(base, grid_band=1)
     base = dataclasses.replace(base, short_tile_lookahead=SHORT_TILE_LOOKAHEAD)
-  if _takes_turns(rows_per_group):
+  elif short or _takes_turns(rows_per_group):
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs. Or, where it pays, the widest tile a consumer holds whole.

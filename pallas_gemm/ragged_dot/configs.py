@@ -1117,10 +1117,10 @@ SHORT_TILE_LOOKAHEAD = 2
 #: two chunks per expert) takes the short, wide tile and its claimed
 #: tiles. Its wide stores pay on a large output, but its tables (the
 #: claims' entries reordered empty last) are more small launches, a few
-#: microseconds, and below this size the plain tile taking turns ran
-#: faster: 1.2-2x under 34 MB, about even at 134 MB, 0-12 % slower from
-#: 268 MB (experiments/results/nvidia_h200/moe_edges, "The short tile's
-#: size").
+#: microseconds: on smaller outputs the plain tile taking turns ran faster.
+#: The bound lies between the sizes where the two measured even and where
+#: the short tile won (experiments/results/nvidia_h200/moe_edges, "The
+#: short tile's size").
 SHORT_TILE_MIN_OUTPUT_BYTES = 192 * 2**20
 
 
@@ -1223,6 +1223,7 @@ def _contracting_heuristic(problem: RaggedProblem,
       base = dataclasses.replace(base, grid_band=1)
     base = dataclasses.replace(base, short_tile_lookahead=SHORT_TILE_LOOKAHEAD)
   elif short or _takes_turns(rows_per_group):
+    # (Short reductions come here on outputs below the short tile's size.)
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs. Or, where it pays, the widest tile a consumer holds whole.

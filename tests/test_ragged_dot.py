@@ -152,7 +152,7 @@ def test_gathered_groups_keep_every_row_where_it_was():
 def test_xla_product_clips_only_what_xla_needs():
   """The xla implementation without a gather (`xla.product_sizes`) on
   random routings: negative and zero sizes, sums past the rows, first rows
-  before, at, inside and past the rows, both forms. With a first row of 0
+  before, at, inside and past the rows, both forms. With a row offset of 0
   XLA gets the sizes unclipped; the result is the reference's anyway, and
   the rows of no group are exactly zero."""
   hypothesis = pytest.importorskip("hypothesis")

@@ -182,7 +182,6 @@ def estimated_seconds(problem: RaggedProblem,
       peak_tflops(device.device_kind, "float32", "tf32") or 495.0)
   lhs_elements = math.prod(problem.lhs_shape)
   rhs_elements = math.prod(problem.rhs_shape)
-  out_bytes = itemsize(problem.out_dtype) * math.prod(problem.out_shape)
   # The weights of the m groups a gather keeps, as whole groups' elements.
   kept_elements = rhs_elements * problem.m // max(problem.groups, 1)
   per_element = _bytes_per_element(problem)
@@ -191,14 +190,14 @@ def estimated_seconds(problem: RaggedProblem,
                    + _gathered_bytes_per_element(problem) * kept_elements)
   else:
     split_bytes = per_element * (lhs_elements + rhs_elements)
-  split = ((split_bytes + out_bytes) / bandwidth
+  split = ((split_bytes + problem.out_bytes) / bandwidth
            + products(problem) * problem.flops / bf16_rate)
   if xla_gathers(problem):
     xla_weights, xla_groups = xla_gather_passes * kept_elements, problem.m
   else:
     xla_weights, xla_groups = rhs_elements, problem.groups
-  xla_bytes = out_bytes + itemsize(problem.in_dtype) * (lhs_elements
-                                                        + xla_weights)
+  xla_bytes = problem.out_bytes + itemsize(problem.in_dtype) * (
+      lhs_elements + xla_weights)
   xla = max(xla_bytes / bandwidth, xla_groups * problem.flops / xla_rate)
   return split, xla
 

@@ -1124,10 +1124,6 @@ SHORT_TILE_LOOKAHEAD = 2
 SHORT_TILE_MIN_OUTPUT_BYTES = 192 * 2**20
 
 
-def _output_bytes(problem: RaggedProblem) -> int:
-  return math.prod(problem.out_shape) * jnp.dtype(problem.out_dtype).itemsize
-
-
 #: Time per output element of the weight gradient's 128 x 192 turn-taking
 #: tile relative to the 128 x 128 one, where neither pads nor idles SMs: a
 #: wider tile reads fewer operand bytes from L2 per flop. Fitted between
@@ -1209,7 +1205,7 @@ def _contracting_heuristic(problem: RaggedProblem,
   base = RaggedConfig(tile_m=128, tile_n=128, tile_k=chunk, epi_tile_n=64,
                       grid_band=8)
   short = rows_per_group <= 2 * chunk
-  if short and _output_bytes(problem) >= SHORT_TILE_MIN_OUTPUT_BYTES:
+  if short and problem.out_bytes >= SHORT_TILE_MIN_OUTPUT_BYTES:
     # A tile's reduction is a chunk or two: its cost is writing its output
     # tile, in bursts as large as possible: a short, wide tile stored by
     # each consumer in one piece (rows of 512 bytes) rather than a deep

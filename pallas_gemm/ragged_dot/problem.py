@@ -84,12 +84,17 @@ class RaggedProblem:
     return 2 * self.m * self.k * self.n
 
   @property
+  def out_bytes(self) -> int:
+    """Bytes of the output."""
+    return itemsize(self.out_dtype) * int(np.prod(self.out_shape))
+
+  @property
   def min_bytes(self) -> int:
     """Bytes every implementation must move at least: each operand read once,
     the output written once."""
     size_in = itemsize(self.in_dtype)
     return (size_in * (int(np.prod(self.lhs_shape)) + int(np.prod(self.rhs_shape)))
-            + itemsize(self.out_dtype) * int(np.prod(self.out_shape)))
+            + self.out_bytes)
 
 
 def group_bounds(group_sizes, m: int, row_offset: int = 0):

@@ -54,10 +54,6 @@ from experiments.bench import output  # noqa: E402
 from experiments.bench.options import add_iters_flag, op_bench_iters  # noqa: E402
 
 TARGETS = ("auto", "mosaic", "xla", "dense", "tokamax", "batched")
-_ROWS = jax.lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
-_ROWS_T = jax.lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), (0,), (0,))
-_CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
-                                                 (0,), ())
 #: Rows (and groups) the float64 check looks at in a big case.
 _CHECKED_ROWS, _CHECKED_GROUPS = 256, 4
 
@@ -124,18 +120,12 @@ def ordered_cases(args, on_gpu):
 # ---------------------------------------------------------------- targets ---
 
 
-def _dims(problem):
-  if problem.mode == "contracting":
-    return _CONTRACTING
-  return _ROWS_T if problem.transpose_rhs else _ROWS
-
-
 @functools.lru_cache(maxsize=None)
 def target_call(name, problem):
   """fn(lhs, rhs, group_sizes) for a target, or raises with why not. One
   function per (target, problem): the distributions of a layer share its
   compiled executable, as the sizes are runtime data."""
-  numbers, out_dtype = _dims(problem), jnp.dtype(problem.out_dtype)
+  numbers, out_dtype = problem.dimension_numbers, jnp.dtype(problem.out_dtype)
   if name in ("auto", "mosaic"):
     kernel = None if name == "auto" else "mosaic"
     return lambda l, r, s: pallas_gemm.ragged_dot_general(
@@ -353,7 +343,7 @@ def run_case(case, args, iters, on_gpu, bandwidth, dense_ms):
       else:
         if name == "mosaic" or name == "auto":
           chosen = pallas_gemm.ragged_dot.explain(
-              *sets[0], _dims(problem), kernel=None if name == "auto"
+              *sets[0], problem.dimension_numbers, kernel=None if name == "auto"
               else "mosaic", preferred_element_type=problem.out_dtype)
           row["implementation"] = chosen.implementation
           row["why"] = chosen.reason

@@ -223,6 +223,16 @@ def test_group_offset_selects_the_local_experts(offset):
   _check(out, ref)
 
 
+def test_each_problem_names_its_lax_dimension_numbers():
+  """`RaggedProblem.dimension_numbers`, which the xla implementation and the
+  benchmark pass to `jax.lax.ragged_dot_general`, are the forms' own."""
+  rows = RaggedProblem("rows", 8, 16, 24, 3, "float32", "float32")
+  assert rows.dimension_numbers == ROWS
+  assert dataclasses.replace(rows, transpose_rhs=True).dimension_numbers == ROWS_T
+  assert dataclasses.replace(rows, mode="contracting").dimension_numbers == (
+      CONTRACTING)
+
+
 def test_jit_and_eager_agree_and_sizes_are_runtime_data():
   lhs, rhs = _normal((30, 16)), _normal((3, 16, 8))
   f = jax.jit(lambda l, r, s: ragged_dot(l, r, s, precision="highest"))

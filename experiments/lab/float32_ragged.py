@@ -44,7 +44,8 @@ import numpy as np
 import pallas_gemm
 from pallas_gemm import numerics, timing
 from pallas_gemm.ragged_dot import arg_specs
-from pallas_gemm.ragged_dot.problem import RaggedProblem, reference
+from pallas_gemm.ragged_dot.problem import (CONTRACTING_NUMBERS, RaggedProblem,
+                                            reference)
 
 from experiments.lab import ragged_lab_common as common
 
@@ -53,8 +54,6 @@ WAYS = ("xla", "ours_xla", "split", "auto", "bf16")
 _REFERENCE_FLOPS = 4e10
 
 
-CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
-                                                (0,), ())
 DIRECTIONS = ("forward", "drhs", "grad")
 
 
@@ -64,7 +63,7 @@ def _product(way: str, direction: str):
   if way == "xla":
     if direction == "drhs":
       return lambda a, b, s: jax.lax.ragged_dot_general(
-          a, b, s, CONTRACTING, preferred_element_type=jnp.float32)
+          a, b, s, CONTRACTING_NUMBERS, preferred_element_type=jnp.float32)
     return lambda a, b, s: jax.lax.ragged_dot(
         a, b, s, preferred_element_type=jnp.float32)
   cast = ((lambda v: v.astype(jnp.bfloat16)) if way == "bf16"
@@ -72,7 +71,7 @@ def _product(way: str, direction: str):
   kernel = {"split": "mosaic", "ours_xla": "xla"}.get(way)
   if direction == "drhs":
     return lambda a, b, s: pallas_gemm.ragged_dot_general(
-        cast(a), cast(b), s, CONTRACTING, kernel=kernel,
+        cast(a), cast(b), s, CONTRACTING_NUMBERS, kernel=kernel,
         preferred_element_type=jnp.float32)
   return lambda a, b, s: pallas_gemm.ragged_dot(
       cast(a), cast(b), s, kernel=kernel, preferred_element_type=jnp.float32)

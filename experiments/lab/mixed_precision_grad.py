@@ -36,11 +36,10 @@ import numpy as np
 import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.ragged_dot import arg_specs
+from pallas_gemm.ragged_dot.problem import CONTRACTING_NUMBERS
 
 from experiments.lab import ragged_lab_common as common
 
-CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
-                                                (0,), ())
 WAYS = ("lax", "upcast", "split", "bf16")
 
 
@@ -61,7 +60,7 @@ def pullbacks(group_sizes):
     dx = pallas_gemm.ragged_dot(ct, w.astype(wide), group_sizes,
                                 transpose_rhs=True, preferred_element_type=x.dtype)
     dw = pallas_gemm.ragged_dot_general(x.astype(wide), ct, group_sizes,
-                                        CONTRACTING,
+                                        CONTRACTING_NUMBERS,
                                         preferred_element_type=w.dtype)
     return dx, dw
 

@@ -29,16 +29,14 @@ import jax.numpy as jnp
 import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.ragged_dot import arg_specs
+from pallas_gemm.ragged_dot.problem import (CONTRACTING_NUMBERS, ROWS_NUMBERS,
+                                            ROWS_TRANSPOSED_NUMBERS)
 
 from experiments.lab import ragged_lab_common as common
 
 WAYS = ("lax", "auto")
-_ROWS = jax.lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
-_ROWS_T = jax.lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), (0,),
-                                            (0,))
-_CONTRACTING = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
-                                                 (0,), ())
-_NUMBERS = {"forward": _ROWS, "dlhs": _ROWS_T, "drhs": _CONTRACTING}
+_NUMBERS = {"forward": ROWS_NUMBERS, "dlhs": ROWS_TRANSPOSED_NUMBERS,
+            "drhs": CONTRACTING_NUMBERS}
 
 
 def _call(way: str, direction: str):

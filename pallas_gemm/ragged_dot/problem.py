@@ -28,12 +28,26 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from pallas_gemm.config_fields import check_sizes
 from pallas_gemm.problem import ACTIVATIONS, itemsize
 
 MODES = ("rows", "contracting")
+
+#: `jax.lax.ragged_dot_general`'s dimension numbers of the products above:
+#: rows against rhs (groups, k, n), against rhs (groups, n, k), and the
+#: ragged contraction.
+ROWS_NUMBERS = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (1,)), ((), ())),
+    lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
+ROWS_TRANSPOSED_NUMBERS = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (2,)), ((), ())),
+    lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
+CONTRACTING_NUMBERS = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())),
+    lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +96,13 @@ class RaggedProblem:
   def flops(self) -> int:
     """Flops when every row belongs to a group."""
     return 2 * self.m * self.k * self.n
+
+  @property
+  def dimension_numbers(self) -> jax.lax.RaggedDotDimensionNumbers:
+    """This product's `jax.lax.ragged_dot_general` dimension numbers."""
+    if self.mode == "contracting":
+      return CONTRACTING_NUMBERS
+    return ROWS_TRANSPOSED_NUMBERS if self.transpose_rhs else ROWS_NUMBERS
 
   @property
   def out_bytes(self) -> int:

@@ -27,16 +27,6 @@ _PRECISION = {
     "default": jax.lax.Precision.DEFAULT,
 }
 
-_ROWS = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(((1,), (1,)), ((), ())),
-    lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
-_ROWS_TRANSPOSED = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(((1,), (2,)), ((), ())),
-    lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
-_CONTRACTING = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(((0,), (0,)), ((), ())),
-    lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
-
 
 def supports(problem: RaggedProblem, device) -> str | None:
   del problem, device
@@ -134,15 +124,15 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *, problem: RaggedProblem,
       lambda x, shift: x)
   if problem.mode == "contracting":
     out = jax.lax.ragged_dot_general(
-        rotate(lhs, -first), rotate(rhs, -first), sizes, _CONTRACTING,
-        precision=precision, preferred_element_type=acc_dtype)
+        rotate(lhs, -first), rotate(rhs, -first), sizes,
+        problem.dimension_numbers, precision=precision,
+        preferred_element_type=acc_dtype)
     return out.astype(problem.out_dtype)
-  numbers = _ROWS_TRANSPOSED if problem.transpose_rhs else _ROWS
   if gathers(problem):
     rhs, sizes, _ = groups_with_rows(rhs, group_sizes, row_offset, m, m)
   out = jax.lax.ragged_dot_general(
-      rotate(lhs, -first), rhs, sizes, numbers, precision=precision,
-      preferred_element_type=acc_dtype)
+      rotate(lhs, -first), rhs, sizes, problem.dimension_numbers,
+      precision=precision, preferred_element_type=acc_dtype)
   out = rotate(out, first)
   if problem.activation is not None:
     mask = group_row_mask(group_sizes, row_offset, m)

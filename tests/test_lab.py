@@ -359,3 +359,24 @@ def test_ragged_phase_model_walks_every_tile_and_shares_the_dram():
        "n_idx": np.array([0, 0, 0, 0, 1, 1])}, strip_bytes=10)
   # (0, 1) pair; 2 has no partner left; 3 and 4 differ in strip; 5 alone.
   assert saved.tolist() == [5, 5, 0, 0, 0, 0]
+
+
+def test_profile_case_traces_a_pair_lines_config_for_each_form():
+  """A pair line's fields reach `ragged_dot_general` with the problem's own
+  dimension numbers (a refactor once left this call on a removed helper,
+  and only the device run found it)."""
+  sys.path.insert(0, str(REPO_ROOT))
+  import jax
+  import jax.numpy as jnp
+  from experiments.lab import ragged_profile_case as case
+  for label, fields in (("g2_t2048_k256_n256 even drhs", "ping_pong=true"),
+                        ("g2_t2048_k256_n256 even forward", "stages=3")):
+    problem = case.find_case(label).problem
+    fn, name = case._call(problem, "mosaic", fields)
+    assert name == f"mosaic {fields}"
+    dtype = jnp.dtype(problem.in_dtype)
+    jaxpr = jax.make_jaxpr(fn)(
+        jax.ShapeDtypeStruct(problem.lhs_shape, dtype),
+        jax.ShapeDtypeStruct(problem.rhs_shape, dtype),
+        jax.ShapeDtypeStruct((problem.groups,), jnp.int32))
+    assert jaxpr.out_avals[0].shape == problem.out_shape

@@ -109,7 +109,7 @@ def _call(problem, kernel: str, config_text: str):
     return jax.jit(bench_moe.target_call(kernel, problem)), kernel
   config = config_with_fields(problem, config_text)
   print(f"config {config_text}: {config}", flush=True)
-  numbers = bench_moe._dims(problem)
+  numbers = problem.dimension_numbers
   return jax.jit(lambda l, r, s: pallas_gemm.ragged_dot_general(
       l, r, s, numbers, preferred_element_type=problem.out_dtype,
       kernel="mosaic", config=config)), f"mosaic {config_text}"

@@ -2462,6 +2462,34 @@ def test_short_reductions_take_turns_below_the_short_tiles_output_size():
     assert mosaic.heuristic(problem, HOPPER).short_tile_lookahead, label
 
 
+def test_long_reductions_take_turns_where_split_tiles_idle_half_the_sms():
+  """More than 512 rows per expert take turns only where the split tile's
+  CTA tiles would leave at least half the SMs idle (the turns' tiles, twice
+  as many, at most one per SM), and neither tile cuts the reductions into
+  pieces, which fill idle SMs their own way."""
+  def config(m, k, n, groups):
+    return mosaic.heuristic(RaggedProblem(
+        "contracting", m, k, n, groups, "bfloat16", "bfloat16"), HOPPER)
+
+  sms = HOPPER.planning_sms
+  # Two experts of 1024 rows, 256 columns: a split tile is 256 x 128 of
+  # an expert's output, so 4 per 256 of K over the two experts, 8 turns.
+  widest = sms // 8 * 256
+  for k, turns in [(widest, True), (widest + 256, False), (256, True)]:
+    chosen = config(2048, k, 256, 2)
+    assert chosen.ping_pong == turns, k
+    assert chosen.piece_rows == 0 and (chosen.tile_m, chosen.tile_n) == (
+        128, 128), k
+  # Long enough reductions cut pieces instead (4096 rows per expert).
+  assert config(4096, 1024, 1024, 2).ping_pong
+  long = config(8192, 1024, 1024, 2)
+  assert long.piece_rows and not long.ping_pong
+  # The suite's long-reduction layers are far above half a wave.
+  for label in ("mixtral8x7b_up even drhs", "g8_t16384_k4096_n14336 even drhs"):
+    (problem,) = [c.problem for c in arg_specs.cases() if c.label == label]
+    assert not mosaic.heuristic(problem, HOPPER).ping_pong, label
+
+
 def test_short_reduction_tile_caps_the_producers_lookahead():
   """The short-reduction weight-gradient tile keeps SHORT_TILE_LOOKAHEAD ring
   steps in flight on a deeper ring; longer reductions keep the whole ring,

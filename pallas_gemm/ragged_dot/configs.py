@@ -1198,6 +1198,23 @@ def _wide_turn_tile_pays(problem: RaggedProblem, sms: int) -> bool:
       for groups in {max(problem.groups, 1), 1})
 
 
+def _turns_fill_idle_sms(problem: RaggedProblem, config: RaggedConfig,
+                         sms: int) -> bool:
+  """Whether the weight gradient takes turns (each consumer's tile a CTA
+  tile: twice `config`'s CTA tiles) because its output at `config`'s tiles
+  would leave at least half the `sms` SMs idle, whatever the routing: the
+  turns' tiles are still at most one per SM, and neither tile cuts the
+  reductions into pieces, which fill idle SMs their own way (the turns
+  were measured against `config` without pieces: experiments/results/
+  nvidia_h200/moe_edges, "Turns on small long reductions")."""
+  if 2 * problem.groups * group_output_tiles(problem, config) > sms:
+    return False
+  return not any(
+      _cut_where_one_group_idles_the_sms(_most_stages(tile, problem), problem,
+                                        sms).piece_rows
+      for tile in (config, dataclasses.replace(config, ping_pong=True)))
+
+
 def _contracting_heuristic(problem: RaggedProblem,
                            device: DeviceInfo) -> RaggedConfig:
   chunk = 64
@@ -1218,8 +1235,10 @@ def _contracting_heuristic(problem: RaggedProblem,
       # (experiments/results/nvidia_h200/ragged_options, "Store order").
       base = dataclasses.replace(base, grid_band=1)
     base = dataclasses.replace(base, short_tile_lookahead=SHORT_TILE_LOOKAHEAD)
-  elif short or _takes_turns(rows_per_group):
-    # (Short reductions come here on outputs below the short tile's size.)
+  elif (short or _takes_turns(rows_per_group)
+        or _turns_fill_idle_sms(problem, base, device.planning_sms)):
+    # (Short reductions come here on outputs below the short tile's size;
+    # long ones where the split tiles would idle half the SMs.)
     # Each consumer keeps the tile it had, now a whole CTA tile: twice as
     # many tiles, which also spreads a group that holds most tokens over
     # more SMs. Or, where it pays, the widest tile a consumer holds whole.

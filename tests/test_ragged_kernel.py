@@ -2490,6 +2490,30 @@ def test_long_reductions_take_turns_where_split_tiles_idle_half_the_sms():
     assert not mosaic.heuristic(problem, HOPPER).ping_pong, label
 
 
+def test_one_long_group_is_cut_into_pieces_shorter_than_the_minimum():
+  """A single group (its routing known) of at least
+  ONE_GROUP_PIECES_MIN_ROWS rows is cut into the pieces that fill the SMs
+  even where they hold fewer than PIECES_MIN_ROWS rows; shorter groups, and
+  several groups (whose even routing would pay the pieces unused), keep
+  the minimum."""
+  def config(m, k, groups):
+    return mosaic.heuristic(RaggedProblem(
+        "contracting", m, k, k, groups, "bfloat16", "bfloat16"), HOPPER)
+
+  rows = configs.ONE_GROUP_PIECES_MIN_ROWS
+  assert configs.PIECES_MIN_ROWS > rows // 8  # the pieces below are shorter
+  cut = config(rows, 384, 1)
+  assert 0 < cut.piece_rows < configs.PIECES_MIN_ROWS
+  assert cut.largest_first and not cut.ping_pong
+  assert cut.piece_rows == configs.filling_piece_rows(
+      RaggedProblem("contracting", rows, 384, 384, 1, "bfloat16", "bfloat16"),
+      cut, HOPPER.planning_sms)
+  assert config(rows // 2, 384, 1).piece_rows == 0
+  assert config(2 * rows, 384, 2).piece_rows == 0
+  # Where one group's tiles fill the SMs, nothing is cut.
+  assert config(rows, 4096, 1).piece_rows == 0
+
+
 def test_short_reduction_tile_caps_the_producers_lookahead():
   """The short-reduction weight-gradient tile keeps SHORT_TILE_LOOKAHEAD ring
   steps in flight on a deeper ring; longer reductions keep the whole ring,

@@ -1314,15 +1314,18 @@ def _cut_where_one_group_idles_the_sms(config: RaggedConfig,
   """`config` with the reductions cut into pieces (`filling_piece_rows`)
   and the entries walked largest first, where one group holding every row
   would run its tiles on at most 1 / PIECES_IDLE_SHARE of the SMs and leave
-  the rest idle, and the pieces hold at least PIECES_MIN_ROWS rows;
-  otherwise `config`. Group sizes are runtime data, so this is decided on
+  the rest idle, and the pieces hold at least PIECES_MIN_ROWS rows (or
+  the only group has at least ONE_GROUP_PIECES_MIN_ROWS); otherwise
+  `config`. Group sizes are runtime data, so this is decided on
   the layer's shape alone: it pays the pieces' work list and merge on
   every routing, which only a group's time on a small share of the SMs
   outweighs."""
   if group_output_tiles(problem, config) * PIECES_IDLE_SHARE > sms:
     return config
   rows = filling_piece_rows(problem, config, sms)
-  if rows < PIECES_MIN_ROWS:
+  one_long_group = (problem.groups == 1
+                    and problem.m >= ONE_GROUP_PIECES_MIN_ROWS)
+  if not rows or (rows < PIECES_MIN_ROWS and not one_long_group):
     return config
   cut = _most_stages(dataclasses.replace(
       config, piece_rows=rows, largest_first=True, empty_last=False),
@@ -1568,6 +1571,12 @@ PIECES_IDLE_SHARE = 4
 #: uncut group is short beside the pieces' work list and merge, which every
 #: call pays (a few small launches).
 PIECES_MIN_ROWS = 2048
+#: ... except for a single group (a device holding one expert) of at least
+#: this many rows, whose pieces may be shorter: its routing is known, every
+#: row is in the group that is cut, so no routing pays the pieces without
+#: using them, and a reduction this long outweighs their fixed cost
+#: (experiments/results/nvidia_h200/moe_edges, "One expert's pieces").
+ONE_GROUP_PIECES_MIN_ROWS = 4096
 #: The most pieces `filling_piece_rows` cuts a group into: each costs an
 #: extra output tile set (zeros when unused) and its share of the merge.
 MAX_PIECES = 8

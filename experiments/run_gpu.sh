@@ -11,7 +11,8 @@
 #   build      the CUDA FFI kernels (nvcc)                    BUDGET_build=150
 #   tests      the whole pytest suite, compiled on the GPU    BUDGET_tests=200
 #              (TEST_WORKERS pytest workers share the GPU, default 6;
-#              TESTS, space-separated paths, runs only those)
+#              TESTS, space-separated paths, runs only those;
+#              TESTS_K, a pytest -k expression, only the tests it selects)
 #   properties the hypothesis suite, "gpu" profile            BUDGET_properties=150
 #   dispatch   the dispatch-table builder (resumable; DISPATCH_SEED draws
 #              other training sets, DISPATCH_REGIMES keeps some of their
@@ -156,7 +157,7 @@ fi
 if wanted tests; then
   stage "the test suite, compiled on the GPU"
   run_budgeted "$(budget tests 200)" "$PY" -m pytest -q -n "${TEST_WORKERS:-6}" -p no:cacheprovider \
-    --timeout=300 ${TESTS:-tests} > "$OUT/pytest_gpu.txt" 2>&1
+    --timeout=300 ${TESTS_K:+-k "$TESTS_K"} ${TESTS:-tests} > "$OUT/pytest_gpu.txt" 2>&1
   tail -n 30 "$OUT/pytest_gpu.txt"
 fi
 

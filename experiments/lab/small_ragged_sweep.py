@@ -29,18 +29,13 @@ import jax.numpy as jnp
 import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.ragged_dot import arg_specs
-from pallas_gemm.ragged_dot.problem import (CONTRACTING_NUMBERS, ROWS_NUMBERS,
-                                            ROWS_TRANSPOSED_NUMBERS)
 
 from experiments.lab import ragged_lab_common as common
 
 WAYS = ("lax", "auto")
-_NUMBERS = {"forward": ROWS_NUMBERS, "dlhs": ROWS_TRANSPOSED_NUMBERS,
-            "drhs": CONTRACTING_NUMBERS}
 
 
-def _call(way: str, direction: str):
-  numbers = _NUMBERS[direction]
+def _call(way: str, numbers):
   if way == "lax":
     return jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(a, b, s, numbers))
   return jax.jit(lambda a, b, s: pallas_gemm.ragged_dot_general(
@@ -80,21 +75,24 @@ def main(argv=None) -> int:
   budget = common.Budget(args.budget_s)
   dtype = jnp.dtype(args.dtype)
   for groups, rows, dim, distribution, direction in grid:
-    if direction not in _NUMBERS:
+    if direction not in arg_specs.DIRECTIONS:
       raise SystemExit(f"--directions: {direction!r} is not one of "
-                       f"{sorted(_NUMBERS)}")
+                       f"{list(arg_specs.DIRECTIONS)}")
     if budget.spent():
       return 0
-    keys = jax.random.split(jax.random.key(0), 2)
-    lhs = numerics.random_normal(keys[0], (rows, dim), dtype)
-    rhs = numerics.random_normal(
-        keys[1], (rows, dim) if direction == "drhs" else (groups, dim, dim),
-        dtype)
-    sizes = jnp.asarray(arg_specs.group_sizes(distribution, rows, groups))
     label = f"g{groups} m{rows} k=n{dim} {distribution} {direction}"
-    times, _ = common.time_ways({way: _call(way, direction) for way in WAYS},
-                                (lhs, rhs, sizes), iterations=args.iterations,
-                                on_gpu=on_gpu, label=label)
+    case = arg_specs.MoeCase(arg_specs.MoeLayer(label, groups, rows, dim, dim),
+                             distribution, direction, dtype=args.dtype,
+                             out_dtype=args.dtype)
+    problem = case.problem
+    keys = jax.random.split(jax.random.key(0), 2)
+    lhs = numerics.random_normal(keys[0], problem.lhs_shape, dtype)
+    rhs = numerics.random_normal(keys[1], problem.rhs_shape, dtype)
+    sizes = jnp.asarray(case.group_sizes())
+    times, _ = common.time_ways(
+        {way: _call(way, problem.dimension_numbers) for way in WAYS},
+        (lhs, rhs, sizes), iterations=args.iterations, on_gpu=on_gpu,
+        label=label)
     common.print_row(label, WAYS, times, (("auto", "lax"),), {}, ())
   return 0
 

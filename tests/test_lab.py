@@ -380,3 +380,30 @@ def test_profile_case_traces_a_pair_lines_config_for_each_form():
         jax.ShapeDtypeStruct(problem.rhs_shape, dtype),
         jax.ShapeDtypeStruct((problem.groups,), jnp.int32))
     assert jaxpr.out_avals[0].shape == problem.out_shape
+
+
+def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
+  import numpy as np
+
+  from experiments.lab import random_ragged_sweep as sweep
+  first = sweep.draw_cases(3, 40, 25.0)
+  again = sweep.draw_cases(3, 40, 25.0)
+  assert [c[0] for c in first] == [c[0] for c in again]
+  for (label, case, sizes), (_, _, same) in zip(first, again):
+    np.testing.assert_array_equal(sizes, same)
+    assert sizes.shape == (case.layer.groups,) and sizes.dtype == np.int32
+    assert sizes.sum() == case.layer.rows and (sizes >= 0).all()
+    assert 2 * (case.layer.groups * case.layer.k * case.layer.n
+                + case.layer.rows * (case.layer.k + case.layer.n)
+                ) <= sweep.MAX_BYTES
+  assert {c[0].split()[-1] for c in first} == {"forward", "dlhs", "drhs"}
+  wide = sweep.draw_cases(3, 20, 25.0, dims=(512, 1024))
+  assert all(512 <= c[1].layer.k <= 1024 and 512 <= c[1].layer.n <= 1024
+             for c in wide)
+  assert sweep.main(["--seed", "3", "--cases", "2", "--iterations", "1",
+                     "--dims", "16,64", "--max_lax_ms", "0.01"]) == 0
+  rows = [line for line in capsys.readouterr().out.splitlines()
+          if line.startswith("| 0 ") or line.startswith("| 1 ")]
+  assert len(rows) == 2 and all("| - |" not in row for row in rows)
+  with pytest.raises(SystemExit, match="--dims"):
+    sweep.main(["--dims", "64"])

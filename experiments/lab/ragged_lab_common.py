@@ -1,7 +1,7 @@
 """Not a script: what the grouped-GEMM lab scripts that time ways against
 each other share (`mixed_precision_grad.py`, `float32_ragged.py`,
-`small_ragged_sweep.py`): the layer lookup, the run's time budget, the
-timing of the ways and the table's header and rows."""
+`small_ragged_sweep.py`, `random_ragged_sweep.py`): the layer lookup, the
+run's time budget, the timing of the ways and the table's header and rows."""
 
 from __future__ import annotations
 

@@ -1,0 +1,156 @@
+"""Does `pallas_gemm.ragged_dot`'s automatic choice hold on grouped GEMMs
+nobody chose? `auto` against `jax.lax.ragged_dot` on seeded random problems,
+on a GPU.
+
+The `moe*` suites are model layers and `small_ragged_sweep.py` a grid of
+square experts: both are lists the heuristic was, or could have been, drawn
+from. This script draws each case at random instead, from wide ranges:
+
+  groups          log-uniform over 1-256;
+  rows per group  log-uniform over 1-4096 on average (at most 65536 rows);
+  k, n            log-uniform over `--dims` (16-8192), mostly multiples of 8, one in
+                  five any integer;
+  routing         even, Zipf, one-hot, or random (a Dirichlet(1) share per
+                  group: uneven sizes, some empty);
+  direction       forward, dlhs (rhs read transposed) or drhs.
+
+A draw whose estimated XLA time (groups x the dense flops at 700 TFLOP/s,
+its usual cost) exceeds `--max_lax_ms`, or whose operands and output
+exceed 2 GiB, is drawn again, so the run stays in budget; the estimate only filters, it is not reported. Each row gives both
+ways' CUPTI time of every kernel of one call (median of `--iterations`, both
+in one process, the group sizes an argument of the jitted call), auto / lax,
+and the largest difference of auto from lax relative to lax's largest
+output, a check that no draw gets a wrong answer. The same `--seed` draws
+the same cases on every machine.
+
+    PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
+        [--seed 0] [--cases 60] [--iterations 20] [--budget_s 300] \
+        [--max_lax_ms 25] [--dims 16,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_gemm
+from pallas_gemm import numerics
+from pallas_gemm.ragged_dot import arg_specs
+
+from experiments.lab import ragged_lab_common as common
+
+WAYS = ("lax", "auto")
+ROUTINGS = arg_specs.DISTRIBUTIONS + ("random",)
+MAX_ROWS = 65536
+LAX_RATE = 700e12
+MAX_BYTES = 2 * 2**30
+
+
+def _log_uniform_int(rng, low: int, high: int) -> int:
+  return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+
+def _dim(rng, low: int, high: int) -> int:
+  value = _log_uniform_int(rng, low, high)
+  if rng.uniform() < 0.8:
+    value = max(8, 8 * round(value / 8))
+  return value
+
+
+def random_sizes(rng, routing: str, rows: int, groups: int) -> np.ndarray:
+  """int32 (groups,) sizes summing to `rows`."""
+  if routing in arg_specs.DISTRIBUTIONS:
+    return arg_specs.group_sizes(routing, rows, groups,
+                                 seed=int(rng.integers(2**31)))
+  shares = rng.dirichlet(np.ones(groups))
+  return rng.multinomial(rows, shares).astype(np.int32)
+
+
+def draw_cases(seed: int, count: int, max_lax_ms: float,
+               dims: tuple[int, int] = (16, 8192)):
+  """`count` (label, MoeCase, sizes) draws, the same for the same seed."""
+  rng = np.random.default_rng(seed)
+  cases = []
+  while len(cases) < count:
+    groups = _log_uniform_int(rng, 1, 256)
+    rows = min(MAX_ROWS, max(1, round(groups * math.exp(
+        rng.uniform(0.0, math.log(4096))))))
+    k, n = _dim(rng, *dims), _dim(rng, *dims)
+    routing = ROUTINGS[rng.integers(len(ROUTINGS))]
+    direction = arg_specs.DIRECTIONS[rng.integers(len(arg_specs.DIRECTIONS))]
+    if (1e3 * groups * 2 * rows * k * n / LAX_RATE > max_lax_ms
+        or 2 * (groups * k * n + rows * (k + n)) > MAX_BYTES):
+      continue
+    label = f"g{groups} m{rows} k{k} n{n} {routing} {direction}"
+    layer = arg_specs.MoeLayer(label, groups, rows, k, n)
+    case = arg_specs.MoeCase(layer, "even", direction)
+    cases.append((label, case, random_sizes(rng, routing, rows, groups)))
+  return cases
+
+
+def _call(way: str, numbers):
+  if way == "lax":
+    return jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(a, b, s, numbers))
+  return jax.jit(lambda a, b, s: pallas_gemm.ragged_dot_general(
+      a, b, s, numbers))
+
+
+def _difference(results) -> dict:
+  if set(WAYS) - set(results):
+    return {}
+  lax = np.asarray(results["lax"], np.float64)
+  auto = np.asarray(results["auto"], np.float64)
+  scale = max(float(np.max(np.abs(lax), initial=0.0)), 1e-30)
+  return {"auto": float(np.max(np.abs(auto - lax), initial=0.0)) / scale}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--cases", type=int, default=60)
+  parser.add_argument("--iterations", type=int, default=20)
+  parser.add_argument("--budget_s", type=float, default=0.0,
+                      help="start no new case after this long (0: no limit)")
+  parser.add_argument("--max_lax_ms", type=float, default=25.0)
+  parser.add_argument("--dims", default="16,8192",
+                      help="low,high: the range k and n are drawn from")
+  args = parser.parse_args(argv)
+  try:
+    dims = tuple(int(v) for v in args.dims.split(","))
+  except ValueError:
+    dims = ()
+  if len(dims) != 2 or not 1 <= dims[0] <= dims[1]:
+    raise SystemExit(f"--dims={args.dims!r} must be low,high with "
+                     "1 <= low <= high")
+  if args.cases < 1:
+    raise SystemExit(f"--cases={args.cases} must be >= 1")
+  if args.max_lax_ms <= 0:
+    raise SystemExit(f"--max_lax_ms={args.max_lax_ms} must be > 0")
+  cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims)
+  on_gpu = common.print_header(WAYS, ("auto / lax", "auto vs lax"),
+                               args.iterations, f"seed {args.seed}", f"dims {args.dims}",
+                               "bfloat16")
+  budget = common.Budget(args.budget_s)
+  keys = jax.random.split(jax.random.key(args.seed), 2)
+  for index, (label, case, sizes) in enumerate(cases):
+    if budget.spent():
+      return 0
+    problem = case.problem
+    lhs = numerics.random_normal(keys[0], problem.lhs_shape, jnp.bfloat16)
+    rhs = numerics.random_normal(keys[1], problem.rhs_shape, jnp.bfloat16)
+    times, results = common.time_ways(
+        {way: _call(way, problem.dimension_numbers) for way in WAYS},
+        (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
+        on_gpu=on_gpu, label=label)
+    common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
+                     _difference(results), ("auto",))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

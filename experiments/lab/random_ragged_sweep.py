@@ -25,7 +25,11 @@ the same cases on every machine.
 
     PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
         [--seed 0] [--cases 60] [--iterations 20] [--budget_s 300] \
-        [--max_lax_ms 25] [--dims 16,8192]
+        [--max_lax_ms 25] [--dims 16,8192] [--only 3,15] [--breakdown]
+
+`--only` runs the draws of those indices alone (the same draws: every case
+is drawn first); `--breakdown` adds a line per case with each kernel that
+auto's call launches and its CUPTI median.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_gemm
-from pallas_gemm import numerics
+from pallas_gemm import numerics, timing
 from pallas_gemm.ragged_dot import arg_specs
 
 from experiments.lab import ragged_lab_common as common
@@ -119,7 +123,18 @@ def main(argv=None) -> int:
   parser.add_argument("--max_lax_ms", type=float, default=25.0)
   parser.add_argument("--dims", default="16,8192",
                       help="low,high: the range k and n are drawn from")
+  parser.add_argument("--only", default="",
+                      help="comma-separated draw indices to run (default all)")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="also print auto's kernels and their times")
   args = parser.parse_args(argv)
+  try:
+    only = {int(v) for v in args.only.split(",")} if args.only else None
+  except ValueError:
+    raise SystemExit(f"--only={args.only!r} must be comma-separated integers")
+  if only and (min(only) < 0 or max(only) >= args.cases):
+    raise SystemExit(f"--only={args.only!r}: indices must lie in "
+                     f"0..{args.cases - 1} (--cases={args.cases})")
   try:
     dims = tuple(int(v) for v in args.dims.split(","))
   except ValueError:
@@ -138,6 +153,8 @@ def main(argv=None) -> int:
   budget = common.Budget(args.budget_s)
   keys = jax.random.split(jax.random.key(args.seed), 2)
   for index, (label, case, sizes) in enumerate(cases):
+    if only is not None and index not in only:
+      continue
     if budget.spent():
       return 0
     problem = case.problem
@@ -149,6 +166,12 @@ def main(argv=None) -> int:
         on_gpu=on_gpu, label=label)
     common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
                      _difference(results), ("auto",))
+    if args.breakdown and on_gpu and "auto" in times:
+      kernels = timing.kernel_medians_us(
+          _call("auto", problem.dimension_numbers),
+          (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations)
+      print(f"#   {index} auto: " + ", ".join(
+          f"{name[:40]} {us:.1f}" for name, us in kernels), flush=True)
   return 0
 
 

@@ -407,3 +407,30 @@ def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
   assert len(rows) == 2 and all("| - |" not in row for row in rows)
   with pytest.raises(SystemExit, match="--dims"):
     sweep.main(["--dims", "64"])
+
+
+@pytest.mark.parametrize("direction", ["forward", "dlhs", "drhs"])
+def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from experiments.lab import random_ragged_sweep as sweep
+  from pallas_gemm.ragged_dot import arg_specs
+  case = arg_specs.MoeCase(arg_specs.MoeLayer("g", 5, 70, 24, 40), "even",
+                           direction)
+  problem = case.problem
+  sizes = np.array([20, 0, 30, 15, 0], np.int32)  # 5 rows in no group
+  keys = jax.random.split(jax.random.key(1), 2)
+  lhs = jax.random.normal(keys[0], problem.lhs_shape, jnp.bfloat16)
+  rhs = jax.random.normal(keys[1], problem.rhs_shape, jnp.bfloat16)
+  out = jax.lax.ragged_dot_general(lhs, rhs, jnp.asarray(sizes),
+                                   problem.dimension_numbers,
+                                   preferred_element_type=jnp.float32)
+  assert sweep.sampled_error(problem, lhs, rhs, sizes, out) < 1e-6
+  wrong = (out.at[30:40].add(1.0) if problem.mode == "rows"
+           else out.at[2, 5:9].add(1.0))
+  assert sweep.sampled_error(problem, lhs, rhs, sizes, wrong) > 1e-2
+  stray = (out.at[68].set(1.0) if problem.mode == "rows"
+           else out.at[1].set(1.0))  # a row in no group / an empty group
+  assert sweep.sampled_error(problem, lhs, rhs, sizes, stray) > 1e-2

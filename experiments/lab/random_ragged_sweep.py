@@ -19,8 +19,9 @@ its usual cost) exceeds `--max_lax_ms`, or whose operands and output
 exceed 2 GiB, is drawn again, so the run stays in budget; the estimate only filters, it is not reported. Each row gives both
 ways' CUPTI time of every kernel of one call (median of `--iterations`, both
 in one process, the group sizes an argument of the jitted call), auto / lax,
-and the largest difference of auto from lax relative to lax's largest
-output, a check that no draw gets a wrong answer. The same `--seed` draws
+and each way's relative error against float64 on a sample that touches
+groups of every kind (`sampled_error`); an error over the bfloat16
+tolerance of `numerics` is also printed as a WRONG line. The same `--seed` draws
 the same cases on every machine.
 
     PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
@@ -104,13 +105,50 @@ def _call(way: str, numbers):
       a, b, s, numbers))
 
 
-def _difference(results) -> dict:
-  if set(WAYS) - set(results):
-    return {}
-  lax = np.asarray(results["lax"], np.float64)
-  auto = np.asarray(results["auto"], np.float64)
-  scale = max(float(np.max(np.abs(lax), initial=0.0)), 1e-30)
-  return {"auto": float(np.max(np.abs(auto - lax), initial=0.0)) / scale}
+#: Groups, rows a group and output columns (and, for the weight gradient,
+#: K rows) the float64 check samples.
+CHECKED_GROUPS = 64
+CHECKED_ROWS = 4
+CHECKED_COLS = 32
+
+
+def _spread(count: int, most: int) -> np.ndarray:
+  return np.unique(np.linspace(0, count - 1, min(count, most)).astype(np.int64))
+
+
+def sampled_error(problem, lhs, rhs, sizes, out) -> float:
+  """Relative error of `out` against float64 on a sample that touches every
+  kind of group: up to CHECKED_GROUPS groups spread over all of them (empty
+  ones included, whose rows or weight gradient must be zero), a few rows
+  of each (rows mode) or a grid of its K x N block (contracting mode), at
+  CHECKED_COLS output columns, plus up to CHECKED_GROUPS rows in no group
+  (zero)."""
+  f64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+  ends = np.cumsum(sizes.astype(np.int64))
+  starts = ends - sizes
+  groups = _spread(problem.groups, CHECKED_GROUPS)
+  cols = _spread(problem.n, CHECKED_COLS)
+  got, ref = [], []
+  if problem.mode == "rows":
+    for g in groups:
+      rows = starts[g] + _spread(int(sizes[g]), CHECKED_ROWS)
+      if not rows.size:
+        continue
+      w = rhs[g][cols, :].T if problem.transpose_rhs else rhs[g][:, cols]
+      got.append(f64(out[rows][:, cols]))
+      ref.append(f64(lhs[rows]) @ f64(w))
+    outside = np.arange(int(ends[-1]) if ends.size else 0, problem.m)
+    outside = outside[_spread(outside.size, CHECKED_GROUPS)] if outside.size \
+        else outside
+    got.append(f64(out[outside][:, cols]))
+    ref.append(np.zeros((outside.size, cols.size)))
+    return numerics.relative_error(np.concatenate(got), np.concatenate(ref))
+  ks = _spread(problem.k, CHECKED_COLS)
+  for g in groups:
+    rows = slice(int(starts[g]), int(ends[g]))
+    got.append(f64(out[g][ks][:, cols]))
+    ref.append(f64(lhs[rows][:, ks]).T @ f64(rhs[rows][:, cols]))
+  return numerics.relative_error(np.stack(got), np.stack(ref))
 
 
 def main(argv=None) -> int:
@@ -147,7 +185,8 @@ def main(argv=None) -> int:
   if args.max_lax_ms <= 0:
     raise SystemExit(f"--max_lax_ms={args.max_lax_ms} must be > 0")
   cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims)
-  on_gpu = common.print_header(WAYS, ("auto / lax", "auto vs lax"),
+  on_gpu = common.print_header(WAYS, ("auto / lax", "lax error",
+                                      "auto error"),
                                args.iterations, f"seed {args.seed}", f"dims {args.dims}",
                                "bfloat16")
   budget = common.Budget(args.budget_s)
@@ -164,8 +203,15 @@ def main(argv=None) -> int:
         {way: _call(way, problem.dimension_numbers) for way in WAYS},
         (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
         on_gpu=on_gpu, label=label)
+    errors = {way: sampled_error(problem, lhs, rhs, sizes, result)
+              for way, result in results.items()}
     common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
-                     _difference(results), ("auto",))
+                     errors, WAYS)
+    tolerance = numerics.tolerance("bfloat16", "default", "bfloat16")
+    for way, error in errors.items():
+      if not error <= tolerance:
+        print(f"# {index} {way}: WRONG, relative error {error:.1e} over "
+              f"{tolerance:.0e} against float64", flush=True)
     if args.breakdown and on_gpu and "auto" in times:
       kernels = timing.kernel_medians_us(
           _call("auto", problem.dimension_numbers),

@@ -790,6 +790,33 @@ def test_output_columns(n, tile_n, out_dtype, want):
       n, config, out_dtype, compiled=False) == -(-n // tile_n) * tile_n
 
 
+@pytest.mark.parametrize("n,narrow,want", [
+    (24, False, 128),   # narrower than a strip: the whole strip allocated
+    (136, False, 256),  # a last strip of 8 columns
+    (24, True, 64),     # the narrow strip stores one 64-column box
+    (136, True, 192),
+])
+def test_output_columns_hold_every_box_a_strip_stores(n, narrow, want):
+  """Without narrow_last_strip every strip stores tile_n columns; its boxes
+  past an output allocated narrower came back wrong on the H200 (the
+  random sweep's g37 m65536 k312 n24 weight gradient)."""
+  config = RaggedConfig(tile_m=128, tile_n=128, epi_tile_n=64,
+                        narrow_last_strip=narrow)
+  for compiled in (True, False):
+    assert mosaic_contracting.output_columns(
+        n, config, "bfloat16", compiled=compiled) == want
+
+
+@pytest.mark.parametrize("k_out,n_out,want", [
+    (320, 1408, (64, 128)),
+    (312, 64, (8, 64)),     # K of 312: no tile reaches past a group's rows
+    (336, 192, (16, 64)),
+    (8, 24, (8, 8)),
+])
+def test_merge_tile_divides_the_output(k_out, n_out, want):
+  assert mosaic_contracting.merge_tile(k_out, n_out) == want
+
+
 def test_short_tile_output_unpadded_lowers_for_cuda():
   """DeepSeek-V2-Lite's weight gradient at 96 rows per expert (the short
   tile, 256-column stores over 1408 columns), with claims and streamed

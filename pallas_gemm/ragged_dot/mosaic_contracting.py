@@ -118,6 +118,7 @@ moves only the entries without rows, after the others (no snake deal).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -833,6 +834,12 @@ def output_columns(n: int, config: RaggedConfig, out_dtype, *,
   if (compiled and n >= config.tile_n
       and n % tma.swizzle_elems(out_dtype) == 0):
     return n
+  if not config.narrow_last_strip:
+    # Every strip's tiles store all tile_n columns: allocated narrower than
+    # a whole last strip, the weight gradient came back wrong on the H200
+    # (every group, at 24 columns of a 128-column tile), so the last strip
+    # is allocated whole and cut off with the rest.
+    return cdiv(n, config.tile_n) * config.tile_n
   return staged_columns(n, config)
 
 
@@ -904,6 +911,15 @@ def _merge_body(extras_gmem, rest_gmem, out_gmem, *, tile):
                 plgpu.Barrier(num_arrivals=1, num_barriers=depth))
 
 
+def merge_tile(k_out: int, n_out: int) -> tuple[int, int]:
+  """`merge_pieces`' output tile on a (groups, k_out, n_out) output: at most
+  MERGE_TILE, and dividing both sizes, so that no tile reaches past a
+  group's K rows. On the H200 a 64-row tile over a group's last rows (K of
+  312) added rows of the next group's output, so every size must divide
+  (k_out is a multiple of 8 rows, n_out of 64 columns)."""
+  return (math.gcd(k_out, MERGE_TILE[0]), math.gcd(n_out, MERGE_TILE[1]))
+
+
 def merge_pieces(first, rest, extras, params):
   """Adds the sums of the pieces beyond each cut group's first (`rest`,
   described by `extras`, see `mosaic_schedule.contracting_pieces`) to that
@@ -912,7 +928,7 @@ def merge_pieces(first, rest, extras, params):
   a group's first such piece work, so the cost follows the pieces the
   routing cut, not the static bound on them, and no unused piece is read."""
   _, k_out, n_out = first.shape
-  tile = (min(MERGE_TILE[0], k_out), min(MERGE_TILE[1], n_out))
+  tile = merge_tile(k_out, n_out)
   kernel = plgpu.kernel(
       functools.partial(_merge_body, tile=tile), out_type=(),
       grid=(rest.shape[0], cdiv(k_out, tile[0]), cdiv(n_out, tile[1])),

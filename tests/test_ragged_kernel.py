@@ -810,11 +810,25 @@ def test_output_columns_hold_every_box_a_strip_stores(n, narrow, want):
 @pytest.mark.parametrize("k_out,n_out,want", [
     (320, 1408, (64, 128)),
     (312, 64, (8, 64)),     # K of 312: no tile reaches past a group's rows
-    (336, 192, (16, 64)),
-    (8, 24, (8, 8)),
+    (336, 192, (16, 128)),
+    (72, 136, (8, 128)),
 ])
-def test_merge_tile_divides_the_output(k_out, n_out, want):
+def test_merge_tile_divides_the_rows(k_out, n_out, want):
   assert mosaic_contracting.merge_tile(k_out, n_out) == want
+
+
+@pytest.mark.parametrize("k_out,n_out,dtype", [
+    (72, 136, jnp.float32), (312, 64, jnp.bfloat16), (336, 192, jnp.float32)])
+def test_merge_pieces_lowers_for_cuda_at_rows_of_no_whole_tile(k_out, n_out,
+                                                               dtype):
+  """The merge's tiles at K not a multiple of 64 lower for the GPU (an
+  8 x 8 tile failed Mosaic's layout inference)."""
+  spec = jax.ShapeDtypeStruct
+  lower_for_cuda(
+      lambda first, rest, extras: mosaic_contracting.merge_pieces(
+          first, rest, extras, None),
+      spec((4, k_out, n_out), dtype), spec((5, k_out, n_out), dtype),
+      spec((3, 5), jnp.int32))
 
 
 def test_short_tile_output_unpadded_lowers_for_cuda():

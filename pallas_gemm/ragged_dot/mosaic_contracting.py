@@ -913,11 +913,13 @@ def _merge_body(extras_gmem, rest_gmem, out_gmem, *, tile):
 
 def merge_tile(k_out: int, n_out: int) -> tuple[int, int]:
   """`merge_pieces`' output tile on a (groups, k_out, n_out) output: at most
-  MERGE_TILE, and dividing both sizes, so that no tile reaches past a
-  group's K rows. On the H200 a 64-row tile over a group's last rows (K of
-  312) added rows of the next group's output, so every size must divide
-  (k_out is a multiple of 8 rows, n_out of 64 columns)."""
-  return (math.gcd(k_out, MERGE_TILE[0]), math.gcd(n_out, MERGE_TILE[1]))
+  MERGE_TILE, with rows dividing k_out (a multiple of 8), so that no tile
+  reaches past a group's K rows. On the H200 a 64-row tile over a group's
+  last rows (K of 312, 64 columns: the whole output's width) added rows of
+  the next group's output. Columns stay up to MERGE_TILE's: a tile past
+  the last column is clipped (columns of 136 were merged right), and
+  narrower tiles fail Mosaic's layout inference (8 x 8)."""
+  return (math.gcd(k_out, MERGE_TILE[0]), min(MERGE_TILE[1], n_out))
 
 
 def merge_pieces(first, rest, extras, params):

@@ -434,3 +434,30 @@ def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
   stray = (out.at[68].set(1.0) if problem.mode == "rows"
            else out.at[1].set(1.0))  # a row in no group / an empty group
   assert sweep.sampled_error(problem, lhs, rhs, sizes, stray) > 1e-2
+
+
+def test_ragged_cost_fit_refits_the_shipped_terms_and_replays_them(capsys):
+  """The committed H200 draws refit the shipped terms, and on the held-out
+  seeds the shipped choice leaves at most three draws slower than lax (of
+  twenty) and at most two switched to XLA where the kernels were faster."""
+  import re
+
+  from experiments.lab import ragged_cost_fit
+  from pallas_gemm.ragged_dot import cost_model
+  assert ragged_cost_fit.main([]) == 0
+  out = capsys.readouterr().out
+  fitted = re.search(r"fitted MOSAIC_TERMS = \(([^)]*)\)", out).group(1)
+  assert [float(v) for v in fitted.split(",")] == pytest.approx(
+      cost_model.MOSAIC_TERMS, rel=0.02)
+  for form, terms in cost_model.XLA_TERMS.items():
+    line = re.search(rf"fitted XLA_TERMS\['{form}'\] = \(([^)]*)\)", out)
+    assert [float(v) for v in line.group(1).split(",")] == pytest.approx(
+        terms, rel=0.02, abs=1e-3)
+  held_out = re.search(r"shipped terms, margin [\d.]+, held out: (\d+) draws"
+                       r".*slower than lax by >5 %: (\d+) -> (\d+);.*"
+                       r"geometric mean ([\d.]+) -> ([\d.]+); \d+ switched "
+                       r"to xla, (\d+) of them wrongly", out)
+  draws, before, after, geo_before, geo_after, wrong = held_out.groups()
+  assert int(draws) >= 40 and int(before) >= 15
+  assert int(after) <= 3 and int(wrong) <= 2
+  assert float(geo_after) < float(geo_before)

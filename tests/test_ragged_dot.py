@@ -590,7 +590,7 @@ def test_named_kernel_that_cannot_run_raises_its_reason(fake_kernel):
 
 
 def test_automatic_choice_and_explain(monkeypatch):
-  problem = RaggedProblem("rows", 64, 32, 32, 4, "bfloat16", "bfloat16")
+  problem = RaggedProblem("rows", 8192, 1024, 1024, 8, "bfloat16", "bfloat16")
   here = implementations.resolve(problem, device_info())
   if device_info().is_hopper:  # the Mosaic kernels run this problem
     assert here.implementation == "mosaic"
@@ -617,6 +617,38 @@ def test_automatic_choice_and_explain(monkeypatch):
             jax.ShapeDtypeStruct((4, 32, 32), jnp.bfloat16),
             jax.ShapeDtypeStruct((4,), jnp.int32))
   assert explain(*shapes, kernel="xla").reason == "asked for by name"
+
+
+def test_automatic_choice_takes_xla_where_its_cost_model_has_it_faster():
+  """A call of a few microseconds, and a weight gradient whose 6312 output
+  columns the kernels would pad and cut (a pass over 290 MB), go to XLA's
+  product; a model layer stays on the kernels. The model needs no GPU: the
+  Mosaic path's copies are read from its traced program."""
+  if not implementations.available("mosaic"):
+    pytest.skip(implementations.UNAVAILABLE.get("mosaic", "no mosaic"))
+  implementations.clear_cache()
+  h200 = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 232448)
+  tiny = RaggedProblem("rows", 64, 32, 32, 4, "bfloat16", "bfloat16")
+  padded = RaggedProblem("contracting", 211, 7688, 6312, 3, "bfloat16",
+                         "bfloat16")
+  layer = RaggedProblem("rows", 16384, 2048, 1408, 64, "bfloat16", "bfloat16")
+  from pallas_gemm.ragged_dot import cost_model, mosaic
+  launches, copied = cost_model.copies(padded, mosaic,
+                                      mosaic.heuristic(padded, h200))
+  assert launches >= 1 and copied >= 2 * 3 * 7688 * 6312 * 2
+  assert cost_model.copies(layer, mosaic,
+                           mosaic.heuristic(layer, h200)) == (0, 0)
+  try:
+    for problem, want in ((tiny, "xla"), (padded, "xla"), (layer, "mosaic")):
+      chosen = implementations.resolve(problem, h200)
+      assert chosen.implementation == want, chosen.reason
+      assert "(estimates)" in chosen.reason
+    # Outside what the model was fitted on, the kernels stay: float32
+    # operands have their own model, a decode batch gathers its weights.
+    decode = RaggedProblem("rows", 2, 4096, 4096, 64, "bfloat16", "bfloat16")
+    assert not cost_model.against_xla(decode, mosaic, h200)[0]
+  finally:
+    implementations.clear_cache()
   assert pallas_gemm.ragged_dot.explain is explain
 
 

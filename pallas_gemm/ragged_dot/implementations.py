@@ -19,7 +19,7 @@ import functools
 import importlib
 
 from pallas_gemm.devices import DeviceInfo
-from pallas_gemm.ragged_dot import bfloat16_split, xla
+from pallas_gemm.ragged_dot import bfloat16_split, cost_model, xla
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 IMPLEMENTATIONS: dict[str, object] = {"xla": xla}
@@ -116,7 +116,9 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
   kernel None: the Mosaic kernel on a Hopper GPU when it supports the
   problem, otherwise `xla`, with the reason recorded; float32 operands go
   to the Mosaic kernels only where `bfloat16_split`'s cost model has them
-  faster than XLA (fp8 operands always do). config given: checked and
+  faster than XLA (fp8 operands always do), 16-bit ones except where
+  `cost_model` expects XLA's product to be `XLA_MARGIN` times faster
+  (small calls, padded shapes). config given: checked and
   used as is; otherwise the implementation's heuristic picks one.
   Memoized: one decision per (problem, device, kernel, config)."""
   if not isinstance(problem, RaggedProblem):
@@ -164,7 +166,13 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
     if xla_faster:
       return "xla", f"xla: faster on {operands}: {estimates}"
     return "mosaic", f"the mosaic kernel, faster on {operands}: {estimates}"
-  return "mosaic", "the mosaic kernel supports it on this Hopper GPU"
+  # Small calls and shapes the kernels pad: XLA's one fusion can be faster.
+  xla_faster, estimates = cost_model.against_xla(
+      problem, IMPLEMENTATIONS["mosaic"], device)
+  if xla_faster:
+    return "xla", f"xla: expected faster on this problem: {estimates}"
+  return "mosaic", ("the mosaic kernel supports it on this Hopper GPU ("
+                    f"{estimates})")
 
 
 def clear_cache() -> None:

@@ -1,0 +1,184 @@
+"""Which is faster on a 16-bit grouped GEMM, the Mosaic kernels or XLA's
+ragged product? A cost model for the automatic choice
+(`implementations.resolve`), from the problem's shapes alone (the group
+sizes are runtime data).
+
+On model layers the kernels win by 2-100x. Where they lose is where fixed
+costs decide: a call of a few microseconds (the kernels' work-list ops and
+persistent launch against XLA's one fusion), and shapes whose rows of
+weights or output are not whole 64-column spans, which the kernels pad and
+cut (`copies`: each a launch and a pass over an operand or the output).
+
+Each way's time is a sum of terms, in microseconds:
+
+  mosaic  fixed + per copy launched + per copied MB + per GFLOP + per MB of
+          the operands and output (each read or written once);
+  xla     per form (forward, rhs read transposed, weight gradient): fixed +
+          per group + per GFLOP done for every group (XLA's product
+          multiplies every row by each group's weights) + per MB of the
+          lhs, of the output rows (the weight gradient: of its second
+          operand) and of the weights (its output), each once per group,
+          + per group-GFLOP again where k or n is not a multiple of 8.
+
+`experiments/lab/ragged_cost_fit.py` fits the terms (least squares on
+relative error, no term negative) to H200 draws of
+`experiments/lab/random_ragged_sweep.py` and grids of
+`small_ragged_sweep.py`, and replays the choice on draws held out
+(experiments/results/nvidia_h200/random_ragged). Bytes are H200 bytes: on
+another GPU the per-MB terms scale with its copy bandwidth. XLA is chosen
+only where the model puts it XLA_MARGIN times faster, so that its error
+decides nothing close.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_gemm.devices import DeviceInfo, copy_tb_per_s
+from pallas_gemm.problem import itemsize
+from pallas_gemm.ragged_dot.problem import RaggedProblem
+
+#: The GPU whose bandwidth the per-MB terms were fitted at.
+FITTED_ON = "NVIDIA H200"
+
+#: Mosaic terms: fixed µs, µs per copy launched, per copied MB, per GFLOP,
+#: per MB moved once.
+MOSAIC_TERMS = (4.85, 1.57, 0.363, 1.18, 0.131)
+
+#: XLA terms per form: fixed µs, per group, per GFLOP x groups, per MB of
+#: lhs x groups, of output rows (or, in the weight gradient, of the second
+#: operand) x groups, of weights (output) x groups, per GFLOP x groups
+#: where k or n is not a multiple of 8.
+XLA_TERMS = {
+    "forward": (2.75, 0.148, 0.844, 0.574, 0.0123, 0.571, 2.43),
+    "transposed": (4.31, 0.177, 0.981, 0.528, 0.0124, 0.908, 3.26),
+    "gradient": (3.77, 0.0, 0.72, 0.755, 0.722, 0.223, 3.54),
+}
+
+#: XLA must be expected this many times faster to be chosen.
+XLA_MARGIN = 1.3
+
+#: 16-bit inputs only: the draws were bfloat16 (float32 and fp8 operands
+#: have their own model, `bfloat16_split`).
+INPUT_DTYPES = ("bfloat16", "float16")
+
+
+def form(problem: RaggedProblem) -> str:
+  if problem.mode == "contracting":
+    return "gradient"
+  return "transposed" if problem.transpose_rhs else "forward"
+
+
+def copies(problem: RaggedProblem, implementation,
+           config) -> tuple[int, int]:
+  """(launches, bytes) of the copies the path of `implementation` (a
+  registered module with `ragged_matmul`) under `config` makes outside its
+  kernels for `problem`: its pads of the operands and cuts of the output,
+  each a launch that reads and writes its bytes once. Read from the traced
+  program itself (every `pad` and `slice` of COPY_MIN_BYTES or more), so it
+  follows the kernels' own rules of what they read in place."""
+  return _copies(problem, implementation, config)
+
+
+#: Smaller pads and slices (of the group sizes, the work list) are part of
+#: the fixed cost.
+COPY_MIN_BYTES = 2**16
+
+
+@functools.lru_cache(maxsize=1024)
+def _copies(problem: RaggedProblem, implementation, config) -> tuple[int, int]:
+  spec = jax.ShapeDtypeStruct
+  jaxpr = jax.make_jaxpr(
+      lambda lhs, rhs, sizes, offset: implementation.ragged_matmul(
+          lhs, rhs, sizes, offset, problem=problem, config=config))(
+              spec(problem.lhs_shape, problem.in_dtype),
+              spec(problem.rhs_shape, problem.in_dtype),
+              spec((problem.groups,), jnp.int32), spec((1,), jnp.int32))
+  return _copies_in(jaxpr.jaxpr)
+
+
+def _copies_in(jaxpr) -> tuple[int, int]:
+  launches = total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("pad", "slice"):
+      out = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.outvars)
+      if out >= COPY_MIN_BYTES:
+        launches, total = launches + 1, total + 2 * out
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else (value,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          more = _copies_in(inner)
+          launches, total = launches + more[0], total + more[1]
+  return launches, total
+
+
+def mosaic_features(problem: RaggedProblem, implementation, config,
+                    device: DeviceInfo) -> tuple[float, ...]:
+  """The quantities MOSAIC_TERMS weigh for `implementation` (the Mosaic
+  kernels' module) under `config`: 1, copies (launches), copied MB, GFLOP,
+  MB moved once (MB at the fitted GPU's bandwidth)."""
+  mb = _mb(device)
+  in_size = itemsize(problem.in_dtype)
+  g, m, k, n = problem.groups, problem.m, problem.k, problem.n
+  operands = (m * k + m * n if problem.mode == "contracting"
+              else m * k + g * k * n)
+  launches, copied = copies(problem, implementation, config)
+  return (1.0, float(launches), mb * copied,
+          2e-9 * m * k * n, mb * (in_size * operands + problem.out_bytes))
+
+
+def xla_features(problem: RaggedProblem,
+                 device: DeviceInfo) -> tuple[float, ...]:
+  """The quantities XLA_TERMS[form] weigh: 1, groups, GFLOP x groups, MB of
+  lhs x groups, MB of the (m, n) operand or output x groups, MB of the
+  weights or weight gradient x groups, GFLOP x groups where k or n is not
+  a multiple of 8."""
+  mb = _mb(device)
+  in_size, out_size = itemsize(problem.in_dtype), itemsize(problem.out_dtype)
+  g, m, k, n = problem.groups, problem.m, problem.k, problem.n
+  contracting = problem.mode == "contracting"
+  group_gflop = 2e-9 * g * m * k * n
+  return (1.0, float(g), group_gflop, mb * g * m * k * in_size,
+          mb * g * m * n * (in_size if contracting else out_size),
+          mb * g * k * n * (out_size if contracting else in_size),
+          group_gflop * (k % 8 != 0 or n % 8 != 0))
+
+
+def _mb(device: DeviceInfo) -> float:
+  """µs-scaled megabytes: 1e-6, stretched by how much slower `device`
+  copies than the GPU the terms were fitted on."""
+  return 1e-6 * copy_tb_per_s(FITTED_ON) / copy_tb_per_s(device.device_kind)
+
+
+def estimated_us(problem: RaggedProblem, implementation, config,
+                 device: DeviceInfo) -> tuple[float, float]:
+  """(the Mosaic kernels' `implementation` under `config`, XLA's ragged
+  product), in µs."""
+  weigh = lambda terms, values: sum(t * v for t, v in zip(terms, values))
+  return (weigh(MOSAIC_TERMS, mosaic_features(problem, implementation,
+                                              config, device)),
+          weigh(XLA_TERMS[form(problem)], xla_features(problem, device)))
+
+
+def against_xla(problem: RaggedProblem, implementation,
+                device: DeviceInfo) -> tuple[bool, str]:
+  """(whether XLA's ragged product is expected XLA_MARGIN times faster than
+  the Mosaic kernels' `implementation` under its heuristic's config, why:
+  the estimates, for `explain`).
+  False, without a model, outside what it was fitted on: other input
+  dtypes, and decode batches that `xla.gathers` (fewer rows than a third
+  of the groups)."""
+  from pallas_gemm.ragged_dot import xla
+  if 0 in (problem.m, problem.k, problem.n, problem.groups):
+    return False, "an empty product: the kernels' path launches nothing"
+  if problem.in_dtype not in INPUT_DTYPES or xla.gathers(problem):
+    return False, "no cost model for this problem"
+  config = implementation.heuristic(problem, device)
+  mosaic_us, xla_us = estimated_us(problem, implementation, config, device)
+  return XLA_MARGIN * xla_us < mosaic_us, (
+      f"mosaic about {mosaic_us:.0f} us, xla about {xla_us:.0f} us "
+      "(estimates)")

@@ -869,3 +869,34 @@ def test_float16_operands_float32_cotangent_products_are_chosen_by_cost(
               for e in jaxpr.eqns if e.primitive.name == "pallas_ragged_dot"]
   assert products[0] == ("mosaic", "float16")  # the forward
   assert sorted(products[1:]) == [(upcast_kernel, "float32")] * 2
+
+
+def test_automatic_choice_resolves_any_problem_on_a_hopper():
+  """The cost model runs on every automatic choice on a Hopper GPU, tracing
+  the kernels' path: it must answer for any problem, empty, one-row, odd,
+  fp8, float32 or with an activation, on either Hopper."""
+  if not implementations.available("mosaic"):
+    pytest.skip(implementations.UNAVAILABLE.get("mosaic", "no mosaic"))
+  rng = np.random.default_rng(0)
+  implementations.clear_cache()
+  try:
+    for kind in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+      hopper = DeviceInfo("gpu", kind, (9, 0), 132, 232448)
+      for _ in range(30):
+        mode = ("rows", "contracting")[rng.integers(2)]
+        rows = mode == "rows"
+        problem = RaggedProblem(
+            mode, int(rng.choice([0, 1, 7, 999])),
+            int(rng.choice([0, 1, 100, 4097])),
+            int(rng.choice([0, 5, 200, 3001])),
+            int(rng.choice([0, 1, 3, 64])),
+            str(rng.choice(["bfloat16", "float16", "float32",
+                            "float8_e4m3fn"])),
+            str(rng.choice(["bfloat16", "float32"])),
+            transpose_rhs=rows and bool(rng.integers(2)),
+            activation="silu" if rows and rng.integers(2) else None)
+        chosen = implementations.resolve(problem, hopper)
+        assert chosen.implementation in ("mosaic", "xla"), chosen
+        assert chosen.reason
+  finally:
+    implementations.clear_cache()

@@ -407,6 +407,12 @@ def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
   assert len(rows) == 2 and all("| - |" not in row for row in rows)
   with pytest.raises(SystemExit, match="--dims"):
     sweep.main(["--dims", "64"])
+  assert sweep.main(["--seed", "3", "--cases", "1", "--iterations", "1",
+                     "--dims", "16,64", "--max_lax_ms", "0.01",
+                     "--dtype", "float16", "--out_dtype", "float32"]) == 0
+  out = capsys.readouterr().out
+  assert "float16 -> float32" in out and "WRONG" not in out
+  assert len([l for l in out.splitlines() if l.startswith("| 0 ")]) == 1
 
 
 @pytest.mark.parametrize("direction", ["forward", "dlhs", "drhs"])

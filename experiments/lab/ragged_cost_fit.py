@@ -62,6 +62,11 @@ def read_draws(paths) -> list[Draw]:
   draws = []
   for path in paths:
     text = pathlib.Path(path).read_text()
+    if not text.splitlines()[0].rstrip().endswith(", bfloat16"):
+      # The terms are bfloat16 terms: float16 inputs or a float32 output
+      # move other bytes.
+      print(f"# {path}: not bfloat16 in and out, left out")
+      continue
     seed = SEED.search(text)
     for match in ROW.finditer(text):
       g, m = int(match.group(1)), int(match.group(2))

@@ -12,7 +12,10 @@ from. This script draws each case at random instead, from wide ranges:
                   five any integer;
   routing         even, Zipf, one-hot, or random (a Dirichlet(1) share per
                   group: uneven sizes, some empty);
-  direction       forward, dlhs (rhs read transposed) or drhs.
+  direction       forward, dlhs (rhs read transposed) or drhs;
+
+in `--dtype` (bfloat16 or float16), out `--out_dtype` (the same, or
+float32).
 
 A draw whose estimated XLA time (groups x the dense flops at 700 TFLOP/s,
 its usual cost) exceeds `--max_lax_ms`, or whose operands and output
@@ -20,13 +23,14 @@ exceed 2 GiB, is drawn again, so the run stays in budget; the estimate only filt
 ways' CUPTI time of every kernel of one call (median of `--iterations`, both
 in one process, the group sizes an argument of the jitted call), auto / lax,
 and each way's relative error against float64 on a sample that touches
-groups of every kind (`sampled_error`); an error over the bfloat16
-tolerance of `numerics` is also printed as a WRONG line. The same `--seed` draws
-the same cases on every machine.
+groups of every kind (`sampled_error`); an error over the dtypes'
+tolerance of `numerics` is also printed as a WRONG line. The same `--seed`
+draws the same cases on every machine, in every dtype.
 
     PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
         [--seed 0] [--cases 60] [--iterations 20] [--budget_s 300] \
-        [--max_lax_ms 25] [--dims 16,8192] [--only 3,15] [--breakdown]
+        [--max_lax_ms 25] [--dims 16,8192] [--only 3,15] [--breakdown] \
+        [--dtype bfloat16] [--out_dtype float32]
 
 `--only` runs the draws of those indices alone (the same draws: every case
 is drawn first); `--breakdown` adds a line per case with each kernel that
@@ -77,7 +81,8 @@ def random_sizes(rng, routing: str, rows: int, groups: int) -> np.ndarray:
 
 
 def draw_cases(seed: int, count: int, max_lax_ms: float,
-               dims: tuple[int, int] = (16, 8192)):
+               dims: tuple[int, int] = (16, 8192), dtype: str = "bfloat16",
+               out_dtype: str = "bfloat16"):
   """`count` (label, MoeCase, sizes) draws, the same for the same seed."""
   rng = np.random.default_rng(seed)
   cases = []
@@ -93,16 +98,18 @@ def draw_cases(seed: int, count: int, max_lax_ms: float,
       continue
     label = f"g{groups} m{rows} k{k} n{n} {routing} {direction}"
     layer = arg_specs.MoeLayer(label, groups, rows, k, n)
-    case = arg_specs.MoeCase(layer, "even", direction)
+    case = arg_specs.MoeCase(layer, "even", direction, dtype=dtype,
+                             out_dtype=out_dtype)
     cases.append((label, case, random_sizes(rng, routing, rows, groups)))
   return cases
 
 
-def _call(way: str, numbers):
+def _call(way: str, numbers, out_dtype):
   if way == "lax":
-    return jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(a, b, s, numbers))
+    return jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(
+        a, b, s, numbers, preferred_element_type=out_dtype))
   return jax.jit(lambda a, b, s: pallas_gemm.ragged_dot_general(
-      a, b, s, numbers))
+      a, b, s, numbers, preferred_element_type=out_dtype))
 
 
 #: Groups, rows a group and output columns (and, for the weight gradient,
@@ -165,7 +172,13 @@ def main(argv=None) -> int:
                       help="comma-separated draw indices to run (default all)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also print auto's kernels and their times")
+  parser.add_argument("--dtype", default="bfloat16",
+                      choices=("bfloat16", "float16"))
+  parser.add_argument("--out_dtype", default="",
+                      choices=("", "bfloat16", "float16", "float32"),
+                      help="the output's dtype (default: --dtype)")
   args = parser.parse_args(argv)
+  out_dtype = args.out_dtype or args.dtype
   try:
     only = {int(v) for v in args.only.split(",")} if args.only else None
   except ValueError:
@@ -184,11 +197,14 @@ def main(argv=None) -> int:
     raise SystemExit(f"--cases={args.cases} must be >= 1")
   if args.max_lax_ms <= 0:
     raise SystemExit(f"--max_lax_ms={args.max_lax_ms} must be > 0")
-  cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims)
+  cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims,
+                     args.dtype, out_dtype)
   on_gpu = common.print_header(WAYS, ("auto / lax", "lax error",
                                       "auto error"),
-                               args.iterations, f"seed {args.seed}", f"dims {args.dims}",
-                               "bfloat16")
+                               args.iterations, f"seed {args.seed}",
+                               f"dims {args.dims}",
+                               args.dtype if out_dtype == args.dtype
+                               else f"{args.dtype} -> {out_dtype}")
   budget = common.Budget(args.budget_s)
   keys = jax.random.split(jax.random.key(args.seed), 2)
   for index, (label, case, sizes) in enumerate(cases):
@@ -197,24 +213,25 @@ def main(argv=None) -> int:
     if budget.spent():
       return 0
     problem = case.problem
-    lhs = numerics.random_normal(keys[0], problem.lhs_shape, jnp.bfloat16)
-    rhs = numerics.random_normal(keys[1], problem.rhs_shape, jnp.bfloat16)
+    lhs = numerics.random_normal(keys[0], problem.lhs_shape, args.dtype)
+    rhs = numerics.random_normal(keys[1], problem.rhs_shape, args.dtype)
     times, results = common.time_ways(
-        {way: _call(way, problem.dimension_numbers) for way in WAYS},
+        {way: _call(way, problem.dimension_numbers, out_dtype)
+         for way in WAYS},
         (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
         on_gpu=on_gpu, label=label)
     errors = {way: sampled_error(problem, lhs, rhs, sizes, result)
               for way, result in results.items()}
     common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
                      errors, WAYS)
-    tolerance = numerics.tolerance("bfloat16", "default", "bfloat16")
+    tolerance = numerics.tolerance(args.dtype, "default", out_dtype)
     for way, error in errors.items():
       if not error <= tolerance:
         print(f"# {index} {way}: WRONG, relative error {error:.1e} over "
               f"{tolerance:.0e} against float64", flush=True)
     if args.breakdown and on_gpu and "auto" in times:
       kernels = timing.kernel_medians_us(
-          _call("auto", problem.dimension_numbers),
+          _call("auto", problem.dimension_numbers, out_dtype),
           (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations)
       print(f"#   {index} auto: " + ", ".join(
           f"{name[:40]} {us:.1f}" for name, us in kernels), flush=True)

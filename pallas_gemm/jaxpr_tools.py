@@ -14,15 +14,18 @@ import collections
 from jax.extend import core as jex_core
 
 
-def _equations(jaxpr):
+def equations(jaxpr, *, opaque=()):
+  """Every equation of `jaxpr`, then of the jaxprs nested in it, except
+  inside equations of the primitives named in `opaque`."""
   for eqn in jaxpr.eqns:
     yield eqn
-    for sub in jex_core.jaxprs_in_params(eqn.params):
-      yield from _equations(sub)
+    if eqn.primitive.name not in opaque:
+      for sub in jex_core.jaxprs_in_params(eqn.params):
+        yield from equations(sub, opaque=opaque)
 
 
 def primitive_counts(closed_jaxpr) -> collections.Counter:
   """How many equations of each primitive `closed_jaxpr` holds, counting
   those inside nested jaxprs (jit, scan, custom_vjp, ...)."""
   jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
-  return collections.Counter(eqn.primitive.name for eqn in _equations(jaxpr))
+  return collections.Counter(eqn.primitive.name for eqn in equations(jaxpr))

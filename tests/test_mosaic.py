@@ -358,7 +358,7 @@ def test_one_consumer_kernels_read_16_element_rows_without_padding(
     jaxpr = jax.make_jaxpr(functools.partial(
         split_k.split_k_matmul, c=None, bias=None, problem=problem,
         config=config, interpret=True))(a, b)
-    return [e for e in jaxpr_tools._equations(jaxpr.jaxpr)
+    return [e for e in jaxpr_tools.equations(jaxpr.jaxpr)
             if e.primitive.name == "pad"
             and e.params["padding_config"][2] != (0, 0, 0)]
 

@@ -37,6 +37,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_gemm import jaxpr_tools
 from pallas_gemm.devices import DeviceInfo, copy_tb_per_s
 from pallas_gemm.problem import itemsize
 from pallas_gemm.ragged_dot.problem import RaggedProblem
@@ -102,19 +103,12 @@ def _copies(problem: RaggedProblem, implementation, config) -> tuple[int, int]:
 
 def _copies_in(jaxpr) -> tuple[int, int]:
   launches = total = 0
-  for eqn in jaxpr.eqns:
+  # A Pallas kernel's own slices are of values in registers.
+  for eqn in jaxpr_tools.equations(jaxpr, opaque=("pallas_call",)):
     if eqn.primitive.name in ("pad", "slice"):
       out = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.outvars)
       if out >= COPY_MIN_BYTES:
         launches, total = launches + 1, total + 2 * out
-    if eqn.primitive.name == "pallas_call":
-      continue  # a kernel's own slices are of values in registers
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (list, tuple)) else (value,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          more = _copies_in(inner)
-          launches, total = launches + more[0], total + more[1]
   return launches, total
 
 
@@ -124,13 +118,9 @@ def mosaic_features(problem: RaggedProblem, implementation, config,
   kernels' module) under `config`: 1, copies (launches), copied MB, GFLOP,
   MB moved once (MB at the fitted GPU's bandwidth)."""
   mb = _mb(device)
-  in_size = itemsize(problem.in_dtype)
-  g, m, k, n = problem.groups, problem.m, problem.k, problem.n
-  operands = (m * k + m * n if problem.mode == "contracting"
-              else m * k + g * k * n)
   launches, copied = copies(problem, implementation, config)
-  return (1.0, float(launches), mb * copied,
-          2e-9 * m * k * n, mb * (in_size * operands + problem.out_bytes))
+  return (1.0, float(launches), mb * copied, 1e-9 * problem.flops,
+          mb * problem.min_bytes)
 
 
 def xla_features(problem: RaggedProblem,
@@ -143,7 +133,7 @@ def xla_features(problem: RaggedProblem,
   in_size, out_size = itemsize(problem.in_dtype), itemsize(problem.out_dtype)
   g, m, k, n = problem.groups, problem.m, problem.k, problem.n
   contracting = problem.mode == "contracting"
-  group_gflop = 2e-9 * g * m * k * n
+  group_gflop = 1e-9 * g * problem.flops
   return (1.0, float(g), group_gflop, mb * g * m * k * in_size,
           mb * g * m * n * (in_size if contracting else out_size),
           mb * g * k * n * (out_size if contracting else in_size),

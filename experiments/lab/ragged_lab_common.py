@@ -1,7 +1,8 @@
 """Not a script: what the grouped-GEMM lab scripts that time ways against
 each other share (`mixed_precision_grad.py`, `float32_ragged.py`,
 `small_ragged_sweep.py`, `random_ragged_sweep.py`): the layer lookup, the
-run's time budget, the timing of the ways and the table's header and rows."""
+run's time budget, the calls and timing of the ways and the table's header
+and rows."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import jax
 
+from experiments import bench_moe
 from pallas_gemm import timing
 from pallas_gemm.ragged_dot import arg_specs
 
@@ -20,6 +22,14 @@ def suite_layer(name: str):
   if not layers:
     raise SystemExit(f"--layers: no layer's name starts with {name!r}")
   return layers[0]
+
+
+def way_call(way: str, problem):
+  """jitted fn(lhs, rhs, group_sizes) of `problem` by `way`: "lax"
+  (`jax.lax.ragged_dot_general`) or "auto" (`pallas_gemm`'s automatic
+  choice), as `bench_moe`'s targets call them."""
+  return jax.jit(bench_moe.target_call("xla" if way == "lax" else way,
+                                       problem))
 
 
 def print_header(ways, more_columns, iterations: int, *notes) -> bool:

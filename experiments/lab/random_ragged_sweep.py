@@ -47,7 +47,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import pallas_gemm
 from pallas_gemm import numerics, timing
 from pallas_gemm.ragged_dot import arg_specs
 
@@ -102,14 +101,6 @@ def draw_cases(seed: int, count: int, max_lax_ms: float,
                              out_dtype=out_dtype)
     cases.append((label, case, random_sizes(rng, routing, rows, groups)))
   return cases
-
-
-def _call(way: str, numbers, out_dtype):
-  if way == "lax":
-    return jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(
-        a, b, s, numbers, preferred_element_type=out_dtype))
-  return jax.jit(lambda a, b, s: pallas_gemm.ragged_dot_general(
-      a, b, s, numbers, preferred_element_type=out_dtype))
 
 
 #: Groups, rows a group and output columns (and, for the weight gradient,
@@ -216,8 +207,7 @@ def main(argv=None) -> int:
     lhs = numerics.random_normal(keys[0], problem.lhs_shape, args.dtype)
     rhs = numerics.random_normal(keys[1], problem.rhs_shape, args.dtype)
     times, results = common.time_ways(
-        {way: _call(way, problem.dimension_numbers, out_dtype)
-         for way in WAYS},
+        {way: common.way_call(way, problem) for way in WAYS},
         (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
         on_gpu=on_gpu, label=label)
     errors = {way: sampled_error(problem, lhs, rhs, sizes, result)
@@ -231,7 +221,7 @@ def main(argv=None) -> int:
               f"{tolerance:.0e} against float64", flush=True)
     if args.breakdown and on_gpu and "auto" in times:
       kernels = timing.kernel_medians_us(
-          _call("auto", problem.dimension_numbers, out_dtype),
+          common.way_call("auto", problem),
           (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations)
       print(f"#   {index} auto: " + ", ".join(
           f"{name[:40]} {us:.1f}" for name, us in kernels), flush=True)

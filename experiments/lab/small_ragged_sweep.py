@@ -26,20 +26,12 @@ import sys
 import jax
 import jax.numpy as jnp
 
-import pallas_gemm
 from pallas_gemm import numerics
 from pallas_gemm.ragged_dot import arg_specs
 
 from experiments.lab import ragged_lab_common as common
 
 WAYS = ("lax", "auto")
-
-
-def _call(way: str, numbers):
-  if way == "lax":
-    return jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(a, b, s, numbers))
-  return jax.jit(lambda a, b, s: pallas_gemm.ragged_dot_general(
-      a, b, s, numbers))
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -90,7 +82,7 @@ def main(argv=None) -> int:
     rhs = numerics.random_normal(keys[1], problem.rhs_shape, dtype)
     sizes = jnp.asarray(case.group_sizes())
     times, _ = common.time_ways(
-        {way: _call(way, problem.dimension_numbers) for way in WAYS},
+        {way: common.way_call(way, problem) for way in WAYS},
         (lhs, rhs, sizes), iterations=args.iterations, on_gpu=on_gpu,
         label=label)
     common.print_row(label, WAYS, times, (("auto", "lax"),), {}, ())

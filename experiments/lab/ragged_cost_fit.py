@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import pathlib
 import re
 import sys
@@ -91,6 +92,13 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     active.remove(int(np.argmin(x)))
 
 
+@functools.lru_cache(maxsize=None)
+def _config(problem, device):
+  """The heuristic's config, once per problem: the fit and every replay
+  weigh the same draws."""
+  return configs.heuristic(problem, device)
+
+
 def fit(draws, device):
   """(mosaic terms, {form: xla terms}) fitted to `draws`."""
   def solve(rows, features, key):
@@ -98,8 +106,8 @@ def fit(draws, device):
     y = np.array([getattr(d, key) for d in rows])
     return nonnegative_least_squares(a / y[:, None], np.ones_like(y))
   mosaic = solve(draws, lambda d: cost_model.mosaic_features(
-      d.problem, mosaic_kernels, configs.heuristic(d.problem, device),
-      device), "auto_us")
+      d.problem, mosaic_kernels, _config(d.problem, device), device),
+      "auto_us")
   xla = {form: solve([d for d in draws if cost_model.form(d.problem) == form],
                      lambda d: cost_model.xla_features(d.problem, device),
                      "lax_us")
@@ -110,16 +118,13 @@ def fit(draws, device):
 def replay(draws, device, mosaic_terms, xla_terms, margin):
   """Statistics of the choice these terms make on `draws` (see the module
   docstring)."""
-  weigh = lambda terms, values: sum(t * v for t, v in zip(terms, values))
   stats = dict(draws=len(draws), mosaic_errors=[], xla_errors=[],
                slower_before=0, slower_after=0, regret_before=[],
                regret_after=[], wrong_switches=0, switches=0)
   for d in draws:
-    config = configs.heuristic(d.problem, device)
-    mosaic = weigh(mosaic_terms, cost_model.mosaic_features(
-        d.problem, mosaic_kernels, config, device))
-    xla = weigh(xla_terms[cost_model.form(d.problem)],
-                cost_model.xla_features(d.problem, device))
+    mosaic, xla = cost_model.estimated_us(
+        d.problem, mosaic_kernels, _config(d.problem, device), device,
+        mosaic_terms=mosaic_terms, xla_terms=xla_terms)
     stats["mosaic_errors"].append(abs(mosaic / d.auto_us - 1))
     stats["xla_errors"].append(abs(xla / d.lax_us - 1))
     switch = margin * xla < mosaic

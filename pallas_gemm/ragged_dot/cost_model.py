@@ -147,13 +147,14 @@ def _mb(device: DeviceInfo) -> float:
 
 
 def estimated_us(problem: RaggedProblem, implementation, config,
-                 device: DeviceInfo) -> tuple[float, float]:
+                 device: DeviceInfo, *, mosaic_terms=MOSAIC_TERMS,
+                 xla_terms=XLA_TERMS) -> tuple[float, float]:
   """(the Mosaic kernels' `implementation` under `config`, XLA's ragged
-  product), in µs."""
+  product), in µs, at the shipped terms or others (a fit's)."""
   weigh = lambda terms, values: sum(t * v for t, v in zip(terms, values))
-  return (weigh(MOSAIC_TERMS, mosaic_features(problem, implementation,
+  return (weigh(mosaic_terms, mosaic_features(problem, implementation,
                                               config, device)),
-          weigh(XLA_TERMS[form(problem)], xla_features(problem, device)))
+          weigh(xla_terms[form(problem)], xla_features(problem, device)))
 
 
 def against_xla(problem: RaggedProblem, implementation,

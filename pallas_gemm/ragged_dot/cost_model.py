@@ -3,11 +3,12 @@ ragged product? A cost model for the automatic choice
 (`implementations.resolve`), from the problem's shapes alone (the group
 sizes are runtime data).
 
-On model layers the kernels win by 2-100x. Where they lose is where fixed
-costs decide: a call of a few microseconds (the kernels' work-list ops and
-persistent launch against XLA's one fusion), and shapes whose rows of
-weights or output are not whole 64-column spans, which the kernels pad and
-cut (`copies`: each a launch and a pass over an operand or the output).
+On model layers the kernels win by far (experiments/results/nvidia_h200/
+moe). Where they lose is where fixed costs decide: a call of a few
+microseconds (the kernels' work-list ops and persistent launch against
+XLA's one fusion), and shapes whose rows of weights or output are not whole
+64-column spans, which the kernels pad and cut (`copies`: each a launch and
+a pass over an operand or the output).
 
 Each way's time is a sum of terms, in microseconds:
 

@@ -1167,6 +1167,101 @@ def test_halve_last_round_is_checked():
     HALVED_ROUND.check_mode(problem.mode)
 
 
+#: `RaggedConfig.split_k`: each tile's reduction in shares, float32 partial
+#: sums added after the kernel.
+SPLIT_K_CASES = [
+    # Three shares of 3, 3 and 1 K steps (k = 7 steps, the last partial);
+    # an empty group; rows of no group after the groups.
+    (100, 420, 128, [30, 0, 50], 0, "bfloat16", "bfloat16", False, None, 3),
+    # rhs read as (G, n, k), sigmoid on the groups' rows only (rows before
+    # row_offset and after the groups stay 0); odd n; f16.
+    (90, 256, 100, [20, 0, 40], 7, "float16", "float16", True, "sigmoid", 4),
+    # More shares asked for than K steps: two of one step each; one group
+    # of every row, a float32 output.
+    (70, 128, 64, [70], 0, "bfloat16", "float32", False, "silu", 5),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_K_CASES,
+                         ids=["uneven_last_share", "transposed_sigmoid",
+                              "more_shares_than_steps"])
+def test_rows_split_k(case):
+  m, k, n, sizes, offset, in_dtype, out_dtype, transpose, act, shares = case
+  problem = RaggedProblem("rows", m, k, n, len(sizes), in_dtype, out_dtype,
+                          transpose_rhs=transpose, activation=act)
+  config = dataclasses.replace(SMALL, split_k=shares)
+  _run(problem, sizes, row_offset=offset, config=config,
+       detect_races=case is SPLIT_K_CASES[0])
+
+
+@pytest.mark.parametrize("k_iters, split_k, want", [
+    (7, 3, (3, 3)), (8, 4, (4, 2)), (9, 4, (3, 3)), (2, 5, (2, 1)),
+    (117, 11, (11, 11)),
+    (1, 1, (1, 1))])
+def test_k_splits_give_every_share_a_step(k_iters, split_k, want):
+  shares, per_share = configs.k_splits(
+      dataclasses.replace(SMALL, split_k=split_k), k_iters)
+  assert (shares, per_share) == want
+  assert (shares - 1) * per_share < k_iters <= shares * per_share
+
+
+def test_split_k_is_checked():
+  with pytest.raises(ValueError, match="split_k excludes swap_ab"):
+    dataclasses.replace(SMALL, split_k=2, ping_pong=True, swap_ab=True,
+                        swizzled_staging=True)
+  with pytest.raises(ValueError, match="split_k excludes swizzled_staging"):
+    dataclasses.replace(SMALL, split_k=2, swizzled_staging=True)
+  with pytest.raises(ValueError, match="split_k excludes halve_last_round"):
+    dataclasses.replace(HALVED_ROUND, split_k=2)
+  with pytest.raises(ValueError, match="split_k"):
+    dataclasses.replace(SMALL, split_k=0)
+  problem = RaggedProblem("contracting", 64, 64, 64, 2, "bfloat16",
+                          "bfloat16")
+  with pytest.raises(ValueError, match="split_k is a \"rows\"-mode option"):
+    dataclasses.replace(SMALL, split_k=2).check_mode(problem.mode)
+
+
+def test_split_k_shared_memory_holds_float32_staging():
+  """The shares stage float32 partial sums: twice a bfloat16 output's
+  staging bytes, which the fit check counts."""
+  problem = RaggedProblem("rows", 64, 4096, 512, 1, "bfloat16", "bfloat16")
+  config = dataclasses.replace(SMALL, split_k=2)
+  staging = (config.staging_buffers * config.out_slots
+             * config.staged_rows("rows") * config.epi_tile_n)
+  assert (config.smem_bytes(problem) - SMALL.smem_bytes(problem)
+          == staging * 2)
+
+
+@pytest.mark.parametrize("g, m, k, n, transpose, shares", [
+    # One expert's dlhs of 129 rows over a 7488-long reduction, four
+    # output strips: 12 tiles.
+    (1, 129, 7488, 512, True, 11),
+    # Mixtral 8x7B's down projection at one token (top-2).
+    (8, 2, 14336, 4096, False, 2),
+    # Rows not a multiple of 8 (lhs read in place), silu.
+    (2, 33, 4000, 200, False, 7),
+])
+def test_heuristic_splits_few_tiles_over_long_reductions(g, m, k, n,
+                                                         transpose, shares):
+  problem = RaggedProblem("rows", m, k, n, g, "bfloat16", "bfloat16",
+                          transpose_rhs=transpose,
+                          activation="silu" if m == 33 else None)
+  config = mosaic.heuristic(problem, HOPPER)
+  assert config.split_k == shares and config.fits(problem)
+  _lower_for_cuda(problem, config)
+
+
+def test_heuristic_splits_no_suite_layer_but_a_decode_step():
+  """Of every suite's "rows" cases only the one-token Mixtral dlhs (8
+  tiles' worth of rows, 32 strips) is split: the model layers fill the
+  SMs with tiles."""
+  split = {case.label for layers in arg_specs.SUITES.values()
+           for case in arg_specs.cases(layers)
+           if mosaic.heuristic(case.problem, HOPPER).split_k > 1}
+  assert split == {f"mixtral8x7b_t1_up {d} dlhs"
+                   for d in ("even", "zipf", "one_hot")}
+
+
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.
 GROUP_BANDS_CASES = [
     # Groups of 1, 3 and 5 items in bands of 2, an empty group, rows of no

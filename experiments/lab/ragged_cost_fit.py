@@ -94,9 +94,17 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def _config(problem, device):
-  """The heuristic's config, once per problem: the fit and every replay
-  weigh the same draws."""
-  return configs.heuristic(problem, device)
+  """The config a draw ran at, once per problem: the fit and every replay
+  weigh the same draws. That is the heuristic's, except where it now
+  splits the reduction (`RaggedConfig.split_k`, after every draw here
+  ran): there the config the heuristic gave before, which the draw
+  measured."""
+  config = configs.heuristic(problem, device)
+  if config.split_k > 1:
+    config = dataclasses.replace(
+        configs._rows_heuristic(problem, device),  # noqa: SLF001
+        work_list_kernel=config.work_list_kernel)
+  return config
 
 
 def fit(draws, device):

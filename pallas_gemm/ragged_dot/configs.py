@@ -335,6 +335,8 @@ LHS_ROW_TILE = 8
 #: (`_balanced_items_pad_less`).
 PLAIN_ITEM_ROWS = 128
 MAX_STAGES = 6
+#: The most shares `RaggedConfig.split_k` cuts a reduction into.
+MAX_SPLIT_K = 32
 #: Rows of the short-item wgmma of `RaggedConfig.short_items` (wgmma's
 #: row group).
 SHORT_ITEM_ROWS = 64
@@ -440,6 +442,8 @@ MODE_ONLY_OPTIONS = {
                             "already",
         "work_list_kernel": "lists no row items",
         "shared_staging": "stages each consumer's tiles in its own buffer",
+        "split_k": "cuts a group's long reductions into pieces instead "
+                   "(piece_rows)",
     },
     "contracting": {
         "interleave_groups": "walks its row items in order",
@@ -518,6 +522,7 @@ class RaggedConfig:
   token_width_step: int = checked(0, one_of(0, 8, 16, 32, 64).because(
       "0 for an eighth of the consumer's tokens, else a multiple of "
       "wgmma's N step (8)"))
+  split_k: int = checked(1, in_range(1, MAX_SPLIT_K))
 
   def __post_init__(self):
     validate(self)
@@ -683,6 +688,13 @@ class RaggedConfig:
       self._exclude("halve_last_round", ("swap_ab", "cluster_columns"),
                     " (a half tile runs the consumers' whole rows at half "
                     "their columns, one CTA alone)")
+    if self.split_k > 1:
+      self._exclude("split_k", ("halve_last_round", "cluster_columns"),
+                    " (each share of the reduction runs whole tiles, one "
+                    "CTA each)")
+      self._exclude("split_k", ("swap_ab", "swizzled_staging"),
+                    ": the shares store float32 partial sums, whose 64 "
+                    "columns are not one 128-byte swizzle span")
     if self.tile_m == 256 and not self.split_rows:
       raise ValueError("RaggedConfig.tile_m=256 needs split_rows=True (each "
                        "consumer keeps 128 of the rows)")
@@ -781,7 +793,7 @@ class RaggedConfig:
 
   def smem_bytes(self, problem: RaggedProblem) -> int:
     in_size = jnp.dtype(problem.in_dtype).itemsize
-    out_size = jnp.dtype(problem.out_dtype).itemsize
+    out_size = jnp.dtype(kernel_problem(problem, self).out_dtype).itemsize
     cta_m, cta_n = self.cta_tile(problem.mode)
     stage = (cta_m + cta_n) * self.tile_k * in_size
     staging = (self.staging_buffers * self.out_slots
@@ -1370,6 +1382,23 @@ def _spread_where_zero_tiles_pay(config: RaggedConfig,
       zero_tiles_evict_first=config.ping_pong or config.operand_planes)
 
 
+def kernel_problem(problem: RaggedProblem,
+                   config: RaggedConfig) -> RaggedProblem:
+  """The problem the kernel itself runs under `config`: with split_k in
+  "rows" mode, float32 partial sums and no activation (both applied once
+  the shares are added)."""
+  if config.split_k == 1 or problem.mode != "rows":
+    return problem
+  return dataclasses.replace(problem, out_dtype="float32", activation=None)
+
+
+def k_splits(config: RaggedConfig, k_iters: int) -> tuple[int, int]:
+  """(shares, K steps per share) of a reduction of `k_iters` steps under
+  split_k: split_k shares or fewer, every one with at least one step."""
+  per_share = cdiv(k_iters, min(config.split_k, max(k_iters, 1)))
+  return cdiv(k_iters, per_share), per_share
+
+
 def staged_columns(n: int, config: RaggedConfig) -> int:
   """An output's columns as the kernels stage them, in either mode: `n`
   rounded up to whole staged stores (epi_tile_n)."""
@@ -1425,7 +1454,9 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   if problem.mode == "contracting":
     return _contracting_heuristic(problem, device)
-  config = _rows_heuristic(problem, device)
+  config = _split_where_few_tiles(problem, device.planning_sms)
+  if config is None:
+    config = _rows_heuristic(problem, device)
   if device.is_gpu and work_list_kernel.supports(problem.groups):
     # One launch for the item table instead of XLA's chain of small
     # kernels; in the interpreter (CPU) the XLA ops are the faster path.
@@ -1554,6 +1585,42 @@ def _rows_heuristic(problem: RaggedProblem, device: DeviceInfo
                       group_bands=group_bands,
                       halve_last_round=tile_m == 128)
   return _most_stages(_swizzled_where_possible(base, problem), problem)
+
+
+#: The "rows" kernel splits its tiles' reductions (`split_k`) where its
+#: tiles, likely, fill at most this share of the SMs ...
+SPLIT_K_MAX_SM_SHARE = 0.5
+#: ... into shares of at least this many K steps (tile_k deep), so that a
+#: share fills the ring and its partial sums' store and the pass adding
+#: them stay small beside its loads ...
+SPLIT_K_MIN_STEPS = 8
+
+
+def _split_where_few_tiles(problem: RaggedProblem,
+                           sms: int) -> RaggedConfig | None:
+  """A split_k config where few output tiles meet a long reduction (one
+  expert's dlhs of a few dozen rows, a decode step over few experts): a
+  tile per CTA would leave most SMs idle while a few stream the weights,
+  so each tile's reduction is cut into shares, one CTA each, and the
+  float32 partial sums are added afterwards. None elsewhere.
+
+  The tile count is a likely one, not the bound: an item per group that
+  has rows, or per 64 rows (a routing that cuts the rows into more items
+  gets more tiles than the SMs, in two rounds)."""
+  if problem.mode != "rows" or 0 in (problem.m, problem.k, problem.n,
+                                     problem.groups):
+    return None
+  base = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, epi_tile_n=64,
+                      grid_band=SHORT_ROWS_BAND)
+  items = max(cdiv(problem.m, base.tile_m), min(problem.groups, problem.m))
+  tiles = items * cdiv(problem.n, base.cta_tile("rows")[1])
+  if tiles > SPLIT_K_MAX_SM_SHARE * sms:
+    return None
+  shares = min(sms // tiles, cdiv(problem.k, base.tile_k) // SPLIT_K_MIN_STEPS,
+               MAX_SPLIT_K)
+  if shares < 2:
+    return None
+  return _most_stages(dataclasses.replace(base, split_k=shares), problem)
 
 
 #: The heuristic cuts a weight gradient's reductions into pieces where one

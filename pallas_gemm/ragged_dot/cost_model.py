@@ -78,10 +78,11 @@ def copies(problem: RaggedProblem, implementation,
            config) -> tuple[int, int]:
   """(launches, bytes) of the copies the path of `implementation` (a
   registered module with `ragged_matmul`) under `config` makes outside its
-  kernels for `problem`: its pads of the operands and cuts of the output,
-  each a launch that reads and writes its bytes once. Read from the traced
-  program itself (every `pad` and `slice` of COPY_MIN_BYTES or more), so it
-  follows the kernels' own rules of what they read in place."""
+  kernels for `problem`: its pads of the operands, cuts of the output and
+  sums of split_k's partial sums, each a launch that reads and writes its
+  bytes once. Read from the traced program itself (every `pad`, `slice`
+  and `reduce_sum` of COPY_MIN_BYTES or more), so it follows the kernels'
+  own rules of what they read in place."""
   return _copies(problem, implementation, config)
 
 
@@ -106,10 +107,12 @@ def _copies_in(jaxpr) -> tuple[int, int]:
   launches = total = 0
   # A Pallas kernel's own slices are of values in registers.
   for eqn in jaxpr_tools.equations(jaxpr, opaque=("pallas_call",)):
-    if eqn.primitive.name in ("pad", "slice"):
+    if eqn.primitive.name in ("pad", "slice", "reduce_sum"):
       out = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.outvars)
-      if out >= COPY_MIN_BYTES:
-        launches, total = launches + 1, total + 2 * out
+      read = (sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
+              if eqn.primitive.name == "reduce_sum" else out)
+      if read >= COPY_MIN_BYTES:
+        launches, total = launches + 1, total + read + out
   return launches, total
 
 

@@ -243,11 +243,15 @@ def tile_item(items, linear, *, num_items, n_units: int,
 
 def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                problem: RaggedProblem, config: RaggedConfig, k_iters: int,
-               n_units: int, swizzled_staging: bool, in_place: bool):
+               n_units: int, swizzled_staging: bool, in_place: bool,
+               splits: int = 1, split_steps: int = 0):
   """`n_units`: column strips, or with cluster_columns pairs of them (one
   per CTA of a cluster). `in_place`: lhs has any row count (at least
   tile_m) and is loaded through the untiled view of its ring
-  (`lhs_in_place`)."""
+  (`lhs_in_place`). `splits` > 1 (`RaggedConfig.split_k`): the walk runs
+  every tile `splits` times, the s-th over K steps [s * split_steps,
+  (s + 1) * split_steps), and stores it to out_gmem[s] (float32 partial
+  sums, which `_rows_matmul` adds)."""
   tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
   cta_n = config.cta_tile("rows")[1]
   epi_n = config.epi_tile_n
@@ -263,8 +267,9 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
   lhs_block = (tile_m, tile_k)
   rhs_block = (cta_n, tile_k) if transpose_rhs else (tile_k, cta_n)
   num_items = index(schedule.item_count(items_gmem))
-  num_tiles = num_items * n_units
-  n_out = out_gmem.shape[1]
+  split_tiles = num_items * n_units  # the tiles of one share of K
+  num_tiles = split_tiles * splits
+  n_out = out_gmem.shape[-1]
   # RaggedConfig.halve_last_round: where the walk's last round of the
   # round-robin deal fills at most half the CTAs, each of its tiles runs as
   # two tiles of half the CTA tile's columns, dealt to two CTAs.
@@ -292,6 +297,9 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     a last-round tile, its first column within the strip: 0, or cta_n / 2
     for a second half)."""
     half = None
+    split, k_first = split_of(linear)
+    if splits > 1:
+      linear = lax.rem(linear, jnp.maximum(split_tiles, 1))
     if config.halve_last_round:
       halved = linear >= halves_from
       past = linear - halves_from
@@ -309,7 +317,27 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
     tile_row = schedule.tile_first_row(row_lo, row_align=row_align,
                                        lhs_rows=lhs_rows, tile_m=tile_m)
     steps = jnp.where(group >= 0, index(k_iters), index(0))
+    if split is not None:
+      # The last share may hold fewer steps (never none: `k_splits`).
+      steps = jnp.where(group >= 0, jnp.minimum(index(split_steps),
+                                                index(k_iters) - k_first),
+                        index(0))
     return group, tile_row, row_lo, row_hi, n_idx, steps, half
+
+  def split_of(linear):
+    """(share, first K step) of tile `linear` of the walk: (None, 0)
+    without split_k; else its share of the reduction, whose tiles are the
+    walk's share-th run of split_tiles."""
+    if splits == 1:
+      return None, 0
+    share = lax.div(linear, jnp.maximum(split_tiles, 1))
+    return share, share * index(split_steps)
+
+  def output_of(linear):
+    """The output tile `linear` stores to: its share's partial sums with
+    split_k."""
+    share, _ = split_of(linear)
+    return out_gmem if share is None else out_gmem.at[share]
 
   def strip_col(n_idx, half):
     """The first output column of a tile of column strip n_idx (`half` as
@@ -347,7 +375,7 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
       owner = ping_pong_turn(linear)[0] if config.ping_pong else 0
       return (weights, tile_row, row_hi - tile_row,
               pl.ds(strip_col(n_idx, half), cta_n), owner,
-              None if half is None else half[0], steps)
+              None if half is None else half[0], split_of(linear)[1], steps)
 
     def load_half_weights(weights, depth, cols, slot, loaded):
       """A half tile's weights (`cols`: from its first column): read
@@ -365,8 +393,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
                                 loaded)
 
     def load_step(tile, kk, slot):
-      weights, tile_row, needed, cols, owner, halved, _ = tile
-      depth = pl.ds(kk * tile_k, tile_k)
+      weights, tile_row, needed, cols, owner, halved, k_first, _ = tile
+      depth = pl.ds((kk + k_first) * tile_k, tile_k)
       loaded = ring._replace(owner=owner).loaded_barrier(slot)
       if config.swap_ab:
         # Only the rows each consumer's width multiplies. With split_rows,
@@ -613,7 +641,8 @@ def _rows_body(items_gmem, lhs_gmem, rhs_gmem, out_gmem, *,
             # a linear bulk copy, clipped only at the array's end, so a window
             # right of the last column would land on the next rows. (Zero rows
             # still commit a bulk group: the slot waits above count them.)
-            store_rows(staged, out_gmem, row0=row0, first_row=first_row,
+            store_rows(staged, output_of(linear), row0=row0,
+                       first_row=first_row,
                        num_rows=jnp.where(col < n_out, num_rows, 0),
                        max_rows=block_rows, cols=pl.ds(col, epi_n))
         hand_over_staging()
@@ -720,18 +749,23 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   cluster_size = CLUSTER_CTAS if config.cluster_columns else 1
   n_units = cdiv(cdiv(n, cta_n), cluster_size)
   k_iters = cdiv(problem.k, tile_k)
+  splits, split_steps = configs.k_splits(config, k_iters)
   max_tiles = (schedule.max_row_items(m, problem.groups, tile_m, row_align)
-               * n_units)
-  out_type = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
+               * n_units * splits)
+  kernel_problem = configs.kernel_problem(problem, config)
+  out_type = jax.ShapeDtypeStruct(
+      (splits, m_out, n_out) if splits > 1 else (m_out, n_out),
+      jnp.dtype(kernel_problem.out_dtype))
   # The interpreter keeps each view of a `plgpu.RefUnion` apart (and its
   # race detector refuses a read through another view than the write), so
   # there the staging is plain rows; the GPU tests check the swizzled views.
   swizzled_staging = config.swizzled_staging and params is None
   kernel = warp_specialised_kernel(
-      functools.partial(_rows_body, problem=problem, config=config,
+      functools.partial(_rows_body, problem=kernel_problem, config=config,
                         k_iters=k_iters, n_units=n_units,
                         swizzled_staging=swizzled_staging,
-                        in_place=in_place),
+                        in_place=in_place, splits=splits,
+                        split_steps=split_steps),
       out_type=out_type,
       # With halve_last_round a walk of fewer tiles than CTAs may halve
       # them all, onto twice as many CTAs.
@@ -741,7 +775,23 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
       **(dict(cluster=(cluster_size,), cluster_names=("cluster",))
          if config.cluster_columns else {}))
   out = call_kernel(kernel, [items, lhs, rhs], out_type, params)
+  if splits > 1:
+    return _sum_of_shares(out[:, :m, :n], group_sizes, row_offset, problem)
   return out[:m, :n] if out.shape != (m, n) else out
+
+
+def _sum_of_shares(partials, group_sizes, row_offset, problem: RaggedProblem):
+  """split_k's epilogue: the shares' float32 partial sums added, then the
+  activation on the rows of a group (rows of no group stay 0, also where
+  activation(0) is not), in the output dtype."""
+  out = partials.sum(axis=0)
+  if problem.activation:
+    starts, ends = schedule.group_rows(group_sizes, row_offset, problem.m)
+    rows = jnp.arange(problem.m, dtype=jnp.int32)
+    in_group = (rows >= starts[0]) & (rows < ends[-1])  # contiguous groups
+    out = jnp.where(in_group[:, None],
+                    ACTIVATIONS[problem.activation](out), 0)
+  return out.astype(problem.out_dtype)
 
 
 def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
@@ -772,7 +822,7 @@ def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,
         lhs, rhs, group_sizes, row_offset, problem)
     return ragged_matmul(*operands, problem=parts_problem, config=config,
                          interpret=interpret)
-  if not config.fits(problem):
+  if not config.fits(problem):  # at the dtype the kernel writes
     raise ValueError(f"config={config} needs {config.smem_bytes(problem)} "
                      "bytes of shared memory, more than an sm_90 block has")
   _check_operands(lhs, rhs, group_sizes, row_offset, problem)

@@ -652,6 +652,40 @@ def test_automatic_choice_takes_xla_where_its_cost_model_has_it_faster():
   assert pallas_gemm.ragged_dot.explain is explain
 
 
+@pytest.mark.parametrize("mosaic_us, xla_us, want", [
+    (12.0, 10.0, False),  # faster, but inside the margin
+    (14.0, 10.0, True),   # more than XLA_MARGIN faster
+    (4.5, 4.0, True),     # a call under SMALL_CALL_US: faster is enough
+    (3.0, 4.0, False),    # ... but it must be faster
+    (5.5, 5.0, False),    # at SMALL_CALL_US the margin holds again
+])
+def test_xla_chosen_needs_the_margin_except_on_small_calls(mosaic_us, xla_us,
+                                                          want):
+  from pallas_gemm.ragged_dot import cost_model
+  assert cost_model.SMALL_CALL_US == 5.0 and cost_model.XLA_MARGIN == 1.3
+  assert cost_model.xla_chosen(mosaic_us, xla_us) is want
+
+
+def test_split_k_sum_is_counted_as_a_copy():
+  """split_k's partial sums, (shares, m, n) float32, are added in one pass
+  outside the kernels: the cost model counts it as a launch and its
+  bytes."""
+  if not implementations.available("mosaic"):
+    pytest.skip(implementations.UNAVAILABLE.get("mosaic", "no mosaic"))
+  from pallas_gemm.ragged_dot import configs, cost_model, mosaic
+  h200 = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 232448)
+  problem = RaggedProblem("rows", 129, 7488, 512, 1, "bfloat16", "bfloat16",
+                          transpose_rhs=True)
+  config = mosaic.heuristic(problem, h200)
+  assert config.split_k == 11
+  launches, copied = cost_model.copies(problem, mosaic, config)
+  partials = 11 * 129 * 512 * 4
+  assert launches == 1 and copied == partials + 129 * 512 * 4
+  unsplit = dataclasses.replace(config, split_k=1)
+  assert cost_model.copies(problem, mosaic, unsplit) == (0, 0)
+  assert configs.k_splits(config, 117) == (11, 11)
+
+
 def test_moe_suite_group_sizes():
   for distribution in arg_specs.DISTRIBUTIONS:
     a = arg_specs.group_sizes(distribution, 1000, 7, seed=3)

@@ -135,7 +135,7 @@ def replay(draws, device, mosaic_terms, xla_terms, margin):
         mosaic_terms=mosaic_terms, xla_terms=xla_terms)
     stats["mosaic_errors"].append(abs(mosaic / d.auto_us - 1))
     stats["xla_errors"].append(abs(xla / d.lax_us - 1))
-    switch = margin * xla < mosaic
+    switch = cost_model.xla_chosen(mosaic, xla, margin)
     chosen = d.lax_us if switch else d.auto_us
     best = min(d.lax_us, d.auto_us)
     stats["switches"] += switch

@@ -117,8 +117,9 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
   problem, otherwise `xla`, with the reason recorded; float32 operands go
   to the Mosaic kernels only where `bfloat16_split`'s cost model has them
   faster than XLA (fp8 operands always do), 16-bit ones except where
-  `cost_model` expects XLA's product to be `XLA_MARGIN` times faster
-  (small calls, padded shapes). config given: checked and
+  `cost_model` expects XLA's product to be `XLA_MARGIN` times faster, or
+  faster on a call of a few microseconds (`cost_model.xla_chosen`: small
+  calls, padded shapes). config given: checked and
   used as is; otherwise the implementation's heuristic picks one.
   Memoized: one decision per (problem, device, kernel, config)."""
   if not isinstance(problem, RaggedProblem):

@@ -1251,15 +1251,32 @@ def test_heuristic_splits_few_tiles_over_long_reductions(g, m, k, n,
   _lower_for_cuda(problem, config)
 
 
-def test_heuristic_splits_no_suite_layer_but_a_decode_step():
-  """Of every suite's "rows" cases only the one-token Mixtral dlhs (8
-  tiles' worth of rows, 32 strips) is split: the model layers fill the
-  SMs with tiles."""
-  split = {case.label for layers in arg_specs.SUITES.values()
-           for case in arg_specs.cases(layers)
-           if mosaic.heuristic(case.problem, HOPPER).split_k > 1}
-  assert split == {f"mixtral8x7b_t1_up {d} dlhs"
-                   for d in ("even", "zipf", "one_hot")}
+def test_heuristic_splits_no_suite_layer_but_decode_steps():
+  """Of every suite's "rows" cases only two one-token decode steps are
+  split: Mixtral 8x7B's dlhs (2 items x 32 strips of 128 columns) on the
+  64 x 64 tile, and DeepSeek-V3's forward (8 items x 8 strips) on the
+  heuristic's own 256-column strips. The model layers fill the SMs with
+  tiles."""
+  split = {case.label: mosaic.heuristic(case.problem, HOPPER)
+           for layers in arg_specs.SUITES.values()
+           for case in arg_specs.cases(layers)}
+  split = {label: config for label, config in split.items()
+           if config.split_k > 1}
+  routings = ("even", "zipf", "one_hot")
+  assert set(split) == ({f"mixtral8x7b_t1_up {d} dlhs" for d in routings}
+                        | {f"deepseek_v3_t1_up {d} forward" for d in routings})
+  for label, config in split.items():
+    assert config.split_k == 2 and not config.swizzled_staging
+    assert config.tile_n == (128 if label.startswith("deepseek") else 64)
+
+
+def test_split_on_the_heuristics_own_strips_lowers_for_cuda():
+  problem = arg_specs.MoeCase(
+      {l.name: l for l in arg_specs.MOE_EDGE_LAYERS}["deepseek_v3_t1_up"],
+      "zipf", "forward").problem
+  config = mosaic.heuristic(problem, HOPPER)
+  assert (config.tile_m, config.tile_n, config.split_k) == (64, 128, 2)
+  _lower_for_cuda(problem, config)
 
 
 #: `RaggedConfig.group_bands`: the bands of row items restart at each group.

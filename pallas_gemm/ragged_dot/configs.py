@@ -1454,9 +1454,8 @@ def heuristic(problem: RaggedProblem, device: DeviceInfo) -> RaggedConfig:
   """A config from the shapes alone (pure; group sizes are runtime data)."""
   if problem.mode == "contracting":
     return _contracting_heuristic(problem, device)
-  config = _split_where_few_tiles(problem, device.planning_sms)
-  if config is None:
-    config = _rows_heuristic(problem, device)
+  config = _split_where_few_tiles(problem, _rows_heuristic(problem, device),
+                                  device.planning_sms)
   if device.is_gpu and work_list_kernel.supports(problem.groups):
     # One launch for the item table instead of XLA's chain of small
     # kernels; in the interpreter (CPU) the XLA ops are the faster path.
@@ -1596,31 +1595,48 @@ SPLIT_K_MAX_SM_SHARE = 0.5
 SPLIT_K_MIN_STEPS = 8
 
 
-def _split_where_few_tiles(problem: RaggedProblem,
-                           sms: int) -> RaggedConfig | None:
+def _likely_tiles(problem: RaggedProblem, config: RaggedConfig) -> int:
+  """The "rows" walk's tiles under `config` for a likely routing: an item
+  per group that has rows, or per tile_m rows, whichever is more, times
+  the column strips (a routing that cuts the rows into more items gets
+  more tiles)."""
+  cta_m, cta_n = config.cta_tile("rows")
+  items = max(cdiv(problem.m, cta_m), min(problem.groups, problem.m))
+  return items * cdiv(problem.n, cta_n)
+
+
+def _split_where_few_tiles(problem: RaggedProblem, unsplit: RaggedConfig,
+                           sms: int) -> RaggedConfig:
   """A split_k config where few output tiles meet a long reduction (one
   expert's dlhs of a few dozen rows, a decode step over few experts): a
   tile per CTA would leave most SMs idle while a few stream the weights,
   so each tile's reduction is cut into shares, one CTA each, and the
-  float32 partial sums are added afterwards. None elsewhere.
+  float32 partial sums are added afterwards. `unsplit` elsewhere.
 
-  The tile count is a likely one, not the bound: an item per group that
-  has rows, or per 64 rows (a routing that cuts the rows into more items
-  gets more tiles than the SMs, in two rounds)."""
+  First on the 64 x 64 tile (two consumers: 128-column strips), where its
+  likely tiles (`_likely_tiles`) fill at most SPLIT_K_MAX_SM_SHARE of the
+  SMs; else on `unsplit`'s own wider strips where those do (DeepSeek-V3's
+  one-token step: 8 experts x 8 strips of 256 columns), where `unsplit`
+  has no option the split excludes."""
   if problem.mode != "rows" or 0 in (problem.m, problem.k, problem.n,
                                      problem.groups):
-    return None
-  base = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, epi_tile_n=64,
-                      grid_band=SHORT_ROWS_BAND)
-  items = max(cdiv(problem.m, base.tile_m), min(problem.groups, problem.m))
-  tiles = items * cdiv(problem.n, base.cta_tile("rows")[1])
-  if tiles > SPLIT_K_MAX_SM_SHARE * sms:
-    return None
-  shares = min(sms // tiles, cdiv(problem.k, base.tile_k) // SPLIT_K_MIN_STEPS,
-               MAX_SPLIT_K)
-  if shares < 2:
-    return None
-  return _most_stages(dataclasses.replace(base, split_k=shares), problem)
+    return unsplit
+  narrow = RaggedConfig(tile_m=64, tile_n=64, tile_k=64, epi_tile_n=64,
+                        grid_band=SHORT_ROWS_BAND)
+  bases = [narrow]
+  if not (unsplit.swap_ab or unsplit.halve_last_round
+          or unsplit.cluster_columns or unsplit.ping_pong):
+    bases.append(dataclasses.replace(unsplit, swizzled_staging=False))
+  for base in bases:
+    tiles = _likely_tiles(problem, base)
+    if tiles > SPLIT_K_MAX_SM_SHARE * sms:
+      continue
+    shares = min(sms // tiles,
+                 cdiv(problem.k, base.tile_k) // SPLIT_K_MIN_STEPS,
+                 MAX_SPLIT_K)
+    if shares >= 2:
+      return _most_stages(dataclasses.replace(base, split_k=shares), problem)
+  return unsplit
 
 
 #: The heuristic cuts a weight gradient's reductions into pieces where one

@@ -415,6 +415,20 @@ def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
   assert len([l for l in out.splitlines() if l.startswith("| 0 ")]) == 1
 
 
+def test_split_k_check_times_both_configs_and_skips_unsplit_cases(capsys):
+  from experiments.lab import split_k_check
+  assert split_k_check.main([
+      "--cases", "g2 m20 k2048 n128 zipf forward;g64 m4096 k64 n64 even "
+      "forward", "--iterations", "1"]) == 0
+  out = capsys.readouterr().out
+  rows = [l for l in out.splitlines() if l.startswith("| g2 m20")]
+  assert len(rows) == 1 and "| - |" not in rows[0] and "WRONG" not in out
+  assert "g64 m4096 k64 n64 even forward: the heuristic does not split it" \
+      in out
+  with pytest.raises(SystemExit, match="routing"):
+    split_k_check.main(["--cases", "g2 m20 k64 n64 diagonal forward"])
+
+
 @pytest.mark.parametrize("direction", ["forward", "dlhs", "drhs"])
 def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
   import jax

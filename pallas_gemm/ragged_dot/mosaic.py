@@ -786,24 +786,27 @@ def _sum_of_shares(partials, group_sizes, row_offset, problem: RaggedProblem):
   activation(0) is not), in the output dtype."""
   out = partials.sum(axis=0)
   if problem.activation:
-    starts, ends = schedule.group_rows(group_sizes, row_offset, problem.m)
-    rows = jnp.arange(problem.m, dtype=jnp.int32)
-    in_group = (rows >= starts[0]) & (rows < ends[-1])  # contiguous groups
-    out = jnp.where(in_group[:, None],
+    out = jnp.where(_rows_in_groups(group_sizes, row_offset, problem.m),
                     ACTIVATIONS[problem.activation](out), 0)
   return out.astype(problem.out_dtype)
+
+
+def _rows_in_groups(group_sizes, row_offset, m: int):
+  """(m, 1) bool: whether each row lies in a group (the groups are
+  contiguous, from row_offset on)."""
+  starts, ends = schedule.group_rows(group_sizes, row_offset, m)
+  rows = jnp.arange(m, dtype=jnp.int32)
+  return ((rows >= starts[0]) & (rows < ends[-1]))[:, None]
 
 
 def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
   """Every product is an empty sum; rows of a group still get
   activation(0), which is not 0 for every activation."""
-  starts, ends = schedule.group_rows(group_sizes, row_offset, problem.m)
-  rows = jnp.arange(problem.m, dtype=jnp.int32)
-  in_group = (rows >= starts[0]) & (rows < ends[-1])  # groups are contiguous
   zeros = jnp.zeros(problem.out_shape, jnp.float32)
   value = (ACTIVATIONS[problem.activation](zeros) if problem.activation
            else zeros)
-  return jnp.where(in_group[:, None], value, 0).astype(problem.out_dtype)
+  return jnp.where(_rows_in_groups(group_sizes, row_offset, problem.m),
+                   value, 0).astype(problem.out_dtype)
 
 
 def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,

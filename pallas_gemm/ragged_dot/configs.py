@@ -253,6 +253,16 @@ One `RaggedConfig` serves both modes; the fields mean:
                stores have read it. The ring may take the shared memory
                freed (a 144-token swap_ab tile then has 6 stages, a
                192-token one 5). Excludes cluster_columns.
+    split_k    cut each tile's reduction into up to split_k shares of
+               whole K steps (`k_splits`), one tile of the walk each, that
+               store float32 partial sums to an output of their own; one
+               XLA fusion adds them, applies the activation to the groups'
+               rows and casts. For walks of few tiles over a long reduction
+               (one expert's short dlhs, a decode step over few experts),
+               where a tile per CTA leaves most SMs idle. Excludes swap_ab
+               and swizzled_staging (the float32 rows are not one swizzle
+               span), halve_last_round and cluster_columns (a "rows"-mode
+               option).
     work_list_kernel
                build the item table (`mosaic_schedule.row_items`) in one
                Pallas-Triton launch (`work_list_kernel.row_items`) instead

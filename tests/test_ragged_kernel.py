@@ -1270,6 +1270,33 @@ def test_heuristic_splits_no_suite_layer_but_decode_steps():
     assert config.tile_n == (128 if label.startswith("deepseek") else 64)
 
 
+@hypothesis.settings(max_examples=150, deadline=None, derandomize=True)
+@hypothesis.given(groups=st.integers(1, 256), m=st.integers(1, 70000),
+                  k=st.integers(1, 20000), n=st.integers(1, 20000),
+                  transpose=st.booleans(),
+                  out_dtype=st.sampled_from(["bfloat16", "float32"]),
+                  activation=st.sampled_from([None, "silu"]))
+def test_rows_heuristic_splits_only_few_tiles_of_long_reductions(
+    groups, m, k, n, transpose, out_dtype, activation):
+  """On any "rows" problem the heuristic's config fits and is a "rows"
+  config; where it splits, each share holds at least SPLIT_K_MIN_STEPS K
+  steps and the shares of its likely tiles fit the SMs."""
+  problem = RaggedProblem("rows", m, k, n, groups, "bfloat16", out_dtype,
+                          transpose_rhs=transpose, activation=activation)
+  h100 = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+  for device in (HOPPER, h100):
+    config = mosaic.heuristic(problem, device)
+    assert config.fits(problem)
+    config.check_mode("rows")
+    if config.split_k == 1:
+      continue
+    shares, per_share = configs.k_splits(config, math.ceil(k / config.tile_k))
+    assert 2 <= shares <= config.split_k
+    assert per_share >= configs.SPLIT_K_MIN_STEPS
+    assert (configs._likely_tiles(problem, config) * shares  # noqa: SLF001
+            <= device.planning_sms)
+
+
 def test_split_on_the_heuristics_own_strips_lowers_for_cuda():
   problem = arg_specs.MoeCase(
       {l.name: l for l in arg_specs.MOE_EDGE_LAYERS}["deepseek_v3_t1_up"],

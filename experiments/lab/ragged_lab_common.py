@@ -75,12 +75,15 @@ def time_ways(calls, operands, *, iterations: int, on_gpu: bool, label: str):
   return times, results
 
 
-def print_row(label: str, ways, times, ratios, errors, error_ways) -> None:
+def print_row(label: str, ways, times, ratios, errors, error_ways,
+              more=()) -> None:
   """One table row: a time per way ("-" where none), the time ratios of
-  the (a, b) pairs of `ratios`, and the errors of `error_ways`."""
+  the (a, b) pairs of `ratios`, the errors of `error_ways`, then the
+  `more` cells as given."""
   cell = lambda way: f"{times[way]:.1f}" if way in times else "-"
   ratio = lambda a, b: (f"{times[a] / times[b]:.2f}"
                         if a in times and b in times else "-")
   cells = ([cell(w) for w in ways] + [ratio(a, b) for a, b in ratios]
-           + [f"{errors[w]:.1e}" if w in errors else "-" for w in error_ways])
+           + [f"{errors[w]:.1e}" if w in errors else "-" for w in error_ways]
+           + [str(c) for c in more])
   print(f"| {label} | " + " | ".join(cells) + " |", flush=True)

@@ -24,7 +24,9 @@ ways' CUPTI time of every kernel of one call (median of `--iterations`, both
 in one process, the group sizes an argument of the jitted call), auto / lax,
 and each way's relative error against float64 on a sample that touches
 groups of every kind (`sampled_error`); an error over the dtypes'
-tolerance of `numerics` is also printed as a WRONG line. The same `--seed`
+tolerance of `numerics` is also printed as a WRONG line. The last column
+names what `auto` ran on this device: xla, or mosaic (with its split_k
+where it splits). The same `--seed`
 draws the same cases on every machine, in every dtype.
 
     PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
@@ -48,7 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import numerics, timing
-from pallas_gemm.ragged_dot import arg_specs
+from pallas_gemm.devices import device_info
+from pallas_gemm.ragged_dot import arg_specs, implementations
 
 from experiments.lab import ragged_lab_common as common
 
@@ -191,12 +194,13 @@ def main(argv=None) -> int:
   cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims,
                      args.dtype, out_dtype)
   on_gpu = common.print_header(WAYS, ("auto / lax", "lax error",
-                                      "auto error"),
+                                      "auto error", "auto runs"),
                                args.iterations, f"seed {args.seed}",
                                f"dims {args.dims}",
                                args.dtype if out_dtype == args.dtype
                                else f"{args.dtype} -> {out_dtype}")
   budget = common.Budget(args.budget_s)
+  device = device_info()
   keys = jax.random.split(jax.random.key(args.seed), 2)
   for index, (label, case, sizes) in enumerate(cases):
     if only is not None and index not in only:
@@ -212,8 +216,13 @@ def main(argv=None) -> int:
         on_gpu=on_gpu, label=label)
     errors = {way: sampled_error(problem, lhs, rhs, sizes, result)
               for way, result in results.items()}
+    # What the automatic choice ran: the kernels' config names its split.
+    chosen = implementations.resolve(problem, device)
+    runs = chosen.implementation + (
+        f" split_k={chosen.config.split_k}"
+        if getattr(chosen.config, "split_k", 1) > 1 else "")
     common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
-                     errors, WAYS)
+                     errors, WAYS, more=(runs,))
     tolerance = numerics.tolerance(args.dtype, "default", out_dtype)
     for way, error in errors.items():
       if not error <= tolerance:

@@ -415,6 +415,15 @@ def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
   assert len([l for l in out.splitlines() if l.startswith("| 0 ")]) == 1
 
 
+def test_tiled_partial_span_probe_reports_each_layout_and_width(capsys):
+  from experiments.lab import tiled_partial_span_probe as probe
+  assert probe.main(["--widths", "128,200"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 4 and lines[0] == "tiled N=128: lowers"
+  with pytest.raises(SystemExit, match="--widths"):
+    probe.main(["--widths", "0"])
+
+
 def test_split_k_check_times_both_configs_and_skips_unsplit_cases(capsys):
   from experiments.lab import split_k_check
   assert split_k_check.main([

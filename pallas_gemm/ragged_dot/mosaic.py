@@ -75,6 +75,7 @@ from pallas_gemm.ragged_dot import work_list_kernel
 from pallas_gemm.ragged_dot.configs import (NUM_CONSUMERS, SHORT_ITEM_ROWS,
                                           RaggedConfig)
 from pallas_gemm.ragged_dot.problem import RaggedProblem
+from pallas_gemm.ragged_dot.xla import group_row_mask
 
 NAME = "mosaic"
 
@@ -786,17 +787,9 @@ def _sum_of_shares(partials, group_sizes, row_offset, problem: RaggedProblem):
   activation(0) is not), in the output dtype."""
   out = partials.sum(axis=0)
   if problem.activation:
-    out = jnp.where(_rows_in_groups(group_sizes, row_offset, problem.m),
-                    ACTIVATIONS[problem.activation](out), 0)
+    in_group = group_row_mask(group_sizes, row_offset, problem.m)[:, None]
+    out = jnp.where(in_group, ACTIVATIONS[problem.activation](out), 0)
   return out.astype(problem.out_dtype)
-
-
-def _rows_in_groups(group_sizes, row_offset, m: int):
-  """(m, 1) bool: whether each row lies in a group (the groups are
-  contiguous, from row_offset on)."""
-  starts, ends = schedule.group_rows(group_sizes, row_offset, m)
-  rows = jnp.arange(m, dtype=jnp.int32)
-  return ((rows >= starts[0]) & (rows < ends[-1]))[:, None]
 
 
 def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
@@ -805,8 +798,8 @@ def _rows_without_k(group_sizes, row_offset, problem: RaggedProblem):
   zeros = jnp.zeros(problem.out_shape, jnp.float32)
   value = (ACTIVATIONS[problem.activation](zeros) if problem.activation
            else zeros)
-  return jnp.where(_rows_in_groups(group_sizes, row_offset, problem.m),
-                   value, 0).astype(problem.out_dtype)
+  in_group = group_row_mask(group_sizes, row_offset, problem.m)[:, None]
+  return jnp.where(in_group, value, 0).astype(problem.out_dtype)
 
 
 def ragged_matmul(lhs, rhs, group_sizes, row_offset, *,

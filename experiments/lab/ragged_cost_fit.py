@@ -32,8 +32,9 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
   sys.path.insert(0, str(_ROOT))
 
+from experiments.lab import ragged_lab_common as common  # noqa: E402
 from experiments.lab.dispatch_holdout import hopper_device  # noqa: E402
-from pallas_gemm.ragged_dot import arg_specs, configs, cost_model  # noqa: E402
+from pallas_gemm.ragged_dot import arg_specs, cost_model  # noqa: E402
 from pallas_gemm.ragged_dot import mosaic as mosaic_kernels  # noqa: E402
 
 #: The random draws (seeds 1-6), then `small_ragged_sweep.py`'s grids of
@@ -99,12 +100,7 @@ def _config(problem, device):
   splits the reduction (`RaggedConfig.split_k`, after every draw here
   ran): there the config the heuristic gave before, which the draw
   measured."""
-  config = configs.heuristic(problem, device)
-  if config.split_k > 1:
-    config = dataclasses.replace(
-        configs._rows_heuristic(problem, device),  # noqa: SLF001
-        work_list_kernel=config.work_list_kernel)
-  return config
+  return common.unsplit_config(problem, device)
 
 
 def fit(draws, device):

@@ -1,18 +1,20 @@
 """Not a script: what the grouped-GEMM lab scripts that time ways against
 each other share (`mixed_precision_grad.py`, `float32_ragged.py`,
-`small_ragged_sweep.py`, `random_ragged_sweep.py`): the layer lookup, the
-run's time budget, the calls and timing of the ways and the table's header
-and rows."""
+`small_ragged_sweep.py`, `random_ragged_sweep.py`, `split_k_check.py`,
+and `ragged_cost_fit.py`'s configs): the layer lookup, the run's time
+budget, the calls and timing of the ways, the table's header and rows, and
+the config the heuristic gave before `split_k`."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 
 from experiments import bench_moe
 from pallas_gemm import timing
-from pallas_gemm.ragged_dot import arg_specs
+from pallas_gemm.ragged_dot import arg_specs, configs
 
 
 def suite_layer(name: str):
@@ -22,6 +24,18 @@ def suite_layer(name: str):
   if not layers:
     raise SystemExit(f"--layers: no layer's name starts with {name!r}")
   return layers[0]
+
+
+def unsplit_config(problem, device):
+  """The heuristic's config for `problem` on `device`, or where it splits
+  the reduction (`RaggedConfig.split_k`), the one it gave before it did:
+  the "rows" heuristic's, with the same work-list choice."""
+  config = configs.heuristic(problem, device)
+  if config.split_k == 1:
+    return config
+  return dataclasses.replace(
+      configs._rows_heuristic(problem, device),  # noqa: SLF001
+      work_list_kernel=config.work_list_kernel)
 
 
 def way_call(way: str, problem):

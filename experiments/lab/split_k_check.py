@@ -13,7 +13,7 @@ The default cases are the heuristic's splits among the random draws that
 ran slower than lax, and decode steps over few experts. Ways: lax, `auto`
 (the automatic choice: split where `configs._split_where_few_tiles` says),
 `split` (the Mosaic kernels at the heuristic's config) and `unsplit` (the
-Mosaic kernels at `configs._rows_heuristic`'s config, what the heuristic
+Mosaic kernels at `ragged_lab_common.unsplit_config`, what the heuristic
 gave before the split). A case the heuristic does not split is reported
 and skipped.
 """
@@ -21,7 +21,6 @@ and skipped.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import re
 import sys
@@ -119,9 +118,7 @@ def main(argv=None) -> int:
     if config.split_k == 1:
       print(f"# {label}: the heuristic does not split it", flush=True)
       continue
-    unsplit = configs._rows_heuristic(problem, device)  # noqa: SLF001
-    unsplit = dataclasses.replace(
-        unsplit, work_list_kernel=config.work_list_kernel)
+    unsplit = common.unsplit_config(problem, device)
     lhs = numerics.random_normal(keys[0], problem.lhs_shape, "bfloat16")
     rhs = numerics.random_normal(keys[1], problem.rhs_shape, "bfloat16")
     calls = {"lax": common.way_call("lax", problem),

@@ -413,6 +413,21 @@ def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
   out = capsys.readouterr().out
   assert "float16 -> float32" in out and "WRONG" not in out
   assert len([l for l in out.splitlines() if l.startswith("| 0 ")]) == 1
+  # float32 operands: the TF32 tolerance, and draws sized at 4 bytes.
+  assert sweep.main(["--seed", "3", "--cases", "1", "--iterations", "1",
+                     "--dims", "16,64", "--max_lax_ms", "0.01",
+                     "--dtype", "float32"]) == 0
+  out = capsys.readouterr().out
+  assert "float32" in out and "WRONG" not in out
+  assert all(4 * (c[1].layer.groups * c[1].layer.k * c[1].layer.n
+                  + c[1].layer.rows * (c[1].layer.k + c[1].layer.n))
+             <= sweep.MAX_BYTES
+             for c in sweep.draw_cases(3, 20, 25.0, dtype="float32"))
+  assert sweep.main(["--seed", "3", "--cases", "1", "--iterations", "1",
+                     "--dims", "16,64", "--max_lax_ms", "0.01",
+                     "--dtype", "float8_e4m3fn"]) == 0
+  out = capsys.readouterr().out
+  assert "float8_e4m3fn -> bfloat16" in out and "WRONG" not in out
 
 
 def test_tiled_partial_span_probe_reports_each_layout_and_width(capsys):

@@ -14,11 +14,13 @@ from. This script draws each case at random instead, from wide ranges:
                   group: uneven sizes, some empty);
   direction       forward, dlhs (rhs read transposed) or drhs;
 
-in `--dtype` (bfloat16 or float16), out `--out_dtype` (the same, or
-float32).
+in `--dtype` (bfloat16, float16, float32: the kernels' three bfloat16
+products or XLA, whichever the automatic choice takes, or float8_e4m3fn),
+out `--out_dtype` (the same, or float32; fp8 operands: bfloat16 unless
+given).
 
-A draw whose estimated XLA time (groups x the dense flops at 700 TFLOP/s,
-its usual cost) exceeds `--max_lax_ms`, or whose operands and output
+A draw whose estimated XLA time (groups x the dense flops at LAX_RATE of
+its dtype, its usual cost) exceeds `--max_lax_ms`, or whose operands and output
 exceed 2 GiB, is drawn again, so the run stays in budget; the estimate only filters, it is not reported. Each row gives both
 ways' CUPTI time of every kernel of one call (median of `--iterations`, both
 in one process, the group sizes an argument of the jitted call), auto / lax,
@@ -51,6 +53,7 @@ import numpy as np
 
 from pallas_gemm import numerics, timing
 from pallas_gemm.devices import device_info
+from pallas_gemm.problem import itemsize
 from pallas_gemm.ragged_dot import arg_specs, implementations
 
 from experiments.lab import ragged_lab_common as common
@@ -58,7 +61,10 @@ from experiments.lab import ragged_lab_common as common
 WAYS = ("lax", "auto")
 ROUTINGS = arg_specs.DISTRIBUTIONS + ("random",)
 MAX_ROWS = 65536
-LAX_RATE = 700e12
+#: XLA's usual rate on the groups x dense flops it does, by input dtype
+#: (float32: TF32 products), for the draws' filter only.
+LAX_RATE = {"bfloat16": 700e12, "float16": 700e12, "float32": 300e12,
+            "float8_e4m3fn": 200e12}
 MAX_BYTES = 2 * 2**30
 
 
@@ -95,8 +101,8 @@ def draw_cases(seed: int, count: int, max_lax_ms: float,
     k, n = _dim(rng, *dims), _dim(rng, *dims)
     routing = ROUTINGS[rng.integers(len(ROUTINGS))]
     direction = arg_specs.DIRECTIONS[rng.integers(len(arg_specs.DIRECTIONS))]
-    if (1e3 * groups * 2 * rows * k * n / LAX_RATE > max_lax_ms
-        or 2 * (groups * k * n + rows * (k + n)) > MAX_BYTES):
+    if (1e3 * groups * 2 * rows * k * n / LAX_RATE[dtype] > max_lax_ms
+        or itemsize(dtype) * (groups * k * n + rows * (k + n)) > MAX_BYTES):
       continue
     label = f"g{groups} m{rows} k{k} n{n} {routing} {direction}"
     layer = arg_specs.MoeLayer(label, groups, rows, k, n)
@@ -167,12 +173,14 @@ def main(argv=None) -> int:
   parser.add_argument("--breakdown", action="store_true",
                       help="also print auto's kernels and their times")
   parser.add_argument("--dtype", default="bfloat16",
-                      choices=("bfloat16", "float16"))
+                      choices=tuple(LAX_RATE))
   parser.add_argument("--out_dtype", default="",
                       choices=("", "bfloat16", "float16", "float32"),
-                      help="the output's dtype (default: --dtype)")
+                      help="the output's dtype (default: --dtype, or "
+                      "bfloat16 for fp8 operands)")
   args = parser.parse_args(argv)
-  out_dtype = args.out_dtype or args.dtype
+  out_dtype = args.out_dtype or (
+      "bfloat16" if args.dtype.startswith("float8") else args.dtype)
   try:
     only = {int(v) for v in args.only.split(",")} if args.only else None
   except ValueError:
@@ -223,7 +231,10 @@ def main(argv=None) -> int:
         if getattr(chosen.config, "split_k", 1) > 1 else "")
     common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
                      errors, WAYS, more=(runs,))
-    tolerance = numerics.tolerance(args.dtype, "default", out_dtype)
+    # float32 at the default precision allows TF32 products.
+    tolerance = numerics.tolerance(
+        args.dtype, "tf32" if args.dtype == "float32" else "default",
+        out_dtype)
     for way, error in errors.items():
       if not error <= tolerance:
         print(f"# {index} {way}: WRONG, relative error {error:.1e} over "

@@ -3112,6 +3112,32 @@ def test_automatic_choice_for_float32_operands_follows_the_cost_model():
   assert exact.implementation == "xla" and "exact float32" in exact.reason
 
 
+def test_automatic_choice_for_float32_operands_counts_the_parts_pads():
+  """Weights whose n is not whole 64-column spans: the kernels' path pads
+  the parts (a pass over 3 x the weights), which the split's estimate adds
+  (`cost_model.copies_us`); here that turns the choice to XLA, which the
+  same shape at whole spans does not."""
+  from pallas_gemm.ragged_dot import bfloat16_split, cost_model, \
+      implementations
+
+  def choice(n):
+    return implementations.resolve(
+        RaggedProblem("rows", 1156, 1152, n, 5, "float32", "float32",
+                      precision="tf32"), HOPPER)
+  padded, whole = choice(7988), choice(8000)
+  assert whole.implementation == "mosaic", whole.reason
+  assert padded.implementation == "xla", padded.reason
+  problem = RaggedProblem("rows", 1156, 1152, 7988, 5, "float32", "float32",
+                          precision="tf32")
+  pads = cost_model.copies_us(problem, mosaic, mosaic.heuristic(problem,
+                                                                HOPPER),
+                              HOPPER)
+  assert pads > 0
+  without, _ = bfloat16_split.estimated_seconds(problem, HOPPER)
+  with_pads, _ = bfloat16_split.estimated_seconds(problem, HOPPER, pads)
+  assert with_pads == pytest.approx(without + 1e-6 * pads)
+
+
 def _sparse_sizes(groups, sizes_of):
   """`groups` group sizes, zero but for the {group: size} given."""
   return [sizes_of.get(g, 0) for g in range(groups)]

@@ -159,10 +159,13 @@ def _gathered_bytes_per_element(problem: RaggedProblem) -> int:
       GATHERED_MASK_BYTES if products(problem) > 1 else 0)
 
 
-def estimated_seconds(problem: RaggedProblem,
-                      device: DeviceInfo) -> tuple[float, float]:
+def estimated_seconds(problem: RaggedProblem, device: DeviceInfo,
+                      copies_us: float = 0.0) -> tuple[float, float]:
   """(the split on the kernels, XLA's ragged product of the operands as
   they are): a cost model for the automatic choice between them.
+  `copies_us`: the kernels' path's pads and cuts of the parts, where k or
+  n is not whole 64-column spans (`cost_model.copies_us`), added to the
+  split's time.
 
   The split pays its memory passes over every operand element (over only
   m groups' weights where it `gathers`), then its bfloat16 products.
@@ -191,7 +194,7 @@ def estimated_seconds(problem: RaggedProblem,
   else:
     split_bytes = per_element * (lhs_elements + rhs_elements)
   split = ((split_bytes + problem.out_bytes) / bandwidth
-           + products(problem) * problem.flops / bf16_rate)
+           + products(problem) * problem.flops / bf16_rate + 1e-6 * copies_us)
   if xla_gathers(problem):
     xla_weights, xla_groups = xla_gather_passes * kept_elements, problem.m
   else:
@@ -202,16 +205,17 @@ def estimated_seconds(problem: RaggedProblem,
   return split, xla
 
 
-def against_xla(problem: RaggedProblem,
-                device: DeviceInfo) -> tuple[bool, str]:
+def against_xla(problem: RaggedProblem, device: DeviceInfo,
+                copies_us: float = 0.0) -> tuple[bool, str]:
   """(whether XLA's ragged product is expected to beat the split, why: the
-  cost model's estimates, for `explain`)."""
+  cost model's estimates, for `explain`); `copies_us` as
+  `estimated_seconds` takes it."""
   count = products(problem)
   if problem.in_dtype not in XLA_COMPETES:
     return False, (f"widened exactly to {count} bfloat16 product; XLA's "
                    f"{problem.in_dtype} ragged product runs far below the "
                    "memory bound")
-  split, xla = estimated_seconds(problem, device)
+  split, xla = estimated_seconds(problem, device, copies_us)
   return split > xla, (
       f"{count} bfloat16 products about {split * 1e6:.0f} us, XLA's "
       f"{problem.in_dtype} product about {xla * 1e6:.0f} us (estimates)")

@@ -129,6 +129,15 @@ def _copies_in(jaxpr) -> tuple[int, int]:
   return launches, total
 
 
+def copies_us(problem: RaggedProblem, implementation, config,
+              device: DeviceInfo) -> float:
+  """µs the `copies` of `implementation` under `config` take on `device`,
+  at the shipped per-launch and per-MB terms: what a model of the kernels
+  alone (`bfloat16_split.estimated_seconds`) leaves out."""
+  launches, copied = copies(problem, implementation, config)
+  return MOSAIC_TERMS[1] * launches + MOSAIC_TERMS[2] * _mb(device) * copied
+
+
 def mosaic_features(problem: RaggedProblem, implementation, config,
                     device: DeviceInfo) -> tuple[float, ...]:
   """The quantities MOSAIC_TERMS weigh for `implementation` (the Mosaic

@@ -162,7 +162,16 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
   if why_not is not None:
     return "xla", f"fallback to xla: mosaic does not support it: {why_not}"
   if bfloat16_split.splits(problem):
-    xla_faster, estimates = bfloat16_split.against_xla(problem, device)
+    # The parts' pads and cuts (k or n not whole 64-column spans) are
+    # passes over them of their own, which the split's model adds.
+    kernels = IMPLEMENTATIONS["mosaic"]
+    copies_us = (cost_model.copies_us(problem, kernels,
+                                      kernels.heuristic(problem, device),
+                                      device)
+                 if bfloat16_split.XLA_COMPETES.count(problem.in_dtype)
+                 else 0.0)
+    xla_faster, estimates = bfloat16_split.against_xla(problem, device,
+                                                       copies_us)
     operands = f"these {problem.in_dtype} operands"
     if xla_faster:
       return "xla", f"xla: faster on {operands}: {estimates}"

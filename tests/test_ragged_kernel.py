@@ -393,6 +393,10 @@ CONTRACTING_CASES = [
     # Every token in one group, cut into 128-row pieces; f32 out.
     (300, 64, 72, [0, 300, 0], 0, "bfloat16", "float32",
      dataclasses.replace(SMALL, piece_rows=128)),
+    # One group cut into 41 pieces, walked largest first (a single
+    # expert's cut, past MAX_PIECES).
+    (2600, 64, 64, [2600], 0, "bfloat16", "float32",
+     dataclasses.replace(SMALL, piece_rows=64, largest_first=True)),
     # Pieces longer than any group can be: no piece beyond a first, one
     # kernel output.
     (100, 64, 64, [40, 50], 3, "float16", "float32",
@@ -2692,6 +2696,30 @@ def test_one_long_group_is_cut_into_pieces_shorter_than_the_minimum():
   assert config(2 * rows, 384, 2).piece_rows == 0
   # Where one group's tiles fill the SMs, nothing is cut.
   assert config(rows, 4096, 1).piece_rows == 0
+
+
+def test_one_long_group_takes_more_pieces_of_a_minimum_length():
+  """A single group may be cut into more than MAX_PIECES pieces, up to
+  ONE_GROUP_MAX_PIECES, each at least ONE_GROUP_MIN_PIECE_ROWS rows; several
+  groups keep MAX_PIECES."""
+  def pieces(m, k, groups):
+    problem = RaggedProblem("contracting", m, k, k, groups, "bfloat16",
+                            "bfloat16")
+    config = mosaic.heuristic(problem, HOPPER)
+    return config.piece_rows and -(-m // config.piece_rows)
+
+  least = configs.ONE_GROUP_MIN_PIECE_ROWS
+  # 256 x 256: four tiles a piece, so the SMs take 32 pieces' tiles.
+  assert pieces(32 * least, 256, 1) == configs.ONE_GROUP_MAX_PIECES
+  assert pieces(16 * least, 256, 1) == 16
+  assert pieces(8 * least, 256, 1) == configs.MAX_PIECES
+  assert pieces(64 * least, 256, 1) == configs.ONE_GROUP_MAX_PIECES
+  # Pieces never shorter than the minimum (rounded up to whole chunks).
+  for m in (8 * least, 12288, 15000, 16384):
+    config = mosaic.heuristic(RaggedProblem(
+        "contracting", m, 256, 256, 1, "bfloat16", "bfloat16"), HOPPER)
+    assert config.piece_rows >= least
+  assert pieces(8 * configs.PIECES_MIN_ROWS, 256, 2) <= configs.MAX_PIECES
 
 
 def test_short_reduction_tile_caps_the_producers_lookahead():

@@ -1673,6 +1673,12 @@ ONE_GROUP_PIECES_MIN_ROWS = 4096
 #: The most pieces `filling_piece_rows` cuts a group into: each costs an
 #: extra output tile set (zeros when unused) and its share of the merge.
 MAX_PIECES = 8
+#: ... except a single group, which every routing fills: up to this many
+#: pieces, each at least ONE_GROUP_MIN_PIECE_ROWS rows (shorter pieces ran
+#: slower than fewer long ones; experiments/results/nvidia_h200/moe_edges,
+#: "More pieces for one expert").
+ONE_GROUP_MAX_PIECES = 32
+ONE_GROUP_MIN_PIECE_ROWS = 512
 #: ... and cuts only where that shortens the group's time to this share or
 #: less: a group's tiles that fill the SMs gain only wave rounding.
 PIECES_WORTH = 0.8
@@ -1683,8 +1689,9 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   """`piece_rows` for "contracting" mode under which one group holding
   every token finishes soonest on `sms` SMs: cut into P pieces, its
   P x (tiles per group) tiles run in ceil(P x tiles / sms) waves of tiles
-  1 / P as long; the fewest pieces (up to MAX_PIECES) of the shortest such
-  time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
+  1 / P as long; the fewest pieces (up to MAX_PIECES; for a single group,
+  up to ONE_GROUP_MAX_PIECES of at least ONE_GROUP_MIN_PIECE_ROWS rows) of
+  the shortest such time. 0 where that saves less than 1 - PIECES_WORTH (a group's tiles
   fill the SMs already). The heuristic takes it only where a group's
   tiles leave most SMs idle (`_cut_where_one_group_idles_the_sms`); it is
   also a candidate of `candidates`."""
@@ -1693,7 +1700,11 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   def group_time(pieces):
     return -(-tiles * pieces // max(sms, 1)) / pieces
 
-  pieces = min(range(1, MAX_PIECES + 1), key=lambda p: (group_time(p), p))
+  most = MAX_PIECES
+  if problem.groups == 1:
+    most = max(most, min(ONE_GROUP_MAX_PIECES,
+                         problem.m // ONE_GROUP_MIN_PIECE_ROWS))
+  pieces = min(range(1, most + 1), key=lambda p: (group_time(p), p))
   if group_time(pieces) > PIECES_WORTH * group_time(1):
     return 0
   rows = -(-problem.m // pieces)

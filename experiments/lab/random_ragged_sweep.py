@@ -20,8 +20,8 @@ out `--out_dtype` (the same, or float32; fp8 operands: bfloat16 unless
 given).
 
 A draw whose estimated XLA time (groups x the dense flops at LAX_RATE of
-its dtype, its usual cost) exceeds `--max_lax_ms`, or whose operands and output
-exceed 2 GiB, is drawn again, so the run stays in budget; the estimate only filters, it is not reported. Each row gives both
+its dtype, its usual cost) exceeds `--max_lax_ms`, or whose operands and
+output exceed 2 GiB, is drawn again, so the run stays in budget; the estimate only filters, it is not reported. Each row gives both
 ways' CUPTI time of every kernel of one call (median of `--iterations`, both
 in one process, the group sizes an argument of the jitted call), auto / lax,
 and each way's relative error against float64 on a sample that touches

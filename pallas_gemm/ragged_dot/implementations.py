@@ -168,7 +168,7 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
     copies_us = (cost_model.copies_us(problem, kernels,
                                       kernels.heuristic(problem, device),
                                       device)
-                 if bfloat16_split.XLA_COMPETES.count(problem.in_dtype)
+                 if problem.in_dtype in bfloat16_split.XLA_COMPETES
                  else 0.0)
     xla_faster, estimates = bfloat16_split.against_xla(problem, device,
                                                        copies_us)

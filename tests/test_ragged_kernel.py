@@ -3216,16 +3216,32 @@ def test_fp8_operands_run_as_one_exact_bfloat16_product(problem, sizes,
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-6
 
 
-def test_automatic_choice_for_fp8_operands_is_the_kernels():
+def test_automatic_choice_for_fp8_operands_is_the_kernels_but_small_calls():
   """fp8 operands: widened on the kernels at any row count, decode batches
   included: XLA's fp8 ragged product is no candidate, and the cost model
-  has no estimate for it."""
-  from pallas_gemm.ragged_dot import bfloat16_split, implementations
+  has no estimate for it; except on calls of a few microseconds, which go
+  to XLA where the bfloat16 model expects it faster in under
+  SMALL_CALL_US."""
+  from pallas_gemm.ragged_dot import bfloat16_split, cost_model, \
+      implementations
   for m, mode in ((16, "rows"), (32768, "rows"), (16, "contracting")):
     problem = RaggedProblem(mode, m, 7168, 2048, 256, "float8_e5m2",
                             "float32")
     chosen = implementations.resolve(problem, HOPPER)
     assert chosen.implementation == "mosaic", chosen.reason
     assert "widened exactly" in chosen.reason
+  # One expert's dlhs of 464 rows by 264 x 224: about ten microseconds.
+  small = RaggedProblem("rows", 464, 224, 264, 1, "float8_e4m3fn",
+                        "bfloat16", transpose_rhs=True)
+  chosen = implementations.resolve(small, HOPPER)
+  assert chosen.implementation == "xla", chosen.reason
+  assert "a call of a few microseconds" in chosen.reason
+  mosaic_us, xla_us = cost_model.estimated_us(
+      dataclasses.replace(small, in_dtype="bfloat16"), mosaic,
+      mosaic.heuristic(small, HOPPER), HOPPER)
+  assert xla_us < cost_model.SMALL_CALL_US and xla_us < mosaic_us
+  # A few times that size, where XLA's fp8 product falls behind: kernels.
+  larger = dataclasses.replace(small, m=3514, k=904, n=48, groups=9)
+  assert implementations.resolve(larger, HOPPER).implementation == "mosaic"
   with pytest.raises(ValueError, match="no cost model"):
     bfloat16_split.estimated_seconds(problem, HOPPER)

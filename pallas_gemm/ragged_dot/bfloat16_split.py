@@ -36,7 +36,8 @@ only.
 For float32 operands, which is faster, this or XLA's ragged product of the
 operands as they are, depends on the rows (`estimated_seconds`); the
 automatic choice (`implementations.resolve`) asks the cost model. fp8
-operands always take the kernels (`XLA_COMPETES`).
+operands take the kernels (`XLA_COMPETES`), but on calls of a few
+microseconds.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ XLA_PEAK_FRACTION = 0.6
 #: The operand dtypes whose XLA ragged product can beat the split: float32's
 #: (on a few rows). XLA's fp8 ragged product ran far below the memory bound
 #: on the H200, slower than the widened product on every layer measured but
-#: the smallest (same folder), so fp8 operands always take the kernels.
+#: the smallest (same folder), so fp8 operands take the kernels but on calls
+#: of a few microseconds (`implementations.resolve`).
 XLA_COMPETES = ("float32",)
 
 

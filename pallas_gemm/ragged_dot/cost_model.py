@@ -183,11 +183,12 @@ def estimated_us(problem: RaggedProblem, implementation, config,
           weigh(xla_terms[form(problem)], xla_features(problem, device)))
 
 
-def against_xla(problem: RaggedProblem, implementation,
-                device: DeviceInfo) -> tuple[bool, str]:
-  """(whether XLA's ragged product is expected XLA_MARGIN times faster than
-  the Mosaic kernels' `implementation` under its heuristic's config, why:
-  the estimates, for `explain`).
+def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
+                margin: float = XLA_MARGIN) -> tuple[bool, str]:
+  """(whether XLA's ragged product is expected `margin` times faster than
+  the Mosaic kernels' `implementation` under its heuristic's config, or
+  faster on a call under SMALL_CALL_US (`xla_chosen`; an infinite margin
+  leaves only that), why: the estimates, for `explain`).
   False, without a model, outside what it was fitted on: other input
   dtypes, and decode batches that `xla.gathers` (fewer rows than a third
   of the groups)."""
@@ -198,6 +199,6 @@ def against_xla(problem: RaggedProblem, implementation,
     return False, "no cost model for this problem"
   config = implementation.heuristic(problem, device)
   mosaic_us, xla_us = estimated_us(problem, implementation, config, device)
-  return xla_chosen(mosaic_us, xla_us), (
+  return xla_chosen(mosaic_us, xla_us, margin), (
       f"mosaic about {mosaic_us:.0f} us, xla about {xla_us:.0f} us "
       "(estimates)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import math
 
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.ragged_dot import bfloat16_split, cost_model, xla
@@ -116,7 +117,8 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
   kernel None: the Mosaic kernel on a Hopper GPU when it supports the
   problem, otherwise `xla`, with the reason recorded; float32 operands go
   to the Mosaic kernels only where `bfloat16_split`'s cost model has them
-  faster than XLA (fp8 operands always do), 16-bit ones except where
+  faster than XLA, fp8 ones except on calls of a few microseconds (as
+  `cost_model` estimates them for bfloat16 operands), 16-bit ones except where
   `cost_model` expects XLA's product to be `XLA_MARGIN` times faster, or
   faster on a call of a few microseconds (`cost_model.xla_chosen`: small
   calls, padded shapes). config given: checked and
@@ -161,10 +163,23 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
   why_not = IMPLEMENTATIONS["mosaic"].supports(problem, device)
   if why_not is not None:
     return "xla", f"fallback to xla: mosaic does not support it: {why_not}"
+  kernels = IMPLEMENTATIONS["mosaic"]
   if bfloat16_split.splits(problem):
+    operands = f"these {problem.in_dtype} operands"
+    if problem.in_dtype not in bfloat16_split.XLA_COMPETES:
+      # fp8: XLA's product is no candidate but on calls of a few
+      # microseconds, where the widening pass and the kernels' fixed costs
+      # outweigh the work. Its bfloat16 estimate stands for it there: on
+      # those calls XLA's fp8 product ran as fast (experiments/results/
+      # nvidia_h200/random_ragged, "fp8 calls of a few microseconds").
+      small, estimates = cost_model.against_xla(
+          dataclasses.replace(problem, in_dtype="bfloat16"), kernels, device,
+          margin=math.inf)
+      if small:
+        return "xla", (f"xla: a call of a few microseconds on {operands}: "
+                       f"{estimates} for bfloat16 operands")
     # The parts' pads and cuts (k or n not whole 64-column spans) are
     # passes over them of their own, which the split's model adds.
-    kernels = IMPLEMENTATIONS["mosaic"]
     copies_us = (cost_model.copies_us(problem, kernels,
                                       kernels.heuristic(problem, device),
                                       device)
@@ -172,13 +187,11 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
                  else 0.0)
     xla_faster, estimates = bfloat16_split.against_xla(problem, device,
                                                        copies_us)
-    operands = f"these {problem.in_dtype} operands"
     if xla_faster:
       return "xla", f"xla: faster on {operands}: {estimates}"
     return "mosaic", f"the mosaic kernel, faster on {operands}: {estimates}"
   # Small calls and shapes the kernels pad: XLA's one fusion can be faster.
-  xla_faster, estimates = cost_model.against_xla(
-      problem, IMPLEMENTATIONS["mosaic"], device)
+  xla_faster, estimates = cost_model.against_xla(problem, kernels, device)
   if xla_faster:
     return "xla", f"xla: expected faster on this problem: {estimates}"
   return "mosaic", ("the mosaic kernel supports it on this Hopper GPU ("

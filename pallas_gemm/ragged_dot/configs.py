@@ -1692,9 +1692,10 @@ def filling_piece_rows(problem: RaggedProblem, config: RaggedConfig,
   1 / P as long; the fewest pieces (up to MAX_PIECES; for a single group,
   up to ONE_GROUP_MAX_PIECES of at least ONE_GROUP_MIN_PIECE_ROWS rows) of
   the shortest such time. 0 where that saves less than 1 - PIECES_WORTH
-  (a group's tiles fill the SMs already). The heuristic takes it only where a group's
-  tiles leave most SMs idle (`_cut_where_one_group_idles_the_sms`); it is
-  also a candidate of `candidates`."""
+  (a group's tiles fill the SMs already). The heuristic takes it only
+  where a group's tiles leave most SMs idle
+  (`_cut_where_one_group_idles_the_sms`); it is also a candidate of
+  `candidates`."""
   tiles = group_output_tiles(problem, config)
 
   def group_time(pieces):

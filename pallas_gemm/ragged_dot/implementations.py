@@ -166,7 +166,12 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
   kernels = IMPLEMENTATIONS["mosaic"]
   if bfloat16_split.splits(problem):
     operands = f"these {problem.in_dtype} operands"
-    if problem.in_dtype not in bfloat16_split.XLA_COMPETES:
+    if problem.in_dtype in bfloat16_split.XLA_COMPETES:
+      # The parts' pads and cuts (k or n not whole 64-column spans) are
+      # passes over them of their own, which the split's model adds.
+      copies_us = cost_model.copies_us(
+          problem, kernels, kernels.heuristic(problem, device), device)
+    else:
       # fp8: XLA's product is no candidate but on calls of a few
       # microseconds, where the widening pass and the kernels' fixed costs
       # outweigh the work. Its bfloat16 estimate stands for it there: on
@@ -178,13 +183,7 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
       if small:
         return "xla", (f"xla: a call of a few microseconds on {operands}: "
                        f"{estimates} for bfloat16 operands")
-    # The parts' pads and cuts (k or n not whole 64-column spans) are
-    # passes over them of their own, which the split's model adds.
-    copies_us = (cost_model.copies_us(problem, kernels,
-                                      kernels.heuristic(problem, device),
-                                      device)
-                 if problem.in_dtype in bfloat16_split.XLA_COMPETES
-                 else 0.0)
+      copies_us = 0.0
     xla_faster, estimates = bfloat16_split.against_xla(problem, device,
                                                        copies_us)
     if xla_faster:

@@ -37,8 +37,8 @@ draws the same cases on every machine, in every dtype.
         [--dtype bfloat16] [--out_dtype float32]
 
 `--only` runs the draws of those indices alone (the same draws: every case
-is drawn first); `--breakdown` adds a line per case with each kernel that
-auto's call launches and its CUPTI median.
+is drawn first); `--breakdown` adds a line per case and way with each
+kernel that its call launches and its CUPTI median.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
   parser.add_argument("--only", default="",
                       help="comma-separated draw indices to run (default all)")
   parser.add_argument("--breakdown", action="store_true",
-                      help="also print auto's kernels and their times")
+                      help="also print each way's kernels and their times")
   parser.add_argument("--dtype", default="bfloat16",
                       choices=tuple(LAX_RATE))
   parser.add_argument("--out_dtype", default="",
@@ -239,12 +239,13 @@ def main(argv=None) -> int:
       if not error <= tolerance:
         print(f"# {index} {way}: WRONG, relative error {error:.1e} over "
               f"{tolerance:.0e} against float64", flush=True)
-    if args.breakdown and on_gpu and "auto" in times:
-      kernels = timing.kernel_medians_us(
-          common.way_call("auto", problem),
-          (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations)
-      print(f"#   {index} auto: " + ", ".join(
-          f"{name[:40]} {us:.1f}" for name, us in kernels), flush=True)
+    for way in (WAYS if args.breakdown and on_gpu else ()):
+      if way in times:
+        kernels = timing.kernel_medians_us(
+            common.way_call(way, problem),
+            (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations)
+        print(f"#   {index} {way}: " + ", ".join(
+            f"{name[:40]} {us:.1f}" for name, us in kernels), flush=True)
   return 0
 
 

@@ -652,6 +652,45 @@ def test_automatic_choice_takes_xla_where_its_cost_model_has_it_faster():
   assert pallas_gemm.ragged_dot.explain is explain
 
 
+def test_weight_gradient_of_few_tiles_and_long_rows_is_held_to_its_chain():
+  """One expert's 2048 rows at 256 x 256 are 4 output tiles, each walking
+  32 steps of 64 rows: the kernels' fitted terms put that at a few µs, its
+  steps at about 13, so XLA is taken (measured: lax 9.1 µs, the kernels
+  13.4). At 1024 x 1024 (64 tiles, the same steps) the kernels stay (lax
+  18.5, the kernels 14.1). The floor counts a config's pieces, is 0 for
+  the "rows" mode and lies under the estimate of a model layer."""
+  if not implementations.available("mosaic"):
+    pytest.skip(implementations.UNAVAILABLE.get("mosaic", "no mosaic"))
+  from pallas_gemm.ragged_dot import cost_model, mosaic
+  h200 = DeviceInfo("gpu", "NVIDIA H200", (9, 0), 132, 232448)
+  narrow = RaggedProblem("contracting", 2048, 256, 256, 1, "bfloat16",
+                         "bfloat16")
+  wide = dataclasses.replace(narrow, k=1024, n=1024)
+  config = mosaic.heuristic(narrow, h200)
+  steps = 2048 // config.tile_k
+  assert cost_model.chain_floor_us(narrow, config, h200) == pytest.approx(
+      cost_model.MOSAIC_TERMS[0] + steps * cost_model.CHAIN_STEP_US)
+  cut = dataclasses.replace(config, piece_rows=512)
+  assert cost_model.chain_floor_us(narrow, cut, h200) == pytest.approx(
+      cost_model.MOSAIC_TERMS[0]
+      + (512 // config.tile_k) * cost_model.CHAIN_STEP_US)
+  rows = RaggedProblem("rows", 2048, 256, 256, 1, "bfloat16", "bfloat16")
+  assert cost_model.chain_floor_us(rows, mosaic.heuristic(rows, h200),
+                                   h200) == 0.0
+  layer = RaggedProblem("contracting", 16384, 2048, 1408, 64, "bfloat16",
+                        "bfloat16")
+  layer_config = mosaic.heuristic(layer, h200)
+  assert (cost_model.chain_floor_us(layer, layer_config, h200)
+          < cost_model.estimated_us(layer, mosaic, layer_config, h200)[0])
+  implementations.clear_cache()
+  try:
+    chosen = implementations.resolve(narrow, h200)
+    assert chosen.implementation == "xla", chosen.reason
+    assert implementations.resolve(wide, h200).implementation == "mosaic"
+  finally:
+    implementations.clear_cache()
+
+
 @pytest.mark.parametrize("mosaic_us, xla_us, want", [
     (12.0, 10.0, False),  # faster, but inside the margin
     (14.0, 10.0, True),   # more than XLA_MARGIN faster

@@ -30,6 +30,11 @@ another GPU the per-MB terms scale with its copy bandwidth. XLA is chosen
 only where the model puts it XLA_MARGIN times faster, so that its error
 decides nothing close, except on calls it expects XLA to finish in under
 SMALL_CALL_US, which are mostly fixed costs (`xla_chosen`).
+
+The choice also holds the kernels' estimate of a weight gradient to a
+floor the linear terms cannot see (`chain_floor_us`): where a few output
+tiles meet a long reduction, one CTA's steps through its group's rows
+are the time, however few the flops.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import jax.numpy as jnp
 from pallas_gemm import jaxpr_tools
 from pallas_gemm.devices import DeviceInfo, copy_tb_per_s
 from pallas_gemm.problem import itemsize
+from pallas_gemm.ragged_dot import configs
 from pallas_gemm.ragged_dot.problem import RaggedProblem
 
 #: The GPU whose bandwidth the per-MB terms were fitted at.
@@ -75,6 +81,13 @@ def xla_chosen(mosaic_us: float, xla_us: float,
   """Whether estimates of `mosaic_us` and `xla_us` choose XLA."""
   return margin * xla_us < mosaic_us or (xla_us < SMALL_CALL_US
                                          and xla_us < mosaic_us)
+
+#: µs one CTA takes per `tile_k`-row step of a weight gradient's
+#: reduction where its output tile's steps are the critical path (a few
+#: output tiles meet a long reduction): a little under what the small
+#: sweep's one-hot weight gradients of 2048 rows took per step
+#: (experiments/results/nvidia_h200/random_ragged, section 10).
+CHAIN_STEP_US = 0.25
 
 #: 16-bit inputs only: the draws were bfloat16 (float32 and fp8 operands
 #: have their own model, `bfloat16_split`).
@@ -183,6 +196,26 @@ def estimated_us(problem: RaggedProblem, implementation, config,
           weigh(xla_terms[form(problem)], xla_features(problem, device)))
 
 
+def chain_floor_us(problem: RaggedProblem, config,
+                   device: DeviceInfo) -> float:
+  """A floor under the Mosaic kernels' time of a weight gradient
+  ("contracting" mode) under an even routing: one CTA per output tile walks
+  its group's rows (or a piece's `piece_rows`, where `config` cuts them)
+  `tile_k` rows a step, CHAIN_STEP_US each, in as many waves as the tiles
+  of every group fill the SMs; plus the fixed term. The fitted terms
+  spread the flops over every SM, so they miss where a few output tiles
+  meet a long reduction and the steps are the time. 0 for the "rows"
+  mode."""
+  if problem.mode != "contracting" or 0 in (problem.m, problem.groups):
+    return 0.0
+  group_rows = -(-problem.m // problem.groups)
+  rows = min(group_rows, config.piece_rows or group_rows)
+  tiles = (problem.groups * -(-group_rows // rows)
+           * configs.group_output_tiles(problem, config))
+  waves = -(-tiles // max(device.planning_sms, 1))
+  return MOSAIC_TERMS[0] + waves * CHAIN_STEP_US * -(-rows // config.tile_k)
+
+
 def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
                 margin: float = XLA_MARGIN) -> tuple[bool, str]:
   """(whether XLA's ragged product is expected `margin` times faster than
@@ -199,6 +232,7 @@ def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
     return False, "no cost model for this problem"
   config = implementation.heuristic(problem, device)
   mosaic_us, xla_us = estimated_us(problem, implementation, config, device)
+  mosaic_us = max(mosaic_us, chain_floor_us(problem, config, device))
   return xla_chosen(mosaic_us, xla_us, margin), (
       f"mosaic about {mosaic_us:.0f} us, xla about {xla_us:.0f} us "
       "(estimates)")

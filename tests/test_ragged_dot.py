@@ -654,11 +654,12 @@ def test_automatic_choice_takes_xla_where_its_cost_model_has_it_faster():
 
 def test_weight_gradient_of_few_tiles_and_long_rows_is_held_to_its_chain():
   """One expert's 2048 rows at 256 x 256 are 4 output tiles, each walking
-  32 steps of 64 rows: the kernels' fitted terms put that at a few µs, its
-  steps at about 13, so XLA is taken (measured: lax 9.1 µs, the kernels
-  13.4). At 1024 x 1024 (64 tiles, the same steps) the kernels stay (lax
-  18.5, the kernels 14.1). The floor counts a config's pieces, is 0 for
-  the "rows" mode and lies under the estimate of a model layer."""
+  32 steps of 64 rows: the kernels' fitted terms miss those steps, the
+  floor counts them, and XLA is taken, as measured faster there. At
+  1024 x 1024 (64 tiles, the same steps) the kernels stay, as measured
+  faster there (experiments/results/nvidia_h200/random_ragged, section
+  10). The floor counts a config's pieces, is 0 for the "rows" mode and
+  lies under the estimate of a model layer."""
   if not implementations.available("mosaic"):
     pytest.skip(implementations.UNAVAILABLE.get("mosaic", "no mosaic"))
   from pallas_gemm.ragged_dot import cost_model, mosaic

@@ -430,6 +430,32 @@ def test_random_ragged_sweep_draws_the_same_cases_and_runs_one(capsys):
   assert "float8_e4m3fn -> bfloat16" in out and "WRONG" not in out
 
 
+def test_random_ragged_sweep_times_the_kernels_too_and_the_fit_reads_them(
+    capsys, tmp_path):
+  """`--kernels_too` adds a `mosaic` column; `ragged_cost_fit` takes the
+  kernels' time from it (not auto's, which may be XLA's), at the config of
+  today's heuristic."""
+  from experiments.lab import ragged_cost_fit
+  from experiments.lab import random_ragged_sweep as sweep
+  assert sweep.main(["--seed", "3", "--cases", "1", "--iterations", "1",
+                     "--dims", "16,64", "--max_lax_ms", "0.01",
+                     "--kernels_too"]) == 0
+  out = capsys.readouterr().out
+  assert ragged_cost_fit.KERNELS_HEADER in out and "WRONG" not in out
+  row = next(l for l in out.splitlines() if l.startswith("| 0 "))
+  assert row.count("|") == 10 and "| - |" not in row
+  table = tmp_path / "kernels_seed7.txt"
+  table.write_text(
+      "# jax, GPU, CUPTI median of 20, seed 7, dims 16,8192, bfloat16\n"
+      + ragged_cost_fit.KERNELS_HEADER + " auto / lax | lax error | auto "
+      "error | mosaic error | auto runs |\n"
+      "| 0 g4 m512 k256 n256 even forward | 10.0 | 10.1 | 7.5 | 1.01 | "
+      "1e-3 | 1e-3 | 1e-3 | xla |\n")
+  (draw,) = ragged_cost_fit.read_draws([str(table)])
+  assert (draw.seed, draw.lax_us, draw.auto_us) == (7, 10.0, 7.5)
+  assert draw.at_run_config and draw.problem.groups == 4
+
+
 def test_tiled_partial_span_probe_reports_each_layout_and_width(capsys):
   from experiments.lab import tiled_partial_span_probe as probe
   assert probe.main(["--widths", "128,200"]) == 0

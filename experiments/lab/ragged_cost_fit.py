@@ -47,18 +47,28 @@ DEFAULT_FILES = (
     "small_sweep_long_drhs_90cb913.txt",
     "experiments/results/nvidia_h200/moe_edges/"
     "small_sweep_one_group_c3413a6.txt",
-    "experiments/results/nvidia_h200/moe_edges/small_sweep_rows_eb88ab3.txt")
+    "experiments/results/nvidia_h200/moe_edges/small_sweep_rows_eb88ab3.txt",
+    # `random_ragged_sweep.py --kernels_too`: the kernels timed at the
+    # configs of their commit, also where `auto` ran XLA.
+    "experiments/results/nvidia_h200/random_ragged/kernels_seed*.txt")
 ROW = re.compile(r"\| (?:\d+ )?g(\d+) m(\d+) (?:k(\d+) n(\d+)|k=n(\d+)) "
                  r"(\w+) (\w+) \| ([\d.]+) \| ([\d.]+) \|")
+#: A `--kernels_too` table's row: lax, auto, then the kernels' time.
+KERNELS_ROW = re.compile(ROW.pattern + r" ([\d.]+) \|")
+KERNELS_HEADER = "| case | lax (us) | auto (us) | mosaic (us) |"
 SEED = re.compile(r"seed (\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Draw:
+  """One timed problem. `auto_us` is the kernels' time: `auto`'s in the
+  sweeps where it always ran them, else the `mosaic` column's, measured
+  at the configs of that run's commit (`at_run_config`)."""
   seed: int
   problem: object
   lax_us: float
   auto_us: float
+  at_run_config: bool = False
 
 
 def read_draws(paths) -> list[Draw]:
@@ -71,14 +81,17 @@ def read_draws(paths) -> list[Draw]:
       print(f"# {path}: not bfloat16 in and out, left out")
       continue
     seed = SEED.search(text)
-    for match in ROW.finditer(text):
+    kernels_column = KERNELS_HEADER in text
+    for match in (KERNELS_ROW if kernels_column else ROW).finditer(text):
       g, m = int(match.group(1)), int(match.group(2))
       k = int(match.group(3) or match.group(5))
       n = int(match.group(4) or match.group(5))
       case = arg_specs.MoeCase(arg_specs.MoeLayer("draw", g, m, k, n),
                                "even", match.group(7))
       draws.append(Draw(int(seed.group(1)) if seed else 0, case.problem,
-                        float(match.group(8)), float(match.group(9))))
+                        float(match.group(8)),
+                        float(match.group(10 if kernels_column else 9)),
+                        at_run_config=kernels_column))
   return draws
 
 
@@ -92,6 +105,14 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if x.min() >= 0:
       return x
     active.remove(int(np.argmin(x)))
+
+
+def _draw_config(draw, device):
+  """The config `draw`'s kernels ran at: the heuristic's of today for a
+  `--kernels_too` draw (fitted at the commit it ran), else `_config`."""
+  if draw.at_run_config:
+    return mosaic_kernels.heuristic(draw.problem, device)
+  return _config(draw.problem, device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,7 +132,7 @@ def fit(draws, device):
     y = np.array([getattr(d, key) for d in rows])
     return nonnegative_least_squares(a / y[:, None], np.ones_like(y))
   mosaic = solve(draws, lambda d: cost_model.mosaic_features(
-      d.problem, mosaic_kernels, _config(d.problem, device), device),
+      d.problem, mosaic_kernels, _draw_config(d, device), device),
       "auto_us")
   xla = {form: solve([d for d in draws if cost_model.form(d.problem) == form],
                      lambda d: cost_model.xla_features(d.problem, device),
@@ -127,14 +148,14 @@ def replay(draws, device, mosaic_terms, xla_terms, margin):
                slower_before=0, slower_after=0, regret_before=[],
                regret_after=[], wrong_switches=0, switches=0)
   for d in draws:
+    config = _draw_config(d, device)
     mosaic, xla = cost_model.estimated_us(
-        d.problem, mosaic_kernels, _config(d.problem, device), device,
+        d.problem, mosaic_kernels, config, device,
         mosaic_terms=mosaic_terms, xla_terms=xla_terms)
     stats["mosaic_errors"].append(abs(mosaic / d.auto_us - 1))
     stats["xla_errors"].append(abs(xla / d.lax_us - 1))
     # As the choice does: the kernels' estimate held to its chain floor.
-    floor = cost_model.chain_floor_us(d.problem, _config(d.problem, device),
-                                      device)
+    floor = cost_model.chain_floor_us(d.problem, config, device)
     switch = cost_model.xla_chosen(max(mosaic, floor), xla, margin)
     chosen = d.lax_us if switch else d.auto_us
     best = min(d.lax_us, d.auto_us)

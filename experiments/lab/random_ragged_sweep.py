@@ -34,11 +34,14 @@ draws the same cases on every machine, in every dtype.
     PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
         [--seed 0] [--cases 60] [--iterations 20] [--budget_s 300] \
         [--max_lax_ms 25] [--dims 16,8192] [--only 3,15] [--breakdown] \
-        [--dtype bfloat16] [--out_dtype float32]
+        [--dtype bfloat16] [--out_dtype float32] [--kernels_too]
 
 `--only` runs the draws of those indices alone (the same draws: every case
 is drawn first); `--breakdown` adds a line per case and way with each
-kernel that its call launches and its CUPTI median.
+kernel that its call launches and its CUPTI median; `--kernels_too` times
+`kernel="mosaic"` as a third way, so that the kernels' time is known where
+`auto` runs XLA (the draws `ragged_cost_fit.py` refits the kernels' terms
+on, saved as `random_ragged/kernels_seed*.txt`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ from pallas_gemm.ragged_dot import arg_specs, implementations
 from experiments.lab import ragged_lab_common as common
 
 WAYS = ("lax", "auto")
+#: With `--kernels_too`: the Mosaic kernels whatever `auto` chose, the
+#: kernels' time at today's configs that `ragged_cost_fit.py` fits.
+KERNELS_WAY = "mosaic"
 ROUTINGS = arg_specs.DISTRIBUTIONS + ("random",)
 MAX_ROWS = 65536
 #: XLA's usual rate on the groups x dense flops it does, by input dtype
@@ -172,6 +178,9 @@ def main(argv=None) -> int:
                       help="comma-separated draw indices to run (default all)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also print each way's kernels and their times")
+  parser.add_argument("--kernels_too", action="store_true",
+                      help="also time kernel='mosaic' (a 'mosaic' column), "
+                      "the kernels' time also where auto runs XLA")
   parser.add_argument("--dtype", default="bfloat16",
                       choices=tuple(LAX_RATE))
   parser.add_argument("--out_dtype", default="",
@@ -201,8 +210,10 @@ def main(argv=None) -> int:
     raise SystemExit(f"--max_lax_ms={args.max_lax_ms} must be > 0")
   cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims,
                      args.dtype, out_dtype)
-  on_gpu = common.print_header(WAYS, ("auto / lax", "lax error",
-                                      "auto error", "auto runs"),
+  ways = WAYS + ((KERNELS_WAY,) if args.kernels_too else ())
+  on_gpu = common.print_header(ways, ("auto / lax",)
+                               + tuple(f"{way} error" for way in ways)
+                               + ("auto runs",),
                                args.iterations, f"seed {args.seed}",
                                f"dims {args.dims}",
                                args.dtype if out_dtype == args.dtype
@@ -219,7 +230,7 @@ def main(argv=None) -> int:
     lhs = numerics.random_normal(keys[0], problem.lhs_shape, args.dtype)
     rhs = numerics.random_normal(keys[1], problem.rhs_shape, args.dtype)
     times, results = common.time_ways(
-        {way: common.way_call(way, problem) for way in WAYS},
+        {way: common.way_call(way, problem) for way in ways},
         (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
         on_gpu=on_gpu, label=label)
     errors = {way: sampled_error(problem, lhs, rhs, sizes, result)
@@ -229,8 +240,8 @@ def main(argv=None) -> int:
     runs = chosen.implementation + (
         f" split_k={chosen.config.split_k}"
         if getattr(chosen.config, "split_k", 1) > 1 else "")
-    common.print_row(f"{index} {label}", WAYS, times, (("auto", "lax"),),
-                     errors, WAYS, more=(runs,))
+    common.print_row(f"{index} {label}", ways, times, (("auto", "lax"),),
+                     errors, ways, more=(runs,))
     # float32 at the default precision allows TF32 products.
     tolerance = numerics.tolerance(
         args.dtype, "tf32" if args.dtype == "float32" else "default",
@@ -239,7 +250,7 @@ def main(argv=None) -> int:
       if not error <= tolerance:
         print(f"# {index} {way}: WRONG, relative error {error:.1e} over "
               f"{tolerance:.0e} against float64", flush=True)
-    for way in (WAYS if args.breakdown and on_gpu else ()):
+    for way in (ways if args.breakdown and on_gpu else ()):
       if way in times:
         kernels = timing.kernel_medians_us(
             common.way_call(way, problem),

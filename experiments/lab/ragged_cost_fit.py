@@ -4,12 +4,14 @@
     PYTHONPATH=. python3 experiments/lab/ragged_cost_fit.py \
         [--train_seeds 0,1,2,3,4] [FILES...]
 
-FILES are the sweeps' tables (default: every `seed*.txt` of
-experiments/results/nvidia_h200/random_ragged, and the small sweeps of
-`small_ragged_sweep.py` at the current rules, as seed 0). Draws of the
-train seeds fit the terms (least squares on relative error, no term negative: the
-features are `cost_model.mosaic_features` and `xla_features`, at the
-heuristic's config for an H200); the other seeds' draws are held out. For
+FILES are the sweeps' tables (default: every `seed*.txt` and
+`kernels_seed*.txt` of experiments/results/nvidia_h200/random_ragged, the
+latter `--kernels_too` sweeps whose `mosaic` column is the kernels' time,
+and the small sweeps of `small_ragged_sweep.py` at the current rules, as
+seed 0). Draws of the train seeds fit the terms (least squares on
+relative error, no term negative: the features are
+`cost_model.mosaic_features` and `xla_features`, at the heuristic's config
+for an H200); the other seeds' draws are held out. For
 the fitted and for the shipped terms it prints each way's median error and,
 at `cost_model.XLA_MARGIN` with the kernels' estimate held to
 `cost_model.chain_floor_us` as the choice holds it, what the choice would
@@ -108,8 +110,9 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _draw_config(draw, device):
-  """The config `draw`'s kernels ran at: the heuristic's of today for a
-  `--kernels_too` draw (fitted at the commit it ran), else `_config`."""
+  """The config `draw`'s kernels ran at: for a `--kernels_too` draw,
+  today's heuristic's (right while the heuristic has not changed since the
+  commit it ran at), else `_config`."""
   if draw.at_run_config:
     return mosaic_kernels.heuristic(draw.problem, device)
   return _config(draw.problem, device)

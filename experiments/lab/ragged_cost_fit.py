@@ -13,11 +13,11 @@ relative error, no term negative: the features are
 `cost_model.mosaic_features` and `xla_features`, at the heuristic's config
 for an H200); the other seeds' draws are held out. For
 the fitted and for the shipped terms it prints each way's median error and,
-at `cost_model.XLA_MARGIN` with the kernels' estimate held to
-`cost_model.chain_floor_us` as the choice holds it, what the choice would
-have cost: how many draws stay slower than lax, the worst and
-geometric-mean time over the faster way's (regret), and how many draws
-switch to XLA where the kernels were faster (wrong switches).
+at `cost_model.XLA_MARGIN` on the estimates as the choice weighs them
+(`cost_model.choice_estimates`), what the choice would have cost: how
+many draws stay slower than lax, the worst and geometric-mean time over
+the faster way's (regret), and how many draws switch to XLA where the
+kernels were faster (wrong switches).
 """
 
 from __future__ import annotations
@@ -152,14 +152,13 @@ def replay(draws, device, mosaic_terms, xla_terms, margin):
                regret_after=[], wrong_switches=0, switches=0)
   for d in draws:
     config = _draw_config(d, device)
-    mosaic, xla = cost_model.estimated_us(
-        d.problem, mosaic_kernels, config, device,
-        mosaic_terms=mosaic_terms, xla_terms=xla_terms)
+    terms = dict(mosaic_terms=mosaic_terms, xla_terms=xla_terms)
+    mosaic, xla = cost_model.estimated_us(d.problem, mosaic_kernels, config,
+                                          device, **terms)
     stats["mosaic_errors"].append(abs(mosaic / d.auto_us - 1))
     stats["xla_errors"].append(abs(xla / d.lax_us - 1))
-    # As the choice does: the kernels' estimate held to its chain floor.
-    floor = cost_model.chain_floor_us(d.problem, config, device)
-    switch = cost_model.xla_chosen(max(mosaic, floor), xla, margin)
+    switch = cost_model.xla_chosen(*cost_model.choice_estimates(
+        d.problem, mosaic_kernels, config, device, **terms), margin)
     chosen = d.lax_us if switch else d.auto_us
     best = min(d.lax_us, d.auto_us)
     stats["switches"] += switch

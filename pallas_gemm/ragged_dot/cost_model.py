@@ -216,6 +216,15 @@ def chain_floor_us(problem: RaggedProblem, config,
   return MOSAIC_TERMS[0] + waves * CHAIN_STEP_US * -(-rows // config.tile_k)
 
 
+def choice_estimates(problem: RaggedProblem, implementation, config,
+                     device: DeviceInfo, **terms) -> tuple[float, float]:
+  """`estimated_us` (at the shipped terms or `terms`' others) as the choice
+  weighs it: the kernels' estimate held to `chain_floor_us`."""
+  mosaic_us, xla_us = estimated_us(problem, implementation, config, device,
+                                   **terms)
+  return max(mosaic_us, chain_floor_us(problem, config, device)), xla_us
+
+
 def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
                 margin: float = XLA_MARGIN) -> tuple[bool, str]:
   """(whether XLA's ragged product is expected `margin` times faster than
@@ -231,8 +240,8 @@ def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
   if problem.in_dtype not in INPUT_DTYPES or xla.gathers(problem):
     return False, "no cost model for this problem"
   config = implementation.heuristic(problem, device)
-  mosaic_us, xla_us = estimated_us(problem, implementation, config, device)
-  mosaic_us = max(mosaic_us, chain_floor_us(problem, config, device))
+  mosaic_us, xla_us = choice_estimates(problem, implementation, config,
+                                       device)
   return xla_chosen(mosaic_us, xla_us, margin), (
       f"mosaic about {mosaic_us:.0f} us, xla about {xla_us:.0f} us "
       "(estimates)")

@@ -456,6 +456,25 @@ def test_random_ragged_sweep_times_the_kernels_too_and_the_fit_reads_them(
   assert draw.at_run_config and draw.problem.groups == 4
 
 
+def test_random_ragged_sweep_times_named_problems(capsys):
+  """`--problems` times the labels it is given, in the draws' form, and
+  names a malformed one."""
+  from experiments.lab import random_ragged_sweep as sweep
+  (label, case, sizes), = sweep.named_cases("g3 m50 k24 n40 zipf drhs", 1)
+  assert (label, case.layer.groups, case.layer.rows, case.direction) == (
+      "g3 m50 k24 n40 zipf drhs", 3, 50, "drhs") and sizes.sum() == 50
+  assert sweep.main(["--problems", "g2 m40 k16 n24 even forward; "
+                     "g3 m30 k24 n16 random dlhs", "--iterations",
+                     "1"]) == 0
+  rows = [line for line in capsys.readouterr().out.splitlines()
+          if line.startswith("| 0 g2 m40") or line.startswith("| 1 g3 m30")]
+  assert len(rows) == 2 and all("| - |" not in row for row in rows)
+  with pytest.raises(SystemExit, match="--problems: 'g2 m40 k16'"):
+    sweep.main(["--problems", "g2 m40 k16"])
+  with pytest.raises(SystemExit, match="--only"):
+    sweep.main(["--problems", "g2 m40 k16 n24 even forward", "--only", "0"])
+
+
 def test_tiled_partial_span_probe_reports_each_layout_and_width(capsys):
   from experiments.lab import tiled_partial_span_probe as probe
   assert probe.main(["--widths", "128,200"]) == 0

@@ -34,20 +34,24 @@ draws the same cases on every machine, in every dtype.
     PYTHONPATH=. python3 experiments/lab/random_ragged_sweep.py \
         [--seed 0] [--cases 60] [--iterations 20] [--budget_s 300] \
         [--max_lax_ms 25] [--dims 16,8192] [--only 3,15] [--breakdown] \
-        [--dtype bfloat16] [--out_dtype float32] [--kernels_too]
+        [--dtype bfloat16] [--out_dtype float32] [--kernels_too] \
+        [--problems "g1 m2048 k256 n1024 even drhs;g2 m8192 k64 n384 zipf drhs"]
 
 `--only` runs the draws of those indices alone (the same draws: every case
 is drawn first); `--breakdown` adds a line per case and way with each
 kernel that its call launches and its CUPTI median; `--kernels_too` times
 `kernel="mosaic"` as a third way, so that the kernels' time is known where
 `auto` runs XLA (the draws `ragged_cost_fit.py` refits the kernels' terms
-on, saved as `random_ragged/kernels_seed*.txt`).
+on, saved as `random_ragged/kernels_seed*.txt`); `--problems` times the
+problems it names, in the draws' label form, instead of drawing any (a rule's
+changed cases, both ways; a `random` routing's sizes come from `--seed`).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 
 import jax
@@ -118,6 +122,34 @@ def draw_cases(seed: int, count: int, max_lax_ms: float,
   return cases
 
 
+PROBLEM_LABEL = re.compile(
+    r"g(\d+) m(\d+) k(\d+) n(\d+) (" + "|".join(ROUTINGS) + r") ("
+    + "|".join(arg_specs.DIRECTIONS) + r")")
+
+
+def named_cases(text: str, seed: int, dtype: str = "bfloat16",
+                out_dtype: str = "bfloat16"):
+  """The (label, MoeCase, sizes) of each ';'-separated label of `text`, in
+  `draw_cases`' label form."""
+  rng = np.random.default_rng(seed)
+  cases = []
+  for label in (part.strip() for part in text.split(";")):
+    match = PROBLEM_LABEL.fullmatch(label)
+    if match is None:
+      raise SystemExit(
+          f"--problems: {label!r} is not 'g<groups> m<rows> k<k> n<n> "
+          f"<{'|'.join(ROUTINGS)}> <{'|'.join(arg_specs.DIRECTIONS)}>'")
+    groups, rows, k, n = (int(v) for v in match.groups()[:4])
+    if min(groups, k, n) < 1 or rows < 0:
+      raise SystemExit(f"--problems: {label!r} needs groups, k and n >= 1")
+    layer = arg_specs.MoeLayer(label, groups, rows, k, n)
+    case = arg_specs.MoeCase(layer, "even", match.group(6), dtype=dtype,
+                             out_dtype=out_dtype)
+    cases.append((label, case, random_sizes(rng, match.group(5), rows,
+                                            groups)))
+  return cases
+
+
 #: Groups, rows a group and output columns (and, for the weight gradient,
 #: K rows) the float64 check samples.
 CHECKED_GROUPS = 64
@@ -181,6 +213,9 @@ def main(argv=None) -> int:
   parser.add_argument("--kernels_too", action="store_true",
                       help="also time kernel='mosaic' (a 'mosaic' column), "
                       "the kernels' time also where auto runs XLA")
+  parser.add_argument("--problems", default="",
+                      help="';'-separated labels ('g2 m8192 k64 n384 even "
+                      "drhs') to time instead of random draws")
   parser.add_argument("--dtype", default="bfloat16",
                       choices=tuple(LAX_RATE))
   parser.add_argument("--out_dtype", default="",
@@ -208,8 +243,13 @@ def main(argv=None) -> int:
     raise SystemExit(f"--cases={args.cases} must be >= 1")
   if args.max_lax_ms <= 0:
     raise SystemExit(f"--max_lax_ms={args.max_lax_ms} must be > 0")
-  cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims,
-                     args.dtype, out_dtype)
+  if args.problems:
+    if only:
+      raise SystemExit("--only picks draws; --problems names its own cases")
+    cases = named_cases(args.problems, args.seed, args.dtype, out_dtype)
+  else:
+    cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims,
+                       args.dtype, out_dtype)
   ways = WAYS + ((KERNELS_WAY,) if args.kernels_too else ())
   on_gpu = common.print_header(ways, ("auto / lax",)
                                + tuple(f"{way} error" for way in ways)

@@ -460,7 +460,7 @@ def test_random_ragged_sweep_times_named_problems(capsys):
   """`--problems` times the labels it is given, in the draws' form, and
   names a malformed one."""
   from experiments.lab import random_ragged_sweep as sweep
-  (label, case, sizes), = sweep.named_cases("g3 m50 k24 n40 zipf drhs", 1)
+  label, case, sizes = sweep.parse_case("g3 m50 k24 n40 zipf drhs", 1)
   assert (label, case.layer.groups, case.layer.rows, case.direction) == (
       "g3 m50 k24 n40 zipf drhs", 3, 50, "drhs") and sizes.sum() == 50
   assert sweep.main(["--problems", "g2 m40 k16 n24 even forward; "
@@ -473,6 +473,15 @@ def test_random_ragged_sweep_times_named_problems(capsys):
     sweep.main(["--problems", "g2 m40 k16"])
   with pytest.raises(SystemExit, match="--only"):
     sweep.main(["--problems", "g2 m40 k16 n24 even forward", "--only", "0"])
+
+
+def test_xla_path_overhead_times_every_way(capsys):
+  from experiments.lab import xla_path_overhead as probe
+  assert probe.main(["--problems", "g2 m40 k16 n24 even drhs",
+                     "--iterations", "1"]) == 0
+  (row,) = [l for l in capsys.readouterr().out.splitlines()
+            if l.startswith("| g2 m40")]
+  assert row.count("|") == 9 and "| - |" not in row
 
 
 def test_tiled_partial_span_probe_reports_each_layout_and_width(capsys):
@@ -494,7 +503,7 @@ def test_split_k_check_times_both_configs_and_skips_unsplit_cases(capsys):
   assert len(rows) == 1 and "| - |" not in rows[0] and "WRONG" not in out
   assert "g64 m4096 k64 n64 even forward: the heuristic does not split it" \
       in out
-  with pytest.raises(SystemExit, match="routing"):
+  with pytest.raises(SystemExit, match="--cases: 'g2 m20 k64 n64 diagonal"):
     split_k_check.main(["--cases", "g2 m20 k64 n64 diagonal forward"])
 
 

@@ -657,9 +657,9 @@ def test_weight_gradient_of_few_tiles_and_long_rows_is_held_to_its_chain():
   32 steps of 64 rows: the kernels' fitted terms miss those steps, the
   floor counts them, and XLA is taken, as measured faster there. At
   1024 x 1024 (64 tiles, the same steps) the kernels stay, as measured
-  faster there (experiments/results/nvidia_h200/random_ragged, section
-  10). The floor counts a config's pieces, is 0 for the "rows" mode and
-  lies under the estimate of a model layer."""
+  faster there (experiments/results/nvidia_h200/random_ragged, sections
+  10 and 11). The floor counts a config's pieces, is 0 for the "rows" mode
+  and lies under the estimate of a model layer."""
   if not implementations.available("mosaic"):
     pytest.skip(implementations.UNAVAILABLE.get("mosaic", "no mosaic"))
   from pallas_gemm.ragged_dot import cost_model, mosaic
@@ -683,11 +683,26 @@ def test_weight_gradient_of_few_tiles_and_long_rows_is_held_to_its_chain():
   layer_config = mosaic.heuristic(layer, h200)
   assert (cost_model.chain_floor_us(layer, layer_config, h200)
           < cost_model.estimated_us(layer, mosaic, layer_config, h200)[0])
+  # Where the chain stands for the kernels, after their copies, XLA's
+  # estimate is raised too: its product is short of output tiles there.
+  raw_us, xla_us = cost_model.estimated_us(narrow, mosaic, config, h200)
+  assert cost_model.choice_estimates(narrow, mosaic, config, h200) == (
+      pytest.approx(cost_model.chain_floor_us(narrow, config, h200)
+                    + cost_model.copies_us(narrow, mosaic, config, h200)),
+      pytest.approx(cost_model.CHAIN_XLA_FACTOR * xla_us))
+  assert cost_model.choice_estimates(layer, mosaic, layer_config, h200) == (
+      cost_model.estimated_us(layer, mosaic, layer_config, h200))
+  # Measured: XLA faster on a short contraction's output; the kernels on
+  # one expert's 512 rows at 256 x 1024.
+  short = dataclasses.replace(narrow, k=1024, n=16)
+  few_rows = dataclasses.replace(narrow, m=512, n=1024)
   implementations.clear_cache()
   try:
     chosen = implementations.resolve(narrow, h200)
     assert chosen.implementation == "xla", chosen.reason
+    assert implementations.resolve(short, h200).implementation == "xla"
     assert implementations.resolve(wide, h200).implementation == "mosaic"
+    assert implementations.resolve(few_rows, h200).implementation == "mosaic"
   finally:
     implementations.clear_cache()
 

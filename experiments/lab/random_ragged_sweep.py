@@ -127,27 +127,25 @@ PROBLEM_LABEL = re.compile(
     + "|".join(arg_specs.DIRECTIONS) + r")")
 
 
-def named_cases(text: str, seed: int, dtype: str = "bfloat16",
-                out_dtype: str = "bfloat16"):
-  """The (label, MoeCase, sizes) of each ';'-separated label of `text`, in
-  `draw_cases`' label form."""
-  rng = np.random.default_rng(seed)
-  cases = []
-  for label in (part.strip() for part in text.split(";")):
-    match = PROBLEM_LABEL.fullmatch(label)
-    if match is None:
-      raise SystemExit(
-          f"--problems: {label!r} is not 'g<groups> m<rows> k<k> n<n> "
-          f"<{'|'.join(ROUTINGS)}> <{'|'.join(arg_specs.DIRECTIONS)}>'")
-    groups, rows, k, n = (int(v) for v in match.groups()[:4])
-    if min(groups, k, n) < 1 or rows < 0:
-      raise SystemExit(f"--problems: {label!r} needs groups, k and n >= 1")
-    layer = arg_specs.MoeLayer(label, groups, rows, k, n)
-    case = arg_specs.MoeCase(layer, "even", match.group(6), dtype=dtype,
-                             out_dtype=out_dtype)
-    cases.append((label, case, random_sizes(rng, match.group(5), rows,
-                                            groups)))
-  return cases
+def parse_case(text: str, seed: int, dtype: str = "bfloat16",
+               out_dtype: str = "bfloat16", flag: str = "--problems"):
+  """(label, MoeCase, sizes) of one problem named in `draw_cases`' label
+  form, its routing's sizes drawn from `seed`; `flag` names the option a
+  malformed one came from."""
+  label = text.strip()
+  match = PROBLEM_LABEL.fullmatch(label)
+  if match is None:
+    raise SystemExit(
+        f"{flag}: {label!r} is not 'g<groups> m<rows> k<k> n<n> "
+        f"<{'|'.join(ROUTINGS)}> <{'|'.join(arg_specs.DIRECTIONS)}>'")
+  groups, rows, k, n = (int(v) for v in match.groups()[:4])
+  if min(groups, k, n) < 1:
+    raise SystemExit(f"{flag}: {label!r} needs groups, k and n >= 1")
+  layer = arg_specs.MoeLayer(label, groups, rows, k, n)
+  case = arg_specs.MoeCase(layer, "even", match.group(6), dtype=dtype,
+                           out_dtype=out_dtype)
+  return label, case, random_sizes(np.random.default_rng(seed),
+                                   match.group(5), rows, groups)
 
 
 #: Groups, rows a group and output columns (and, for the weight gradient,
@@ -246,7 +244,8 @@ def main(argv=None) -> int:
   if args.problems:
     if only:
       raise SystemExit("--only picks draws; --problems names its own cases")
-    cases = named_cases(args.problems, args.seed, args.dtype, out_dtype)
+    cases = [parse_case(text, args.seed, args.dtype, out_dtype)
+             for text in args.problems.split(";") if text.strip()]
   else:
     cases = draw_cases(args.seed, args.cases, args.max_lax_ms, dims,
                        args.dtype, out_dtype)

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import re
 import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
@@ -38,7 +36,7 @@ from experiments.lab import ragged_lab_common as common  # noqa: E402
 from experiments.lab import random_ragged_sweep as sweep  # noqa: E402
 from pallas_gemm import numerics  # noqa: E402
 from pallas_gemm.devices import device_info  # noqa: E402
-from pallas_gemm.ragged_dot import arg_specs, configs  # noqa: E402
+from pallas_gemm.ragged_dot import configs  # noqa: E402
 
 DEFAULT_CASES = (
     # Random draws (experiments/results/nvidia_h200/random_ragged).
@@ -57,31 +55,6 @@ DEFAULT_CASES = (
     "g2 m100 k4096 n896 zipf forward",
 )
 WAYS = ("lax", "auto", "split", "unsplit")
-CASE = re.compile(r"g(\d+) m(\d+) k(\d+) n(\d+) (\w+) (\w+)$")
-
-
-def parse_case(text: str, seed: int):
-  """(label, MoeCase, sizes) of a case line."""
-  match = CASE.match(text.strip())
-  if not match:
-    raise SystemExit(f"--cases: {text!r} is not 'gG mM kK nN routing "
-                     "direction'")
-  groups, rows, k, n = (int(v) for v in match.groups()[:4])
-  routing, direction = match.group(5), match.group(6)
-  if routing not in sweep.ROUTINGS:
-    raise SystemExit(f"--cases: routing {routing!r} is not one of "
-                     f"{sweep.ROUTINGS}")
-  if direction not in arg_specs.DIRECTIONS:
-    raise SystemExit(f"--cases: direction {direction!r} is not one of "
-                     f"{arg_specs.DIRECTIONS}")
-  label = text.strip()
-  layer = arg_specs.MoeLayer(label, groups, rows, k, n)
-  case = arg_specs.MoeCase(layer, "even", direction)
-  sizes = sweep.random_sizes(np.random.default_rng(seed), routing, rows,
-                             groups)
-  return label, case, sizes
-
-
 def mosaic_call(problem, config):
   numbers = problem.dimension_numbers
   out_dtype = jnp.dtype(problem.out_dtype)
@@ -102,8 +75,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.iterations < 1:
     raise SystemExit(f"--iterations={args.iterations} must be >= 1")
-  cases = [parse_case(text, args.seed) for text in args.cases.split(";")
-           if text.strip()]
+  cases = [sweep.parse_case(text, args.seed, flag="--cases")
+           for text in args.cases.split(";") if text.strip()]
   device = device_info()
   on_gpu = common.print_header(
       WAYS, ("split_k", "split / unsplit", "auto / lax", "split error",

@@ -34,7 +34,8 @@ SMALL_CALL_US, which are mostly fixed costs (`xla_chosen`).
 The choice also holds the kernels' estimate of a weight gradient to a
 floor the linear terms cannot see (`chain_floor_us`): where a few output
 tiles meet a long reduction, one CTA's steps through its group's rows
-are the time, however few the flops.
+are the time, however few the flops. XLA's product is short of tiles
+there too, and its estimate is raised to match (`choice_estimates`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def xla_chosen(mosaic_us: float, xla_us: float,
 #: sweep's one-hot weight gradients of 2048 rows took per step
 #: (experiments/results/nvidia_h200/random_ragged, section 10).
 CHAIN_STEP_US = 0.25
+#: Where a weight gradient's chain stands for the kernels' estimate, XLA's
+#: is multiplied by this: a little under how low its terms put lax's
+#: measured time on such draws (the median draw's), against about right
+#: elsewhere (same notes, section 11).
+CHAIN_XLA_FACTOR = 1.15
+#: A chain of fewer steps is a call's fixed costs, which the terms weigh.
+CHAIN_MIN_STEPS = 4
 
 #: 16-bit inputs only: the draws were bfloat16 (float32 and fp8 operands
 #: have their own model, `bfloat16_split`).
@@ -143,12 +151,12 @@ def _copies_in(jaxpr) -> tuple[int, int]:
 
 
 def copies_us(problem: RaggedProblem, implementation, config,
-              device: DeviceInfo) -> float:
+              device: DeviceInfo, mosaic_terms=MOSAIC_TERMS) -> float:
   """µs the `copies` of `implementation` under `config` take on `device`,
-  at the shipped per-launch and per-MB terms: what a model of the kernels
-  alone (`bfloat16_split.estimated_seconds`) leaves out."""
+  at the shipped per-launch and per-MB terms (or a fit's): what a model of
+  the kernels alone (`bfloat16_split.estimated_seconds`) leaves out."""
   launches, copied = copies(problem, implementation, config)
-  return MOSAIC_TERMS[1] * launches + MOSAIC_TERMS[2] * _mb(device) * copied
+  return mosaic_terms[1] * launches + mosaic_terms[2] * _mb(device) * copied
 
 
 def mosaic_features(problem: RaggedProblem, implementation, config,
@@ -219,10 +227,20 @@ def chain_floor_us(problem: RaggedProblem, config,
 def choice_estimates(problem: RaggedProblem, implementation, config,
                      device: DeviceInfo, **terms) -> tuple[float, float]:
   """`estimated_us` (at the shipped terms or `terms`' others) as the choice
-  weighs it: the kernels' estimate held to `chain_floor_us`."""
+  weighs it. Where the kernels' chain (`chain_floor_us`) outlasts their
+  estimate and is CHAIN_MIN_STEPS steps or more, it stands for them, after their copies (which run before it),
+  and XLA's estimate is raised by CHAIN_XLA_FACTOR: its product then also
+  runs few output tiles over a long reduction, which its terms put too
+  low."""
   mosaic_us, xla_us = estimated_us(problem, implementation, config, device,
                                    **terms)
-  return max(mosaic_us, chain_floor_us(problem, config, device)), xla_us
+  chain_us = chain_floor_us(problem, config, device)
+  if (chain_us <= mosaic_us
+      or chain_us - MOSAIC_TERMS[0] < CHAIN_MIN_STEPS * CHAIN_STEP_US):
+    return mosaic_us, xla_us
+  return (chain_us + copies_us(problem, implementation, config, device,
+                               terms.get("mosaic_terms", MOSAIC_TERMS)),
+          CHAIN_XLA_FACTOR * xla_us)
 
 
 def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,

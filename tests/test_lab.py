@@ -476,12 +476,18 @@ def test_random_ragged_sweep_times_named_problems(capsys):
 
 
 def test_xla_path_overhead_times_every_way(capsys):
+  import jax.numpy as jnp
+  import numpy as np
+
   from experiments.lab import xla_path_overhead as probe
   assert probe.main(["--problems", "g2 m40 k16 n24 even drhs",
-                     "--iterations", "1"]) == 0
+                     "--iterations", "1", "--forms"]) == 0
   (row,) = [l for l in capsys.readouterr().out.splitlines()
             if l.startswith("| g2 m40")]
-  assert row.count("|") == 9 and "| - |" not in row
+  assert row.count("|") == 9 + len(probe.FORMS) and "| - |" not in row
+  sizes = jnp.array([3, -2, 0, 5], jnp.int32)
+  for form in probe.FORMS.values():
+    np.testing.assert_array_equal(form(sizes), [3, 0, 0, 5])
 
 
 def test_tiled_partial_span_probe_reports_each_layout_and_width(capsys):

@@ -6,13 +6,14 @@ cumulative sum, no longer fused into XLA's selects).
 
     PYTHONPATH=. python3 experiments/lab/xla_path_overhead.py \\
         [--problems "g2 m8192 k16 n256 even drhs;..."] [--iterations 20] \\
-        [--breakdown]
+        [--breakdown] [--forms]
 
 Ways, each on the same operands in one process: `lax` (the bare call),
 `lax_maximum` (the bare call on `jnp.maximum(sizes, 0)`), `xla`
 (`pallas_gemm`'s implementation) and `auto` (the automatic choice). Each
 problem is named as `random_ragged_sweep.py` labels its draws.
-`--breakdown` adds each way's kernels and their CUPTI medians.
+`--breakdown` adds each way's kernels and their CUPTI medians; `--forms`
+times the bare call on other forms of the sizes' clamp (FORMS) too.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ DEFAULT_PROBLEMS = (
     "g4 m512 k512 n512 even dlhs",
 )
 WAYS = ("lax", "lax_maximum", "xla", "auto")
+#: Other forms of "a negative size counts as zero", with `--forms`: does
+#: any of them leave XLA's fusion of the sizes' cumulative sum as it is?
+FORMS = {
+    "lax_where": lambda s: jnp.where(s < 0, 0, s),
+    "lax_bits": lambda s: s & ~(s >> 31),
+    "lax_clip": lambda s: jnp.clip(s, 0, None),
+}
 
 
 def way_calls(problem):
@@ -50,10 +58,13 @@ def way_calls(problem):
       l, r, s, numbers, preferred_element_type=out_dtype)
   ours = lambda kernel: lambda l, r, s: pallas_gemm.ragged_dot_general(
       l, r, s, numbers, preferred_element_type=out_dtype, kernel=kernel)
-  return {"lax": jax.jit(bare),
-          "lax_maximum": jax.jit(lambda l, r, s: bare(l, r,
-                                                      jnp.maximum(s, 0))),
-          "xla": jax.jit(ours("xla")), "auto": jax.jit(ours(None))}
+  calls = {"lax": jax.jit(bare),
+           "lax_maximum": jax.jit(lambda l, r, s: bare(l, r,
+                                                       jnp.maximum(s, 0))),
+           "xla": jax.jit(ours("xla")), "auto": jax.jit(ours(None))}
+  for name, form in FORMS.items():
+    calls[name] = jax.jit(lambda l, r, s, form=form: bare(l, r, form(s)))
+  return calls
 
 
 def main(argv=None) -> int:
@@ -62,12 +73,15 @@ def main(argv=None) -> int:
   parser.add_argument("--iterations", type=int, default=20)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--breakdown", action="store_true")
+  parser.add_argument("--forms", action="store_true",
+                      help="also time the bare call on FORMS' sizes")
   args = parser.parse_args(argv)
+  ways = WAYS + (tuple(FORMS) if args.forms else ())
   if args.iterations < 1:
     raise SystemExit(f"--iterations={args.iterations} must be >= 1")
   cases = [sweep.parse_case(text, args.seed)
            for text in args.problems.split(";") if text.strip()]
-  on_gpu = common.print_header(WAYS, ("xla / lax", "lax_maximum / lax",
+  on_gpu = common.print_header(ways, ("xla / lax", "lax_maximum / lax",
                                       "auto / lax"), args.iterations)
   keys = jax.random.split(jax.random.key(args.seed), 2)
   for label, case, sizes in cases:
@@ -75,13 +89,14 @@ def main(argv=None) -> int:
     lhs = numerics.random_normal(keys[0], problem.lhs_shape, "bfloat16")
     rhs = numerics.random_normal(keys[1], problem.rhs_shape, "bfloat16")
     operands = (lhs, rhs, jnp.asarray(sizes))
-    calls = way_calls(problem)
+    calls = {way: call for way, call in way_calls(problem).items()
+             if way in ways}
     times, _ = common.time_ways(calls, operands, iterations=args.iterations,
                                 on_gpu=on_gpu, label=label)
-    common.print_row(label, WAYS, times, (("xla", "lax"),
+    common.print_row(label, ways, times, (("xla", "lax"),
                                           ("lax_maximum", "lax"),
                                           ("auto", "lax")), {}, ())
-    for way in (WAYS if args.breakdown and on_gpu else ()):
+    for way in (ways if args.breakdown and on_gpu else ()):
       kernels = timing.kernel_medians_us(calls[way], operands,
                                          iterations=args.iterations)
       print(f"#   {way}: " + ", ".join(f"{name[:40]} {us:.1f}"

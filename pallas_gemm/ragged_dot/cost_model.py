@@ -224,23 +224,36 @@ def chain_floor_us(problem: RaggedProblem, config,
   return MOSAIC_TERMS[0] + waves * CHAIN_STEP_US * -(-rows // config.tile_k)
 
 
-def choice_estimates(problem: RaggedProblem, implementation, config,
-                     device: DeviceInfo, **terms) -> tuple[float, float]:
-  """`estimated_us` (at the shipped terms or `terms`' others) as the choice
-  weighs it. Where the kernels' chain (`chain_floor_us`) outlasts their
-  estimate and is CHAIN_MIN_STEPS steps or more, it stands for them, after their copies (which run before it),
-  and XLA's estimate is raised by CHAIN_XLA_FACTOR: its product then also
-  runs few output tiles over a long reduction, which its terms put too
-  low."""
-  mosaic_us, xla_us = estimated_us(problem, implementation, config, device,
-                                   **terms)
+def standing_chain_us(problem: RaggedProblem, implementation, config,
+                      device: DeviceInfo, **terms) -> float:
+  """The kernels' chain (`chain_floor_us`) after their copies (which run
+  before it), where it stands for their estimate: it outlasts the
+  estimate (at the shipped terms or `terms`' others) and is
+  CHAIN_MIN_STEPS steps or more. 0 elsewhere."""
+  mosaic_us, _ = estimated_us(problem, implementation, config, device,
+                              **terms)
   chain_us = chain_floor_us(problem, config, device)
   if (chain_us <= mosaic_us
       or chain_us - MOSAIC_TERMS[0] < CHAIN_MIN_STEPS * CHAIN_STEP_US):
-    return mosaic_us, xla_us
-  return (chain_us + copies_us(problem, implementation, config, device,
-                               terms.get("mosaic_terms", MOSAIC_TERMS)),
-          CHAIN_XLA_FACTOR * xla_us)
+    return 0.0
+  return chain_us + copies_us(problem, implementation, config, device,
+                              terms.get("mosaic_terms", MOSAIC_TERMS))
+
+
+def choice_estimates(problem: RaggedProblem, implementation, config,
+                     device: DeviceInfo, **terms) -> tuple[float, float]:
+  """`estimated_us` (at the shipped terms or `terms`' others) as the choice
+  weighs it. Where the kernels' chain stands for their estimate
+  (`standing_chain_us`), XLA's is raised by CHAIN_XLA_FACTOR: its product
+  then also runs few output tiles over a long reduction, which its terms
+  put too low."""
+  mosaic_us, xla_us = estimated_us(problem, implementation, config, device,
+                                   **terms)
+  chain_us = standing_chain_us(problem, implementation, config, device,
+                               **terms)
+  if chain_us:
+    return chain_us, CHAIN_XLA_FACTOR * xla_us
+  return mosaic_us, xla_us
 
 
 def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
@@ -248,7 +261,10 @@ def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
   """(whether XLA's ragged product is expected `margin` times faster than
   the Mosaic kernels' `implementation` under its heuristic's config, or
   faster on a call under SMALL_CALL_US (`xla_chosen`; an infinite margin
-  leaves only that), why: the estimates, for `explain`).
+  leaves only that), why: the estimates, for `explain`). Where the
+  kernels' chain stands for their estimate (`standing_chain_us`) the
+  margin is at most XLA_MARGIN: a floor of their steps, not a fit that
+  may undercount them.
   False, without a model, outside what it was fitted on: other input
   dtypes, and decode batches that `xla.gathers` (fewer rows than a third
   of the groups)."""
@@ -260,6 +276,8 @@ def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
   config = implementation.heuristic(problem, device)
   mosaic_us, xla_us = choice_estimates(problem, implementation, config,
                                        device)
+  if standing_chain_us(problem, implementation, config, device):
+    margin = min(margin, XLA_MARGIN)
   return xla_chosen(mosaic_us, xla_us, margin), (
       f"mosaic about {mosaic_us:.0f} us, xla about {xla_us:.0f} us "
       "(estimates)")

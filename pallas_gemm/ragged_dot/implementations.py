@@ -174,14 +174,16 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
     else:
       # fp8: XLA's product is no candidate but on calls of a few
       # microseconds, where the widening pass and the kernels' fixed costs
-      # outweigh the work. Its bfloat16 estimate stands for it there: on
-      # those calls XLA's fp8 product ran as fast (experiments/results/
-      # nvidia_h200/random_ragged, "fp8 calls of a few microseconds").
-      small, estimates = cost_model.against_xla(
+      # outweigh the work, and on weight gradients whose chain of steps
+      # stands for the kernels' time (`against_xla` then keeps its
+      # margin). Its bfloat16 estimate stands for it there: on those calls
+      # XLA's fp8 product ran as fast (experiments/results/nvidia_h200/
+      # random_ragged, "fp8 calls of a few microseconds", section 11).
+      short, estimates = cost_model.against_xla(
           dataclasses.replace(problem, in_dtype="bfloat16"), kernels, device,
           margin=math.inf)
-      if small:
-        return "xla", (f"xla: a call of a few microseconds on {operands}: "
+      if short:
+        return "xla", (f"xla: a short call on {operands}: "
                        f"{estimates} for bfloat16 operands")
       copies_us = 0.0
     xla_faster, estimates = bfloat16_split.against_xla(problem, device,

@@ -540,6 +540,34 @@ def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
   assert sweep.sampled_error(problem, lhs, rhs, sizes, stray) > 1e-2
 
 
+@pytest.mark.parametrize("direction", ["forward", "drhs"])
+def test_random_ragged_sweep_check_sees_the_one_hot_group(direction):
+  """With more groups than it spreads its check over, the one group with
+  rows is checked too, not only the empty ones' zeros."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from experiments.lab import random_ragged_sweep as sweep
+  from pallas_gemm.ragged_dot import arg_specs
+  groups = 2 * sweep.CHECKED_GROUPS
+  case = arg_specs.MoeCase(arg_specs.MoeLayer("g", groups, 30, 16, 24),
+                           "even", direction)
+  problem = case.problem
+  sizes = np.zeros(groups, np.int32)
+  missed = np.setdiff1d(np.arange(groups),
+                        sweep._spread(groups, sweep.CHECKED_GROUPS))[0]
+  sizes[missed] = 30
+  keys = jax.random.split(jax.random.key(2), 2)
+  lhs = jax.random.normal(keys[0], problem.lhs_shape, jnp.bfloat16)
+  rhs = jax.random.normal(keys[1], problem.rhs_shape, jnp.bfloat16)
+  out = jax.lax.ragged_dot_general(lhs, rhs, jnp.asarray(sizes),
+                                   problem.dimension_numbers,
+                                   preferred_element_type=jnp.float32)
+  assert sweep.sampled_error(problem, lhs, rhs, sizes, out) < 1e-6
+  assert sweep.sampled_error(problem, lhs, rhs, sizes, out * 2) > 1e-2
+
+
 def test_ragged_cost_fit_refits_the_shipped_terms_and_replays_them(capsys):
   """The committed H200 draws refit the shipped terms, and on the held-out
   seeds the shipped choice leaves at most three draws slower than lax (of

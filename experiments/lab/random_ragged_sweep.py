@@ -162,14 +162,18 @@ def _spread(count: int, most: int) -> np.ndarray:
 def sampled_error(problem, lhs, rhs, sizes, out) -> float:
   """Relative error of `out` against float64 on a sample that touches every
   kind of group: up to CHECKED_GROUPS groups spread over all of them (empty
-  ones included, whose rows or weight gradient must be zero), a few rows
+  ones included, whose rows or weight gradient must be zero) and the
+  largest, a few rows
   of each (rows mode) or a grid of its K x N block (contracting mode), at
   CHECKED_COLS output columns, plus up to CHECKED_GROUPS rows in no group
   (zero)."""
   f64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
   ends = np.cumsum(sizes.astype(np.int64))
   starts = ends - sizes
-  groups = _spread(problem.groups, CHECKED_GROUPS)
+  # The largest group too: with a one-hot routing the spread can miss the
+  # one group with rows, and then checks only zeros.
+  groups = np.union1d(_spread(problem.groups, CHECKED_GROUPS),
+                      [int(np.argmax(sizes))] if sizes.size else [])
   cols = _spread(problem.n, CHECKED_COLS)
   got, ref = [], []
   if problem.mode == "rows":

@@ -570,8 +570,8 @@ def test_random_ragged_sweep_check_sees_the_one_hot_group(direction):
 
 def test_ragged_cost_fit_refits_the_shipped_terms_and_replays_them(capsys):
   """The committed H200 draws refit the shipped terms, and on the held-out
-  seeds the shipped choice leaves at most three draws slower than lax (of
-  twenty) and at most two switched to XLA where the kernels were faster."""
+  seeds the shipped choice leaves at most one draw in fifteen slower than
+  lax and one in twenty switched to XLA where the kernels were faster."""
   import re
 
   from experiments.lab import ragged_cost_fit
@@ -591,5 +591,6 @@ def test_ragged_cost_fit_refits_the_shipped_terms_and_replays_them(capsys):
                        r"to xla, (\d+) of them wrongly", out)
   draws, before, after, geo_before, geo_after, wrong = held_out.groups()
   assert int(draws) >= 40 and int(before) >= 15
-  assert int(after) <= 3 and int(wrong) <= 2
+  # As shares: the held-out draws grow with each `--kernels_too` table.
+  assert int(after) <= int(draws) / 15 and int(wrong) <= int(draws) / 20
   assert float(geo_after) < float(geo_before)

@@ -513,24 +513,31 @@ def test_split_k_check_times_both_configs_and_skips_unsplit_cases(capsys):
     split_k_check.main(["--cases", "g2 m20 k64 n64 diagonal forward"])
 
 
-@pytest.mark.parametrize("direction", ["forward", "dlhs", "drhs"])
-def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
+def _lax_ragged_case(rows, k, n, direction, sizes):
+  """(problem, lhs, rhs, XLA's float32 result) of a grouped GEMM of
+  `sizes`' groups on random bfloat16 operands."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
 
-  from experiments.lab import random_ragged_sweep as sweep
   from pallas_gemm.ragged_dot import arg_specs
-  case = arg_specs.MoeCase(arg_specs.MoeLayer("g", 5, 70, 24, 40), "even",
-                           direction)
-  problem = case.problem
-  sizes = np.array([20, 0, 30, 15, 0], np.int32)  # 5 rows in no group
+  layer = arg_specs.MoeLayer("g", len(sizes), rows, k, n)
+  problem = arg_specs.MoeCase(layer, "even", direction).problem
   keys = jax.random.split(jax.random.key(1), 2)
   lhs = jax.random.normal(keys[0], problem.lhs_shape, jnp.bfloat16)
   rhs = jax.random.normal(keys[1], problem.rhs_shape, jnp.bfloat16)
   out = jax.lax.ragged_dot_general(lhs, rhs, jnp.asarray(sizes),
                                    problem.dimension_numbers,
                                    preferred_element_type=jnp.float32)
+  return problem, lhs, rhs, out
+
+
+@pytest.mark.parametrize("direction", ["forward", "dlhs", "drhs"])
+def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
+  import numpy as np
+
+  from experiments.lab import random_ragged_sweep as sweep
+  sizes = np.array([20, 0, 30, 15, 0], np.int32)  # 5 rows in no group
+  problem, lhs, rhs, out = _lax_ragged_case(70, 24, 40, direction, sizes)
   assert sweep.sampled_error(problem, lhs, rhs, sizes, out) < 1e-6
   wrong = (out.at[30:40].add(1.0) if problem.mode == "rows"
            else out.at[2, 5:9].add(1.0))
@@ -544,26 +551,15 @@ def test_random_ragged_sweep_check_sees_a_wrong_middle_group(direction):
 def test_random_ragged_sweep_check_sees_the_one_hot_group(direction):
   """With more groups than it spreads its check over, the one group with
   rows is checked too, not only the empty ones' zeros."""
-  import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from experiments.lab import random_ragged_sweep as sweep
-  from pallas_gemm.ragged_dot import arg_specs
   groups = 2 * sweep.CHECKED_GROUPS
-  case = arg_specs.MoeCase(arg_specs.MoeLayer("g", groups, 30, 16, 24),
-                           "even", direction)
-  problem = case.problem
   sizes = np.zeros(groups, np.int32)
   missed = np.setdiff1d(np.arange(groups),
                         sweep._spread(groups, sweep.CHECKED_GROUPS))[0]
   sizes[missed] = 30
-  keys = jax.random.split(jax.random.key(2), 2)
-  lhs = jax.random.normal(keys[0], problem.lhs_shape, jnp.bfloat16)
-  rhs = jax.random.normal(keys[1], problem.rhs_shape, jnp.bfloat16)
-  out = jax.lax.ragged_dot_general(lhs, rhs, jnp.asarray(sizes),
-                                   problem.dimension_numbers,
-                                   preferred_element_type=jnp.float32)
+  problem, lhs, rhs, out = _lax_ragged_case(30, 16, 24, direction, sizes)
   assert sweep.sampled_error(problem, lhs, rhs, sizes, out) < 1e-6
   assert sweep.sampled_error(problem, lhs, rhs, sizes, out * 2) > 1e-2
 

@@ -183,7 +183,8 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
           dataclasses.replace(problem, in_dtype="bfloat16"), kernels, device,
           margin=math.inf)
       if short:
-        return "xla", (f"xla: a short call on {operands}: "
+        return "xla", (f"xla: a short call or a weight gradient's long "
+                       f"chain on {operands}: "
                        f"{estimates} for bfloat16 operands")
       copies_us = 0.0
     xla_faster, estimates = bfloat16_split.against_xla(problem, device,

@@ -224,35 +224,44 @@ def chain_floor_us(problem: RaggedProblem, config,
   return MOSAIC_TERMS[0] + waves * CHAIN_STEP_US * -(-rows // config.tile_k)
 
 
-def standing_chain_us(problem: RaggedProblem, implementation, config,
-                      device: DeviceInfo, **terms) -> float:
+def _standing_chain_us(problem: RaggedProblem, implementation, config,
+                       device: DeviceInfo, mosaic_us: float,
+                       mosaic_terms=MOSAIC_TERMS) -> float:
   """The kernels' chain (`chain_floor_us`) after their copies (which run
-  before it), where it stands for their estimate: it outlasts the
-  estimate (at the shipped terms or `terms`' others) and is
-  CHAIN_MIN_STEPS steps or more. 0 elsewhere."""
-  mosaic_us, _ = estimated_us(problem, implementation, config, device,
-                              **terms)
+  before it), where it stands for their estimate `mosaic_us`: it outlasts
+  it and is CHAIN_MIN_STEPS steps or more. 0 elsewhere."""
   chain_us = chain_floor_us(problem, config, device)
   if (chain_us <= mosaic_us
       or chain_us - MOSAIC_TERMS[0] < CHAIN_MIN_STEPS * CHAIN_STEP_US):
     return 0.0
   return chain_us + copies_us(problem, implementation, config, device,
-                              terms.get("mosaic_terms", MOSAIC_TERMS))
+                              mosaic_terms)
+
+
+def _weighed(problem: RaggedProblem, implementation, config,
+             device: DeviceInfo, **terms) -> tuple[float, float, bool]:
+  """`choice_estimates`, and whether the kernels' chain stands for their
+  estimate."""
+  mosaic_us, xla_us = estimated_us(problem, implementation, config, device,
+                                   **terms)
+  chain_us = _standing_chain_us(problem, implementation, config, device,
+                                mosaic_us,
+                                terms.get("mosaic_terms", MOSAIC_TERMS))
+  if chain_us:
+    return chain_us, CHAIN_XLA_FACTOR * xla_us, True
+  return mosaic_us, xla_us, False
 
 
 def choice_estimates(problem: RaggedProblem, implementation, config,
                      device: DeviceInfo, **terms) -> tuple[float, float]:
   """`estimated_us` (at the shipped terms or `terms`' others) as the choice
-  weighs it. Where the kernels' chain stands for their estimate
-  (`standing_chain_us`), XLA's is raised by CHAIN_XLA_FACTOR: its product
-  then also runs few output tiles over a long reduction, which its terms
-  put too low."""
-  mosaic_us, xla_us = estimated_us(problem, implementation, config, device,
-                                   **terms)
-  chain_us = standing_chain_us(problem, implementation, config, device,
-                               **terms)
-  if chain_us:
-    return chain_us, CHAIN_XLA_FACTOR * xla_us
+  weighs it. Where the kernels' chain stands for their estimate (it
+  outlasts it and is CHAIN_MIN_STEPS steps or more), it replaces it, after
+  their copies, and XLA's is raised by CHAIN_XLA_FACTOR: its product then
+  also runs few output tiles over a long reduction, which its terms put
+  too low."""
+  mosaic_us, xla_us, _ = _weighed(problem, implementation, config, device,
+                                  **terms)
   return mosaic_us, xla_us
 
 
@@ -262,7 +271,7 @@ def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
   the Mosaic kernels' `implementation` under its heuristic's config, or
   faster on a call under SMALL_CALL_US (`xla_chosen`; an infinite margin
   leaves only that), why: the estimates, for `explain`). Where the
-  kernels' chain stands for their estimate (`standing_chain_us`) the
+  kernels' chain stands for their estimate (`choice_estimates`) the
   margin is at most XLA_MARGIN: a floor of their steps, not a fit that
   may undercount them.
   False, without a model, outside what it was fitted on: other input
@@ -274,9 +283,9 @@ def against_xla(problem: RaggedProblem, implementation, device: DeviceInfo,
   if problem.in_dtype not in INPUT_DTYPES or xla.gathers(problem):
     return False, "no cost model for this problem"
   config = implementation.heuristic(problem, device)
-  mosaic_us, xla_us = choice_estimates(problem, implementation, config,
-                                       device)
-  if standing_chain_us(problem, implementation, config, device):
+  mosaic_us, xla_us, chain_stands = _weighed(problem, implementation, config,
+                                             device)
+  if chain_stands:
     margin = min(margin, XLA_MARGIN)
   return xla_chosen(mosaic_us, xla_us, margin), (
       f"mosaic about {mosaic_us:.0f} us, xla about {xla_us:.0f} us "

@@ -272,9 +272,9 @@ def main(argv=None) -> int:
     problem = case.problem
     lhs = numerics.random_normal(keys[0], problem.lhs_shape, args.dtype)
     rhs = numerics.random_normal(keys[1], problem.rhs_shape, args.dtype)
+    calls = {way: common.way_call(way, problem) for way in ways}
     times, results = common.time_ways(
-        {way: common.way_call(way, problem) for way in ways},
-        (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
+        calls, (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations,
         on_gpu=on_gpu, label=label)
     errors = {way: sampled_error(problem, lhs, rhs, sizes, result)
               for way, result in results.items()}
@@ -296,8 +296,8 @@ def main(argv=None) -> int:
     for way in (ways if args.breakdown and on_gpu else ()):
       if way in times:
         kernels = timing.kernel_medians_us(
-            common.way_call(way, problem),
-            (lhs, rhs, jnp.asarray(sizes)), iterations=args.iterations)
+            calls[way], (lhs, rhs, jnp.asarray(sizes)),
+            iterations=args.iterations)
         print(f"#   {index} {way}: " + ", ".join(
             f"{name[:40]} {us:.1f}" for name, us in kernels), flush=True)
   return 0

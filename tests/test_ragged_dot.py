@@ -685,7 +685,7 @@ def test_weight_gradient_of_few_tiles_and_long_rows_is_held_to_its_chain():
           < cost_model.estimated_us(layer, mosaic, layer_config, h200)[0])
   # Where the chain stands for the kernels, after their copies, XLA's
   # estimate is raised too: its product is short of output tiles there.
-  raw_us, xla_us = cost_model.estimated_us(narrow, mosaic, config, h200)
+  _, xla_us = cost_model.estimated_us(narrow, mosaic, config, h200)
   assert cost_model.choice_estimates(narrow, mosaic, config, h200) == (
       pytest.approx(cost_model.chain_floor_us(narrow, config, h200)
                     + cost_model.copies_us(narrow, mosaic, config, h200)),

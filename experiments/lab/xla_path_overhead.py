@@ -6,7 +6,7 @@ cumulative sum, no longer fused into XLA's selects).
 
     PYTHONPATH=. python3 experiments/lab/xla_path_overhead.py \\
         [--problems "g2 m8192 k16 n256 even drhs;..."] [--iterations 20] \\
-        [--breakdown] [--forms]
+        [--breakdown] [--forms] [--dtype bfloat16]
 
 Ways, each on the same operands in one process: `lax` (the bare call),
 `lax_maximum` (the bare call on `jnp.maximum(sizes, 0)`), `xla`
@@ -14,6 +14,8 @@ Ways, each on the same operands in one process: `lax` (the bare call),
 problem is named as `random_ragged_sweep.py` labels its draws.
 `--breakdown` adds each way's kernels and their CUPTI medians; `--forms`
 times the bare call on other forms of the sizes' clamp (FORMS) too.
+`--dtype` is the operands' (an fp8 one gives a bfloat16 output, as the
+sweep does).
 """
 
 from __future__ import annotations
@@ -75,19 +77,25 @@ def main(argv=None) -> int:
   parser.add_argument("--breakdown", action="store_true")
   parser.add_argument("--forms", action="store_true",
                       help="also time the bare call on FORMS' sizes")
+  parser.add_argument("--dtype", default="bfloat16",
+                      choices=("bfloat16", "float16", "float32",
+                               "float8_e4m3fn", "float8_e5m2"))
   args = parser.parse_args(argv)
   ways = WAYS + (tuple(FORMS) if args.forms else ())
   if args.iterations < 1:
     raise SystemExit(f"--iterations={args.iterations} must be >= 1")
-  cases = [sweep.parse_case(text, args.seed)
+  out_dtype = "bfloat16" if args.dtype.startswith("float8") else args.dtype
+  cases = [sweep.parse_case(text, args.seed, args.dtype, out_dtype)
            for text in args.problems.split(";") if text.strip()]
   on_gpu = common.print_header(ways, ("xla / lax", "lax_maximum / lax",
-                                      "auto / lax"), args.iterations)
+                                      "auto / lax"), args.iterations,
+                               args.dtype if out_dtype == args.dtype
+                               else f"{args.dtype} -> {out_dtype}")
   keys = jax.random.split(jax.random.key(args.seed), 2)
   for label, case, sizes in cases:
     problem = case.problem
-    lhs = numerics.random_normal(keys[0], problem.lhs_shape, "bfloat16")
-    rhs = numerics.random_normal(keys[1], problem.rhs_shape, "bfloat16")
+    lhs = numerics.random_normal(keys[0], problem.lhs_shape, args.dtype)
+    rhs = numerics.random_normal(keys[1], problem.rhs_shape, args.dtype)
     operands = (lhs, rhs, jnp.asarray(sizes))
     calls = {way: call for way, call in way_calls(problem).items()
              if way in ways}

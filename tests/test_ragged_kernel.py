@@ -3218,10 +3218,9 @@ def test_fp8_operands_run_as_one_exact_bfloat16_product(problem, sizes,
 
 def test_automatic_choice_for_fp8_operands_is_the_kernels_but_small_calls():
   """fp8 operands: widened on the kernels at any row count, decode batches
-  included: XLA's fp8 ragged product is no candidate, and the cost model
-  has no estimate for it; except on calls of a few microseconds, which go
-  to XLA where the bfloat16 model expects it faster in under
-  SMALL_CALL_US."""
+  included; except on calls of a few microseconds, which go to XLA where
+  the bfloat16 model expects it faster in under SMALL_CALL_US, and with
+  rhs read transposed, where the bfloat16 model's choice holds."""
   from pallas_gemm.ragged_dot import bfloat16_split, cost_model, \
       implementations
   for m, mode in ((16, "rows"), (32768, "rows"), (16, "contracting")):
@@ -3243,5 +3242,17 @@ def test_automatic_choice_for_fp8_operands_is_the_kernels_but_small_calls():
   # A few times that size, where XLA's fp8 product falls behind: kernels.
   larger = dataclasses.replace(small, m=3514, k=904, n=48, groups=9)
   assert implementations.resolve(larger, HOPPER).implementation == "mosaic"
+  # rhs read transposed, XLA's fp8 GEMMs take the weights as stored: the
+  # 16-bit choice, at its margin (measured: 8.3 us against the kernels'
+  # 21.6). Not transposed, XLA would transpose them first: there it is
+  # chosen on short calls only, and this one is not.
+  as_stored = RaggedProblem("rows", 317, 32, 5461, 7, "float8_e4m3fn",
+                            "bfloat16", transpose_rhs=True)
+  chosen = implementations.resolve(as_stored, HOPPER)
+  assert chosen.implementation == "xla", chosen.reason
+  assert "rhs read as stored" in chosen.reason
+  stored_k_by_n = dataclasses.replace(as_stored, transpose_rhs=False)
+  assert implementations.resolve(stored_k_by_n,
+                                 HOPPER).implementation == "mosaic"
   with pytest.raises(ValueError, match="no cost model"):
     bfloat16_split.estimated_seconds(problem, HOPPER)

@@ -117,8 +117,10 @@ def resolve(problem: RaggedProblem, device: DeviceInfo, kernel: str | None = Non
   kernel None: the Mosaic kernel on a Hopper GPU when it supports the
   problem, otherwise `xla`, with the reason recorded; float32 operands go
   to the Mosaic kernels only where `bfloat16_split`'s cost model has them
-  faster than XLA, fp8 ones except on calls of a few microseconds (as
-  `cost_model` estimates them for bfloat16 operands), 16-bit ones except where
+  faster than XLA, fp8 ones except where `cost_model` expects XLA faster
+  for bfloat16 operands: with rhs read transposed, as for 16-bit ones;
+  otherwise on calls of a few microseconds and weight gradients whose
+  chain of steps stands for the kernels' time; 16-bit ones except where
   `cost_model` expects XLA's product to be `XLA_MARGIN` times faster, or
   faster on a call of a few microseconds (`cost_model.xla_chosen`: small
   calls, padded shapes). config given: checked and
@@ -172,20 +174,29 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
       copies_us = cost_model.copies_us(
           problem, kernels, kernels.heuristic(problem, device), device)
     else:
-      # fp8: XLA's product is no candidate but on calls of a few
-      # microseconds, where the widening pass and the kernels' fixed costs
-      # outweigh the work, and on weight gradients whose chain of steps
-      # stands for the kernels' time (`against_xla` then keeps its
-      # margin). Its bfloat16 estimate stands for it there: on those calls
-      # XLA's fp8 product ran as fast (experiments/results/nvidia_h200/
-      # random_ragged, "fp8 calls of a few microseconds", section 11).
-      short, estimates = cost_model.against_xla(
-          dataclasses.replace(problem, in_dtype="bfloat16"), kernels, device,
-          margin=math.inf)
+      # fp8: XLA's bfloat16 estimate stands for its fp8 product where
+      # that reads its operands as stored. Its fp8 GEMMs take both
+      # operands with the contraction innermost: so does rhs read
+      # transposed (dlhs), there the 16-bit choice holds at its margin.
+      # The forward's weights and a weight gradient's operands are
+      # transposed first, so there XLA is a candidate only on calls of a
+      # few microseconds, where the widening pass and the kernels' fixed
+      # costs outweigh the work, and where a weight gradient's chain of
+      # steps stands for the kernels' time (`against_xla` then keeps its
+      # margin) (experiments/results/nvidia_h200/random_ragged, sections
+      # 8, 11 and 12).
+      twin = dataclasses.replace(problem, in_dtype="bfloat16")
+      short, estimates = cost_model.against_xla(twin, kernels, device,
+                                                margin=math.inf)
       if short:
         return "xla", (f"xla: a short call or a weight gradient's long "
-                       f"chain on {operands}: "
-                       f"{estimates} for bfloat16 operands")
+                       f"chain on {operands}: {estimates} for bfloat16 "
+                       "operands")
+      if cost_model.form(twin) == "transposed":
+        xla_faster, estimates = cost_model.against_xla(twin, kernels, device)
+        if xla_faster:
+          return "xla", (f"xla: expected faster on {operands}, rhs read "
+                         f"as stored: {estimates} for bfloat16 operands")
       copies_us = 0.0
     xla_faster, estimates = bfloat16_split.against_xla(problem, device,
                                                        copies_us)

@@ -50,6 +50,9 @@ FORMS = {
     "lax_where": lambda s: jnp.where(s < 0, 0, s),
     "lax_bits": lambda s: s & ~(s >> 31),
     "lax_clip": lambda s: jnp.clip(s, 0, None),
+    # The clamp kept out of XLA's fusions of the sizes' uses: a small
+    # kernel of its own, but the masks fuse as on the bare call?
+    "lax_barrier": lambda s: jax.lax.optimization_barrier(jnp.maximum(s, 0)),
 }
 
 

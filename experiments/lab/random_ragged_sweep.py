@@ -15,7 +15,8 @@ from. This script draws each case at random instead, from wide ranges:
   direction       forward, dlhs (rhs read transposed) or drhs;
 
 in `--dtype` (bfloat16, float16, float32: the kernels' three bfloat16
-products or XLA, whichever the automatic choice takes, or float8_e4m3fn),
+products or XLA, whichever the automatic choice takes, or float8_e4m3fn
+or float8_e5m2),
 out `--out_dtype` (the same, or float32; fp8 operands: bfloat16 unless
 given).
 
@@ -74,7 +75,7 @@ MAX_ROWS = 65536
 #: XLA's usual rate on the groups x dense flops it does, by input dtype
 #: (float32: TF32 products), for the draws' filter only.
 LAX_RATE = {"bfloat16": 700e12, "float16": 700e12, "float32": 300e12,
-            "float8_e4m3fn": 200e12}
+            "float8_e4m3fn": 200e12, "float8_e5m2": 200e12}
 MAX_BYTES = 2 * 2**30
 
 

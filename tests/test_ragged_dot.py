@@ -619,6 +619,23 @@ def test_automatic_choice_and_explain(monkeypatch):
   assert explain(*shapes, kernel="xla").reason == "asked for by name"
 
 
+def test_copies_count_the_compiled_cut_as_the_slice_it_replaces():
+  """Compiled, an output whose rows are not whole 16-byte units is cut by
+  `tma.unpad_output`'s kernel, not XLA's slice; the cost model counts it
+  as the slice (one launch, its bytes read and written), on a 2-D and a
+  3-D output."""
+  from pallas_gemm.mosaic_backend import tma
+  from pallas_gemm.ragged_dot import cost_model
+  for padded, m, n in (((1, 640, 1024), 600, 1001),
+                       ((5, 384, 1344), 341, 1329)):
+    x = jax.ShapeDtypeStruct(padded, jnp.bfloat16)
+    counts = [cost_model._copies_in(jax.make_jaxpr(
+        lambda out, on_gpu=on_gpu: tma.unpad_output(out, m, n,
+                                                    on_gpu=on_gpu))(x).jaxpr)
+              for on_gpu in (True, False)]
+    assert counts[0] == counts[1] == (1, 2 * padded[0] * m * n * 2)
+
+
 def test_automatic_choice_takes_xla_where_its_cost_model_has_it_faster():
   """A call of a few microseconds, and a weight gradient whose 6312 output
   columns the kernels would pad and cut (a pass over 290 MB), go to XLA's

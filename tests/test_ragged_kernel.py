@@ -848,6 +848,18 @@ def test_short_tile_output_unpadded_lowers_for_cuda():
   assert "1408x1536" not in text and "x1536x" not in text
 
 
+@pytest.mark.parametrize("mode", ["rows", "contracting"])
+def test_outputs_of_misaligned_rows_are_cut_by_the_copy_kernel(mode):
+  """Compiled, an output of n columns not a multiple of 8 (rows starting at
+  misaligned addresses) is cut by `tma.unpad_output`'s Pallas-Triton copy,
+  which lowers for the GPU beside the Mosaic kernel; n a multiple of 8
+  keeps XLA's slice."""
+  for n, want in ((77, True), (80, False)):
+    problem = RaggedProblem(mode, 300, 136, n, 4, "bfloat16", "bfloat16")
+    text = _lower_for_cuda(problem, mosaic.heuristic(problem, HOPPER)).as_text()
+    assert ("unpad_output" in text) == want, (mode, n)
+
+
 #: `RaggedConfig.narrow_last_strip`: the last column strip's tiles compute
 #: only the columns it holds (a narrower wgmma and accumulator, the stores
 #: past them empty bulk groups).

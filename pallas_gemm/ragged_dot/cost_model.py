@@ -114,15 +114,19 @@ def copies(problem: RaggedProblem, implementation,
   registered module with `ragged_matmul`) under `config` makes outside its
   kernels for `problem`: its pads of the operands, cuts of the output and
   sums of split_k's partial sums, each a launch that reads and writes its
-  bytes once. Read from the traced program itself (every `pad`, `slice`
-  and `reduce_sum` of COPY_MIN_BYTES or more), so it follows the kernels'
-  own rules of what they read in place."""
+  bytes once. Read from the traced program itself (every `pad`, `slice`,
+  `reduce_sum` and CUT_KERNELS kernel of COPY_MIN_BYTES or more), so it
+  follows the kernels' own rules of what they read in place."""
   return _copies(problem, implementation, config)
 
 
 #: Smaller pads and slices (of the group sizes, the work list) are part of
 #: the fixed cost.
 COPY_MIN_BYTES = 2**16
+#: Pallas kernels that stand for a slice of the output (misaligned rows cut
+#: compiled: `tma.unpad_output`), counted as the slice they replace: the
+#: terms were fitted with XLA's.
+CUT_KERNELS = ("unpad_output",)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -141,7 +145,9 @@ def _copies_in(jaxpr) -> tuple[int, int]:
   launches = total = 0
   # A Pallas kernel's own slices are of values in registers.
   for eqn in jaxpr_tools.equations(jaxpr, opaque=("pallas_call",)):
-    if eqn.primitive.name in ("pad", "slice", "reduce_sum"):
+    if eqn.primitive.name in ("pad", "slice", "reduce_sum") or (
+        eqn.primitive.name == "pallas_call"
+        and eqn.params.get("name") in CUT_KERNELS):
       out = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.outvars)
       read = (sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
               if eqn.primitive.name == "reduce_sum" else out)

@@ -778,7 +778,18 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   out = call_kernel(kernel, [items, lhs, rhs], out_type, params)
   if splits > 1:
     return _sum_of_shares(out[:, :m, :n], group_sizes, row_offset, problem)
-  return out[:m, :n] if out.shape != (m, n) else out
+  return _cut(out, m, n, params)
+
+
+def _cut(out, m: int, n: int, params):
+  """The (m, n) output from the kernel's padded one. Rows of n columns not
+  a multiple of 8 start at misaligned addresses, where XLA's slice copies
+  far below the bandwidth: compiled, `tma.unpad_output` copies them (the
+  dense kernels' cut)."""
+  if out.shape == (m, n):
+    return out
+  return tma.unpad_output(out.reshape(1, *out.shape), m, n,
+                          on_gpu=params is None).reshape(m, n)
 
 
 def _sum_of_shares(partials, group_sizes, row_offset, problem: RaggedProblem):

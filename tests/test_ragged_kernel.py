@@ -3255,9 +3255,10 @@ def test_automatic_choice_for_fp8_operands_is_the_kernels_but_small_calls():
   larger = dataclasses.replace(small, m=3514, k=904, n=48, groups=9)
   assert implementations.resolve(larger, HOPPER).implementation == "mosaic"
   # rhs read transposed, XLA's fp8 GEMMs take the weights as stored: the
-  # 16-bit choice, at its margin (measured: 8.3 us against the kernels'
-  # 21.6). Not transposed, XLA would transpose them first: there it is
-  # chosen on short calls only, and this one is not.
+  # 16-bit choice, at its margin (XLA measured faster on this draw:
+  # experiments/results/nvidia_h200/random_ragged, section 12). Not
+  # transposed, XLA would transpose them first: there it is chosen on
+  # short calls only, and this one is not.
   as_stored = RaggedProblem("rows", 317, 32, 5461, 7, "float8_e4m3fn",
                             "bfloat16", transpose_rhs=True)
   chosen = implementations.resolve(as_stored, HOPPER)

@@ -177,7 +177,9 @@ def _automatic_choice(problem, device) -> tuple[str, str]:
       # fp8: XLA's bfloat16 estimate stands for its fp8 product where
       # that reads its operands as stored. Its fp8 GEMMs take both
       # operands with the contraction innermost: so does rhs read
-      # transposed (dlhs), there the 16-bit choice holds at its margin.
+      # transposed (dlhs), there the 16-bit choice holds at its margin
+      # (two e5m2 operands, which those GEMMs do not take, were timed
+      # alike on the problems tried).
       # The forward's weights and a weight gradient's operands are
       # transposed first, so there XLA is a candidate only on calls of a
       # few microseconds, where the widening pass and the kernels' fixed

@@ -123,6 +123,17 @@ def draw_cases(seed: int, count: int, max_lax_ms: float,
   return cases
 
 
+def default_out_dtype(dtype: str) -> str:
+  """The output dtype a run of `dtype` operands takes unless told: the
+  same, or bfloat16 for fp8 operands."""
+  return "bfloat16" if dtype.startswith("float8") else dtype
+
+
+def dtypes_note(dtype: str, out_dtype: str) -> str:
+  """The run line's note of its dtypes: one, or "in -> out"."""
+  return dtype if out_dtype == dtype else f"{dtype} -> {out_dtype}"
+
+
 PROBLEM_LABEL = re.compile(
     r"g(\d+) m(\d+) k(\d+) n(\d+) (" + "|".join(ROUTINGS) + r") ("
     + "|".join(arg_specs.DIRECTIONS) + r")")
@@ -226,8 +237,7 @@ def main(argv=None) -> int:
                       help="the output's dtype (default: --dtype, or "
                       "bfloat16 for fp8 operands)")
   args = parser.parse_args(argv)
-  out_dtype = args.out_dtype or (
-      "bfloat16" if args.dtype.startswith("float8") else args.dtype)
+  out_dtype = args.out_dtype or default_out_dtype(args.dtype)
   try:
     only = {int(v) for v in args.only.split(",")} if args.only else None
   except ValueError:
@@ -260,8 +270,7 @@ def main(argv=None) -> int:
                                + ("auto runs",),
                                args.iterations, f"seed {args.seed}",
                                f"dims {args.dims}",
-                               args.dtype if out_dtype == args.dtype
-                               else f"{args.dtype} -> {out_dtype}")
+                               dtypes_note(args.dtype, out_dtype))
   budget = common.Budget(args.budget_s)
   device = device_info()
   keys = jax.random.split(jax.random.key(args.seed), 2)

@@ -81,19 +81,17 @@ def main(argv=None) -> int:
   parser.add_argument("--forms", action="store_true",
                       help="also time the bare call on FORMS' sizes")
   parser.add_argument("--dtype", default="bfloat16",
-                      choices=("bfloat16", "float16", "float32",
-                               "float8_e4m3fn", "float8_e5m2"))
+                      choices=tuple(sweep.LAX_RATE))
   args = parser.parse_args(argv)
   ways = WAYS + (tuple(FORMS) if args.forms else ())
   if args.iterations < 1:
     raise SystemExit(f"--iterations={args.iterations} must be >= 1")
-  out_dtype = "bfloat16" if args.dtype.startswith("float8") else args.dtype
+  out_dtype = sweep.default_out_dtype(args.dtype)
   cases = [sweep.parse_case(text, args.seed, args.dtype, out_dtype)
            for text in args.problems.split(";") if text.strip()]
   on_gpu = common.print_header(ways, ("xla / lax", "lax_maximum / lax",
                                       "auto / lax"), args.iterations,
-                               args.dtype if out_dtype == args.dtype
-                               else f"{args.dtype} -> {out_dtype}")
+                               sweep.dtypes_note(args.dtype, out_dtype))
   keys = jax.random.split(jax.random.key(args.seed), 2)
   for label, case, sizes in cases:
     problem = case.problem

@@ -20,6 +20,8 @@ tile the rows divide.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -125,51 +127,143 @@ def pad_vector(x, multiple: int):
   return jnp.pad(x, [(0, target - x.shape[-1])])
 
 
-#: Rows and columns one program of `unpad_output` copies.
-_UNPAD_BLOCK = (8, 1024)
+@dataclasses.dataclass(frozen=True)
+class TiledCut:
+  """`unpad_output`'s copy as blocks of `rows` x `cols` of the output, one
+  per program of `warps` warps: wide loads of the aligned source rows,
+  masked stores at the misaligned destination."""
+  rows: int = 8
+  cols: int = 1024
+  warps: int = 4
+
+  def __post_init__(self):
+    _check_copy_fields(self, ("rows", "cols", "warps"))
 
 
-def unpad_output(out, m: int, n: int, *, on_gpu: bool):
+@dataclasses.dataclass(frozen=True)
+class FlatCut:
+  """`unpad_output`'s copy with the output read as one flat run of m x n
+  elements, `elements` of it a program of `warps` warps: stores of whole
+  aligned runs, each element's source found from its row and column (a
+  gather along the source's rows)."""
+  elements: int = 8192
+  warps: int = 8
+
+  def __post_init__(self):
+    _check_copy_fields(self, ("elements", "warps"))
+
+
+def _check_copy_fields(copy, names) -> None:
+  # Triton blocks are powers of two.
+  for name in names:
+    value = getattr(copy, name)
+    if not isinstance(value, int) or value < 1 or value & (value - 1):
+      raise ValueError(f"{type(copy).__name__}.{name}={value!r} must be a "
+                       "positive power of two")
+
+
+#: The copy `unpad_output` runs unless told otherwise.
+SHIPPED_CUT = TiledCut()
+
+
+def unpad_output(out, m: int, n: int, *, on_gpu: bool,
+                 copy: TiledCut | FlatCut = SHIPPED_CUT):
   """`out[:, :m, :n]` of a padded kernel output.
 
   When n is odd (or not a multiple of 8 elements) every row of the result
   starts at a misaligned address, and XLA's slice of such an array runs far
   below the copy bandwidth (on the H200 it took a quarter of a ragged
   4095x4097x4093 call: experiments/results/nvidia_h200/mosaic/README.md,
-  "Ragged shapes"). A Pallas-Triton copy kernel with masked edges reads
-  aligned rows with wide loads and runs much faster. Off a GPU, or where
-  the Triton lowering is not available, the XLA slice stays.
+  "Ragged shapes"). A Pallas-Triton copy kernel (`copy`) with masked edges
+  runs much faster. Off a GPU, or where the Triton lowering is not
+  available, the XLA slice stays.
   """
   if out.shape[1:] == (m, n):
     return out
   if not on_gpu or n % 8 == 0:
     return out[:, :m, :n]
   try:
-    from jax.experimental.pallas import triton as pltriton
+    from jax.experimental.pallas import triton
+    del triton  # only whether it imports
   except ImportError:
     return out[:, :m, :n]
-  from jax.experimental import pallas as pl
+  return cut_copy(out, m, n, copy)
 
-  rows_per, cols_per = _UNPAD_BLOCK
+
+def cut_copy(out, m: int, n: int, copy: TiledCut | FlatCut, *,
+             interpret: bool = False):
+  """`out[:, :m, :n]` by the Pallas-Triton kernel `copy` describes."""
+  if not (0 < m <= out.shape[1] and 0 < n <= out.shape[2]):
+    raise ValueError(f"cut_copy: (m, n)=({m}, {n}) must be positive and "
+                     f"within out's {out.shape[1:]}")
+  return window_copy(out, m, n, copy, interpret=interpret)
+
+
+def window_copy(x, rows: int, cols: int, copy: TiledCut | FlatCut, *,
+                dtype=None, interpret: bool = False):
+  """A (batch, rows, cols) array whose [b, r, c] is `x[b, r, c]` where x has
+  it and 0 elsewhere (a cut, a zero pad, or both), cast to `dtype`, by the
+  Pallas-Triton kernel `copy` describes (under the interpreter where
+  `interpret`, e.g. in CPU tests). A flat copy of 2**31 elements a batch or
+  more runs tiled: its indices are int32."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as pltriton
+
+  batch, src_rows, src_cols = x.shape
+  dtype = jnp.dtype(dtype or x.dtype)
+  out_shape = jax.ShapeDtypeStruct((batch, rows, cols), dtype)
+  params = pltriton.CompilerParams(num_warps=copy.warps, num_stages=1)
+  # The cost model counts the cut by this name (`cost_model.CUT_KERNELS`).
+  name = ("unpad_output" if rows <= src_rows and cols <= src_cols
+          else "pad_window")
+  if isinstance(copy, FlatCut) and max(src_rows * src_cols,
+                                       rows * cols) >= 2**31:
+    copy = SHIPPED_CUT
+  if isinstance(copy, FlatCut):
+    per = copy.elements
+
+    def flat_kernel(src_ref, dst_ref):
+      start = pl.program_id(1) * per
+      index = start + jnp.arange(per, dtype=jnp.int32)
+      row = index // cols
+      col = index - row * cols
+      stored = index < rows * cols
+      loaded = stored & (row < src_rows) & (col < src_cols)
+      source = jnp.where(loaded, row * src_cols + col, 0)
+      run = pltriton.load(src_ref.at[source], mask=loaded, other=0)
+      pltriton.store(dst_ref.at[pl.ds(start, per)], run.astype(dtype),
+                     mask=stored)
+
+    def flat(size):
+      return pl.BlockSpec((None, size), lambda b, j: (b, 0))
+
+    copied = pl.pallas_call(
+        flat_kernel,
+        out_shape=jax.ShapeDtypeStruct((batch, rows * cols), dtype),
+        grid=(batch, cdiv(rows * cols, per)),
+        in_specs=[flat(src_rows * src_cols)], out_specs=flat(rows * cols),
+        compiler_params=params, interpret=interpret, name=name,
+    )(x.reshape(batch, src_rows * src_cols))
+    return copied.reshape(out_shape.shape)
+
+  rows_per, cols_per = copy.rows, copy.cols
 
   def kernel(src_ref, dst_ref):
     i, j = pl.program_id(1), pl.program_id(2)
-    rows = i * rows_per + jnp.arange(rows_per, dtype=jnp.int32)
-    cols = j * cols_per + jnp.arange(cols_per, dtype=jnp.int32)
-    mask = (rows < m)[:, None] & (cols < n)[None, :]
+    row = (i * rows_per + jnp.arange(rows_per, dtype=jnp.int32))[:, None]
+    col = (j * cols_per + jnp.arange(cols_per, dtype=jnp.int32))[None, :]
     block = (pl.ds(i * rows_per, rows_per), pl.ds(j * cols_per, cols_per))
-    tile = pltriton.load(src_ref.at[block], mask=mask, other=0)
-    pltriton.store(dst_ref.at[block], tile, mask=mask)
+    tile = pltriton.load(src_ref.at[block],
+                         mask=(row < src_rows) & (col < src_cols), other=0)
+    pltriton.store(dst_ref.at[block], tile.astype(dtype),
+                   mask=(row < rows) & (col < cols))
 
   def whole(shape):
     return pl.BlockSpec((None, *shape), lambda b, i, j: (b, 0, 0))
 
   return pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((out.shape[0], m, n), out.dtype),
-      grid=(out.shape[0], cdiv(m, rows_per), cdiv(n, cols_per)),
-      in_specs=[whole(out.shape[1:])],
-      out_specs=whole((m, n)),
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
-      name="unpad_output",
-  )(out)
+      kernel, out_shape=out_shape,
+      grid=(batch, cdiv(rows, rows_per), cdiv(cols, cols_per)),
+      in_specs=[whole(x.shape[1:])], out_specs=whole((rows, cols)),
+      compiler_params=params, interpret=interpret, name=name,
+  )(x)

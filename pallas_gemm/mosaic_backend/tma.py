@@ -211,6 +211,17 @@ def window_copy(x, rows: int, cols: int, copy: TiledCut | FlatCut, *,
 
   batch, src_rows, src_cols = x.shape
   dtype = jnp.dtype(dtype or x.dtype)
+  # Pallas-Triton builds no fp8 constant (the masked load's fill): 1-byte
+  # floats travel as bytes and are read as floats once loaded.
+  stored_dtype = x.dtype
+  if x.dtype.itemsize == 1 and jnp.issubdtype(x.dtype, jnp.floating):
+    x = jax.lax.bitcast_convert_type(x, jnp.uint8)
+
+  def converted(values):
+    if values.dtype != stored_dtype:
+      values = jax.lax.bitcast_convert_type(values, stored_dtype)
+    return values.astype(dtype)
+
   out_shape = jax.ShapeDtypeStruct((batch, rows, cols), dtype)
   params = pltriton.CompilerParams(num_warps=copy.warps, num_stages=1)
   # The cost model counts the cut by this name (`cost_model.CUT_KERNELS`).
@@ -231,7 +242,7 @@ def window_copy(x, rows: int, cols: int, copy: TiledCut | FlatCut, *,
       loaded = stored & (row < src_rows) & (col < src_cols)
       source = jnp.where(loaded, row * src_cols + col, 0)
       run = pltriton.load(src_ref.at[source], mask=loaded, other=0)
-      pltriton.store(dst_ref.at[pl.ds(start, per)], run.astype(dtype),
+      pltriton.store(dst_ref.at[pl.ds(start, per)], converted(run),
                      mask=stored)
 
     def flat(size):
@@ -255,7 +266,7 @@ def window_copy(x, rows: int, cols: int, copy: TiledCut | FlatCut, *,
     block = (pl.ds(i * rows_per, rows_per), pl.ds(j * cols_per, cols_per))
     tile = pltriton.load(src_ref.at[block],
                          mask=(row < src_rows) & (col < src_cols), other=0)
-    pltriton.store(dst_ref.at[block], tile.astype(dtype),
+    pltriton.store(dst_ref.at[block], converted(tile),
                    mask=(row < rows) & (col < cols))
 
   def whole(shape):

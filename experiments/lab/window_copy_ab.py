@@ -33,45 +33,42 @@ from pallas_gemm.mosaic_backend import tma
 
 from experiments.lab import ragged_lab_common as common
 
-#: The cuts of `random_ragged`'s section 13 (grouped outputs of 2749,
-#: 8177, 6313 and 5461 columns), the dense kernels' 4095-square one, other
+#: Cuts of grouped outputs of `random_ragged`'s section 13 (2749 and 6313
+#: columns), the dense kernels' 4095-square one, other
 #: widths, batches and dtypes, and pads of operands whose rows are not
 #: whole 16-byte units (bfloat16, and fp8 widened to bfloat16).
 DEFAULT_CASES = (
     "cut 1 4095 4093 4096 4096 bfloat16",
-    "cut 1 4095 4093 4096 4096 float32",
     "cut 1 5299 2749 5299 2752 bfloat16",
-    "cut 1 4414 8177 4414 8192 bfloat16",
     "cut 3 7688 6313 7744 6336 bfloat16",
-    "cut 1 317 5461 317 5504 bfloat16",
-    "cut 1 64 1001 64 1024 bfloat16",
-    "cut 1 8192 77 8192 128 bfloat16",
     "cut 1 16384 1001 16384 1024 float16",
-    "cut 1 2000 12345 2000 12352 bfloat16",
     "cut 8 1023 1021 1024 1024 bfloat16",
     "cut 1 3001 3001 3008 3008 float32",
-    "pad 10 4456 5184 4456 5143 bfloat16",
+    "cut 1 2000 12345 2000 12352 bfloat16",
+    "cut 1 8192 77 8192 128 bfloat16",
+    "cut 1 65536 19 65536 64 bfloat16",
+    "cut 1 30000 300 30000 320 bfloat16",
+    "cut 1 20000 515 20000 576 bfloat16",
+    "cut 4 5000 1500 5056 1536 float32",
+    "cut 1 40 77 64 128 bfloat16",
     "pad 10 4456 5184 4456 5143 float8_e4m3fn bfloat16",
-    "pad 11 64 7792 56 7792 float8_e4m3fn bfloat16",
-    "pad 1 4096 4096 4095 4093 bfloat16",
     "pad 1 8192 128 8192 77 bfloat16",
 )
 
-#: The kernels tried: the shipped one first.
+#: The kernels tried besides the shipped rule (`tma.row_tiling`).
 COPIES = (
-    tma.SHIPPED_CUT,
-    tma.TiledCut(rows=8, cols=1024, warps=4),
+    tma.TiledCut(rows=8, cols=1024, warps=4),  # shipped before the rule
     tma.TiledCut(rows=1, cols=4096, warps=8),
-    tma.TiledCut(rows=1, cols=4096, warps=4),
-    tma.TiledCut(rows=1, cols=2048, warps=4),
-    tma.TiledCut(rows=1, cols=1024, warps=4),
     tma.TiledCut(rows=1, cols=8192, warps=8),
-    tma.TiledCut(rows=1, cols=8192, warps=16),
-    tma.TiledCut(rows=2, cols=4096, warps=8),
-    tma.TiledCut(rows=2, cols=2048, warps=8),
+    tma.TiledCut(rows=1, cols=1024, warps=4),
+    tma.TiledCut(rows=2, cols=1024, warps=4),
+    tma.TiledCut(rows=4, cols=1024, warps=8),
+    tma.TiledCut(rows=16, cols=128, warps=4),
+    tma.TiledCut(rows=32, cols=128, warps=8),
+    tma.TiledCut(rows=4, cols=512, warps=4),
+    tma.TiledCut(rows=8, cols=512, warps=8),
     tma.FlatCut(elements=2048, warps=4),
     tma.FlatCut(elements=4096, warps=4),
-    tma.FlatCut(elements=8192, warps=8),
 )
 
 
@@ -128,12 +125,13 @@ def ways(case: Case):
   if case.kind == "cut":
     aligned = case.cols - case.cols % 8 or 8
     found["xla_aligned"] = lambda x: x[:, :case.rows, :aligned]
-  for copy in dict.fromkeys(COPIES):  # the shipped one may be listed too
+  shipped = tma.row_tiling(case.cols)
+  for copy in dict.fromkeys((shipped, *COPIES)):
     name = ("flat {elements}/{warps}w".format(**dataclasses.asdict(copy))
             if isinstance(copy, tma.FlatCut) else
             "tiled {rows}x{cols}/{warps}w".format(**dataclasses.asdict(copy)))
-    if copy == tma.SHIPPED_CUT:
-      name += " (shipped)"
+    if copy == shipped:
+      name += " (rule)"
     found[name] = (lambda x, copy=copy: tma.window_copy(
         x, case.rows, case.cols, copy, dtype=case.out_dtype))
   return found

@@ -129,12 +129,12 @@ def pad_vector(x, multiple: int):
 
 @dataclasses.dataclass(frozen=True)
 class TiledCut:
-  """`unpad_output`'s copy as blocks of `rows` x `cols` of the output, one
-  per program of `warps` warps: wide loads of the aligned source rows,
-  masked stores at the misaligned destination."""
-  rows: int = 8
-  cols: int = 1024
-  warps: int = 4
+  """`window_copy` as blocks of `rows` x `cols` of the output, one per
+  program of `warps` warps: wide loads of the aligned source rows, masked
+  stores at the misaligned destination (`row_tiling` picks one)."""
+  rows: int
+  cols: int
+  warps: int
 
   def __post_init__(self):
     _check_copy_fields(self, ("rows", "cols", "warps"))
@@ -142,12 +142,12 @@ class TiledCut:
 
 @dataclasses.dataclass(frozen=True)
 class FlatCut:
-  """`unpad_output`'s copy with the output read as one flat run of m x n
+  """`window_copy` with the output read as one flat run of rows x cols
   elements, `elements` of it a program of `warps` warps: stores of whole
   aligned runs, each element's source found from its row and column (a
   gather along the source's rows)."""
-  elements: int = 8192
-  warps: int = 8
+  elements: int
+  warps: int
 
   def __post_init__(self):
     _check_copy_fields(self, ("elements", "warps"))
@@ -162,21 +162,38 @@ def _check_copy_fields(copy, names) -> None:
                        "positive power of two")
 
 
-#: The copy `unpad_output` runs unless told otherwise.
-SHIPPED_CUT = TiledCut()
+#: Elements one program of the tiled copy moves, where rows are narrower:
+#: as many whole rows as make this many.
+COPY_BLOCK_ELEMENTS = 4096
+#: The widest block: longer rows take several.
+COPY_MAX_COLS = 8192
+#: Elements a thread moves in a block of COPY_BLOCK_ELEMENTS or more: a few
+#: 16-byte loads each (blocks of many more per thread ran slower).
+COPY_THREAD_ELEMENTS = 16
+
+
+def row_tiling(cols: int) -> TiledCut:
+  """The tiled copy of rows `cols` elements long: blocks as wide as a row
+  (the next power of two, at most COPY_MAX_COLS), so that few of a block's
+  lanes are masked off, of as many rows as make COPY_BLOCK_ELEMENTS, with
+  4 to 8 warps at COPY_THREAD_ELEMENTS each."""
+  width = min(1 << max(cols - 1, 0).bit_length(), COPY_MAX_COLS)
+  rows = max(1, COPY_BLOCK_ELEMENTS // width)
+  warps = rows * width // (32 * COPY_THREAD_ELEMENTS)
+  return TiledCut(rows=rows, cols=width, warps=max(4, min(8, warps)))
 
 
 def unpad_output(out, m: int, n: int, *, on_gpu: bool,
-                 copy: TiledCut | FlatCut = SHIPPED_CUT):
+                 copy: TiledCut | FlatCut | None = None):
   """`out[:, :m, :n]` of a padded kernel output.
 
   When n is odd (or not a multiple of 8 elements) every row of the result
   starts at a misaligned address, and XLA's slice of such an array runs far
   below the copy bandwidth (on the H200 it took a quarter of a ragged
   4095x4097x4093 call: experiments/results/nvidia_h200/mosaic/README.md,
-  "Ragged shapes"). A Pallas-Triton copy kernel (`copy`) with masked edges
-  runs much faster. Off a GPU, or where the Triton lowering is not
-  available, the XLA slice stays.
+  "Ragged shapes"). A Pallas-Triton copy kernel (`copy`, by default
+  `row_tiling(n)`) with masked edges runs much faster. Off a GPU, or where
+  the Triton lowering is not available, the XLA slice stays.
   """
   if out.shape[1:] == (m, n):
     return out
@@ -187,7 +204,7 @@ def unpad_output(out, m: int, n: int, *, on_gpu: bool,
     del triton  # only whether it imports
   except ImportError:
     return out[:, :m, :n]
-  return cut_copy(out, m, n, copy)
+  return cut_copy(out, m, n, copy or row_tiling(n))
 
 
 def cut_copy(out, m: int, n: int, copy: TiledCut | FlatCut, *,
@@ -205,7 +222,7 @@ def window_copy(x, rows: int, cols: int, copy: TiledCut | FlatCut, *,
   it and 0 elsewhere (a cut, a zero pad, or both), cast to `dtype`, by the
   Pallas-Triton kernel `copy` describes (under the interpreter where
   `interpret`, e.g. in CPU tests). A flat copy of 2**31 elements a batch or
-  more runs tiled: its indices are int32."""
+  more runs tiled (`row_tiling`): its indices are int32."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as pltriton
 
@@ -229,7 +246,7 @@ def window_copy(x, rows: int, cols: int, copy: TiledCut | FlatCut, *,
           else "pad_window")
   if isinstance(copy, FlatCut) and max(src_rows * src_cols,
                                        rows * cols) >= 2**31:
-    copy = SHIPPED_CUT
+    copy = row_tiling(cols)
   if isinstance(copy, FlatCut):
     per = copy.elements
 

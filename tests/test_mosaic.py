@@ -18,7 +18,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_gemm
-from kernel_test_base import KernelTestBase
+from kernel_test_base import KernelTestBase, lower_for_cuda
 from pallas_gemm import numerics, registry
 from pallas_gemm.devices import DeviceInfo
 from pallas_gemm.mosaic_backend import config as cfg
@@ -367,6 +367,83 @@ def test_one_consumer_kernels_read_16_element_rows_without_padding(
   monkeypatch.setattr(tma, "widest_swizzle",
                       lambda dtype, *dims: tma.SWIZZLE_BYTES)
   assert len(column_pads()) == 2
+
+
+#: (source shape, output rows, output cols, source dtype, output dtype):
+#: cuts, pads, a cut and pad at once, fp8 widened, one-column rows.
+WINDOW_COPY_CASES = [
+    ((2, 40, 64), 37, 61, "bfloat16", "bfloat16"),
+    ((1, 24, 32), 23, 29, "float32", "float32"),
+    ((2, 33, 77), 40, 128, "bfloat16", "bfloat16"),
+    ((1, 30, 70), 40, 61, "float16", "float16"),
+    ((3, 56, 61), 64, 64, "float8_e4m3fn", "bfloat16"),
+    ((2, 9, 8), 7, 1, "bfloat16", "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", WINDOW_COPY_CASES, ids=str)
+def test_window_copy_cuts_pads_and_widens_as_xla_does(case):
+  """Both copy kernels (the rule's tiled blocks, and a flat run) give XLA's
+  slice, pad and convert of random values, in the interpreter."""
+  from pallas_gemm.mosaic_backend import tma
+  shape, rows, cols, dtype, out_dtype = case
+  x = numerics.random_normal(jax.random.key(3), shape, dtype)
+  padded = jnp.pad(x.astype(out_dtype),
+                   ((0, 0), (0, max(rows - shape[1], 0)),
+                    (0, max(cols - shape[2], 0))))
+  want = np.asarray(padded[:, :rows, :cols], np.float32)
+  for copy in (tma.row_tiling(cols), tma.TiledCut(rows=4, cols=16, warps=4),
+               tma.FlatCut(elements=64, warps=4)):
+    got = tma.window_copy(x, rows, cols, copy, dtype=out_dtype,
+                          interpret=True)
+    assert got.dtype == jnp.dtype(out_dtype), copy
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want,
+                                  err_msg=str(copy))
+
+
+def test_row_tiling_blocks_are_a_row_wide():
+  """The cut's blocks are as wide as a row (at most 8192 columns), as many
+  rows as make 4096 elements, 4-8 warps; copy fields must be powers of two
+  and a cut must fit in its source."""
+  from pallas_gemm.mosaic_backend import tma
+  assert tma.row_tiling(4093) == tma.TiledCut(rows=1, cols=4096, warps=8)
+  assert tma.row_tiling(77) == tma.TiledCut(rows=32, cols=128, warps=8)
+  assert tma.row_tiling(12345) == tma.TiledCut(rows=1, cols=8192, warps=8)
+  assert tma.row_tiling(1) == tma.TiledCut(rows=4096, cols=1, warps=8)
+  for cols in (1, 3, 19, 300, 515, 1001, 2749, 6313, 8191, 70000):
+    tiling = tma.row_tiling(cols)
+    assert tiling.cols >= min(cols, tma.COPY_MAX_COLS) > tiling.cols // 2
+    assert 4 <= tiling.warps <= 8
+  with pytest.raises(ValueError, match="TiledCut.rows=3"):
+    tma.TiledCut(rows=3, cols=128, warps=4)
+  with pytest.raises(ValueError, match="FlatCut.warps=0"):
+    tma.FlatCut(elements=1024, warps=0)
+  x = jnp.zeros((1, 8, 8), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"\(m, n\)=\(9, 8\)"):
+    tma.cut_copy(x, 9, 8, tma.row_tiling(8), interpret=True)
+
+
+def test_unpad_output_copies_only_rows_that_are_not_16_byte_units():
+  """Compiled, a cut whose rows are whole 16-byte units stays XLA's slice
+  (bfloat16 rows of 1504, float32 rows of 1500); others run the copy
+  kernel, fp8 ones too (widened from bytes, which lowers for the GPU)."""
+  from pallas_gemm import jaxpr_tools
+  from pallas_gemm.mosaic_backend import tma
+
+  def kernels(dtype, n):
+    out = jax.ShapeDtypeStruct((1, 64, 1536), dtype)
+    jaxpr = jax.make_jaxpr(lambda o: tma.unpad_output(o, 60, n,
+                                                      on_gpu=True))(out)
+    return [e.params["name"] for e in jaxpr_tools.equations(
+        jaxpr.jaxpr, opaque=("pallas_call",))
+            if e.primitive.name == "pallas_call"]
+
+  assert kernels(jnp.bfloat16, 1504) == kernels(jnp.float32, 1500) == []
+  assert kernels(jnp.bfloat16, 1500) == kernels(jnp.float32, 1501) == [
+      "unpad_output"]
+  lower_for_cuda(lambda x: tma.window_copy(x, 64, 7792, tma.row_tiling(7792),
+                                           dtype=jnp.bfloat16),
+                 jax.ShapeDtypeStruct((11, 56, 7792), jnp.float8_e4m3fn))
 
 
 def test_cached_config_that_loses_a_wave_gives_way_to_the_heuristic():

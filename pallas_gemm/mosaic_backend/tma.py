@@ -187,9 +187,9 @@ def unpad_output(out, m: int, n: int, *, on_gpu: bool,
                  copy: TiledCut | FlatCut | None = None):
   """`out[:, :m, :n]` of a padded kernel output.
 
-  When n is odd (or not a multiple of 8 elements) every row of the result
-  starts at a misaligned address, and XLA's slice of such an array runs far
-  below the copy bandwidth (on the H200 it took a quarter of a ragged
+  When rows of n elements are not whole 16-byte units, every row of the
+  result starts at a misaligned address, and XLA's slice of such an array
+  runs far below the copy bandwidth (on the H200 it took a quarter of a ragged
   4095x4097x4093 call: experiments/results/nvidia_h200/mosaic/README.md,
   "Ragged shapes"). A Pallas-Triton copy kernel (`copy`, by default
   `row_tiling(n)`) with masked edges runs much faster. Off a GPU, or where
@@ -197,7 +197,7 @@ def unpad_output(out, m: int, n: int, *, on_gpu: bool,
   """
   if out.shape[1:] == (m, n):
     return out
-  if not on_gpu or n % 8 == 0:
+  if not on_gpu or n * out.dtype.itemsize % TMA_STRIDE_ALIGN_BYTES == 0:
     return out[:, :m, :n]
   try:
     from jax.experimental.pallas import triton

@@ -782,10 +782,10 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
 
 
 def _cut(out, m: int, n: int, params):
-  """The (m, n) output from the kernel's padded one. Rows of n columns not
-  a multiple of 8 start at misaligned addresses, where XLA's slice copies
-  far below the bandwidth: compiled, `tma.unpad_output` copies them (the
-  dense kernels' cut)."""
+  """The (m, n) output from the kernel's padded one. Rows of n columns that
+  are not whole 16-byte units start at misaligned addresses, where XLA's
+  slice copies far below the bandwidth: compiled, `tma.unpad_output`
+  copies them (the dense kernels' cut)."""
   if out.shape == (m, n):
     return out
   return tma.unpad_output(out.reshape(1, *out.shape), m, n,

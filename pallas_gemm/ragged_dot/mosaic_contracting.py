@@ -811,8 +811,9 @@ def contracting_matmul(lhs, dout, group_sizes, row_offset, *,
                     params)
   if pieces > groups:
     out = merge_pieces(*out, extras, params)
-  # Compiled, rows of n not a multiple of 8 are cut by the dense kernels'
-  # copy: XLA's slice of misaligned rows runs far below the bandwidth.
+  # Compiled, rows of n that are not whole 16-byte units are cut by the
+  # dense kernels' copy: XLA's slice of misaligned rows runs far below the
+  # bandwidth.
   return tma.unpad_output(out, k, n, on_gpu=params is None)
 
 

@@ -30,7 +30,9 @@ The kernel, when the caller names none (`kernel=None`):
      path with tall tiles only where the bucket measured it with the same
      tile; else `xla` runs;
    - an fp8 class the table never measured: a sibling GPU's buckets for
-     it (`SIBLING_TABLES`), else the order below;
+     it (`SIBLING_TABLES`), else, for rows that are not 16-byte units,
+     xla where the aligned twin's decision is xla (`_aligned_twin`), else
+     the order below;
    - no bucket near enough: a kernel that lost to xla on no problem
      measured in the problem's class and beat it by a wide margin nearly
      everywhere there (`class_winner`: e.g. rows that are not 16-byte
@@ -92,7 +94,8 @@ VETO_STREAMING_M_OCTAVES = 1.0
 #: With no bucket within reach, a kernel that won every measured bucket of
 #: the problem's class (at least this many, each by `CLASS_RULE_MARGIN`)
 #: runs anyway: a property of the whole class, such as rows that are not
-#: 16-byte aligned (cuBLAS's slow path), holds between measured sizes too.
+#: 16-byte aligned (cuBLAS's slow path), holds between measured sizes too,
+#: and above them, but not far below them (`_below_measured`).
 CLASS_RULE_MIN_BUCKETS = 3
 CLASS_RULE_MARGIN = 1.10
 #: ... in at least this share of the class's buckets, with no problem of
@@ -163,7 +166,8 @@ STATS = {"resolutions": 0}
 class Resolution:
   kernel: str
   config: Any
-  # "explicit", "dispatch table", "nearest bucket", "order", "fallback"
+  # "explicit", "dispatch table", "nearest bucket", "class rule",
+  # "aligned twin", "order", "fallback"
   kernel_source: str
   # "explicit", "user cache", "dispatch table", "shipped", "autotune",
   # "heuristic", "none"
@@ -329,16 +333,9 @@ def class_winner(problem: GemmProblem, records: dict[str, dict]):
   problem's class and beat xla by `CLASS_RULE_MARGIN` on every problem of
   at least `CLASS_RULE_SHARE` of those buckets, else None. Of several such
   kernels, the one with the larger share, then the higher worst ratio."""
-  key = DispatchKey.for_problem(problem)
-  buckets = []
-  for name, record in records.items():
-    try:
-      other = DispatchKey.parse(name)
-    except ValueError:
-      continue
-    if other.same_class(key) and _valid_record(record):
-      buckets.append(_worst_ratios(record))
-  if len(buckets) < CLASS_RULE_MIN_BUCKETS:
+  keys, buckets = _class_buckets(problem, records)
+  if (len(buckets) < CLASS_RULE_MIN_BUCKETS
+      or _below_measured(DispatchKey.for_problem(problem), keys)):
     return None
   candidates = []
   for kernel in set.intersection(*(set(b) for b in buckets)) - {"xla"}:
@@ -350,6 +347,37 @@ def class_winner(problem: GemmProblem, records: dict[str, dict]):
     return None
   share, _, kernel = max(candidates)
   return kernel, len(buckets), share
+
+
+def _class_buckets(problem: GemmProblem, records: dict[str, dict]):
+  """([DispatchKey], [worst ratios per kernel]) of the measured buckets of
+  the problem's class."""
+  key = DispatchKey.for_problem(problem)
+  keys, buckets = [], []
+  for name, record in records.items():
+    try:
+      other = DispatchKey.parse(name)
+    except ValueError:
+      continue
+    if other.same_class(key) and _valid_record(record):
+      keys.append(other)
+      buckets.append(_worst_ratios(record))
+  return keys, buckets
+
+
+def _below_measured(key: DispatchKey, measured: list[DispatchKey]) -> bool:
+  """Whether the bucket `key` is more than `NEAREST_BUCKET_DISTANCE` octaves
+  smaller in batch, M, N or K than every bucket `measured`. A class's lead
+  holds between and above its measured sizes (the kernels' pads of
+  unaligned rows are copies that grow with the operands, the work they
+  save faster), and a little below them (leave-one-out loses nothing at an
+  octave: experiments/lab/dispatch_holdout.py), not far below: at M = 1 the
+  pad of B is most of the call (experiments/results/nvidia_h200/
+  window_copy, odd widths)."""
+  reach = NEAREST_BUCKET_DISTANCE * STEPS_PER_OCTAVE
+  return any(getattr(key, dim) + reach
+             < min(getattr(other, dim) for other in measured)
+             for dim in ("batch", "m", "n", "k"))
 
 
 def required_margin(distance: float, kernel: str = "") -> float:
@@ -494,6 +522,13 @@ def _resolve(problem, device, kernel, config) -> Resolution:
           return dataclasses.replace(chosen, reason=(
               f"{chosen.reason} (from the {sibling} table: the "
               f"{device.key} table has no bucket of this fp8 class)"))
+      twin = _aligned_twin(problem)
+      if twin is not None and _resolve(twin, device, None, None).kernel == "xla":
+        return Resolution(
+            "xla", None, "aligned twin", "none",
+            f"no table measured this fp8 class (rows that are not 16-byte "
+            f"units); at the aligned sizes {twin.describe()} xla is chosen, "
+            "and the kernels' pads of these rows only add to their time")
   entry = registry.select_kernel(problem, device)
   chosen, source = _config_for(entry, problem, device)
   reason = (f"first kernel of the {_order_name(device)} order "
@@ -504,6 +539,29 @@ def _resolve(problem, device, kernel, config) -> Resolution:
     reason += (f"; interpret mode is kept to problems of at most "
                f"{registry.CPU_INTERPRET_FLOP_BUDGET} flops")
   return Resolution(entry.name, chosen, "order", source, reason)
+
+
+#: The multiple every dim of an unaligned problem's aligned twin is rounded
+#: up to: rows of any dtype a whole number of 16-byte units.
+TWIN_MULTIPLE = 16
+
+
+def _aligned_twin(problem: GemmProblem) -> GemmProblem | None:
+  """The problem with the dims that are rows' lengths (N, K, and M where A
+  is stored transposed) rounded up to TWIN_MULTIPLE (rows of whole 16-byte
+  units), where it is not aligned itself, else None. An fp8
+  class of unaligned rows that no table measured takes xla where the twin
+  does: both ways pay for the misalignment (XLA a slower GEMM path, the
+  kernels a padding copy of each misaligned operand and of the output), so
+  the twin's measured order is the best evidence there is; where the twin
+  takes a kernel, the order's kernel runs (experiments/results/
+  nvidia_h200/window_copy, odd widths)."""
+  if alignment(problem) == "a16":
+    return None
+  up = lambda d: -(-d // TWIN_MULTIPLE) * TWIN_MULTIPLE
+  return dataclasses.replace(
+      problem, m=up(problem.m) if problem.transpose_a else problem.m,
+      n=up(problem.n), k=up(problem.k))
 
 
 def _class_measured(problem: GemmProblem, records: dict[str, dict]) -> bool:
@@ -538,10 +596,16 @@ def _from_table(problem, device, records) -> Resolution:
             f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
             f"beat xla by {CLASS_RULE_MARGIN}x or more in {share:.0%} of the "
             f"{count} measured buckets of this class and lost in none")
+    keys, _ = _class_buckets(problem, records)
+    below = (" (its class was measured only at a batch, M, N or K more than "
+             f"{NEAREST_BUCKET_DISTANCE} octaves larger, where the kernels' "
+             "lead does not reach)"
+             if keys and _below_measured(DispatchKey.for_problem(problem),
+                                         keys) else "")
     return Resolution(
         "xla", None, "fallback", "none",
         f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "
-        f"{problem.describe()} in the {device.key} dispatch table")
+        f"{problem.describe()} in the {device.key} dispatch table{below}")
   name, ratio = record["kernel"], float(record.get("ratio_to_xla", 1.0))
   where = ("its bucket" if distance == 0 else
            f"the nearest bucket ({distance:g} octaves away)")

@@ -256,6 +256,20 @@ def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
 
 
+def test_class_rule_does_not_reach_far_below_its_measured_sizes(cache):
+  """A class's lead holds above its measured sizes and up to an octave
+  below them, not at one row or a few narrow columns, where the kernels'
+  pads of unaligned rows are most of the call; the fallback says why."""
+  ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]
+  write_table(cache, {p: {"kernel": WS, "ratio_to_xla": 1.5} for p in ragged})
+  for m, n in ((16385, 20000), (600, 20000), (16385, 600)):
+    assert dispatch.resolve(problem(m, n, 24577), HOPPER).kernel == WS, (m, n)
+  for m, n in ((1, 20000), (64, 20000), (16385, 77)):
+    chosen = dispatch.resolve(problem(m, n, 24577), HOPPER)
+    assert (chosen.kernel, chosen.kernel_source) == ("xla", "fallback")
+    assert "measured only at a batch, M, N or K more than" in chosen.reason
+
+
 def test_class_rule_counts_a_kernel_that_beat_xla_where_another_won(cache):
   """The rule asks that a kernel beat xla everywhere in the class, not that
   it be each bucket's winner: with another kernel faster in one bucket,
@@ -359,6 +373,27 @@ def test_an_fp8_class_this_gpu_never_measured_borrows_a_siblings(cache):
   assert dispatch.resolve(problem(), HOPPER).kernel == WS
   assert "nvidia_h100" not in dispatch.resolve(problem(1024, 1024, 1024),
                                                HOPPER).reason
+
+
+def test_an_unmeasured_fp8_class_of_unaligned_rows_follows_its_aligned_twin(
+    cache):
+  """No table measured fp8 with rows that are not 16-byte units: where the
+  aligned sizes (N and K rounded up to 16, M as it is) resolve to xla, so
+  does the unaligned problem; where they take a kernel, the order's
+  kernel runs."""
+  write_table(cache, {
+      _fp8(16, 4096, 4096, transpose_b=True): {"kernel": "xla",
+                                               "ratio_to_xla": 1.0},
+      _fp8(8192, 8192, 8192, transpose_b=True): {"kernel": "mosaic/fp8",
+                                                 "ratio_to_xla": 1.2}})
+  odd = dispatch.resolve(_fp8(16, 4093, 4090, transpose_b=True), HOPPER)
+  assert (odd.kernel, odd.kernel_source) == ("xla", "aligned twin")
+  assert "16x4096x4096" in odd.reason
+  big = dispatch.resolve(_fp8(8192, 8191, 8192, transpose_b=True), HOPPER)
+  assert big.kernel_source == "order" and big.kernel != "xla"
+  # Aligned rows are the measured class's own: its buckets decide.
+  assert dispatch.resolve(_fp8(16, 4096, 4096, transpose_b=True),
+                          HOPPER).kernel_source == "dispatch table"
 
 
 def test_decode_rows_share_a_bucket_but_a_gemv_has_its_own(cache):

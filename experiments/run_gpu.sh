@@ -22,6 +22,8 @@
 #   wide       benchmark: auto vs jnp.dot on the wide suite   BUDGET_wide=240
 #   large      benchmark: large suite, production kernels     BUDGET_large=150
 #   decode     benchmark: decode suite                        BUDGET_decode=90
+#   odd_widths benchmark: `auto` vs jnp.dot on rows that are not 16-byte
+#              units, bfloat16 and fp8, NN and NT        BUDGET_odd_widths=120
 #   fp8        benchmark: fp8 suite, NT and NN, per-tensor then block-wise
 #              scales, mosaic/fp8 vs XLA's fp8 forms        BUDGET_fp8=200
 #   fp8_nn     not in the default run: benchmark, ffi/fp8_nn against
@@ -109,7 +111,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-"build tests properties wide large decode fp8 glu moe"}
+STAGES=${STAGES:-"build tests properties wide large decode odd_widths fp8 glu moe"}
 ITERS=${ITERS:-20}
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -204,6 +206,9 @@ wanted large && bench large 150 --dtypes=bfloat16 \
   --max_candidates=2 --skip_kernels="$EARLY_RUNGS"
 wanted decode && bench decode 90 --dtypes=bfloat16 \
   --kernels=auto,mosaic/small_m,mosaic/ws_persistent --skip_kernels="$EARLY_RUNGS"
+
+wanted odd_widths && bench odd_widths 120 --dtypes=bfloat16,float8_e4m3fn \
+  --layouts=NN,NT --kernels=auto,xla
 
 if wanted fp8; then
   half=$(( $(budget fp8 200) / 2 ))
@@ -381,7 +386,7 @@ stage "collect"
   for log in pytest_gpu pytest_properties; do
     [ -f "$OUT/$log.txt" ] && echo && echo "$log: $(tail -n 1 "$OUT/$log.txt")"
   done
-  for suite in wide large decode fp8_tensor fp8_block glu moe; do
+  for suite in wide large decode odd_widths fp8_tensor fp8_block glu moe; do
     dir="$RESULTS/$suite"
     [ -d "$dir" ] || continue
     echo; echo "## $suite"; echo

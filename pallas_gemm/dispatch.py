@@ -372,8 +372,8 @@ def _below_measured(key: DispatchKey, measured: list[DispatchKey]) -> bool:
   unaligned rows are copies that grow with the operands, the work they
   save faster), and a little below them (leave-one-out loses nothing at an
   octave: experiments/lab/dispatch_holdout.py), not far below: at M = 1 the
-  pad of B is most of the call (experiments/results/nvidia_h200/
-  window_copy, odd widths)."""
+  pad of B is most of the call (experiments/results/nvidia_h200/dispatch/
+  README.md, last section)."""
   reach = NEAREST_BUCKET_DISTANCE * STEPS_PER_OCTAVE
   return any(getattr(key, dim) + reach
              < min(getattr(other, dim) for other in measured)
@@ -523,7 +523,8 @@ def _resolve(problem, device, kernel, config) -> Resolution:
               f"{chosen.reason} (from the {sibling} table: the "
               f"{device.key} table has no bucket of this fp8 class)"))
       twin = _aligned_twin(problem)
-      if twin is not None and _resolve(twin, device, None, None).kernel == "xla":
+      if (twin is not None
+          and _resolve(twin, device, None, None).kernel == "xla"):
         return Resolution(
             "xla", None, "aligned twin", "none",
             f"no table measured this fp8 class (rows that are not 16-byte "
@@ -541,21 +542,21 @@ def _resolve(problem, device, kernel, config) -> Resolution:
   return Resolution(entry.name, chosen, "order", source, reason)
 
 
-#: The multiple every dim of an unaligned problem's aligned twin is rounded
-#: up to: rows of any dtype a whole number of 16-byte units.
+#: The multiple an unaligned problem's row lengths are rounded up to in its
+#: aligned twin: rows of any dtype a whole number of 16-byte units.
 TWIN_MULTIPLE = 16
 
 
 def _aligned_twin(problem: GemmProblem) -> GemmProblem | None:
   """The problem with the dims that are rows' lengths (N, K, and M where A
   is stored transposed) rounded up to TWIN_MULTIPLE (rows of whole 16-byte
-  units), where it is not aligned itself, else None. An fp8
-  class of unaligned rows that no table measured takes xla where the twin
-  does: both ways pay for the misalignment (XLA a slower GEMM path, the
-  kernels a padding copy of each misaligned operand and of the output), so
-  the twin's measured order is the best evidence there is; where the twin
-  takes a kernel, the order's kernel runs (experiments/results/
-  nvidia_h200/window_copy, odd widths)."""
+  units), where it is not aligned itself, else None. An fp8 class of
+  unaligned rows that no table measured takes xla where the twin does:
+  both ways pay for the misalignment (XLA a slower GEMM path, the kernels
+  a padding copy of each misaligned operand and of the output), so the
+  twin's decision is the nearest measured evidence; where the twin takes a
+  kernel, the order's kernel runs (experiments/results/nvidia_h200/
+  dispatch/README.md, last section)."""
   if alignment(problem) == "a16":
     return None
   up = lambda d: -(-d // TWIN_MULTIPLE) * TWIN_MULTIPLE

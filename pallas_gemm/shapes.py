@@ -67,6 +67,21 @@ ODD_LARGE = [
     (8192, 8192, 8192),
 ]
 
+# Rows that are not 16-byte units (odd N, and K for NN) from one row to
+# thousands, narrow and wide: where `kernel=None` must not pay the kernels'
+# padding copies for nothing (experiments/results/nvidia_h200/dispatch,
+# last section). Run in every dtype and layout.
+ODD_WIDTHS = [
+    (1, 4093, 4096),
+    (64, 12345, 4096),
+    (777, 5461, 4096),
+    (1000, 1001, 999),
+    (2048, 3001, 2048),
+    (3000, 4093, 2000),
+    (4096, 1500, 4096),
+    (8192, 77, 4096),
+]
+
 # Skinny shapes where split-K pays.
 SKINNY = [(m, 8192, 8192) for m in (1, 16, 128)]
 
@@ -186,6 +201,7 @@ SUITES = {
     "llm": LLM,
     "decode": DECODE,
     "odd_large": ODD_LARGE,
+    "odd_widths": ODD_WIDTHS,
     "skinny": SKINNY,
     "ladder": LADDER,
     "wide": WIDE,

@@ -26,8 +26,9 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   assert any(s["batch"] > 1 for s in first)
   assert any(s["m"] <= 128 for s in first)
   assert any(s["epilogue"] != "plain" for s in first)
+  unaligned_wide = builder.training_problems(regimes=("unaligned_wide",))
   fp8 = [builder.to_problem(s) for s in first
-         if s["in_dtype"] == "float8_e4m3fn"]
+         if s["in_dtype"] == "float8_e4m3fn" and s not in unaligned_wide]
   assert {(p.layout, p.a_scale_mode) for p in fp8} == {
       ("NN", "none"), ("NN", "tensor"), ("NT", "none"), ("NT", "tensor")}
   assert all(p.out_dtype == "bfloat16" and p.n % 16 == 0 and p.k % 16 == 0
@@ -36,7 +37,23 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   ids = [builder.spec_id(s) for s in first]
   assert len(set(ids)) == len(ids)
   assert sum("scales=tensor" in i for i in ids) == sum(
-      p.a_scale_mode == "tensor" for p in fp8)
+      builder.to_problem(s).a_scale_mode == "tensor" for s in first)
+
+
+def test_unaligned_wide_draws_odd_widths_at_few_rows_and_in_fp8():
+  """The regime the class rule's reach and fp8's aligned twin stand in for:
+  every problem's rows are not 16-byte units, bfloat16 from one row, fp8
+  in both layouts."""
+  from pallas_gemm import dispatch
+  specs = [s for seed in range(20261123, 20261127)
+           for s in builder.training_problems(seed,
+                                              regimes=("unaligned_wide",))]
+  problems = [builder.to_problem(s) for s in specs]
+  assert len(problems) == 64
+  assert all(dispatch.alignment(p) == "u" for p in problems)
+  assert min(p.m for p in problems if p.in_dtype == "bfloat16") == 1
+  assert {p.layout for p in problems if p.in_dtype == "float8_e4m3fn"} == {
+      "NN", "NT"}
 
 
 

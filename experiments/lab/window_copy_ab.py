@@ -116,7 +116,8 @@ def xla_way(case: Case):
   out_dtype = jnp.dtype(case.out_dtype)
   if case.kind == "cut":
     return lambda x: x[:, :case.rows, :case.cols].astype(out_dtype)
-  pads = ((0, 0), (0, case.rows - case.src_rows), (0, case.cols - case.src_cols))
+  pads = ((0, 0), (0, case.rows - case.src_rows),
+          (0, case.cols - case.src_cols))
   return lambda x: jnp.pad(x.astype(out_dtype), pads)
 
 

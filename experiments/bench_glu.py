@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 
 from pallas_gemm import numerics, timing  # noqa: E402
 from pallas_gemm.devices import device_info  # noqa: E402
+from pallas_gemm.shapes import parse_shapes  # noqa: E402
 from pallas_gemm.gated_linear_unit import (GLU_ACTIVATIONS,  # noqa: E402
                                            explain, gated_linear_unit)
 from pallas_gemm.gated_linear_unit.arg_specs import (GLU_SMOKE,  # noqa: E402
@@ -388,6 +389,11 @@ def main(argv=None):
                       help="stop starting new measurements after this long")
   parser.add_argument("--max_cases", type=int, default=0,
                       help="only the first N shapes (0: all)")
+  parser.add_argument("--shapes", default="",
+                      help="explicit MxNxK shapes (tokens x intermediate x "
+                      "hidden), comma-separated, instead of the suite: e.g. "
+                      "decode batches or widths that are not 64-column "
+                      "spans")
   parser.add_argument("--paired_timing", default=True,
                       action=argparse.BooleanOptionalAction,
                       help="on a GPU, time the mosaic target again "
@@ -408,7 +414,13 @@ def main(argv=None):
 
   device = device_info()
   on_gpu = device.is_gpu
-  cases = list(glu_suite()) if on_gpu else list(GLU_SMOKE)
+  if args.shapes:
+    try:
+      cases = [("shapes", m, n, k) for m, n, k in parse_shapes(args.shapes)]
+    except ValueError as e:
+      parser.error(f"--shapes: {e}")
+  else:
+    cases = list(glu_suite()) if on_gpu else list(GLU_SMOKE)
   if args.max_cases:
     cases = cases[:args.max_cases]
   iters = op_bench_iters(args.iters, on_gpu)

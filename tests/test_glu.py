@@ -412,11 +412,23 @@ def test_bench_glu_smoke(tmp_path):
   assert "× xla" in (tmp_path / "README.md").read_text()
 
 
-def test_bench_glu_rejects_counts_it_cannot_honour():
-  """--iters below 1 and a negative --max_cases stop the run (a negative
-  count used to drop shapes from the end)."""
+@pytest.mark.skipif(ON_GPU, reason="the CPU smoke run of the benchmark")
+def test_bench_glu_runs_explicit_shapes(tmp_path):
+  """--shapes replaces the suite (decode batches, widths that are not
+  64-column spans)."""
+  import json
   from experiments import bench_glu
-  for bad in ("--iters=0", "--max_cases=-1"):
+  bench_glu.main(["--targets=xla", "--modes=fwd", "--shapes=3x130x64",
+                  f"--output_dir={tmp_path}"])
+  rows = json.loads((tmp_path / "results.json").read_text())["results"]
+  assert [(r["m"], r["n"], r["k"]) for r in rows] == [(3, 130, 64)]
+
+
+def test_bench_glu_rejects_counts_it_cannot_honour():
+  """--iters below 1, a negative --max_cases and a malformed --shapes stop
+  the run (a negative count used to drop shapes from the end)."""
+  from experiments import bench_glu
+  for bad in ("--iters=0", "--max_cases=-1", "--shapes=8x200"):
     with pytest.raises(SystemExit):
       bench_glu.main(["--targets=xla", bad])
 

@@ -67,8 +67,8 @@ ODD_LARGE = [
     (8192, 8192, 8192),
 ]
 
-# Rows that are not 16-byte units (odd N, and K for NN) from one row to
-# thousands, narrow and wide: where `kernel=None` must not pay the kernels'
+# Rows that are not 16-byte units (every N odd or 1500, one K odd) from one
+# row to thousands, narrow and wide: where `kernel=None` must not pay the kernels'
 # padding copies for nothing (experiments/results/nvidia_h200/dispatch,
 # last section). Run in every dtype and layout.
 ODD_WIDTHS = [

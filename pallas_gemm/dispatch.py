@@ -327,15 +327,17 @@ def _worst_ratios(record: dict) -> dict[str, float]:
   return {record["kernel"]: float(record.get("ratio_to_xla", 1.0))}
 
 
-def class_winner(problem: GemmProblem, records: dict[str, dict]):
-  """(kernel, buckets, share) when one kernel was measured slower than xla
+def class_winner(key: DispatchKey, keys: list[DispatchKey],
+                 buckets: list[dict[str, float]]):
+  """(kernel, bucket count, share) when one kernel was measured slower than xla
   (below `VETO_BELOW`) on no problem of any measured bucket of the
-  problem's class and beat xla by `CLASS_RULE_MARGIN` on every problem of
-  at least `CLASS_RULE_SHARE` of those buckets, else None. Of several such
-  kernels, the one with the larger share, then the higher worst ratio."""
-  keys, buckets = _class_buckets(problem, records)
-  if (len(buckets) < CLASS_RULE_MIN_BUCKETS
-      or _below_measured(DispatchKey.for_problem(problem), keys)):
+  problem's class (`keys`, with `buckets`, their worst ratios per kernel:
+  `_class_buckets`) and beat xla by `CLASS_RULE_MARGIN` on every problem
+  of at least `CLASS_RULE_SHARE` of those buckets, and the problem's
+  bucket `key` is not far below them (`_below_measured`), else None. Of
+  several such kernels, the one with the larger share, then the higher
+  worst ratio."""
+  if len(buckets) < CLASS_RULE_MIN_BUCKETS or _below_measured(key, keys):
     return None
   candidates = []
   for kernel in set.intersection(*(set(b) for b in buckets)) - {"xla"}:
@@ -585,7 +587,9 @@ def _order_name(device: DeviceInfo) -> str:
 def _from_table(problem, device, records) -> Resolution:
   record, distance = nearest_record(problem, records)
   if record is None:
-    rule = class_winner(problem, records)
+    key = DispatchKey.for_problem(problem)
+    keys, buckets = _class_buckets(problem, records)
+    rule = class_winner(key, keys, buckets)
     if rule is not None:
       name, count, share = rule
       entry = registry._REGISTRY.get(name)
@@ -597,12 +601,10 @@ def _from_table(problem, device, records) -> Resolution:
             f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
             f"beat xla by {CLASS_RULE_MARGIN}x or more in {share:.0%} of the "
             f"{count} measured buckets of this class and lost in none")
-    keys, _ = _class_buckets(problem, records)
     below = (" (its class was measured only at a batch, M, N or K more than "
              f"{NEAREST_BUCKET_DISTANCE} octaves larger, where the kernels' "
              "lead does not reach)"
-             if keys and _below_measured(DispatchKey.for_problem(problem),
-                                         keys) else "")
+             if keys and _below_measured(key, keys) else "")
     return Resolution(
         "xla", None, "fallback", "none",
         f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "

@@ -292,7 +292,7 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
   on_gpu = params is None
 
   def unpad(out):
-    return tma.unpad_output(out[None], problem.m, problem.n, on_gpu=on_gpu)[0]
+    return tma.unpad_matrix(out, problem.m, problem.n, on_gpu=on_gpu)
 
   if residuals:
     return tuple(unpad(out) for out in outs)

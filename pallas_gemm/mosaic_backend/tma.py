@@ -207,6 +207,14 @@ def unpad_output(out, m: int, n: int, *, on_gpu: bool,
   return cut_copy(out, m, n, copy or row_tiling(n))
 
 
+def unpad_matrix(out, m: int, n: int, *, on_gpu: bool):
+  """`out[:m, :n]` of a padded 2-D kernel output, cut as `unpad_output`
+  cuts a batch of them."""
+  if out.shape == (m, n):
+    return out
+  return unpad_output(out[None], m, n, on_gpu=on_gpu)[0]
+
+
 def cut_copy(out, m: int, n: int, copy: TiledCut | FlatCut, *,
              interpret: bool = False):
   """`out[:, :m, :n]` by the Pallas-Triton kernel `copy` describes."""

@@ -778,18 +778,10 @@ def _rows_matmul(lhs, rhs, group_sizes, row_offset, *, problem, config,
   out = call_kernel(kernel, [items, lhs, rhs], out_type, params)
   if splits > 1:
     return _sum_of_shares(out[:, :m, :n], group_sizes, row_offset, problem)
-  return _cut(out, m, n, params)
-
-
-def _cut(out, m: int, n: int, params):
-  """The (m, n) output from the kernel's padded one. Rows of n columns that
-  are not whole 16-byte units start at misaligned addresses, where XLA's
-  slice copies far below the bandwidth: compiled, `tma.unpad_output`
-  copies them (the dense kernels' cut)."""
-  if out.shape == (m, n):
-    return out
-  return tma.unpad_output(out.reshape(1, *out.shape), m, n,
-                          on_gpu=params is None).reshape(m, n)
+  # Rows of n columns that are not whole 16-byte units start at misaligned
+  # addresses, where XLA's slice copies far below the bandwidth: compiled,
+  # the dense kernels' copy cuts them.
+  return tma.unpad_matrix(out, m, n, on_gpu=params is None)
 
 
 def _sum_of_shares(partials, group_sizes, row_offset, problem: RaggedProblem):

@@ -19,6 +19,8 @@ from pallas_gemm.gated_linear_unit import (GLU_ACTIVATIONS, GluConfig,
                                            gated_linear_unit, glu_heuristic,
                                            reference_glu, resolve)
 from pallas_gemm.gated_linear_unit import mosaic
+from pallas_gemm.gated_linear_unit.configs import (MIN_SPLIT_STEPS,
+                                                   k_steps, output_tiles)
 from pallas_gemm.gated_linear_unit.arg_specs import glu_suite
 from pallas_gemm.mosaic_backend.config import Dim
 from kernel_test_base import lower_for_cuda
@@ -76,6 +78,10 @@ MOSAIC_CASES = [
                fast_math=True)),
     # Primes; fused weights with n off the swizzle span are split (a copy).
     ("identity", (67, 97), 131, True, None),
+    # The contraction split in two runs of two k-steps: float32 partials,
+    # summed and gated by XLA; a prime width, fused weights split.
+    ("silu", (72, 256), 131, True,
+     GluConfig(max_concurrent_steps=2, k_splits=2)),
 ]
 
 
@@ -99,13 +105,19 @@ def test_mosaic_fused_weights_with_ragged_n_and_f32_output():
   _check(out, x, w, "silu", tol=1e-2)
 
 
-def test_mosaic_residuals_are_the_products():
-  x, w, weights = _inputs((64, 64), 64, 128, fused=True)
-  problem = GluProblem(64, 128, 64, "bfloat16", "bfloat16", "gelu",
+@pytest.mark.parametrize("k,config", [
+    (64, GluConfig(max_concurrent_steps=2)),
+    # Four runs of one k-step, two output tiles each: eight tiles.
+    (256, GluConfig(max_concurrent_steps=2, tile_n=64, k_splits=4)),
+])
+def test_mosaic_residuals_are_the_products(k, config):
+  x, w, weights = _inputs((64, k), k, 128, fused=True)
+  problem = GluProblem(64, 128, k, "bfloat16", "bfloat16", "gelu",
                        fused_weights=True)
   out, gate, up = mosaic.glu_forward(
-      x, weights, problem=problem, config=GluConfig(max_concurrent_steps=2),
-      residuals=True, interpret=not ON_GPU)
+      x, weights, problem=problem, config=config, residuals=True,
+      interpret=not ON_GPU)
+  assert gate.dtype == up.dtype == out.dtype == BF16
   x64 = np.asarray(x.astype(jnp.float32), np.float64)
   w64 = np.asarray(w.astype(jnp.float32), np.float64)
   assert numerics.relative_error(gate, x64 @ w64[:, 0]) < 1e-2
@@ -116,17 +128,18 @@ def test_mosaic_residuals_are_the_products():
 @pytest.mark.skipif(ON_GPU, reason="race detection runs in interpret mode")
 def test_mosaic_has_no_races_interpret():
   """The production tile with the second consumer one step behind, over
-  tiles that wrap the ring, separate and fused weights: the race detector
-  sees no shared-memory race."""
+  tiles that wrap the ring, separate and fused weights, and the contraction
+  split: the race detector sees no shared-memory race."""
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  for fused in (False, True):
+  for fused, k_splits in ((False, 1), (True, 1), (False, 2)):
     x, w, weights = _inputs((72, 128), 128, 256, fused=fused)
     problem = GluProblem(72, 256, 128, "bfloat16", "bfloat16", "silu",
                          fused_weights=fused)
     out = mosaic.glu_forward(
         x, weights, problem=problem,
-        config=GluConfig(max_concurrent_steps=2, consumer_lag=1),
+        config=GluConfig(max_concurrent_steps=2, consumer_lag=1,
+                         k_splits=k_splits),
         interpret=plgpu.InterpretGPUParams(detect_races=True))
     assert not interpret_pallas_call.get_races().races_found
     _check(out, x, w, "silu")
@@ -277,6 +290,17 @@ def test_config_register_budget():
     GluConfig(tile_m=128, tile_n=128)
 
 
+def test_k_splits_must_divide_the_k_steps_and_drop_fast_math():
+  x, _, weights = _inputs((8, 512), 512, 64)  # 8 k-steps
+  with pytest.raises(ValueError, match="k_splits=3 does not divide the 8"):
+    gated_linear_unit(x, weights, config=GluConfig(k_splits=3,
+                                                   max_concurrent_steps=2))
+  with pytest.raises(ValueError, match="k_splits"):
+    GluConfig(k_splits=0)
+  with pytest.raises(ValueError, match="fast_math"):
+    GluConfig(k_splits=2, fast_math=True)
+
+
 # -------------------------------------------------------------- resolution
 
 
@@ -322,6 +346,25 @@ def test_heuristic_fast_math_only_for_16_bit_outputs():
   assert not glu_heuristic(f32_out, 132).fast_math
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 1500, 4096), (64, 1500, 4096),
+                                   (16, 768, 2048), (1, 2048, 7168)])
+def test_heuristic_splits_k_where_the_output_has_few_tiles(m, n, k):
+  problem = _problem(m, n, k)
+  config = glu_heuristic(problem, 132)
+  tiles = output_tiles(problem, config)
+  assert tiles * 2 <= 132 and config.k_splits > 1
+  assert tiles * config.k_splits <= 132 and config.misfit(problem) is None
+  assert k_steps(problem, config) // config.k_splits >= MIN_SPLIT_STEPS
+  assert not config.fast_math and config.epi_tile_n == 32  # float32 rows
+
+
+@pytest.mark.parametrize("m,n,k", [(8192, 14336, 4096), (1, 14336, 4096),
+                                   (512, 1500, 4096), (64, 1536, 256)])
+def test_heuristic_keeps_k_whole_where_tiles_fill_the_gpu_or_k_is_short(
+    m, n, k):
+  assert glu_heuristic(_problem(m, n, k), 132).k_splits == 1
+
+
 def test_heuristic_splits_n_for_decode():
   config = glu_heuristic(_problem(16, 14336, 4096), 132)
   assert config.wg_dimension == Dim.N and config.cta_tile_m == 64
@@ -334,6 +377,7 @@ def test_heuristic_splits_n_for_decode():
 # a GPU run measures, so that a compile error shows here first.
 
 LOWERING_SHAPES = [(8192, 14336, 4096), (16, 14336, 4096),
+                   (64, 1500, 4096),  # k split in four
                    pytest.param(4096, 11008, 4096, marks=pytest.mark.slow),
                    pytest.param(3000, 18944, 3584, marks=pytest.mark.slow)]
 
@@ -381,7 +425,9 @@ def test_mosaic_lowers_every_activation(activation):
 @pytest.mark.hopper
 @pytest.mark.parametrize("m,n,k,fused", [(2048, 4096, 1024, True),
                                          (1000, 2752, 1024, False),
-                                         (16, 4096, 2048, True)])
+                                         (16, 4096, 2048, True),
+                                         (64, 1500, 4096, False),  # k split
+                                         (1, 768, 2048, True)])
 def test_mosaic_on_gpu_vs_float64(m, n, k, fused):
   x, w, weights = _inputs((m, k), k, n, fused=fused)
   numerics.poison_allocator((m, n), BF16)

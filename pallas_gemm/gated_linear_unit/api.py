@@ -63,9 +63,9 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
     if reason is not None:
       raise ValueError(f"{asked} was given, but the Mosaic GLU kernel cannot "
                        f"run {problem.describe()}: {reason}")
-    if config is not None and not config.fits(problem):
-      raise ValueError(f"config={config} needs {config.smem_bytes(problem)} "
-                       "bytes of shared memory, more than an sm_90 block has")
+    misfit = config.misfit(problem) if config is not None else None
+    if misfit:
+      raise ValueError(misfit)
     chosen = config or glu_heuristic(problem, device.planning_sms)
     return GluResolution("mosaic", chosen,
                          "explicit" if config is not None else "heuristic",

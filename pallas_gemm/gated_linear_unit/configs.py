@@ -63,6 +63,12 @@ class GluConfig(TwoConsumerTile):
     (shared-memory reads per step as a plain GEMM's, instead of x read
     twice); needs tile_m = 64 (wgmma's register operand is one 64-row
     group).
+  k_splits: the contraction cut into this many equal runs of k-steps, each
+    a tile of its own, so that an output of few tiles (a decode batch, a
+    narrow width) still keeps most SMs busy. The activation is not linear,
+    so a split kernel stores float32 partial gate and up products instead
+    of the output, and XLA sums them and gates in one fusion. It must
+    divide the problem's k-steps (`k_steps`); 1 gates in the kernel.
   """
 
   tile_m: int = checked(64, one_of(64, 128))
@@ -78,6 +84,7 @@ class GluConfig(TwoConsumerTile):
   fast_math: bool = False
   consumer_lag: int = checked(0, _WITHIN_THE_RING)
   x_in_registers: bool = False
+  k_splits: int = checked(1, at_least(1))
 
   def __post_init__(self):
     validate(self, DIM_CONVERTERS)
@@ -86,6 +93,11 @@ class GluConfig(TwoConsumerTile):
           f"GluConfig.tile_m * tile_n = {self.tile_m * self.tile_n} must be "
           f"<= {MAX_ACC_ELEMS}: two float32 accumulators of that size take "
           "all the registers a consumer warpgroup has")
+    if self.fast_math and self.k_splits > 1:
+      raise ValueError(
+          "GluConfig.fast_math=True with k_splits > 1: a split kernel does "
+          "not gate (XLA sums its partials and gates exactly), so the "
+          "approximate activation would not run")
     if self.x_in_registers:
       # Compiled on an H200 it gave wrong results (relative error 0.1-1.2
       # against float64, tests/test_glu.py::test_mosaic_on_gpu_vs_float64);
@@ -110,18 +122,39 @@ class GluConfig(TwoConsumerTile):
     count even)."""
     return 2 if self.epilogue_tiles_per_wg % 2 == 0 else 1
 
+  def stored_dtype(self, problem: GluProblem) -> str:
+    """What the kernel stores: the output, or float32 partial products
+    when the contraction is split."""
+    return "float32" if self.k_splits > 1 else problem.out_dtype
+
   def smem_bytes(self, problem: GluProblem) -> int:
     """Shared memory of one CTA. The gate and up residuals (the forward
     pass of the gradient) are staged through the same output slots, so
     they cost no shared memory."""
     in_size = jnp.dtype(problem.in_dtype).itemsize
-    out_size = jnp.dtype(problem.out_dtype).itemsize
+    out_size = jnp.dtype(self.stored_dtype(problem)).itemsize
     stage = (self.cta_tile_m + 2 * self.cta_tile_n) * self.tile_k * in_size
     staged = 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_size
     return self.max_concurrent_steps * stage + staged + SMEM_SLACK_BYTES
 
   def fits(self, problem: GluProblem) -> bool:
     return self.smem_bytes(problem) <= HOPPER_SMEM_BYTES
+
+  def misfit(self, problem: GluProblem) -> str | None:
+    """Why this config cannot run `problem`, or None."""
+    if not self.fits(problem):
+      return (f"config={self} needs {self.smem_bytes(problem)} bytes of "
+              f"shared memory, more than the {HOPPER_SMEM_BYTES} an sm_90 "
+              "block has")
+    steps = k_steps(problem, self)
+    if steps % self.k_splits:
+      return (f"config.k_splits={self.k_splits} does not divide the "
+              f"{steps} k-steps of k={problem.k} (tile_k={self.tile_k})")
+    return None
+
+
+def k_steps(problem: GluProblem, config: GluConfig) -> int:
+  return cdiv(problem.k, config.tile_k)
 
 
 #: (tile_m, tile_n, wg_dimension, slowdown): the CTA tiles the heuristic
@@ -136,10 +169,63 @@ CTA_TILE_CHOICES = (
 )
 
 
+def output_tiles(problem: GluProblem, config: GluConfig) -> int:
+  return (cdiv(problem.m, config.cta_tile_m)
+          * cdiv(problem.n, config.cta_tile_n))
+
+
 def glu_waves(problem: GluProblem, config: GluConfig, num_sms: int) -> int:
-  tiles = cdiv(problem.m, config.cta_tile_m) * cdiv(problem.n,
-                                                    config.cta_tile_n)
-  return cdiv(tiles, max(num_sms, 1))
+  return cdiv(output_tiles(problem, config), max(num_sms, 1))
+
+
+#: Each run of a split contraction keeps at least this many k-steps: with
+#: fewer, filling the ring and storing the partials take much of the run.
+MIN_SPLIT_STEPS = 8
+#: Flops a Hopper GPU runs in the time it copies one byte (its dense 16-bit
+#: rate over its copy bandwidth, to the order of the datasheets): weighs the
+#: partial products' traffic against the compute a split spreads out.
+RIDGE_FLOPS_PER_BYTE = 250
+#: A split is taken only where its estimate is below this share of the
+#: unsplit kernel's (the partials' sum is a second pass the estimate does
+#: not see).
+SPLIT_GAIN = 0.8
+
+
+def split_cost(problem: GluProblem, config: GluConfig, splits: int,
+               num_sms: int) -> float:
+  """The call's estimated time, in bytes copied, with the contraction cut
+  in `splits` runs: its work (the flops over the ridge or the operand
+  bytes, whichever is more) spread over the share of the SMs its tiles
+  keep busy, plus the float32 partial gate and up products written and
+  read back when split."""
+  in_size = jnp.dtype(problem.in_dtype).itemsize
+  out_size = jnp.dtype(problem.out_dtype).itemsize
+  m, n, k = problem.m, problem.n, problem.k
+  tiles = output_tiles(problem, config) * splits
+  busy = tiles / (cdiv(tiles, max(num_sms, 1)) * max(num_sms, 1))
+  operand_bytes = (m * k + 2 * k * n) * in_size + m * n * out_size
+  work = max(4 * m * n * k / RIDGE_FLOPS_PER_BYTE, operand_bytes) / busy
+  if splits > 1:
+    rows = cdiv(m, config.cta_tile_m) * config.cta_tile_m
+    cols = cdiv(n, config.cta_tile_n) * config.cta_tile_n
+    work += 2 * 2 * splits * rows * cols * 4
+  return work
+
+
+def glu_k_splits(problem: GluProblem, config: GluConfig, num_sms: int) -> int:
+  """The split of the contraction (a divisor of its k-steps, each run at
+  least MIN_SPLIT_STEPS long) that `split_cost` puts lowest, where that is
+  under SPLIT_GAIN of the unsplit kernel's; else 1."""
+  steps = k_steps(problem, config)
+  unsplit = split_cost(problem, config, 1, num_sms)
+  best, best_cost = 1, unsplit * SPLIT_GAIN
+  for splits in range(2, steps // MIN_SPLIT_STEPS + 1):
+    if steps % splits:
+      continue
+    cost = split_cost(problem, config, splits, num_sms)
+    if cost < best_cost:
+      best, best_cost = splits, cost
+  return best
 
 
 #: Output dtypes whose rounding (2^-9 relative for bf16, 2^-12 for f16 at
@@ -169,6 +255,8 @@ def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
 
   Padding rows of a CTA tile cost their full wgmma time, so when m is
   small (decode) a tile split over N wastes less than one split over M.
+  Where the output has too few tiles to keep the SMs busy, the contraction
+  is split (`glu_k_splits`).
   """
   def cost(choice):
     tile_m, tile_n, wg_dim, slowdown = choice
@@ -177,10 +265,14 @@ def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
             * config.cta_tile_n * slowdown)
 
   tile_m, tile_n, wg_dim, _ = min(CTA_TILE_CHOICES, key=cost)
-  epi_tile_n = min(tile_n, 128 // jnp.dtype(problem.out_dtype).itemsize)
-  base = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim,
-                   epi_tile_n=epi_tile_n,
-                   fast_math=problem.out_dtype in FAST_MATH_OUT_DTYPES)
+  base = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim)
+  base = dataclasses.replace(
+      base, k_splits=glu_k_splits(problem, base, num_sms))
+  stored_size = jnp.dtype(base.stored_dtype(problem)).itemsize
+  base = dataclasses.replace(
+      base, epi_tile_n=min(tile_n, 128 // stored_size),
+      fast_math=(base.k_splits == 1
+                 and problem.out_dtype in FAST_MATH_OUT_DTYPES))
   base = dataclasses.replace(base, grid_band=balanced_band(
       base.cta_tile_m, base.cta_tile_n, num_sms))
   for stages in (5, 4, 3):

@@ -30,6 +30,7 @@ into two arrays first (one copy).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -38,10 +39,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.devices import DeviceInfo, device_info
-from pallas_gemm.gated_linear_unit.configs import GluConfig
+from pallas_gemm.gated_linear_unit.configs import GluConfig, k_steps
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.mosaic_backend import tma
-from pallas_gemm.mosaic_backend.config import HOPPER_SMEM_BYTES
 from pallas_gemm.mosaic_backend.configs import hopper_device_unsupported
 from pallas_gemm.mosaic_backend.warp_specialised import (
     INTERPRET_CTAS, Ring, call_kernel, consume_ring, consumer_offsets,
@@ -101,12 +101,17 @@ def supports(problem: GluProblem, device: DeviceInfo) -> str | None:
 
 def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
                  k_iters: int, m_tiles: int, n_tiles: int, up_offset: int,
-                 separate_up: bool, residuals: bool):
-  """One CTA of the persistent grid."""
+                 separate_up: bool, residuals: bool, part_rows: int):
+  """One CTA of the persistent grid. Its tiles are (split, m, n): with
+  config.k_splits > 1 each covers k_iters k-steps of its split's run and
+  stores float32 partial gate and up products at rows split * part_rows
+  of the two outputs; else it gates."""
   refs = list(refs)
   gate_gmem = refs.pop(0)
   up_gmem = refs.pop(0) if separate_up else gate_gmem
-  out_gmems = refs  # out, then gate and up with `residuals`
+  # out, then gate and up with `residuals`; the partial gate and up when split
+  out_gmems = refs
+  split = config.k_splits > 1
   activation = epilogue_activation(problem.activation, config)
 
   in_dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
@@ -114,7 +119,8 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages, out_slots = config.max_concurrent_steps, config.out_slots
-  num_tiles = m_tiles * n_tiles
+  tiles_per_split = m_tiles * n_tiles
+  num_tiles = config.k_splits * tiles_per_split
   # The step of its first tile after which the first consumer lets the
   # second one start (every CTA has at least one tile); the ring's free
   # stages bound how far ahead it can be.
@@ -122,19 +128,20 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   lag_step = min(lag, k_iters - 1)
 
   def coords(linear):
-    _, m_idx, n_idx = tile_coordinates(
+    # The splits are batches of the output's tiles.
+    split_idx, m_idx, n_idx = tile_coordinates(
         linear, m_tiles=m_tiles, n_tiles=n_tiles, band_dim=config.band_dim,
         band=config.grid_band)
-    return m_idx, n_idx
+    return split_idx, m_idx, n_idx
 
   def scoped(x_smem, gate_smem, up_smem, stage_loaded, stage_consumed,
              out_smem, lag_barrier=None):
     ring = Ring(stages, stage_loaded, stage_consumed)
 
     def load_step(tile, kk, slot):
-      m_idx, n_idx = tile
+      split_idx, m_idx, n_idx = tile
       m_slice = pl.ds(m_idx * cta_m, cta_m)
-      k_slice = pl.ds(kk * tile_k, tile_k)
+      k_slice = pl.ds((split_idx * k_iters + kk) * tile_k, tile_k)
       loaded = stage_loaded.at[slot]
       plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot],
                               loaded)
@@ -166,14 +173,14 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
           def _let_the_second_consumer_start():
             plgpu.barrier_arrive(lag_barrier)
 
-      def compute_tile(m_idx, n_idx, first_step):
+      def compute_tile(split_idx, m_idx, n_idx, first_step):
         acc_type = plgpu.ACC((tile_m, tile_n), jnp.float32)
         # A step's two wgmma groups (gate and up) stay in flight.
         gate, up = consume_ring(ring, mma_step, first_step=first_step,
                                 steps=k_iters, in_flight=2,
                                 accumulators=[acc_type, acc_type])
 
-        row0 = m_idx * cta_m + wg_m_offset
+        row0 = split_idx * part_rows + m_idx * cta_m + wg_m_offset
         col0 = n_idx * cta_n + wg_n_offset
         store_index = 0
         for ei in range(tile_m // epi_m):
@@ -181,9 +188,12 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
             part = (slice(ei * epi_m, (ei + 1) * epi_m),
                     slice(ej * epi_n, (ej + 1) * epi_n))
             gate_part, up_part = gate[part], up[part]
-            values = [activation(gate_part) * up_part]
-            if residuals:
-              values += [gate_part, up_part]
+            if split:
+              values = [gate_part, up_part]
+            else:
+              values = [activation(gate_part) * up_part]
+              if residuals:
+                values += [gate_part, up_part]
             rows = pl.ds(row0 + ei * epi_m, epi_m)
             cols = pl.ds(col0 + ej * epi_n, epi_n)
             for value, dst in zip(values, out_gmems):
@@ -203,8 +213,8 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
 
       @plgpu.nd_loop((num_tiles,), collective_axes="sm")
       def _tile(info):
-        m_idx, n_idx = coords(info.index[0])
-        compute_tile(m_idx, n_idx, info.local_index * k_iters)
+        split_idx, m_idx, n_idx = coords(info.index[0])
+        compute_tile(split_idx, m_idx, n_idx, info.local_index * k_iters)
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -255,40 +265,51 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
     raise ValueError("config.x_in_registers=True runs on a GPU only: the "
                      "Mosaic GPU interpreter has no wgmma with a register "
                      "operand")
-  if not config.fits(problem):
-    raise ValueError(
-        f"config={config} needs {config.smem_bytes(problem)} bytes of shared "
-        f"memory, more than the {HOPPER_SMEM_BYTES} an sm_90 block has")
+  misfit = config.misfit(problem)
+  if misfit:
+    raise ValueError(misfit)
   num_sms = (INTERPRET_CTAS if params is not None
              else max(device_info().num_sms, 1))
   cta_m, cta_n, tile_k = config.cta_tile_m, config.cta_tile_n, config.tile_k
   x = tma.pad_to_tiling(x, tma.tma_tiling(tile_k, problem.in_dtype),
                         (cta_m, tile_k))
   w_operands, up_offset = prepare_weights(weights, problem, config)
-  m_out, n_out = padded_out_dims(problem, config)
+  splits = config.k_splits
+  stored = dataclasses.replace(problem,
+                               out_dtype=config.stored_dtype(problem))
+  m_out, n_out = padded_out_dims(stored, config)
   m_tiles, n_tiles = cdiv(problem.m, cta_m), cdiv(problem.n, cta_n)
-  k_iters = cdiv(problem.k, tile_k)
-  one_out = jax.ShapeDtypeStruct((m_out, n_out), jnp.dtype(problem.out_dtype))
-  out_type = (one_out,) * 3 if residuals else one_out
+  k_iters = k_steps(problem, config) // splits
+  if splits > 1:  # each split's partial products below the one before
+    one_out = jax.ShapeDtypeStruct((splits * m_out, n_out), jnp.float32)
+    out_type = (one_out,) * 2
+  else:
+    one_out = jax.ShapeDtypeStruct((m_out, n_out),
+                                   jnp.dtype(problem.out_dtype))
+    out_type = (one_out,) * 3 if residuals else one_out
   kernel = warp_specialised_kernel(
       functools.partial(
           _kernel_body, problem=problem, config=config, k_iters=k_iters,
           m_tiles=m_tiles, n_tiles=n_tiles, up_offset=up_offset,
-          separate_up=len(w_operands) == 2, residuals=residuals),
+          separate_up=len(w_operands) == 2, residuals=residuals,
+          part_rows=m_out),
       out_type=out_type,
-      grid=(min(num_sms, m_tiles * n_tiles),),
+      grid=(min(num_sms, splits * m_tiles * n_tiles),),
       # Lane semantics, as ws_persistent: explicit WGMMA-layout epilogue.
       approx_math=config.fast_math,
       interpret=params,
   )
   operands = [x] + w_operands
-  if residuals and params is not None:
+  if isinstance(out_type, tuple) and params is not None:
     # The interpreter's host callback hands back one array: stack there.
-    stacked = jax.ShapeDtypeStruct((3, m_out, n_out), one_out.dtype)
+    stacked = jax.ShapeDtypeStruct((len(out_type),) + one_out.shape,
+                                   one_out.dtype)
     outs = tuple(call_kernel(lambda *ops: jnp.stack(kernel(*ops)), operands,
                              stacked, params))
   else:
     outs = call_kernel(kernel, operands, out_type, params)
+  if splits > 1:
+    return _gate_partials(outs, problem, splits, residuals)
   on_gpu = params is None
 
   def unpad(out):
@@ -297,3 +318,20 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
   if residuals:
     return tuple(unpad(out) for out in outs)
   return unpad(outs)
+
+
+def _gate_partials(partials, problem: GluProblem, splits: int,
+                   residuals: bool):
+  """The output (and with `residuals` gate and up, rounded to the output
+  dtype) from a split kernel's stacked float32 partial products: one XLA
+  fusion sums the splits, cuts the padding and gates, exactly."""
+  def total(part):
+    rows = part.shape[0] // splits
+    return part.reshape(splits, rows, -1).sum(0)[:problem.m, :problem.n]
+
+  gate, up = (total(part) for part in partials)
+  out_dtype = jnp.dtype(problem.out_dtype)
+  out = (GLU_ACTIVATIONS[problem.activation](gate) * up).astype(out_dtype)
+  if residuals:
+    return out, gate.astype(out_dtype), up.astype(out_dtype)
+  return out

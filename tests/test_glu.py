@@ -365,6 +365,19 @@ def test_heuristic_keeps_k_whole_where_tiles_fill_the_gpu_or_k_is_short(
   assert glu_heuristic(_problem(m, n, k), 132).k_splits == 1
 
 
+def test_decode_batches_the_kernel_would_split_run_on_xla():
+  few_tiles = resolve(_problem(16, 768, 2048), H200)
+  assert few_tiles.kernel == "xla" and few_tiles.source == "fallback"
+  assert "split" in few_tiles.reason and "kernel='mosaic'" in few_tiles.reason
+  asked = resolve(_problem(16, 768, 2048), H200, kernel="mosaic")
+  assert asked.kernel == "mosaic" and asked.config.k_splits > 1
+  # More rows: the split kernel runs; a wide decode batch is not split.
+  more_rows = resolve(_problem(128, 768, 2048), H200)
+  assert more_rows.kernel == "mosaic" and more_rows.config.k_splits > 1
+  wide = resolve(_problem(16, 14336, 4096), H200)
+  assert wide.kernel == "mosaic" and wide.config.k_splits == 1
+
+
 def test_heuristic_splits_n_for_decode():
   config = glu_heuristic(_problem(16, 14336, 4096), 132)
   assert config.wg_dimension == Dim.N and config.cta_tile_m == 64

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.dispatch import STREAMING_ROWS
 from pallas_gemm.gated_linear_unit import mosaic, xla
 from pallas_gemm.gated_linear_unit.configs import GluConfig, glu_heuristic
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
@@ -45,7 +46,11 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
   why it cannot run. kernel="xla": the XLA form. kernel=None: the Mosaic
   kernel on a Hopper GPU when it supports the problem, else the XLA form
   (on a CPU too: the Mosaic kernel runs there only in interpret mode, which
-  is for tests and must be asked for by name). The config: the caller's,
+  is for tests and must be asked for by name). Also the XLA form for a
+  decode batch (at most `dispatch.STREAMING_ROWS` rows) whose output has
+  so few tiles that the heuristic splits the contraction: there the split
+  kernel ran slower than XLA on most shapes timed
+  (experiments/results/nvidia_h200/glu_split/). The config: the caller's,
   else the heuristic's.
   """
   if kernel is not None and kernel not in KERNELS:
@@ -78,8 +83,16 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
   if reason is not None:
     return GluResolution("xla", None, "fallback",
                          f"the Mosaic GLU kernel cannot run it: {reason}")
-  return GluResolution("mosaic", glu_heuristic(problem, device.planning_sms),
-                       "heuristic", "a Hopper GPU: the fused Mosaic kernel")
+  chosen = glu_heuristic(problem, device.planning_sms)
+  if problem.m <= STREAMING_ROWS and chosen.k_splits > 1:
+    return GluResolution(
+        "xla", None, "fallback",
+        f"{problem.m} rows (at most {STREAMING_ROWS}) whose output has too "
+        f"few tiles for the {device.planning_sms} SMs: the kernel would split "
+        "its contraction, which ran slower than XLA's two products at such "
+        "row counts (kernel='mosaic' runs it anyway)")
+  return GluResolution("mosaic", chosen, "heuristic",
+                       "a Hopper GPU: the fused Mosaic kernel")
 
 
 # ------------------------------------------------------------ the call path

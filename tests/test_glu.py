@@ -82,6 +82,11 @@ MOSAIC_CASES = [
     # summed and gated by XLA; a prime width, fused weights split.
     ("silu", (72, 256), 131, True,
      GluConfig(max_concurrent_steps=2, k_splits=2)),
+    # Split, with rows past a whole CTA tile (200 = 128 + 72): each split's
+    # partials start on a whole tile of rows (the last tile's rows past m
+    # once overwrote the next split's first rows).
+    ("gelu", (200, 256), 64, False,
+     GluConfig(max_concurrent_steps=2, tile_n=64, k_splits=2)),
 ]
 
 
@@ -440,6 +445,7 @@ def test_mosaic_lowers_every_activation(activation):
                                          (1000, 2752, 1024, False),
                                          (16, 4096, 2048, True),
                                          (64, 1500, 4096, False),  # k split
+                                         (192, 1536, 4096, False),
                                          (1, 768, 2048, True)])
 def test_mosaic_on_gpu_vs_float64(m, n, k, fused):
   x, w, weights = _inputs((m, k), k, n, fused=fused)

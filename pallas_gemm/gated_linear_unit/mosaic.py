@@ -280,7 +280,10 @@ def glu_forward(x, weights, *, problem: GluProblem, config: GluConfig,
   m_out, n_out = padded_out_dims(stored, config)
   m_tiles, n_tiles = cdiv(problem.m, cta_m), cdiv(problem.n, cta_n)
   k_iters = k_steps(problem, config) // splits
-  if splits > 1:  # each split's partial products below the one before
+  if splits > 1:
+    # Each split's partial products below the one before, in whole CTA
+    # tiles of rows: a last tile past m must not reach the next split's.
+    m_out = m_tiles * cta_m
     one_out = jax.ShapeDtypeStruct((splits * m_out, n_out), jnp.float32)
     out_type = (one_out,) * 2
   else:

@@ -379,8 +379,11 @@ def test_decode_batches_the_kernel_would_split_run_on_xla():
   # More rows: the split kernel runs; a wide decode batch is not split.
   more_rows = resolve(_problem(128, 768, 2048), H200)
   assert more_rows.kernel == "mosaic" and more_rows.config.k_splits > 1
-  wide = resolve(_problem(16, 14336, 4096), H200)
+  wide = resolve(_problem(16, 14336, 4096), H200)  # 112 tiles
   assert wide.kernel == "mosaic" and wide.config.k_splits == 1
+  # 80 tiles that no split spreads over more SMs in one wave.
+  part_wave = resolve(_problem(24, 5120, 5120), H200)
+  assert part_wave.kernel == "xla" and "61%" in part_wave.reason
 
 
 def test_heuristic_splits_n_for_decode():

@@ -19,7 +19,8 @@ import numpy as np
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.dispatch import STREAMING_ROWS
 from pallas_gemm.gated_linear_unit import mosaic, xla
-from pallas_gemm.gated_linear_unit.configs import GluConfig, glu_heuristic
+from pallas_gemm.gated_linear_unit.configs import (GluConfig, glu_heuristic,
+                                                   glu_waves, output_tiles)
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.problem import as_array, dtype_name, normalize_precision
 
@@ -48,8 +49,9 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
   (on a CPU too: the Mosaic kernel runs there only in interpret mode, which
   is for tests and must be asked for by name). Also the XLA form for a
   decode batch (at most `dispatch.STREAMING_ROWS` rows) whose output has
-  so few tiles that the heuristic splits the contraction: there the split
-  kernel ran slower than XLA on most shapes timed
+  so few tiles that the heuristic splits the contraction, or that the
+  tiles keep under STREAMING_MIN_FILL of the SMs busy: there the kernel
+  ran slower than XLA on most shapes timed
   (experiments/results/nvidia_h200/glu_split/). The config: the caller's,
   else the heuristic's.
   """
@@ -84,15 +86,37 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
     return GluResolution("xla", None, "fallback",
                          f"the Mosaic GLU kernel cannot run it: {reason}")
   chosen = glu_heuristic(problem, device.planning_sms)
-  if problem.m <= STREAMING_ROWS and chosen.k_splits > 1:
-    return GluResolution(
-        "xla", None, "fallback",
-        f"{problem.m} rows (at most {STREAMING_ROWS}) whose output has too "
-        f"few tiles for the {device.planning_sms} SMs: the kernel would split "
-        "its contraction, which ran slower than XLA's two products at such "
-        "row counts (kernel='mosaic' runs it anyway)")
+  if problem.m <= STREAMING_ROWS:
+    why = _streams_on_few_sms(problem, chosen, device.planning_sms)
+    if why:
+      return GluResolution(
+          "xla", None, "fallback",
+          f"{problem.m} rows (at most {STREAMING_ROWS}): {why}, which ran "
+          "slower than XLA's two products at such row counts "
+          "(kernel='mosaic' runs it anyway)")
   return GluResolution("mosaic", chosen, "heuristic",
                        "a Hopper GPU: the fused Mosaic kernel")
+
+
+#: A decode batch streams the weights: a kernel whose tiles keep less than
+#: this share of the SMs busy reads them slower than XLA's products do.
+STREAMING_MIN_FILL = 0.75
+
+
+def _streams_on_few_sms(problem: GluProblem, config: GluConfig,
+                        num_sms: int) -> str | None:
+  """Why the kernel would stream a decode batch's weights on too few SMs
+  (it splits the contraction to fill them, or its tiles fill less than
+  STREAMING_MIN_FILL of its waves), or None."""
+  tiles = output_tiles(problem, config)
+  if config.k_splits > 1:
+    return (f"its output has {tiles} tiles for {num_sms} SMs, so the kernel "
+            f"would split its contraction in {config.k_splits}")
+  fill = tiles / (glu_waves(problem, config, num_sms) * max(num_sms, 1))
+  if fill < STREAMING_MIN_FILL:
+    return (f"its {tiles} tiles keep {fill:.0%} of the {num_sms} SMs busy "
+            f"(under {STREAMING_MIN_FILL:.0%})")
+  return None
 
 
 # ------------------------------------------------------------ the call path

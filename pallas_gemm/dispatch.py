@@ -334,21 +334,30 @@ def class_winner(key: DispatchKey, keys: list[DispatchKey],
   problem's class (`keys`, with `buckets`, their worst ratios per kernel:
   `_class_buckets`) and beat xla by `CLASS_RULE_MARGIN` on every problem
   of at least `CLASS_RULE_SHARE` of those buckets, and the problem's
-  bucket `key` is not far below them (`_below_measured`), else None. Of
-  several such kernels, the one with the larger share, then the higher
-  worst ratio."""
+  bucket `key` is not far below them (`_below_measured`), else None.
+  Buckets far below `key` (`_far_below`) where the kernel did not lead by
+  the margin are left out. Of several such kernels, the one with the
+  larger share, then the higher worst ratio."""
   if len(buckets) < CLASS_RULE_MIN_BUCKETS or _below_measured(key, keys):
     return None
   candidates = []
   for kernel in set.intersection(*(set(b) for b in buckets)) - {"xla"}:
-    ratios = [b[kernel] for b in buckets]
+    # A bucket far below the problem where the kernel did not lead by the
+    # margin says nothing of it (`_below_measured`); one where it did is
+    # a lower bound on the lead.
+    kept = [(other, b[kernel]) for other, b in zip(keys, buckets)
+            if b[kernel] >= CLASS_RULE_MARGIN or not _far_below(other, key)]
+    ratios = [ratio for _, ratio in kept]
+    if (len(kept) < CLASS_RULE_MIN_BUCKETS
+        or _below_measured(key, [other for other, _ in kept])):
+      continue
     share = sum(r >= CLASS_RULE_MARGIN for r in ratios) / len(ratios)
     if min(ratios) >= VETO_BELOW and share >= CLASS_RULE_SHARE:
-      candidates.append((share, min(ratios), kernel))
+      candidates.append((share, min(ratios), len(ratios), kernel))
   if not candidates:
     return None
-  share, _, kernel = max(candidates)
-  return kernel, len(buckets), share
+  share, _, count, kernel = max(candidates)
+  return kernel, count, share
 
 
 def _class_buckets(problem: GemmProblem, records: dict[str, dict]):
@@ -367,6 +376,14 @@ def _class_buckets(problem: GemmProblem, records: dict[str, dict]):
   return keys, buckets
 
 
+def _far_below(key: DispatchKey, other: DispatchKey) -> bool:
+  """Whether bucket `key` is more than `NEAREST_BUCKET_DISTANCE` octaves
+  smaller than bucket `other` in batch, M, N or K."""
+  reach = NEAREST_BUCKET_DISTANCE * STEPS_PER_OCTAVE
+  return any(getattr(key, dim) + reach < getattr(other, dim)
+             for dim in ("batch", "m", "n", "k"))
+
+
 def _below_measured(key: DispatchKey, measured: list[DispatchKey]) -> bool:
   """Whether the bucket `key` is more than `NEAREST_BUCKET_DISTANCE` octaves
   smaller in batch, M, N or K than every bucket `measured`. A class's lead
@@ -375,7 +392,10 @@ def _below_measured(key: DispatchKey, measured: list[DispatchKey]) -> bool:
   save faster), and a little below them (leave-one-out loses nothing at an
   octave: experiments/lab/dispatch_holdout.py), not far below: at M = 1 the
   pad of B is most of the call (experiments/results/nvidia_h200/dispatch/
-  README.md, last section)."""
+  README.md, last section). For the same reason a loss far below the
+  problem says nothing of it (`class_winner` leaves it out): problems of a
+  few rows or columns lose on the pads that larger ones of their class
+  repay."""
   reach = NEAREST_BUCKET_DISTANCE * STEPS_PER_OCTAVE
   return any(getattr(key, dim) + reach
              < min(getattr(other, dim) for other in measured)

@@ -270,6 +270,26 @@ def test_class_rule_does_not_reach_far_below_its_measured_sizes(cache):
     assert "measured only at a batch, M, N or K more than" in chosen.reason
 
 
+def test_class_rule_leaves_out_losses_far_below_the_problem(cache):
+  """A problem of a few columns lost to xla on its pads: that says nothing
+  of a problem more than an octave larger, which the class's leads speak
+  for, and everything of one near it."""
+  ragged = [problem(1024 * f + 1, 1024 * f, 1024 * f + 3) for f in (1, 2, 4)]
+  records = {p: {"kernel": WS, "ratio_to_xla": 1.5, "ratios": {WS: [1.5]}}
+             for p in ragged}
+  records[problem(3000, 100, 301)] = {"kernel": "xla", "ratio_to_xla": 1.0,
+                                      "ratios": {WS: [0.5]}}
+  write_table(cache, records)
+  far = dispatch.resolve(problem(16385, 20000, 24577), HOPPER)
+  assert (far.kernel, far.kernel_source) == (WS, "class rule")
+  assert "100% of the 3 measured buckets" in far.reason
+  near_the_loss = dispatch.resolve(problem(6001, 150, 600), HOPPER)
+  assert (near_the_loss.kernel, near_the_loss.kernel_source) == (
+      "xla", "fallback")
+  # Leads far above it alone do not reach down to it either.
+  assert dispatch.resolve(problem(65, 20000, 24577), HOPPER).kernel == "xla"
+
+
 def test_class_rule_counts_a_kernel_that_beat_xla_where_another_won(cache):
   """The rule asks that a kernel beat xla everywhere in the class, not that
   it be each bucket's winner: with another kernel faster in one bucket,
@@ -286,7 +306,9 @@ def test_class_rule_counts_a_kernel_that_beat_xla_where_another_won(cache):
   assert "100% of the 3 measured buckets" in far.reason
   # A bucket where it only tied xla keeps the rule while the clear leads
   # are at least CLASS_RULE_SHARE of the buckets (here 3 of 4 are not) ...
-  write_table(cache, {problem(3000, 100, 301): {
+  # Not within reach of either query, and at most an octave below both.
+  near = problem(32769, 12289, 14337)
+  write_table(cache, {near: {
       "kernel": "xla", "ratio_to_xla": 1.0, "ratios": {WS: [0.995]}}})
   dispatch.clear_cache()
   assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
@@ -297,7 +319,7 @@ def test_class_rule_counts_a_kernel_that_beat_xla_where_another_won(cache):
   dispatch.clear_cache()
   assert dispatch.resolve(problem(65537, 20000, 24577), HOPPER).kernel == WS
   # ... and a loss anywhere in the class (below VETO_BELOW) breaks it.
-  write_table(cache, {problem(3000, 100, 301): {
+  write_table(cache, {near: {
       "kernel": "xla", "ratio_to_xla": 1.0, "ratios": {WS: [0.95]}}})
   dispatch.clear_cache()
   assert dispatch.resolve(problem(65537, 20000, 24577), HOPPER).kernel == "xla"

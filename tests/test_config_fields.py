@@ -36,7 +36,7 @@ _INVALID_FIELDS = {
         "tile_m": (96, 128.0), "tile_n": (96, True), "tile_k": (32,),
         "max_concurrent_steps": (1,), "epi_tile_n": (48,), "grid_band": (0,),
         "wg_dimension": (2,), "fast_math": (1,), "consumer_lag": (4,),
-        "x_in_registers": ("yes",)},
+        "x_in_registers": ("yes",), "k_splits": (0, 2.0)},
     RaggedConfig: {
         "tile_m": (96, 64.0), "tile_n": (100,), "tile_k": (16, 96),
         "stages": (1, True), "epi_tile_n": (48,), "grid_band": (0,),

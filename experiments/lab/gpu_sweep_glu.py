@@ -95,7 +95,7 @@ def short(config):
           f"st={config.max_concurrent_steps} epi={config.epi_tile_n} "
           f"band={config.band_dim.name}{config.grid_band} "
           f"fast={int(config.fast_math)} lag={config.consumer_lag} "
-          f"x_regs={int(config.x_in_registers)}]")
+          f"x_regs={int(config.x_in_registers)} splits={config.k_splits}]")
 
 
 def fwd_candidates(problem, num_sms):

@@ -11,8 +11,11 @@ warp-specialised kernel in the shape of `mosaic/ws_persistent`.
 
 Config options beyond the tiling (see `GluConfig`): `fast_math` computes the
 epilogue's activation on the SFU's approximate instructions, `consumer_lag`
-starts the second consumer a few k-steps behind the first, and
-`x_in_registers` feeds both wgmma from one register copy of the x tile.
+starts the second consumer a few k-steps behind the first,
+`x_in_registers` feeds both wgmma from one register copy of the x tile, and
+`k_splits` cuts the contraction into runs that are tiles of their own
+(for outputs of too few tiles to fill the SMs): the kernel then stores
+float32 partial gate and up products, and XLA sums them and gates.
 
 Against XLA's two GEMMs and an elementwise fusion, x is read once per tile
 for both products and the two m x n intermediates are never written nor
@@ -119,8 +122,7 @@ def _kernel_body(x_gmem, *refs, problem: GluProblem, config: GluConfig,
   cta_m, cta_n = config.cta_tile_m, config.cta_tile_n
   epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
   stages, out_slots = config.max_concurrent_steps, config.out_slots
-  tiles_per_split = m_tiles * n_tiles
-  num_tiles = config.k_splits * tiles_per_split
+  num_tiles = config.k_splits * m_tiles * n_tiles
   # The step of its first tile after which the first consumer lets the
   # second one start (every CTA has at least one tile); the ring's free
   # stages bound how far ahead it can be.

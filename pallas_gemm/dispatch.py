@@ -338,7 +338,7 @@ def class_winner(key: DispatchKey, keys: list[DispatchKey],
   Buckets far below `key` (`_far_below`) where the kernel did not lead by
   the margin are left out. Of several such kernels, the one with the
   larger share, then the higher worst ratio."""
-  if len(buckets) < CLASS_RULE_MIN_BUCKETS or _below_measured(key, keys):
+  if len(buckets) < CLASS_RULE_MIN_BUCKETS:
     return None
   candidates = []
   for kernel in set.intersection(*(set(b) for b in buckets)) - {"xla"}:
@@ -376,12 +376,15 @@ def _class_buckets(problem: GemmProblem, records: dict[str, dict]):
   return keys, buckets
 
 
+_SIZE_DIMS = ("batch", "m", "n", "k")
+
+
 def _far_below(key: DispatchKey, other: DispatchKey) -> bool:
   """Whether bucket `key` is more than `NEAREST_BUCKET_DISTANCE` octaves
   smaller than bucket `other` in batch, M, N or K."""
   reach = NEAREST_BUCKET_DISTANCE * STEPS_PER_OCTAVE
   return any(getattr(key, dim) + reach < getattr(other, dim)
-             for dim in ("batch", "m", "n", "k"))
+             for dim in _SIZE_DIMS)
 
 
 def _below_measured(key: DispatchKey, measured: list[DispatchKey]) -> bool:
@@ -396,10 +399,10 @@ def _below_measured(key: DispatchKey, measured: list[DispatchKey]) -> bool:
   problem says nothing of it (`class_winner` leaves it out): problems of a
   few rows or columns lose on the pads that larger ones of their class
   repay."""
-  reach = NEAREST_BUCKET_DISTANCE * STEPS_PER_OCTAVE
-  return any(getattr(key, dim) + reach
-             < min(getattr(other, dim) for other in measured)
-             for dim in ("batch", "m", "n", "k"))
+  smallest = dataclasses.replace(measured[0], **{
+      dim: min(getattr(other, dim) for other in measured)
+      for dim in _SIZE_DIMS})
+  return _far_below(key, smallest)
 
 
 def required_margin(distance: float, kernel: str = "") -> float:

@@ -35,7 +35,8 @@ from pallas_gemm.devices import device_info  # noqa: E402
 from pallas_gemm.gated_linear_unit import (GluConfig,  # noqa: E402
                                            gated_linear_unit)
 from pallas_gemm.gated_linear_unit.configs import (  # noqa: E402
-    CTA_TILE_CHOICES, MIN_SPLIT_STEPS, glu_heuristic, k_steps, output_tiles)
+    CTA_TILE_CHOICES, MIN_SPLIT_STEPS, deepest_ring, epilogue_width,
+    glu_heuristic, k_steps, output_tiles)
 from pallas_gemm.gated_linear_unit.problem import GluProblem  # noqa: E402
 from pallas_gemm.shapes import parse_shapes  # noqa: E402
 
@@ -55,14 +56,11 @@ def candidates(problem: GluProblem, num_sms: int):
       steps = k_steps(problem, base)
       if steps % splits or (splits > 1 and steps // splits < MIN_SPLIT_STEPS):
         continue
-      stored = 4 if splits > 1 else 2
-      base = dataclasses.replace(base, epi_tile_n=min(tile_n, 128 // stored))
-      for stages in (5, 4, 3, 2):
-        config = dataclasses.replace(base, max_concurrent_steps=stages)
-        if config.misfit(problem) is None:
-          found.append((f"cta {config.cta_tile_m}x{config.cta_tile_n} "
-                        f"split {splits}", config))
-          break
+      config = deepest_ring(dataclasses.replace(
+          base, epi_tile_n=epilogue_width(base, problem)), problem)
+      if config.misfit(problem) is None:
+        found.append((f"cta {config.cta_tile_m}x{config.cta_tile_n} "
+                      f"split {splits}", config))
   return found
 
 

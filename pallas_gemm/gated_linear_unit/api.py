@@ -19,8 +19,8 @@ import numpy as np
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.dispatch import STREAMING_ROWS
 from pallas_gemm.gated_linear_unit import mosaic, xla
-from pallas_gemm.gated_linear_unit.configs import (GluConfig, glu_heuristic,
-                                                   glu_waves, output_tiles)
+from pallas_gemm.gated_linear_unit.configs import (GluConfig, busy_share,
+                                                   glu_heuristic, output_tiles)
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.problem import as_array, dtype_name, normalize_precision
 
@@ -112,7 +112,7 @@ def _streams_on_few_sms(problem: GluProblem, config: GluConfig,
   if config.k_splits > 1:
     return (f"its output has {tiles} tiles for {num_sms} SMs, so the kernel "
             f"would split its contraction in {config.k_splits}")
-  fill = tiles / (glu_waves(problem, config, num_sms) * max(num_sms, 1))
+  fill = busy_share(tiles, num_sms)
   if fill < STREAMING_MIN_FILL:
     return (f"its {tiles} tiles keep {fill:.0%} of the {num_sms} SMs busy "
             f"(under {STREAMING_MIN_FILL:.0%})")

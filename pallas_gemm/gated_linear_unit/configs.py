@@ -178,6 +178,12 @@ def glu_waves(problem: GluProblem, config: GluConfig, num_sms: int) -> int:
   return cdiv(output_tiles(problem, config), max(num_sms, 1))
 
 
+def busy_share(tiles: int, num_sms: int) -> float:
+  """The share of the SMs that `tiles` tiles keep busy over their waves."""
+  sms = max(num_sms, 1)
+  return tiles / (cdiv(tiles, sms) * sms)
+
+
 #: Each run of a split contraction keeps at least this many k-steps: with
 #: fewer, filling the ring and storing the partials take much of the run.
 MIN_SPLIT_STEPS = 8
@@ -201,8 +207,7 @@ def split_cost(problem: GluProblem, config: GluConfig, splits: int,
   in_size = jnp.dtype(problem.in_dtype).itemsize
   out_size = jnp.dtype(problem.out_dtype).itemsize
   m, n, k = problem.m, problem.n, problem.k
-  tiles = output_tiles(problem, config) * splits
-  busy = tiles / (cdiv(tiles, max(num_sms, 1)) * max(num_sms, 1))
+  busy = busy_share(output_tiles(problem, config) * splits, num_sms)
   operand_bytes = (m * k + 2 * k * n) * in_size + m * n * out_size
   work = max(4 * m * n * k / RIDGE_FLOPS_PER_BYTE, operand_bytes) / busy
   if splits > 1:
@@ -268,15 +273,27 @@ def glu_heuristic(problem: GluProblem, num_sms: int) -> GluConfig:
   base = GluConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim)
   base = dataclasses.replace(
       base, k_splits=glu_k_splits(problem, base, num_sms))
-  stored_size = jnp.dtype(base.stored_dtype(problem)).itemsize
   base = dataclasses.replace(
-      base, epi_tile_n=min(tile_n, 128 // stored_size),
+      base, epi_tile_n=epilogue_width(base, problem),
       fast_math=(base.k_splits == 1
                  and problem.out_dtype in FAST_MATH_OUT_DTYPES))
   base = dataclasses.replace(base, grid_band=balanced_band(
       base.cta_tile_m, base.cta_tile_n, num_sms))
+  return deepest_ring(base, problem)
+
+
+def epilogue_width(config: GluConfig, problem: GluProblem) -> int:
+  """Columns of an output sub-tile: one 128-byte row of what the kernel
+  stores (`GluConfig.stored_dtype`), at most tile_n."""
+  stored_size = jnp.dtype(config.stored_dtype(problem)).itemsize
+  return min(config.tile_n, 128 // stored_size)
+
+
+def deepest_ring(config: GluConfig, problem: GluProblem) -> GluConfig:
+  """`config` with the deepest ring of 5, 4 or 3 stages that fits in shared
+  memory, else of 2."""
   for stages in (5, 4, 3):
-    config = dataclasses.replace(base, max_concurrent_steps=stages)
-    if config.fits(problem):
-      return config
-  return dataclasses.replace(base, max_concurrent_steps=2)
+    deeper = dataclasses.replace(config, max_concurrent_steps=stages)
+    if deeper.fits(problem):
+      return deeper
+  return dataclasses.replace(config, max_concurrent_steps=2)

@@ -532,29 +532,16 @@ def _resolve(problem, device, kernel, config) -> Resolution:
                       "the caller named the kernel")
   if device.is_gpu and problem.flops > 0:
     records = dispatch_records(device)
-    fp8_unmeasured = (problem.in_dtype in FP8_DTYPES
-                      and not _class_measured(problem, records))
-    if records and not fp8_unmeasured:
-      return _from_table(problem, device, records)
-    # An fp8 class this GPU's table never measured: a sibling GPU's buckets
-    # for it if it has some, else the order (not xla for want of a bucket).
-    if fp8_unmeasured:
-      for sibling in SIBLING_TABLES.get(device.key, ()):
-        borrowed = autotune.read_section(autotune.shipped_path(sibling),
-                                         "dispatch")
-        if _class_measured(problem, borrowed):
-          chosen = _from_table(problem, device, borrowed)
-          return dataclasses.replace(chosen, reason=(
-              f"{chosen.reason} (from the {sibling} table: the "
-              f"{device.key} table has no bucket of this fp8 class)"))
-      twin = _aligned_twin(problem)
-      if (twin is not None
-          and _resolve(twin, device, None, None).kernel == "xla"):
-        return Resolution(
-            "xla", None, "aligned twin", "none",
-            f"no table measured this fp8 class (rows that are not 16-byte "
-            f"units); at the aligned sizes {twin.describe()} xla is chosen, "
-            "and the kernels' pads of these rows only add to their time")
+    chosen = _table_decision(problem, device, records) if records else None
+    if chosen is not None:
+      return chosen
+    if problem.in_dtype not in FP8_DTYPES:
+      if records:
+        return _no_bucket_in_reach(problem, device, records)
+    else:
+      chosen = _fp8_without_a_bucket_in_reach(problem, device, records)
+      if chosen is not None:
+        return chosen
   entry = registry.select_kernel(problem, device)
   chosen, source = _config_for(entry, problem, device)
   reason = (f"first kernel of the {_order_name(device)} order "
@@ -565,6 +552,44 @@ def _resolve(problem, device, kernel, config) -> Resolution:
     reason += (f"; interpret mode is kept to problems of at most "
                f"{registry.CPU_INTERPRET_FLOP_BUDGET} flops")
   return Resolution(entry.name, chosen, "order", source, reason)
+
+
+def _fp8_without_a_bucket_in_reach(problem, device, records):
+  """The resolution of an fp8 problem that no bucket of this GPU's table
+  decides (`_table_decision` gave None), or None for the fixed order.
+
+  An aligned class measured here falls back to xla, as 16-bit classes do.
+  A class never measured here, or one of rows that are not 16-byte units
+  (whose few scattered buckets say nothing out of reach: a measured class
+  with no bucket near sent every such call to xla, 1.14-3.00x leads lost:
+  experiments/results/nvidia_h200/dispatch/README.md, last section), takes
+  a sibling GPU's buckets in reach, else its aligned twin's xla, else the
+  order, not xla for want of a bucket (XLA's fp8 is slow with B stored
+  (k, n) and at unaligned rows)."""
+  aligned = alignment(problem) == "a16"
+  if aligned and records and _class_measured(problem, records):
+    return _no_bucket_in_reach(problem, device, records)
+  for sibling in SIBLING_TABLES.get(device.key, ()):
+    borrowed = autotune.read_section(autotune.shipped_path(sibling),
+                                     "dispatch")
+    if not _class_measured(problem, borrowed):
+      continue
+    chosen = _table_decision(problem, device, borrowed)
+    if chosen is None and aligned:
+      chosen = _no_bucket_in_reach(problem, device, borrowed)
+    if chosen is not None:
+      return dataclasses.replace(chosen, reason=(
+          f"{chosen.reason} (from the {sibling} table: the {device.key} "
+          "table has no bucket of this fp8 class in reach)"))
+  twin = _aligned_twin(problem)
+  if twin is not None and _resolve(twin, device, None, None).kernel == "xla":
+    return Resolution(
+        "xla", None, "aligned twin", "none",
+        f"no table has a bucket of this fp8 class (rows that are not 16-byte "
+        f"units) within {NEAREST_BUCKET_DISTANCE} octaves; at the aligned "
+        f"sizes {twin.describe()} xla is chosen, and the kernels' pads of "
+        "these rows only add to their time")
+  return None
 
 
 #: The multiple an unaligned problem's row lengths are rounded up to in its
@@ -608,30 +633,46 @@ def _order_name(device: DeviceInfo) -> str:
 
 
 def _from_table(problem, device, records) -> Resolution:
+  """The table's decision (`_table_decision`), else xla."""
+  return (_table_decision(problem, device, records)
+          or _no_bucket_in_reach(problem, device, records))
+
+
+def _no_bucket_in_reach(problem, device, records) -> Resolution:
+  key = DispatchKey.for_problem(problem)
+  keys, _ = _class_buckets(problem, records)
+  below = (" (its class was measured only at a batch, M, N or K more than "
+           f"{NEAREST_BUCKET_DISTANCE} octaves larger, where the kernels' "
+           "lead does not reach)"
+           if keys and _below_measured(key, keys) else "")
+  return Resolution(
+      "xla", None, "fallback", "none",
+      f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "
+      f"{problem.describe()} in the {device.key} dispatch table{below}")
+
+
+def _table_decision(problem, device, records) -> Resolution | None:
+  """The decision of the buckets in reach of `problem` (the nearest one, or
+  the class rule), or None where no bucket is in reach and the class rule
+  does not decide."""
   record, distance = nearest_record(problem, records)
   if record is None:
     key = DispatchKey.for_problem(problem)
     keys, buckets = _class_buckets(problem, records)
     rule = class_winner(key, keys, buckets)
-    if rule is not None:
-      name, count, share = rule
-      entry = registry._REGISTRY.get(name)
-      if entry is not None and registry.why_unsupported(
-          entry, problem, device) is None:
-        chosen, source = _config_for(entry, problem, device)
-        return Resolution(
-            name, chosen, "class rule", source,
-            f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
-            f"beat xla by {CLASS_RULE_MARGIN}x or more in {share:.0%} of the "
-            f"{count} measured buckets of this class and lost in none")
-    below = (" (its class was measured only at a batch, M, N or K more than "
-             f"{NEAREST_BUCKET_DISTANCE} octaves larger, where the kernels' "
-             "lead does not reach)"
-             if keys and _below_measured(key, keys) else "")
+    if rule is None:
+      return None
+    name, count, share = rule
+    entry = registry._REGISTRY.get(name)
+    if entry is None or registry.why_unsupported(entry, problem,
+                                                 device) is not None:
+      return None
+    chosen, source = _config_for(entry, problem, device)
     return Resolution(
-        "xla", None, "fallback", "none",
-        f"no measured bucket within {NEAREST_BUCKET_DISTANCE} octaves of "
-        f"{problem.describe()} in the {device.key} dispatch table{below}")
+        name, chosen, "class rule", source,
+        f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
+        f"beat xla by {CLASS_RULE_MARGIN}x or more in {share:.0%} of the "
+        f"{count} measured buckets of this class and lost in none")
   name, ratio = record["kernel"], float(record.get("ratio_to_xla", 1.0))
   where = ("its bucket" if distance == 0 else
            f"the nearest bucket ({distance:g} octaves away)")

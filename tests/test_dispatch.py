@@ -418,6 +418,37 @@ def test_an_unmeasured_fp8_class_of_unaligned_rows_follows_its_aligned_twin(
                           HOPPER).kernel_source == "dispatch table"
 
 
+def test_an_unaligned_fp8_class_measured_only_out_of_reach_is_unmeasured_there(
+    cache):
+  """Buckets of unaligned fp8 decide within their reach; beyond it (where a
+  few scattered buckets, some of them losses, give the class rule nothing)
+  the problem follows its aligned twin and the order as an unmeasured
+  class does, not xla for want of a bucket. An aligned fp8 class keeps the
+  16-bit classes' fallback."""
+  write_table(cache, {
+      _fp8(16, 4096, 4096, transpose_b=True): {"kernel": "xla",
+                                               "ratio_to_xla": 1.0},
+      _fp8(8192, 8192, 8192, transpose_b=True): {"kernel": "mosaic/fp8",
+                                                 "ratio_to_xla": 1.2},
+      _fp8(7, 285, 801, transpose_b=True): {"kernel": "xla",
+                                            "ratio_to_xla": 1.0},
+      _fp8(94, 5459, 2065, transpose_b=True): {"kernel": "mosaic/fp8",
+                                               "ratio_to_xla": 1.23}})
+  # In reach of a bucket of its own class: that bucket decides.
+  measured = dispatch.resolve(_fp8(7, 285, 801, transpose_b=True), HOPPER)
+  assert (measured.kernel, measured.kernel_source) == ("xla",
+                                                       "dispatch table")
+  # Out of reach: the aligned twin (xla at 16x4096x4096) ...
+  odd = dispatch.resolve(_fp8(16, 4093, 4090, transpose_b=True), HOPPER)
+  assert (odd.kernel, odd.kernel_source) == ("xla", "aligned twin")
+  # ... or, where the twin takes a kernel, the order.
+  big = dispatch.resolve(_fp8(8192, 8191, 8192, transpose_b=True), HOPPER)
+  assert big.kernel_source == "order" and big.kernel != "xla", big
+  # Aligned fp8 with no bucket in reach of its measured class: xla.
+  far = dispatch.resolve(_fp8(1, 256, 256, transpose_b=True), HOPPER)
+  assert (far.kernel, far.kernel_source) == ("xla", "fallback"), far
+
+
 def test_decode_rows_share_a_bucket_but_a_gemv_has_its_own(cache):
   """M = 8 speaks for M = 48 (one streaming row); it does not speak for
   M = 1, where XLA runs a matrix-vector product."""

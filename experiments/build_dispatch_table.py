@@ -60,7 +60,8 @@ def _log_uniform(rng: random.Random, low: int, high: int, multiple: int) -> int:
 TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "transposed", "f16", "tf32", "fused", "unaligned",
                     "fp8_decode", "fp8_mid", "fp8_large", "decode_wide",
-                    "few_tiles", "attention", "unaligned_wide")
+                    "few_tiles", "attention", "unaligned_wide",
+                    "unaligned_layouts")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -198,6 +199,14 @@ def training_problems(seed: int = 20261123,
         _log_uniform(rng, 512, 8192, 16), dtype="float8_e4m3fn",
         layout=rng.choice(("NN", "NT")),
         scales=rng.choice(FP8_TRAINING_SCALINGS))
+  # "unaligned"'s sizes with the other stored layouts: B stored (n, k), as
+  # weights are kept (an LM head of an odd vocabulary), and A stored
+  # transposed, as weight gradients read it. Until measured, the class
+  # rule has nothing there and the unaligned NT and TN classes run xla.
+  regime = "unaligned_layouts"
+  for _ in range(10):
+    add(_log_uniform(rng, 512, 8192, 1), _log_uniform(rng, 512, 16384, 1) | 1,
+        _log_uniform(rng, 512, 8192, 1), layout=rng.choice(("NT", "TN")))
   return out
 
 

@@ -56,6 +56,17 @@ def test_unaligned_wide_draws_odd_widths_at_few_rows_and_in_fp8():
       "NN", "NT"}
 
 
+def test_unaligned_layouts_draws_both_stored_layouts_of_unaligned_rows():
+  from pallas_gemm import dispatch
+  problems = [builder.to_problem(s) for seed in range(20261123, 20261126)
+              for s in builder.training_problems(
+                  seed, regimes=("unaligned_layouts",))]
+  assert len(problems) == 30
+  assert all(dispatch.alignment(p) == "u" for p in problems)
+  assert {p.layout for p in problems} == {"NT", "TN"}
+  assert min(p.m for p in problems) >= 512
+
+
 
 def test_new_regimes_leave_the_measured_problems_drawn():
   """Regimes are drawn in TRAINING_REGIMES order and new ones go last, so

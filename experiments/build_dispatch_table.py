@@ -61,7 +61,7 @@ TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "transposed", "f16", "tf32", "fused", "unaligned",
                     "fp8_decode", "fp8_mid", "fp8_large", "decode_wide",
                     "few_tiles", "attention", "unaligned_wide",
-                    "unaligned_layouts")
+                    "unaligned_layouts", "unaligned_b_or_c")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -207,6 +207,13 @@ def training_problems(seed: int = 20261123,
   for _ in range(10):
     add(_log_uniform(rng, 512, 8192, 1), _log_uniform(rng, 512, 16384, 1) | 1,
         _log_uniform(rng, 512, 8192, 1), layout=rng.choice(("NT", "TN")))
+  # A's rows whole 16-byte units and an odd N: B's rows misaligned (NN,
+  # TN; `dispatch.alignment`'s "ub") or only the output's (NT, "uc"), the
+  # classes where cuBLAS's speed differs from "ua"'s.
+  regime = "unaligned_b_or_c"
+  for layout in ("NN", "TN", "NT") * 4:
+    m, k = (_log_uniform(rng, 256, 8192, 8) for _ in range(2))
+    add(m, _log_uniform(rng, 64, 32768, 1) | 1, k, layout=layout)
   return out
 
 

@@ -197,13 +197,24 @@ def epilogue_kind(problem: GemmProblem) -> str:
 
 def alignment(problem: GemmProblem) -> str:
   """"a16" when every stored row is a multiple of 16 bytes (what the TMA and
-  cuBLAS's fast paths need), else "u"."""
+  cuBLAS's fast paths need); else the first operand whose rows are not:
+  "ua" (A's), "ub" (B's, not a multiple of 8 bytes), "ub8" (B's, a
+  multiple of 8 bytes) or "uc" (only the output's, B being stored (n, k)).
+  cuBLAS pays for each differently: a slow path with A's rows misaligned
+  or B's at 2- or 4-byte units, near its aligned speed with B's at 8-byte
+  units or with only the output's misaligned, while the kernels pad alike
+  in all four (experiments/results/nvidia_h200/dispatch/README.md,
+  section "Unaligned rows by operand")."""
   in_size, out_size = itemsize(problem.in_dtype), itemsize(problem.out_dtype)
   a_row = problem.m if problem.transpose_a else problem.k
   b_row = problem.k if problem.transpose_b else problem.n
-  aligned = (a_row * in_size % 16 == 0 and b_row * in_size % 16 == 0
-             and problem.n * out_size % 16 == 0)
-  return "a16" if aligned else "u"
+  if a_row * in_size % 16:
+    return "ua"
+  if b_row * in_size % 16:
+    return "ub8" if b_row * in_size % 8 == 0 else "ub"
+  if problem.n * out_size % 16:
+    return "uc"
+  return "a16"
 
 
 def fp8_operands(problem: GemmProblem) -> str:

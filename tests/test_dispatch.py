@@ -503,7 +503,17 @@ def test_a_measured_config_serves_only_the_shape_it_was_measured_on(cache):
 
 def test_alignment_is_part_of_the_bucket():
   assert dispatch.alignment(problem(4096, 4096, 4096)) == "a16"
-  assert dispatch.alignment(problem(4096, 4096, 4095)) == "u"
+  assert dispatch.alignment(problem(4096, 4096, 4095)) == "ua"
+  # B's rows misaligned (A's whole units): at 2- or 4-byte units, or 8.
+  assert dispatch.alignment(problem(4096, 4095, 4096)) == "ub"
+  assert dispatch.alignment(problem(4096, 4094, 4096)) == "ub"
+  assert dispatch.alignment(problem(4096, 4092, 4096)) == "ub8"
+  # B stored (n, k): only the output's rows are misaligned.
+  assert dispatch.alignment(problem(4096, 4095, 4096,
+                                    transpose_b=True)) == "uc"
+  # A stored (k, m): its rows are M's.
+  assert dispatch.alignment(problem(4095, 4096, 4096,
+                                    transpose_a=True)) == "ua"
   assert dispatch.alignment(problem(4095, 4096, 4096)) == "a16"  # M is free
 
 

@@ -386,6 +386,23 @@ def test_decode_batches_the_kernel_would_split_run_on_xla():
   assert part_wave.kernel == "xla" and "61%" in part_wave.reason
 
 
+@pytest.mark.parametrize("n,kernel", [(1500, "xla"), (2500, "xla"),
+                                      (4100, "xla"), (1502, "mosaic"),
+                                      (4093, "mosaic"), (4096, "mosaic")])
+def test_weights_of_8_byte_rows_run_on_xla(n, kernel):
+  """Pair weights whose rows are 8-byte but not 16-byte units: XLA's
+  products run near their aligned speed while the kernel pads both weights;
+  at 2- or 4-byte units XLA is slow and the kernel runs."""
+  chosen = resolve(_problem(2048, n, 4096), H200)
+  assert chosen.kernel == kernel, chosen
+  if kernel == "xla":
+    assert "8-byte" in chosen.reason
+    assert resolve(_problem(2048, n, 4096), H200,
+                   kernel="mosaic").kernel == "mosaic"
+  # Fused weights (k, 2, n) are read in place: the rule does not apply.
+  assert resolve(_problem(2048, n, 4096, fused=True), H200).kernel == "mosaic"
+
+
 def test_heuristic_splits_n_for_decode():
   config = glu_heuristic(_problem(16, 14336, 4096), 132)
   assert config.wg_dimension == Dim.N and config.cta_tile_m == 64

@@ -16,13 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_gemm import dispatch
 from pallas_gemm.devices import DeviceInfo, device_info
 from pallas_gemm.dispatch import STREAMING_ROWS
 from pallas_gemm.gated_linear_unit import mosaic, xla
 from pallas_gemm.gated_linear_unit.configs import (GluConfig, busy_share,
                                                    glu_heuristic, output_tiles)
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
-from pallas_gemm.problem import as_array, dtype_name, normalize_precision
+from pallas_gemm.problem import (GemmProblem, as_array, dtype_name,
+                                 normalize_precision)
 
 KERNELS = ("mosaic", "xla")
 GLU_INPUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -52,8 +54,9 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
   so few tiles that the heuristic splits the contraction, or that the
   tiles keep under STREAMING_MIN_FILL of the SMs busy: there the kernel
   ran slower than XLA on most shapes timed
-  (experiments/results/nvidia_h200/glu_split/). The config: the caller's,
-  else the heuristic's.
+  (experiments/results/nvidia_h200/glu_split/); and for a pair of weights
+  whose rows are 8-byte but not 16-byte units (`_weights_near_aligned`).
+  The config: the caller's, else the heuristic's.
   """
   if kernel is not None and kernel not in KERNELS:
     raise ValueError(f"kernel={kernel!r} is not one of {KERNELS} or None")
@@ -94,8 +97,29 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
           f"{problem.m} rows (at most {STREAMING_ROWS}): {why}, which ran "
           "slower than XLA's two products at such row counts "
           "(kernel='mosaic' runs it anyway)")
+  if _weights_near_aligned(problem):
+    return GluResolution(
+        "xla", None, "fallback",
+        f"the weights' rows of {problem.n} {problem.in_dtype} are 8-byte but "
+        "not 16-byte units: the kernel pads both weights, while XLA's "
+        "products run near their aligned speed (kernel='mosaic' runs it "
+        "anyway)")
   return GluResolution("mosaic", chosen, "heuristic",
                        "a Hopper GPU: the fused Mosaic kernel")
+
+
+def _weights_near_aligned(problem: GluProblem) -> bool:
+  """Whether a pair of weights (rows of n) puts each product in the dense
+  dispatch's "ub8" class: x's rows whole 16-byte units, the weights' rows
+  8-byte but not 16-byte units. The kernel pads both weights there and
+  lost to XLA at every size timed; at rows of 2- or 4-byte units XLA is
+  slow and the kernel wins (experiments/results/nvidia_h200/glu_split/,
+  "Weights of 8-byte rows")."""
+  if problem.fused_weights:
+    return False
+  return dispatch.alignment(GemmProblem(
+      1, problem.m, problem.n, problem.k, problem.in_dtype,
+      problem.out_dtype)) == "ub8"
 
 
 #: A decode batch streams the weights: a kernel whose tiles keep less than

@@ -574,7 +574,10 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   (whose few scattered buckets say nothing out of reach: a measured class
   with no bucket near sent every such call to xla, 1.14-3.00x leads lost:
   experiments/results/nvidia_h200/dispatch/README.md, last section), takes
-  a sibling GPU's buckets in reach, else its aligned twin's xla, else the
+  a sibling GPU's buckets in reach, else xla at one row (a matrix-vector
+  product: mosaic/fp8 ran 0.34x xla at 1 x 4093 x 4096 with A stored
+  transposed, experiments/results/nvidia_h200/dispatch/README.md, section
+  "Unaligned rows by operand"), else its aligned twin's xla, else the
   order, not xla for want of a bucket (XLA's fp8 is slow with B stored
   (k, n) and at unaligned rows)."""
   aligned = alignment(problem) == "a16"
@@ -592,6 +595,12 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
       return dataclasses.replace(chosen, reason=(
           f"{chosen.reason} (from the {sibling} table: the {device.key} "
           "table has no bucket of this fp8 class in reach)"))
+  if problem.m == 1:
+    return Resolution(
+        "xla", None, "fallback", "none",
+        "one row of an fp8 class with no bucket in reach: a matrix-vector "
+        "product, which the tiled kernels ran at 0.34-0.72x xla on the "
+        "one-row problems measured with A or B stored transposed")
   twin = _aligned_twin(problem)
   if twin is not None and _resolve(twin, device, None, None).kernel == "xla":
     return Resolution(

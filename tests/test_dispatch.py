@@ -625,3 +625,14 @@ def test_nearest_bucket_margin_is_per_kernel(cache):
   assert dispatch.resolve(problem(8192, 8192, 6144), HOPPER).kernel == "xla"
   assert dispatch.resolve(problem(16, 8192, 6144),
                           HOPPER).kernel == "mosaic/small_m"
+
+
+def test_one_row_of_an_fp8_class_with_no_bucket_in_reach_runs_xla(cache):
+  """A matrix-vector product: the order's tiled fp8 kernel lost to XLA at
+  one row; with more rows the order (or twin) decides as before."""
+  write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
+  one = dispatch.resolve(_fp8(1, 4096, 4096, transpose_a=True), HOPPER)
+  assert (one.kernel, one.kernel_source) == ("xla", "fallback"), one
+  assert "matrix-vector" in one.reason
+  more = dispatch.resolve(_fp8(64, 4096, 4096, transpose_a=True), HOPPER)
+  assert more.kernel_source == "order" and more.kernel != "xla", more

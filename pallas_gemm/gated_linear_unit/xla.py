@@ -11,11 +11,18 @@ from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS
 
 def glu_products(x, w_gate, w_up, *, precision=None, out_dtype):
   """(gate, up) = (x @ w_gate, x @ w_up), each rounded to `out_dtype`, as
-  `jnp.dot` with a float32 accumulator writes them."""
-  def dot(w):
-    return jnp.dot(x, w, precision=precision,
-                   preferred_element_type=jnp.float32).astype(out_dtype)
-  return dot(w_gate), dot(w_up)
+  `jnp.dot` with a float32 accumulator writes them. Where `out_dtype` is
+  at least as wide as x's, the dot writes it directly (XLA accumulates in
+  float32 either way): a float32 product cast afterwards is a float32
+  write and read of each product that XLA does not fold into the GEMM."""
+  out_dtype = jnp.dtype(out_dtype)
+  if out_dtype.itemsize >= x.dtype.itemsize:
+    return tuple(jnp.dot(x, w, precision=precision,
+                         preferred_element_type=out_dtype)
+                 for w in (w_gate, w_up))
+  return tuple(jnp.dot(x, w, precision=precision,
+                       preferred_element_type=jnp.float32).astype(out_dtype)
+               for w in (w_gate, w_up))
 
 
 def gate(gate_products, up_products, activation: str, out_dtype):

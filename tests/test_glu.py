@@ -331,8 +331,12 @@ def test_resolution():
   assert explicit.kernel == "mosaic" and explicit.config is config
   with pytest.raises(ValueError, match="Hopper"):
     resolve(problem, A100, kernel="mosaic")
-  x, _, weights = _inputs((8, 32), 32, 16)
+  # More rows than a decode batch (which runs XLA's form when its tiles
+  # leave most SMs idle).
+  x, _, weights = _inputs((256, 64), 64, 128)
   assert explain(x, weights).kernel == ("mosaic" if ON_GPU else "xla")
+  x, _, weights = _inputs((8, 32), 32, 16)
+  assert explain(x, weights).kernel == "xla"
 
 
 @pytest.mark.parametrize("name,m,n,k", glu_suite())

@@ -167,7 +167,7 @@ class Resolution:
   kernel: str
   config: Any
   # "explicit", "dispatch table", "nearest bucket", "class rule",
-  # "aligned twin", "order", "fallback"
+  # "layout twin", "aligned twin", "order", "fallback"
   kernel_source: str
   # "explicit", "user cache", "dispatch table", "shipped", "autotune",
   # "heuristic", "none"
@@ -576,10 +576,13 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   experiments/results/nvidia_h200/dispatch/README.md, last section), takes
   a sibling GPU's buckets in reach, else xla at one row (a matrix-vector
   product: mosaic/fp8 ran 0.34x xla at 1 x 4093 x 4096 with A stored
-  transposed, experiments/results/nvidia_h200/dispatch/README.md, section
-  "Unaligned rows by operand"), else its aligned twin's xla, else the
-  order, not xla for want of a bucket (XLA's fp8 is slow with B stored
-  (k, n) and at unaligned rows)."""
+  transposed), else, with A stored transposed (a layout no table
+  measured), the same problem's xla with A stored as rows (mosaic/fp8
+  ran 0.59-0.92x xla on such problems of 14-57 rows through the order),
+  else its aligned twin's xla, else the order, not xla for want of a
+  bucket (XLA's fp8 is slow with B stored (k, n) and at unaligned rows;
+  experiments/results/nvidia_h200/dispatch/README.md, section "Unaligned
+  rows by operand")."""
   aligned = alignment(problem) == "a16"
   if aligned and records and _class_measured(problem, records):
     return _no_bucket_in_reach(problem, device, records)
@@ -601,6 +604,13 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
         "one row of an fp8 class with no bucket in reach: a matrix-vector "
         "product, which the tiled kernels ran at 0.34-0.72x xla on the "
         "one-row problems measured with A or B stored transposed")
+  if problem.transpose_a and not _class_measured(problem, records):
+    rows = dataclasses.replace(problem, transpose_a=False)
+    if _resolve(rows, device, None, None).kernel == "xla":
+      return Resolution(
+          "xla", None, "layout twin", "none",
+          f"no table has a bucket of fp8 with A stored transposed in reach; "
+          f"with A stored as rows ({rows.describe()}) xla is chosen")
   twin = _aligned_twin(problem)
   if twin is not None and _resolve(twin, device, None, None).kernel == "xla":
     return Resolution(

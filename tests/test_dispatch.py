@@ -636,3 +636,17 @@ def test_one_row_of_an_fp8_class_with_no_bucket_in_reach_runs_xla(cache):
   assert "matrix-vector" in one.reason
   more = dispatch.resolve(_fp8(64, 4096, 4096, transpose_a=True), HOPPER)
   assert more.kernel_source == "order" and more.kernel != "xla", more
+
+
+def test_fp8_with_a_stored_transposed_follows_its_layout_twin(cache):
+  """No table measured fp8 with A stored transposed: where the same
+  problem with A stored as rows resolves to xla, so does it; where that
+  takes a kernel, the order runs."""
+  write_table(cache, {
+      _fp8(16, 4096, 4096): {"kernel": "xla", "ratio_to_xla": 1.0},
+      _fp8(8192, 8192, 8192): {"kernel": "mosaic/fp8", "ratio_to_xla": 1.2}})
+  small = dispatch.resolve(_fp8(16, 4096, 4096, transpose_a=True), HOPPER)
+  assert (small.kernel, small.kernel_source) == ("xla", "layout twin"), small
+  assert "16x4096x4096" in small.reason
+  big = dispatch.resolve(_fp8(8192, 8192, 8192, transpose_a=True), HOPPER)
+  assert big.kernel_source == "order" and big.kernel != "xla", big

@@ -167,7 +167,7 @@ class Resolution:
   kernel: str
   config: Any
   # "explicit", "dispatch table", "nearest bucket", "class rule",
-  # "layout twin", "aligned twin", "order", "fallback"
+  # "aligned twin", "order", "fallback"
   kernel_source: str
   # "explicit", "user cache", "dispatch table", "shipped", "autotune",
   # "heuristic", "none"
@@ -574,13 +574,12 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   (whose few scattered buckets say nothing out of reach: a measured class
   with no bucket near sent every such call to xla, 1.14-3.00x leads lost:
   experiments/results/nvidia_h200/dispatch/README.md, last section), takes
-  a sibling GPU's buckets in reach, else xla at one row (a matrix-vector
-  product: mosaic/fp8 ran 0.34x xla at 1 x 4093 x 4096 with A stored
-  transposed), else, with A stored transposed (a layout no table
-  measured), the same problem's xla with A stored as rows (mosaic/fp8
-  ran 0.59-0.92x xla on such problems of 14-57 rows through the order),
-  else its aligned twin's xla, else the order, not xla for want of a
-  bucket (XLA's fp8 is slow with B stored (k, n) and at unaligned rows;
+  a sibling GPU's buckets in reach, else, for unaligned rows, xla at most
+  STREAMING_ROWS rows (mosaic/fp8 through the order, with its pads, ran
+  0.43-0.98x xla on 15 of 17 such problems of 5-64 rows timed), else its
+  aligned twin's xla,
+  else the order, not xla for want of a bucket (XLA's fp8 is slow with B
+  stored (k, n), with A stored transposed and at unaligned rows:
   experiments/results/nvidia_h200/dispatch/README.md, section "Unaligned
   rows by operand")."""
   aligned = alignment(problem) == "a16"
@@ -598,19 +597,13 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
       return dataclasses.replace(chosen, reason=(
           f"{chosen.reason} (from the {sibling} table: the {device.key} "
           "table has no bucket of this fp8 class in reach)"))
-  if problem.m == 1:
+  if not aligned and problem.m <= STREAMING_ROWS:
     return Resolution(
         "xla", None, "fallback", "none",
-        "one row of an fp8 class with no bucket in reach: a matrix-vector "
-        "product, which the tiled kernels ran at 0.34-0.72x xla on the "
-        "one-row problems measured with A or B stored transposed")
-  if problem.transpose_a and not _class_measured(problem, records):
-    rows = dataclasses.replace(problem, transpose_a=False)
-    if _resolve(rows, device, None, None).kernel == "xla":
-      return Resolution(
-          "xla", None, "layout twin", "none",
-          f"no table has a bucket of fp8 with A stored transposed in reach; "
-          f"with A stored as rows ({rows.describe()}) xla is chosen")
+        f"{problem.m} rows (at most {STREAMING_ROWS}) of fp8 with rows that "
+        "are not 16-byte units and no bucket in reach: the order's tiled "
+        "kernel, with its pads, ran slower than XLA on most such problems "
+        "timed")
   twin = _aligned_twin(problem)
   if twin is not None and _resolve(twin, device, None, None).kernel == "xla":
     return Resolution(

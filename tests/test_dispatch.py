@@ -370,8 +370,10 @@ def test_fp8_takes_the_table_once_its_class_is_measured(cache):
   # Unscaled fp8 was not measured: not the tensor-scaled buckets' class,
   # so the order decides (mosaic/fp8 or ffi/fp8_nn first, never a
   # fallback to xla for want of a bucket).
-  unscaled = dispatch.resolve(_fp8(16, 8192, 8192, scales="none"), HOPPER)
+  unscaled = dispatch.resolve(_fp8(128, 8192, 8192, scales="none"), HOPPER)
   assert unscaled.kernel_source == "order" and unscaled.kernel != "xla"
+  assert dispatch.resolve(_fp8(16, 8192, 8192, scales="none"),
+                          HOPPER).kernel_source == "order"
 
 
 def test_an_fp8_class_this_gpu_never_measured_borrows_a_siblings(cache):
@@ -389,7 +391,7 @@ def test_an_fp8_class_this_gpu_never_measured_borrows_a_siblings(cache):
   assert chosen.kernel == "xla"
   assert "from the nvidia_h100 table" in chosen.reason
   # A class neither table measured keeps the order.
-  other = dispatch.resolve(_fp8(16, 4096, 4096, scales="none"), HOPPER)
+  other = dispatch.resolve(_fp8(128, 4096, 4096, scales="none"), HOPPER)
   assert other.kernel_source == "order"
   # bf16: this GPU's own table, as before.
   assert dispatch.resolve(problem(), HOPPER).kernel == WS
@@ -402,19 +404,19 @@ def test_an_unmeasured_fp8_class_of_unaligned_rows_follows_its_aligned_twin(
   """No table measured fp8 with rows that are not 16-byte units: where the
   aligned sizes (N and K rounded up to 16, M as it is) resolve to xla, so
   does the unaligned problem; where they take a kernel, the order's
-  kernel runs."""
+  kernel runs (above STREAMING_ROWS rows: at fewer, xla)."""
   write_table(cache, {
-      _fp8(16, 4096, 4096, transpose_b=True): {"kernel": "xla",
-                                               "ratio_to_xla": 1.0},
+      _fp8(128, 4096, 4096, transpose_b=True): {"kernel": "xla",
+                                                "ratio_to_xla": 1.0},
       _fp8(8192, 8192, 8192, transpose_b=True): {"kernel": "mosaic/fp8",
                                                  "ratio_to_xla": 1.2}})
-  odd = dispatch.resolve(_fp8(16, 4093, 4090, transpose_b=True), HOPPER)
+  odd = dispatch.resolve(_fp8(128, 4093, 4090, transpose_b=True), HOPPER)
   assert (odd.kernel, odd.kernel_source) == ("xla", "aligned twin")
-  assert "16x4096x4096" in odd.reason
+  assert "128x4096x4096" in odd.reason
   big = dispatch.resolve(_fp8(8192, 8191, 8192, transpose_b=True), HOPPER)
   assert big.kernel_source == "order" and big.kernel != "xla"
   # Aligned rows are the measured class's own: its buckets decide.
-  assert dispatch.resolve(_fp8(16, 4096, 4096, transpose_b=True),
+  assert dispatch.resolve(_fp8(128, 4096, 4096, transpose_b=True),
                           HOPPER).kernel_source == "dispatch table"
 
 
@@ -426,8 +428,8 @@ def test_an_unaligned_fp8_class_measured_only_out_of_reach_is_unmeasured_there(
   class does, not xla for want of a bucket. An aligned fp8 class keeps the
   16-bit classes' fallback."""
   write_table(cache, {
-      _fp8(16, 4096, 4096, transpose_b=True): {"kernel": "xla",
-                                               "ratio_to_xla": 1.0},
+      _fp8(128, 4096, 4096, transpose_b=True): {"kernel": "xla",
+                                                "ratio_to_xla": 1.0},
       _fp8(8192, 8192, 8192, transpose_b=True): {"kernel": "mosaic/fp8",
                                                  "ratio_to_xla": 1.2},
       _fp8(7, 285, 801, transpose_b=True): {"kernel": "xla",
@@ -438,8 +440,8 @@ def test_an_unaligned_fp8_class_measured_only_out_of_reach_is_unmeasured_there(
   measured = dispatch.resolve(_fp8(7, 285, 801, transpose_b=True), HOPPER)
   assert (measured.kernel, measured.kernel_source) == ("xla",
                                                        "dispatch table")
-  # Out of reach: the aligned twin (xla at 16x4096x4096) ...
-  odd = dispatch.resolve(_fp8(16, 4093, 4090, transpose_b=True), HOPPER)
+  # Out of reach: the aligned twin (xla at 128x4096x4096) ...
+  odd = dispatch.resolve(_fp8(128, 4093, 4090, transpose_b=True), HOPPER)
   assert (odd.kernel, odd.kernel_source) == ("xla", "aligned twin")
   # ... or, where the twin takes a kernel, the order.
   big = dispatch.resolve(_fp8(8192, 8191, 8192, transpose_b=True), HOPPER)
@@ -627,26 +629,19 @@ def test_nearest_bucket_margin_is_per_kernel(cache):
                           HOPPER).kernel == "mosaic/small_m"
 
 
-def test_one_row_of_an_fp8_class_with_no_bucket_in_reach_runs_xla(cache):
-  """A matrix-vector product: the order's tiled fp8 kernel lost to XLA at
-  one row; with more rows the order (or twin) decides as before."""
+
+def test_unaligned_fp8_streaming_rows_with_no_bucket_in_reach_run_xla(cache):
+  """At most STREAMING_ROWS rows of fp8 with unaligned rows and no bucket
+  of its class in reach (here A stored transposed, which no table
+  measured, of 4095 columns): xla, where the order's tiled kernel and its
+  pads lost; with more rows, or aligned rows, the order decides."""
   write_table(cache, {problem(): {"kernel": WS, "ratio_to_xla": 1.2}})
-  one = dispatch.resolve(_fp8(1, 4096, 4096, transpose_a=True), HOPPER)
-  assert (one.kernel, one.kernel_source) == ("xla", "fallback"), one
-  assert "matrix-vector" in one.reason
-  more = dispatch.resolve(_fp8(64, 4096, 4096, transpose_a=True), HOPPER)
+  for m in (1, 16, dispatch.STREAMING_ROWS):
+    few = dispatch.resolve(_fp8(m, 4095, 4096, transpose_a=True), HOPPER)
+    assert (few.kernel, few.kernel_source) == ("xla", "fallback"), few
+    assert f"{m} rows" in few.reason
+  more = dispatch.resolve(_fp8(dispatch.STREAMING_ROWS + 1, 4095, 4096,
+                               transpose_a=True), HOPPER)
   assert more.kernel_source == "order" and more.kernel != "xla", more
-
-
-def test_fp8_with_a_stored_transposed_follows_its_layout_twin(cache):
-  """No table measured fp8 with A stored transposed: where the same
-  problem with A stored as rows resolves to xla, so does it; where that
-  takes a kernel, the order runs."""
-  write_table(cache, {
-      _fp8(16, 4096, 4096): {"kernel": "xla", "ratio_to_xla": 1.0},
-      _fp8(8192, 8192, 8192): {"kernel": "mosaic/fp8", "ratio_to_xla": 1.2}})
-  small = dispatch.resolve(_fp8(16, 4096, 4096, transpose_a=True), HOPPER)
-  assert (small.kernel, small.kernel_source) == ("xla", "layout twin"), small
-  assert "16x4096x4096" in small.reason
-  big = dispatch.resolve(_fp8(8192, 8192, 8192, transpose_a=True), HOPPER)
-  assert big.kernel_source == "order" and big.kernel != "xla", big
+  aligned = dispatch.resolve(_fp8(16, 4096, 4096, transpose_a=True), HOPPER)
+  assert aligned.kernel_source == "order", aligned

@@ -14,6 +14,8 @@ The kernel, when the caller names none (`kernel=None`):
    problem's bucket decides. A bucket is the problem's dtypes, layout,
    precision, epilogue kind, 16-byte alignment and (fp8 only) B's dtype
    and the scale modes, plus its batch, M, N and K on a half-octave grid.
+   (Alignment names the first operand whose rows are not 16-byte units,
+   `alignment`.)
    Each bucket records the fastest kernel measured for it, `xla` included,
    and that kernel's speed relative to `xla`.
    - the problem's own bucket, or else the nearest one within
@@ -29,10 +31,12 @@ The kernel, when the caller names none (`kernel=None`):
      kernel of `NARROW_SWIZZLE_KERNELS`, takes the slow narrow-swizzle
      path with tall tiles only where the bucket measured it with the same
      tile; else `xla` runs;
-   - an fp8 class the table never measured: a sibling GPU's buckets for
-     it (`SIBLING_TABLES`), else, for rows that are not 16-byte units,
-     xla where the aligned twin's decision is xla (`_aligned_twin`), else
-     the order below;
+   - an fp8 class the table never measured, or of rows that are not
+     16-byte units with no bucket in reach: a sibling GPU's buckets for it
+     (`SIBLING_TABLES`), else, for rows that are not 16-byte units, xla
+     at most `STREAMING_ROWS` rows, and xla where the aligned twin's
+     decision is xla (`_aligned_twin`), else the order below
+     (`_fp8_without_a_bucket_in_reach`);
    - no bucket near enough: a kernel that lost to xla on no problem
      measured in the problem's class and beat it by a wide margin nearly
      everywhere there (`class_winner`: e.g. rows that are not 16-byte

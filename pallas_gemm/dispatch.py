@@ -581,11 +581,10 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   a sibling GPU's buckets in reach, else, for unaligned rows, xla at most
   STREAMING_ROWS rows (mosaic/fp8 through the order, with its pads, ran
   0.43-0.98x xla on 15 of 17 such problems of 5-64 rows timed), else its
-  aligned twin's xla,
-  else the order, not xla for want of a bucket (XLA's fp8 is slow with B
-  stored (k, n), with A stored transposed and at unaligned rows:
-  experiments/results/nvidia_h200/dispatch/README.md, section "Unaligned
-  rows by operand")."""
+  aligned twin's xla, else the order, not xla for want of a bucket (XLA's
+  fp8 is slow with B stored (k, n), with A stored transposed and at
+  unaligned rows: experiments/results/nvidia_h200/dispatch/README.md,
+  section "Unaligned rows by operand")."""
   aligned = alignment(problem) == "a16"
   if aligned and records and _class_measured(problem, records):
     return _no_bucket_in_reach(problem, device, records)
@@ -666,6 +665,7 @@ def _from_table(problem, device, records) -> Resolution:
 
 
 def _no_bucket_in_reach(problem, device, records) -> Resolution:
+  """xla, for want of a bucket in reach (or of a class rule)."""
   key = DispatchKey.for_problem(problem)
   keys, _ = _class_buckets(problem, records)
   below = (" (its class was measured only at a batch, M, N or K more than "

@@ -26,9 +26,10 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   assert any(s["batch"] > 1 for s in first)
   assert any(s["m"] <= 128 for s in first)
   assert any(s["epilogue"] != "plain" for s in first)
-  unaligned_wide = builder.training_problems(regimes=("unaligned_wide",))
+  unaligned = builder.training_problems(
+      regimes=("unaligned_wide", "unaligned_fp8_rows"))
   fp8 = [builder.to_problem(s) for s in first
-         if s["in_dtype"] == "float8_e4m3fn" and s not in unaligned_wide]
+         if s["in_dtype"] == "float8_e4m3fn" and s not in unaligned]
   assert {(p.layout, p.a_scale_mode) for p in fp8} == {
       ("NN", "none"), ("NN", "tensor"), ("NT", "none"), ("NT", "tensor")}
   assert all(p.out_dtype == "bfloat16" and p.n % 16 == 0 and p.k % 16 == 0
@@ -65,6 +66,20 @@ def test_unaligned_layouts_draws_both_stored_layouts_of_unaligned_rows():
   assert all(dispatch.alignment(p) != "a16" for p in problems)
   assert {p.layout for p in problems} == {"NT", "TN"}
   assert min(p.m for p in problems) >= 512
+
+
+def test_the_regimes_by_operand_draw_their_alignment_classes():
+  from pallas_gemm import dispatch
+  draw = lambda regime: [builder.to_problem(s) for s in
+                         builder.training_problems(regimes=(regime,))]
+  b_or_c = {(p.layout, dispatch.alignment(p))
+            for p in draw("unaligned_b_or_c")}
+  assert b_or_c == {("NN", "ub"), ("TN", "ub"), ("NT", "uc")}
+  assert {dispatch.alignment(p) for p in draw("unaligned_ub8")} == {"ub8"}
+  fp8 = draw("unaligned_fp8_rows")
+  assert all(p.in_dtype == "float8_e4m3fn" and dispatch.alignment(p) != "a16"
+             for p in fp8)
+  assert {p.layout for p in fp8} == {"NN", "TN", "NT"}
 
 
 

@@ -18,7 +18,6 @@ import numpy as np
 
 from pallas_gemm import dispatch
 from pallas_gemm.devices import DeviceInfo, device_info
-from pallas_gemm.dispatch import STREAMING_ROWS
 from pallas_gemm.gated_linear_unit import mosaic, xla
 from pallas_gemm.gated_linear_unit.configs import (GluConfig, busy_share,
                                                    glu_heuristic, output_tiles)
@@ -89,13 +88,13 @@ def resolve(problem: GluProblem, device: DeviceInfo, kernel: str | None = None,
     return GluResolution("xla", None, "fallback",
                          f"the Mosaic GLU kernel cannot run it: {reason}")
   chosen = glu_heuristic(problem, device.planning_sms)
-  if problem.m <= STREAMING_ROWS:
+  if problem.m <= dispatch.STREAMING_ROWS:
     why = _streams_on_few_sms(problem, chosen, device.planning_sms)
     if why:
       return GluResolution(
           "xla", None, "fallback",
-          f"{problem.m} rows (at most {STREAMING_ROWS}): {why}, which ran "
-          "slower than XLA's two products at such row counts "
+          f"{problem.m} rows (at most {dispatch.STREAMING_ROWS}): {why}, "
+          "which ran slower than XLA's two products at such row counts "
           "(kernel='mosaic' runs it anyway)")
   if _weights_near_aligned(problem):
     return GluResolution(

@@ -42,6 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_gemm.devices import DeviceInfo, device_info
+from pallas_gemm.gated_linear_unit import xla
 from pallas_gemm.gated_linear_unit.configs import GluConfig, k_steps
 from pallas_gemm.gated_linear_unit.problem import GLU_ACTIVATIONS, GluProblem
 from pallas_gemm.mosaic_backend import tma
@@ -336,7 +337,7 @@ def _gate_partials(partials, problem: GluProblem, splits: int,
 
   gate, up = (total(part) for part in partials)
   out_dtype = jnp.dtype(problem.out_dtype)
-  out = (GLU_ACTIVATIONS[problem.activation](gate) * up).astype(out_dtype)
+  out = xla.gate(gate, up, problem.activation, out_dtype)
   if residuals:
     return out, gate.astype(out_dtype), up.astype(out_dtype)
   return out

@@ -16,12 +16,10 @@ def glu_products(x, w_gate, w_up, *, precision=None, out_dtype):
   float32 either way): a float32 product cast afterwards is a float32
   write and read of each product that XLA does not fold into the GEMM."""
   out_dtype = jnp.dtype(out_dtype)
-  if out_dtype.itemsize >= x.dtype.itemsize:
-    return tuple(jnp.dot(x, w, precision=precision,
-                         preferred_element_type=out_dtype)
-                 for w in (w_gate, w_up))
+  written = (out_dtype if out_dtype.itemsize >= x.dtype.itemsize
+             else jnp.dtype(jnp.float32))
   return tuple(jnp.dot(x, w, precision=precision,
-                       preferred_element_type=jnp.float32).astype(out_dtype)
+                       preferred_element_type=written).astype(out_dtype)
                for w in (w_gate, w_up))
 
 

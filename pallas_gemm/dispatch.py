@@ -575,16 +575,15 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
 
   An aligned class measured here falls back to xla, as 16-bit classes do.
   A class never measured here, or one of rows that are not 16-byte units
-  (whose few scattered buckets say nothing out of reach: a measured class
-  with no bucket near sent every such call to xla, 1.14-3.00x leads lost:
-  experiments/results/nvidia_h200/dispatch/README.md, last section), takes
-  a sibling GPU's buckets in reach, else, for unaligned rows, xla at most
-  STREAMING_ROWS rows (mosaic/fp8 through the order, with its pads, ran
-  0.43-0.98x xla on 15 of 17 such problems of 5-64 rows timed), else its
+  (whose few scattered buckets say nothing out of reach: falling to xla
+  there lost the kernels' leads on every unaligned call out of a bucket's
+  reach), takes a sibling GPU's buckets in reach, else, for unaligned
+  rows, xla at most STREAMING_ROWS rows (there mosaic/fp8 through the
+  order, with its pads, lost to XLA on most problems timed), else its
   aligned twin's xla, else the order, not xla for want of a bucket (XLA's
   fp8 is slow with B stored (k, n), with A stored transposed and at
-  unaligned rows: experiments/results/nvidia_h200/dispatch/README.md,
-  section "Unaligned rows by operand")."""
+  unaligned rows). Measurements: experiments/results/nvidia_h200/
+  dispatch/README.md, the last two sections."""
   aligned = alignment(problem) == "a16"
   if aligned and records and _class_measured(problem, records):
     return _no_bucket_in_reach(problem, device, records)

@@ -62,7 +62,7 @@ TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "fp8_decode", "fp8_mid", "fp8_large", "decode_wide",
                     "few_tiles", "attention", "unaligned_wide",
                     "unaligned_layouts", "unaligned_b_or_c",
-                    "unaligned_fp8_rows", "unaligned_ub8")
+                    "unaligned_fp8_rows", "unaligned_ub8", "fp8_transposed")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -231,6 +231,16 @@ def training_problems(seed: int = 20261123,
   for layout in ("NN", "TN") * 4:
     m, k = (_log_uniform(rng, 256, 8192, 8) for _ in range(2))
     add(m, _log_uniform(rng, 256, 16384, 8) + 4, k, layout=layout)
+  # fp8 with A stored transposed (k, m), as a weight gradient reads the
+  # activations, rows aligned: cuBLASLt's fp8 GEMM takes A stored (m, k),
+  # so XLA transposes A first, and no table measured the class (the order
+  # decided at every size). Measure with DISPATCH_KERNELS=mosaic/fp8.
+  regime = "fp8_transposed"
+  for _ in range(10):
+    add(_log_uniform(rng, 16, 16384, 16),
+        *(_log_uniform(rng, 512, 16384, 128) for _ in range(2)),
+        dtype="float8_e4m3fn", layout="TN",
+        scales=rng.choice(FP8_TRAINING_SCALINGS))
   return out
 
 

@@ -31,7 +31,8 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   fp8 = [builder.to_problem(s) for s in first
          if s["in_dtype"] == "float8_e4m3fn" and s not in unaligned]
   assert {(p.layout, p.a_scale_mode) for p in fp8} == {
-      ("NN", "none"), ("NN", "tensor"), ("NT", "none"), ("NT", "tensor")}
+      (layout, scales) for layout in ("NN", "NT", "TN")
+      for scales in ("none", "tensor")}
   assert all(p.out_dtype == "bfloat16" and p.n % 16 == 0 and p.k % 16 == 0
              for p in fp8)
   # Scaled specs have ids of their own; unscaled ones keep the old form.
@@ -80,6 +81,9 @@ def test_the_regimes_by_operand_draw_their_alignment_classes():
   assert all(p.in_dtype == "float8_e4m3fn" and dispatch.alignment(p) != "a16"
              for p in fp8)
   assert {p.layout for p in fp8} == {"NN", "TN", "NT"}
+  transposed = draw("fp8_transposed")
+  assert {(p.in_dtype, p.layout, dispatch.alignment(p))
+          for p in transposed} == {("float8_e4m3fn", "TN", "a16")}
 
 
 

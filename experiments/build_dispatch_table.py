@@ -62,7 +62,8 @@ TRAINING_REGIMES = ("decode", "small", "mid", "large", "llm", "batched",
                     "fp8_decode", "fp8_mid", "fp8_large", "decode_wide",
                     "few_tiles", "attention", "unaligned_wide",
                     "unaligned_layouts", "unaligned_b_or_c",
-                    "unaligned_fp8_rows", "unaligned_ub8", "fp8_transposed")
+                    "unaligned_fp8_rows", "unaligned_ub8", "fp8_transposed",
+                    "unaligned_ub8_round", "fp8_narrow")
 #: The fp8 problems' scales (`experiments/bench/fp8_targets.FP8_SCALINGS`):
 #: unscaled, and one scale per tensor, the form fp8 training and serving
 #: use most. A spec without "scales" is unscaled.
@@ -241,6 +242,24 @@ def training_problems(seed: int = 20261123,
         *(_log_uniform(rng, 512, 16384, 128) for _ in range(2)),
         dtype="float8_e4m3fn", layout="TN",
         scales=rng.choice(FP8_TRAINING_SCALINGS))
+  # "unaligned_ub8"'s class with M and K in whole 256s, as model widths are:
+  # "unaligned_ub8"'s M and K in 8s put none near such a shape, and the
+  # class rule carried the kernel's lead there from them.
+  regime = "unaligned_ub8_round"
+  for layout in ("NN", "TN") * 4:
+    m, k = (_log_uniform(rng, 256, 16384, 256) for _ in range(2))
+    add(m, _log_uniform(rng, 256, 16384, 8) + 4, k, layout=layout)
+  # fp8 with a narrow output (16-512 columns) of many rows in all three
+  # layouts, widths drawn freely (aligned or not), as fp8 weight gradients
+  # and small heads are: no other fp8 regime draws N below 512 at more
+  # than a thousand rows, so the rule's reach stopped short of them. Half
+  # the widths are whole 16-byte units.
+  regime = "fp8_narrow"
+  for layout in ("NN", "TN", "NT") * 4:
+    add(_log_uniform(rng, 1024, 16384, 16),
+        _log_uniform(rng, 16, 512, rng.choice((1, 16))),
+        _log_uniform(rng, 512, 8192, 16), dtype="float8_e4m3fn",
+        layout=layout, scales=rng.choice(FP8_TRAINING_SCALINGS))
   return out
 
 

@@ -27,7 +27,7 @@ def test_training_set_is_deterministic_and_covers_the_regimes():
   assert any(s["m"] <= 128 for s in first)
   assert any(s["epilogue"] != "plain" for s in first)
   unaligned = builder.training_problems(
-      regimes=("unaligned_wide", "unaligned_fp8_rows"))
+      regimes=("unaligned_wide", "unaligned_fp8_rows", "fp8_narrow"))
   fp8 = [builder.to_problem(s) for s in first
          if s["in_dtype"] == "float8_e4m3fn" and s not in unaligned]
   assert {(p.layout, p.a_scale_mode) for p in fp8} == {
@@ -81,6 +81,14 @@ def test_the_regimes_by_operand_draw_their_alignment_classes():
   assert all(p.in_dtype == "float8_e4m3fn" and dispatch.alignment(p) != "a16"
              for p in fp8)
   assert {p.layout for p in fp8} == {"NN", "TN", "NT"}
+  assert {dispatch.alignment(p) for p in draw("unaligned_ub8_round")} == {
+      "ub8"}
+  narrow = [p for seed in range(20261123, 20261126) for p in
+            map(builder.to_problem, builder.training_problems(
+                seed, regimes=("fp8_narrow",)))]
+  assert {p.layout for p in narrow} == {"NN", "TN", "NT"}
+  assert "a16" in {dispatch.alignment(p) for p in narrow} != {"a16"}
+  assert all(p.n <= 512 and p.m >= 1024 for p in narrow)
   transposed = draw("fp8_transposed")
   assert {(p.in_dtype, p.layout, dispatch.alignment(p))
           for p in transposed} == {("float8_e4m3fn", "TN", "a16")}

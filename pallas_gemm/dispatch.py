@@ -125,6 +125,18 @@ STREAMING_ROWS = 64
 SIBLING_TABLES = {"nvidia_h200": ("nvidia_h100",),
                   "nvidia_h100": ("nvidia_h200",)}
 
+#: An fp8 problem that no bucket decides (none of its class in reach and no
+#: class rule; unaligned rows above STREAMING_ROWS) follows the
+#: `FP8_NEIGHBOURS` measured problems nearest to it of its layout, dtypes
+#: and scales, of any alignment, within `FP8_NEIGHBOUR_REACH` octaves in
+#: each of batch, M, N and K (`_fp8_neighbour_vote`). fp8 classes are split
+#: by operand alignment, so most have a few scattered buckets, while what
+#: decides the race (XLA's transposes and its unscaled path, the kernels'
+#: pads) is shared by a layout's alignments. The scales are not shared:
+#: XLA takes another path for each.
+FP8_NEIGHBOURS = 3
+FP8_NEIGHBOUR_REACH = 3.0
+
 #: Tiled kernels without a split K: with fewer CTA tiles than SMs their
 #: time is one tile's whole K loop while cuBLAS can split K over the idle
 #: SMs, so a lead measured on one such shape does not carry to another
@@ -171,7 +183,7 @@ class Resolution:
   kernel: str
   config: Any
   # "explicit", "dispatch table", "nearest bucket", "class rule",
-  # "aligned twin", "order", "fallback"
+  # "fp8 neighbours", "aligned twin", "order", "fallback"
   kernel_source: str
   # "explicit", "user cache", "dispatch table", "shipped", "autotune",
   # "heuristic", "none"
@@ -585,6 +597,10 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   unaligned rows). Measurements: experiments/results/nvidia_h200/
   dispatch/README.md, the last two sections."""
   aligned = alignment(problem) == "a16"
+  if records and (aligned or problem.m > STREAMING_ROWS):
+    vote = _fp8_neighbour_vote(problem, device, records)
+    if vote is not None:
+      return vote
   if aligned and records and _class_measured(problem, records):
     return _no_bucket_in_reach(problem, device, records)
   for sibling in SIBLING_TABLES.get(device.key, ()):
@@ -615,6 +631,82 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
         f"sizes {twin.describe()} xla is chosen, and the kernels' pads of "
         "these rows only add to their time")
   return None
+
+
+def _octaves_apart(problem: GemmProblem, other: GemmProblem) -> float:
+  """The largest distance in octaves between the two problems' batch, M, N
+  and K."""
+  return max(abs(math.log2(max(getattr(problem, dim), 1))
+                 - math.log2(max(getattr(other, dim), 1)))
+             for dim in _SIZE_DIMS)
+
+
+def _fp8_measured_problems(problem: GemmProblem, records):
+  """[(distance, {kernel: ratio to xla}, description)] of every problem
+  measured in a bucket of the problem's dtypes, scales and layout (any
+  alignment) within `FP8_NEIGHBOUR_REACH` octaves, nearest first."""
+  found = []
+  for name, record in records.items():
+    try:
+      key = DispatchKey.parse(name)
+    except ValueError:
+      continue
+    if ((key.in_dtype, key.out_dtype, key.layout, key.precision,
+         key.epilogue, key.operands) != (
+             problem.in_dtype, problem.out_dtype, problem.layout,
+             problem.precision, epilogue_kind(problem),
+             fp8_operands(problem))
+        or not _valid_record(record)):
+      continue
+    ratios = record.get("ratios")
+    ratios = ratios if isinstance(ratios, dict) else {}
+    for i, description in enumerate(record.get("problems", ())):
+      other = _described_problem(description)
+      measured = {kernel: values[i] for kernel, values in ratios.items()
+                  if isinstance(values, list) and len(values) > i
+                  and isinstance(values[i], (int, float)) and values[i] > 0}
+      if other is None or not measured:
+        continue  # tables without per-problem ratios say nothing here
+      distance = _octaves_apart(problem, other)
+      if distance <= FP8_NEIGHBOUR_REACH:
+        found.append((distance, measured, description))
+  found.sort(key=lambda item: (item[0], item[2]))
+  return found
+
+
+def _fp8_neighbour_vote(problem, device, records) -> Resolution | None:
+  """The decision of the nearest measured fp8 problems of the layout
+  (`FP8_NEIGHBOURS`, `_fp8_measured_problems`), or None where none lies in
+  reach. A kernel runs where it beat xla on every one of them and by
+  `CLASS_RULE_MARGIN` on their mean (geometric, weighted towards the
+  nearest); otherwise xla. Leave-one-out over the H200's fp8 measurements:
+  experiments/results/nvidia_h200/dispatch/README.md, section "fp8 by the
+  layout's nearest problems"."""
+  nearest = _fp8_measured_problems(problem, records)[:FP8_NEIGHBOURS]
+  if not nearest:
+    return None
+  weights = [1.0 / (distance + 0.25) for distance, _, _ in nearest]
+  votes = []
+  for kernel in set.intersection(*(set(r) for _, r, _ in nearest)) - {"xla"}:
+    ratios = [r[kernel] for _, r, _ in nearest]
+    mean = math.exp(sum(w * math.log(r) for w, r in zip(weights, ratios))
+                    / sum(weights))
+    entry = registry._REGISTRY.get(kernel)
+    if (min(ratios) >= 1.0 and mean >= CLASS_RULE_MARGIN and entry is not None
+        and registry.why_unsupported(entry, problem, device) is None):
+      votes.append((mean, kernel))
+  where = (f"the {len(nearest)} nearest measured fp8 {problem.layout} "
+           f"problems (within {nearest[-1][0]:.1f} octaves, nearest "
+           f"{nearest[0][2].split()[0]})")
+  if not votes:
+    return Resolution("xla", None, "fp8 neighbours", "none",
+                      f"no kernel beat xla on every one of {where} by "
+                      f"{CLASS_RULE_MARGIN}x on average")
+  mean, kernel = max(votes)
+  chosen, source = _config_for(registry._REGISTRY[kernel], problem, device)
+  return Resolution(kernel, chosen, "fp8 neighbours", source,
+                    f"{kernel} beat xla on every one of {where}, "
+                    f"{mean:.2f}x on average")
 
 
 #: The multiple an unaligned problem's row lengths are rounded up to in its

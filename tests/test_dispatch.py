@@ -451,6 +451,47 @@ def test_an_unaligned_fp8_class_measured_only_out_of_reach_is_unmeasured_there(
   assert (far.kernel, far.kernel_source) == ("xla", "fallback"), far
 
 
+def test_fp8_with_no_bucket_in_reach_follows_its_layouts_nearest_problems(
+    cache):
+  """An fp8 problem no bucket decides follows the FP8_NEIGHBOURS nearest
+  problems measured in its layout and scales, of any alignment: a kernel
+  where it beat xla on each of them, xla where it lost on one. Other
+  scales are not neighbours, nor are tables without per-problem ratios;
+  unaligned rows up to STREAMING_ROWS keep their rule."""
+  def measured(*ratios):
+    sizes = ((4096, 256, 2048), (2048, 128, 4096), (8192, 512, 8192))
+    write_table(cache, {
+        _fp8(*size, scales="none", transpose_a=True):
+            {"kernel": "mosaic/fp8" if ratio > 1 else "xla",
+             "ratio_to_xla": max(ratio, 1.0),
+             "ratios": {"mosaic/fp8": [ratio]}}
+        for size, ratio in zip(sizes, ratios)})
+    dispatch.clear_cache()
+
+  odd = _fp8(8192, 77, 4096, scales="none", transpose_a=True)
+  assert dispatch.alignment(odd) == "ub"
+  measured(1.8, 2.5, 1.3)
+  won = dispatch.resolve(odd, HOPPER)
+  assert (won.kernel, won.kernel_source) == ("mosaic/fp8", "fp8 neighbours")
+  assert "every one of the 3 nearest" in won.reason, won
+  measured(1.8, 2.5, 0.8)
+  lost = dispatch.resolve(odd, HOPPER)
+  assert (lost.kernel, lost.kernel_source) == ("xla", "fp8 neighbours"), lost
+  measured(1.8, 2.5, 1.3)
+  scaled = dispatch.resolve(
+      _fp8(8192, 77, 4096, scales="tensor", transpose_a=True), HOPPER)
+  assert scaled.kernel_source != "fp8 neighbours", scaled
+  few = dispatch.resolve(_fp8(48, 77, 4096, scales="none", transpose_a=True),
+                         HOPPER)
+  assert (few.kernel, few.kernel_source) == ("xla", "fallback"), few
+  write_table(cache, {_fp8(4096, 256, 2048, scales="none", transpose_b=True):
+                      {"kernel": "mosaic/fp8", "ratio_to_xla": 1.8}})
+  dispatch.clear_cache()
+  unrated = dispatch.resolve(
+      _fp8(8192, 77, 4096, scales="none", transpose_b=True), HOPPER)
+  assert unrated.kernel_source != "fp8 neighbours", unrated
+
+
 def test_decode_rows_share_a_bucket_but_a_gemv_has_its_own(cache):
   """M = 8 speaks for M = 48 (one streaming row); it does not speak for
   M = 1, where XLA runs a matrix-vector product."""

@@ -101,6 +101,13 @@ VETO_STREAMING_M_OCTAVES = 1.0
 #: 16-byte aligned (cuBLAS's slow path), holds between measured sizes too,
 #: and above them, but not far below them (`_below_measured`).
 CLASS_RULE_MIN_BUCKETS = 3
+#: Classes the class rule does not decide: B's rows at 8-byte units, where
+#: cuBLAS runs near its aligned speed on some shapes and not on others, so
+#: no lead holds for the whole class (experiments/results/nvidia_h200/
+#: dispatch/README.md, section "B's rows at 8-byte units"). fp8 classes are
+#: decided by the layout's nearest problems instead
+#: (`_fp8_without_a_bucket_in_reach`).
+NO_CLASS_RULE = ("ub8",)
 CLASS_RULE_MARGIN = 1.10
 #: ... in at least this share of the class's buckets, with no problem of
 #: the class measured slower than xla (below `VETO_BELOW`; a tie is no
@@ -774,6 +781,9 @@ def _table_decision(problem, device, records) -> Resolution | None:
   the class rule), or None where no bucket is in reach and the class rule
   does not decide."""
   record, distance = nearest_record(problem, records)
+  if record is None and (problem.in_dtype in FP8_DTYPES
+                         or alignment(problem) in NO_CLASS_RULE):
+    return None
   if record is None:
     key = DispatchKey.for_problem(problem)
     keys, buckets = _class_buckets(problem, records)

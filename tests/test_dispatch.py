@@ -256,6 +256,25 @@ def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
 
 
+def test_no_class_rule_for_b_rows_of_8_byte_units_or_fp8(cache):
+  """"ub8" (B's rows at 8-byte units, where cuBLAS is near its aligned
+  speed on some shapes) and fp8 classes are not decided by the class rule:
+  out of the buckets' reach, "ub8" falls back to xla and fp8 follows its
+  own rule."""
+  ub8 = [problem(1024 * f, 1024 * f + 4, 1024 * f) for f in (1, 2, 4)]
+  assert {dispatch.alignment(p) for p in ub8} == {"ub8"}
+  fp8 = [_fp8(1024 * f + 1, 1024 * f, 1024 * f, scales="none",
+              transpose_a=True) for f in (1, 2, 4)]
+  write_table(cache, {p: {"kernel": k, "ratio_to_xla": 1.5}
+                      for ps, k in ((ub8, WS), (fp8, "mosaic/fp8"))
+                      for p in ps})
+  far = dispatch.resolve(problem(16384, 20004, 16384), HOPPER)
+  assert (far.kernel, far.kernel_source) == ("xla", "fallback"), far
+  far_fp8 = dispatch.resolve(_fp8(16385, 20000, 16384, scales="none",
+                                  transpose_a=True), HOPPER)
+  assert far_fp8.kernel_source != "class rule", far_fp8
+
+
 def test_class_rule_does_not_reach_far_below_its_measured_sizes(cache):
   """A class's lead holds above its measured sizes and up to an octave
   below them, not at one row or a few narrow columns, where the kernels'

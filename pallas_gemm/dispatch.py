@@ -142,7 +142,9 @@ SIBLING_TABLES = {"nvidia_h200": ("nvidia_h100",),
 #: pads) is shared by a layout's alignments. The scales are not shared:
 #: XLA takes another path for each.
 FP8_NEIGHBOURS = 3
-FP8_NEIGHBOUR_REACH = 3.0
+FP8_NEIGHBOUR_REACH = 2.0
+#: ... and decides only with at least this many of them in reach.
+FP8_MIN_NEIGHBOURS = 2
 
 #: Tiled kernels without a split K: with fewer CTA tiles than SMs their
 #: time is one tile's whole K loop while cuBLAS can split K over the idle
@@ -683,14 +685,14 @@ def _fp8_measured_problems(problem: GemmProblem, records):
 
 def _fp8_neighbour_vote(problem, device, records) -> Resolution | None:
   """The decision of the nearest measured fp8 problems of the layout
-  (`FP8_NEIGHBOURS`, `_fp8_measured_problems`), or None where none lies in
-  reach. A kernel runs where it beat xla on every one of them and by
+  (`FP8_NEIGHBOURS`, `_fp8_measured_problems`), or None where fewer than
+  `FP8_MIN_NEIGHBOURS` lie in reach. A kernel runs where it beat xla on every one of them and by
   `CLASS_RULE_MARGIN` on their mean (geometric, weighted towards the
   nearest); otherwise xla. Leave-one-out over the H200's fp8 measurements:
   experiments/results/nvidia_h200/dispatch/README.md, section "fp8 by the
   layout's nearest problems"."""
   nearest = _fp8_measured_problems(problem, records)[:FP8_NEIGHBOURS]
-  if not nearest:
+  if len(nearest) < FP8_MIN_NEIGHBOURS:
     return None
   weights = [1.0 / (distance + 0.25) for distance, _, _ in nearest]
   votes = []

@@ -31,17 +31,19 @@ The kernel, when the caller names none (`kernel=None`):
      kernel of `NARROW_SWIZZLE_KERNELS`, takes the slow narrow-swizzle
      path with tall tiles only where the bucket measured it with the same
      tile; else `xla` runs;
-   - an fp8 class the table never measured, or of rows that are not
-     16-byte units with no bucket in reach: a sibling GPU's buckets for it
-     (`SIBLING_TABLES`), else, for rows that are not 16-byte units, xla
-     at most `STREAMING_ROWS` rows, and xla where the aligned twin's
+   - fp8 with no bucket of its class in reach: the nearest measured
+     problems of its layout and scales, any alignment
+     (`_fp8_neighbour_vote`; not for unaligned rows up to
+     `STREAMING_ROWS`, which run xla); else, for a class the table never
+     measured or of rows that are not 16-byte units, a sibling GPU's
+     buckets for it (`SIBLING_TABLES`), xla where the aligned twin's
      decision is xla (`_aligned_twin`), else the order below
      (`_fp8_without_a_bucket_in_reach`);
-   - no bucket near enough: a kernel that lost to xla on no problem
-     measured in the problem's class and beat it by a wide margin nearly
-     everywhere there (`class_winner`: e.g. rows that are not 16-byte
-     aligned, fp8 with B stored (k, n)), else `xla`, the kernel no
-     measurement contradicts.
+   - 16- and 32-bit problems with no bucket near enough: a kernel that
+     lost to xla on no problem measured in the problem's class and beat
+     it by a wide margin nearly everywhere there (`class_winner`: e.g.
+     rows that are not 16-byte aligned; not for `NO_CLASS_RULE`), else
+     `xla`, the kernel no measurement contradicts.
 2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
    `registry.auto_order` whose `supports()` accepts the problem.
 
@@ -594,7 +596,9 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   """The resolution of an fp8 problem that no bucket of this GPU's table
   decides (`_table_decision` gave None), or None for the fixed order.
 
-  An aligned class measured here falls back to xla, as 16-bit classes do.
+  First the layout's nearest measured problems (`_fp8_neighbour_vote`;
+  not for unaligned rows up to STREAMING_ROWS). Then an aligned class
+  measured here falls back to xla, as 16-bit classes do.
   A class never measured here, or one of rows that are not 16-byte units
   (whose few scattered buckets say nothing out of reach: falling to xla
   there lost the kernels' leads on every unaligned call out of a bucket's
@@ -604,7 +608,8 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   aligned twin's xla, else the order, not xla for want of a bucket (XLA's
   fp8 is slow with B stored (k, n), with A stored transposed and at
   unaligned rows). Measurements: experiments/results/nvidia_h200/
-  dispatch/README.md, the last two sections."""
+  dispatch/README.md, the sections from "Odd widths the table never
+  measured" on."""
   aligned = alignment(problem) == "a16"
   if records and (aligned or problem.m > STREAMING_ROWS):
     vote = _fp8_neighbour_vote(problem, device, records)
@@ -780,8 +785,8 @@ def _no_bucket_in_reach(problem, device, records) -> Resolution:
 
 def _table_decision(problem, device, records) -> Resolution | None:
   """The decision of the buckets in reach of `problem` (the nearest one, or
-  the class rule), or None where no bucket is in reach and the class rule
-  does not decide."""
+  the class rule, which fp8 and `NO_CLASS_RULE` classes do not take), or
+  None where no bucket is in reach and the class rule does not decide."""
   record, distance = nearest_record(problem, records)
   if record is None and (problem.in_dtype in FP8_DTYPES
                          or alignment(problem) in NO_CLASS_RULE):

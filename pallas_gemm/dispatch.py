@@ -31,19 +31,21 @@ The kernel, when the caller names none (`kernel=None`):
      kernel of `NARROW_SWIZZLE_KERNELS`, takes the slow narrow-swizzle
      path with tall tiles only where the bucket measured it with the same
      tile; else `xla` runs;
-   - fp8 with no bucket of its class in reach: the nearest measured
-     problems of its layout and scales, any alignment
-     (`_fp8_neighbour_vote`; not for unaligned rows up to
-     `STREAMING_ROWS`, which run xla); else, for a class the table never
-     measured or of rows that are not 16-byte units, a sibling GPU's
-     buckets for it (`SIBLING_TABLES`), xla where the aligned twin's
+   - fp8 of more than `STREAMING_ROWS` rows with no bucket of its class
+     in reach: the nearest measured problems of its layout and scales,
+     any alignment (`_fp8_neighbour_vote`), where at least
+     `FP8_MIN_NEIGHBOURS` lie in reach;
+   - no bucket near enough: a kernel that lost to xla on no problem
+     measured in the problem's class and beat it by a wide margin nearly
+     everywhere there (`class_winner`: e.g. rows that are not 16-byte
+     aligned, fp8 with B stored (k, n); not for `NO_CLASS_RULE`), else
+     `xla`, the kernel no measurement contradicts;
+   - fp8 that none of these decides, of a class the table never measured
+     or of rows that are not 16-byte units: a sibling GPU's buckets for
+     it (`SIBLING_TABLES`), else, for rows that are not 16-byte units,
+     xla at most `STREAMING_ROWS` rows, and xla where the aligned twin's
      decision is xla (`_aligned_twin`), else the order below
-     (`_fp8_without_a_bucket_in_reach`);
-   - 16- and 32-bit problems with no bucket near enough: a kernel that
-     lost to xla on no problem measured in the problem's class and beat
-     it by a wide margin nearly everywhere there (`class_winner`: e.g.
-     rows that are not 16-byte aligned; not for `NO_CLASS_RULE`), else
-     `xla`, the kernel no measurement contradicts.
+     (`_fp8_without_a_bucket_in_reach`).
 2. Elsewhere (a CPU, or a GPU without a table) the first kernel of
    `registry.auto_order` whose `supports()` accepts the problem.
 
@@ -106,9 +108,11 @@ CLASS_RULE_MIN_BUCKETS = 3
 #: Classes the class rule does not decide: B's rows at 8-byte units, where
 #: cuBLAS runs near its aligned speed on some shapes and not on others, so
 #: no lead holds for the whole class (experiments/results/nvidia_h200/
-#: dispatch/README.md, section "B's rows at 8-byte units"). fp8 classes are
-#: decided by the layout's nearest problems instead
-#: (`_fp8_without_a_bucket_in_reach`).
+#: dispatch/README.md, section "B's rows at 8-byte units"). For fp8 the
+#: class rule counts every loss in the class, far below the problem too:
+#: XLA's fp8 speed turns with the layout and N (cuBLASLt's fast path with B
+#: stored (n, k) at wide N), not only with the pads that smaller problems
+#: pay.
 NO_CLASS_RULE = ("ub8",)
 CLASS_RULE_MARGIN = 1.10
 #: ... in at least this share of the class's buckets, with no problem of
@@ -134,11 +138,12 @@ STREAMING_ROWS = 64
 SIBLING_TABLES = {"nvidia_h200": ("nvidia_h100",),
                   "nvidia_h100": ("nvidia_h200",)}
 
-#: An fp8 problem that no bucket decides (none of its class in reach and no
-#: class rule; unaligned rows above STREAMING_ROWS) follows the
-#: `FP8_NEIGHBOURS` measured problems nearest to it of its layout, dtypes
-#: and scales, of any alignment, within `FP8_NEIGHBOUR_REACH` octaves in
-#: each of batch, M, N and K (`_fp8_neighbour_vote`). fp8 classes are split
+#: An fp8 problem of more than STREAMING_ROWS rows that no bucket of its
+#: class reaches follows the `FP8_NEIGHBOURS` measured problems nearest to
+#: it of its layout, dtypes and scales, of any alignment, within
+#: `FP8_NEIGHBOUR_REACH` octaves in each of batch, M, N and K
+#: (`_fp8_neighbour_vote`); short calls of fewer rows keep the other rules,
+#: as decode buckets share one row of the grid. fp8 classes are split
 #: by operand alignment, so most have a few scattered buckets, while what
 #: decides the race (XLA's transposes and its unscaled path, the kernels'
 #: pads) is shared by a layout's alignments. The scales are not shared:
@@ -366,7 +371,7 @@ def _worst_ratios(record: dict) -> dict[str, float]:
 
 
 def class_winner(key: DispatchKey, keys: list[DispatchKey],
-                 buckets: list[dict[str, float]]):
+                 buckets: list[dict[str, float]], every_loss_counts=False):
   """(kernel, bucket count, share) when one kernel was measured slower than xla
   (below `VETO_BELOW`) on no problem of any measured bucket of the
   problem's class (`keys`, with `buckets`, their worst ratios per kernel:
@@ -374,8 +379,9 @@ def class_winner(key: DispatchKey, keys: list[DispatchKey],
   of at least `CLASS_RULE_SHARE` of those buckets, and the problem's
   bucket `key` is not far below them (`_below_measured`), else None.
   Buckets far below `key` (`_far_below`) where the kernel did not lead by
-  the margin are left out. Of several such kernels, the one with the
-  larger share, then the higher worst ratio."""
+  the margin are left out, unless `every_loss_counts` (fp8). Of several
+  such kernels, the one with the larger share, then the higher worst
+  ratio."""
   if len(buckets) < CLASS_RULE_MIN_BUCKETS:
     return None
   candidates = []
@@ -384,7 +390,8 @@ def class_winner(key: DispatchKey, keys: list[DispatchKey],
     # margin says nothing of it (`_below_measured`); one where it did is
     # a lower bound on the lead.
     kept = [(other, b[kernel]) for other, b in zip(keys, buckets)
-            if b[kernel] >= CLASS_RULE_MARGIN or not _far_below(other, key)]
+            if b[kernel] >= CLASS_RULE_MARGIN or every_loss_counts
+            or not _far_below(other, key)]
     ratios = [ratio for _, ratio in kept]
     if (len(kept) < CLASS_RULE_MIN_BUCKETS
         or _below_measured(key, [other for other, _ in kept])):
@@ -596,9 +603,7 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   """The resolution of an fp8 problem that no bucket of this GPU's table
   decides (`_table_decision` gave None), or None for the fixed order.
 
-  First the layout's nearest measured problems (`_fp8_neighbour_vote`;
-  not for unaligned rows up to STREAMING_ROWS). Then an aligned class
-  measured here falls back to xla, as 16-bit classes do.
+  An aligned class measured here falls back to xla, as 16-bit classes do.
   A class never measured here, or one of rows that are not 16-byte units
   (whose few scattered buckets say nothing out of reach: falling to xla
   there lost the kernels' leads on every unaligned call out of a bucket's
@@ -611,10 +616,6 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   dispatch/README.md, the sections from "Odd widths the table never
   measured" on."""
   aligned = alignment(problem) == "a16"
-  if records and (aligned or problem.m > STREAMING_ROWS):
-    vote = _fp8_neighbour_vote(problem, device, records)
-    if vote is not None:
-      return vote
   if aligned and records and _class_measured(problem, records):
     return _no_bucket_in_reach(problem, device, records)
   for sibling in SIBLING_TABLES.get(device.key, ()):
@@ -784,17 +785,23 @@ def _no_bucket_in_reach(problem, device, records) -> Resolution:
 
 
 def _table_decision(problem, device, records) -> Resolution | None:
-  """The decision of the buckets in reach of `problem` (the nearest one, or
-  the class rule, which fp8 and `NO_CLASS_RULE` classes do not take), or
-  None where no bucket is in reach and the class rule does not decide."""
+  """The decision of the buckets in reach of `problem` (the nearest one);
+  out of their reach, for fp8 above STREAMING_ROWS rows, that of the
+  layout's nearest measured problems (`_fp8_neighbour_vote`), then the
+  class rule (not for `NO_CLASS_RULE` classes; for fp8 every loss in the
+  class counts); or None where none of these decides."""
   record, distance = nearest_record(problem, records)
-  if record is None and (problem.in_dtype in FP8_DTYPES
-                         or alignment(problem) in NO_CLASS_RULE):
+  fp8 = problem.in_dtype in FP8_DTYPES
+  if record is None and fp8 and problem.m > STREAMING_ROWS:
+    vote = _fp8_neighbour_vote(problem, device, records)
+    if vote is not None:
+      return vote
+  if record is None and alignment(problem) in NO_CLASS_RULE:
     return None
   if record is None:
     key = DispatchKey.for_problem(problem)
     keys, buckets = _class_buckets(problem, records)
-    rule = class_winner(key, keys, buckets)
+    rule = class_winner(key, keys, buckets, every_loss_counts=fp8)
     if rule is None:
       return None
     name, count, share = rule

@@ -256,11 +256,12 @@ def test_class_rule_when_a_kernel_wins_a_whole_class(cache):
   assert dispatch.resolve(problem(16385, 20000, 24577), HOPPER).kernel == "xla"
 
 
-def test_no_class_rule_for_b_rows_of_8_byte_units_or_fp8(cache):
+def test_no_class_rule_for_b_rows_of_8_byte_units_and_every_fp8_loss_counts(
+    cache):
   """"ub8" (B's rows at 8-byte units, where cuBLAS is near its aligned
-  speed on some shapes) and fp8 classes are not decided by the class rule:
-  out of the buckets' reach, "ub8" falls back to xla and fp8 follows its
-  own rule."""
+  speed on some shapes) is not decided by the class rule: out of the
+  buckets' reach it falls back to xla. For fp8 a loss far below the
+  problem counts against the class's wins."""
   ub8 = [problem(1024 * f, 1024 * f + 4, 1024 * f) for f in (1, 2, 4)]
   assert {dispatch.alignment(p) for p in ub8} == {"ub8"}
   fp8 = [_fp8(1024 * f + 1, 1024 * f, 1024 * f, scales="none",
@@ -270,9 +271,15 @@ def test_no_class_rule_for_b_rows_of_8_byte_units_or_fp8(cache):
                       for p in ps})
   far = dispatch.resolve(problem(16384, 20004, 16384), HOPPER)
   assert (far.kernel, far.kernel_source) == ("xla", "fallback"), far
-  far_fp8 = dispatch.resolve(_fp8(16385, 20000, 16384, scales="none",
-                                  transpose_a=True), HOPPER)
-  assert far_fp8.kernel_source != "class rule", far_fp8
+  far_fp8 = _fp8(16385, 20000, 16384, scales="none", transpose_a=True)
+  chosen = dispatch.resolve(far_fp8, HOPPER)
+  assert (chosen.kernel, chosen.kernel_source) == ("mosaic/fp8",
+                                                   "class rule"), chosen
+  write_table(cache, {_fp8(1025, 64, 1024, scales="none", transpose_a=True):
+                      {"kernel": "xla", "ratio_to_xla": 1.0,
+                       "ratios": {"mosaic/fp8": [0.5]}}})
+  dispatch.clear_cache()
+  assert dispatch.resolve(far_fp8, HOPPER).kernel_source != "class rule"
 
 
 def test_class_rule_does_not_reach_far_below_its_measured_sizes(cache):

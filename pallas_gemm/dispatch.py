@@ -603,33 +603,37 @@ def _fp8_without_a_bucket_in_reach(problem, device, records):
   """The resolution of an fp8 problem that no bucket of this GPU's table
   decides (`_table_decision` gave None), or None for the fixed order.
 
-  An aligned class measured here falls back to xla, as 16-bit classes do.
-  A class never measured here, or one of rows that are not 16-byte units
-  (whose few scattered buckets say nothing out of reach: falling to xla
-  there lost the kernels' leads on every unaligned call out of a bucket's
-  reach), takes a sibling GPU's buckets in reach, else, for unaligned
-  rows, xla at most STREAMING_ROWS rows (there mosaic/fp8 through the
-  order, with its pads, lost to XLA on most problems timed), else its
-  aligned twin's xla, else the order, not xla for want of a bucket (XLA's
-  fp8 is slow with B stored (k, n), with A stored transposed and at
-  unaligned rows). Measurements: experiments/results/nvidia_h200/
-  dispatch/README.md, the sections from "Odd widths the table never
-  measured" on."""
+  A sibling GPU's table decides first (its buckets in reach, neighbours
+  or class rule), for an aligned class measured here too: its scattered
+  buckets, say of narrow outputs, are no evidence out of their reach,
+  while the sibling's may lie near. Then an aligned class falls back to
+  xla (the sibling's fallback, where only the sibling measured it), as
+  16-bit classes do. Rows that are not 16-byte units (whose few buckets
+  say nothing out of reach: falling to xla there lost the kernels' leads
+  on every unaligned call out of a bucket's reach) run xla at most
+  STREAMING_ROWS rows (there mosaic/fp8 through the order, with its pads,
+  lost to XLA on most problems timed), else their aligned twin's xla,
+  else the order, not xla for want of a bucket (XLA's fp8 is slow with B
+  stored (k, n), with A stored transposed and at unaligned rows); so does
+  a class no table measured. Measurements: experiments/results/
+  nvidia_h200/dispatch/README.md, the sections from "Odd widths the table
+  never measured" on."""
   aligned = alignment(problem) == "a16"
-  if aligned and records and _class_measured(problem, records):
-    return _no_bucket_in_reach(problem, device, records)
+  measured_here = bool(records) and _class_measured(problem, records)
   for sibling in SIBLING_TABLES.get(device.key, ()):
     borrowed = autotune.read_section(autotune.shipped_path(sibling),
                                      "dispatch")
     if not _class_measured(problem, borrowed):
       continue
     chosen = _table_decision(problem, device, borrowed)
-    if chosen is None and aligned:
+    if chosen is None and aligned and not measured_here:
       chosen = _no_bucket_in_reach(problem, device, borrowed)
     if chosen is not None:
       return dataclasses.replace(chosen, reason=(
           f"{chosen.reason} (from the {sibling} table: the {device.key} "
           "table has no bucket of this fp8 class in reach)"))
+  if aligned and measured_here:
+    return _no_bucket_in_reach(problem, device, records)
   if not aligned and problem.m <= STREAMING_ROWS:
     return Resolution(
         "xla", None, "fallback", "none",

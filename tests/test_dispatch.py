@@ -446,6 +446,27 @@ def test_an_unmeasured_fp8_class_of_unaligned_rows_follows_its_aligned_twin(
                           HOPPER).kernel_source == "dispatch table"
 
 
+def test_an_aligned_fp8_class_measured_here_out_of_reach_asks_the_sibling(
+    cache):
+  """An aligned fp8 class this GPU measured only far away (narrow outputs)
+  is decided by the sibling's bucket in reach before falling back to
+  xla; where the sibling has none in reach either, xla."""
+  write_table(cache, {_fp8(8192, 32, 2048, scales="none"):
+                      {"kernel": "xla", "ratio_to_xla": 1.0}})
+  h100 = cache / "shipped" / "nvidia_h100.json"
+  autotune.update_section(h100, "dispatch", {
+      dispatch.DispatchKey.for_problem(p).name: {
+          "problems": [p.describe()], "kernel": "mosaic/fp8",
+          "ratio_to_xla": 1.6}
+      for p in (_fp8(1024, 1024, 1024, scales="none"),)})
+  near = dispatch.resolve(_fp8(1024, 1024, 1024, scales="none"), HOPPER)
+  assert near.kernel == "mosaic/fp8", near
+  assert "from the nvidia_h100 table" in near.reason
+  far = dispatch.resolve(_fp8(128, 16384, 16384, scales="none"), HOPPER)
+  assert (far.kernel, far.kernel_source) == ("xla", "fallback"), far
+  assert "nvidia_h100" not in far.reason
+
+
 def test_an_unaligned_fp8_class_measured_only_out_of_reach_is_unmeasured_there(
     cache):
   """Buckets of unaligned fp8 decide within their reach; beyond it (where a

@@ -105,6 +105,12 @@ VETO_STREAMING_M_OCTAVES = 1.0
 #: 16-byte aligned (cuBLAS's slow path), holds between measured sizes too,
 #: and above them, but not far below them (`_below_measured`).
 CLASS_RULE_MIN_BUCKETS = 3
+CLASS_RULE_MARGIN = 1.10
+#: ... in at least this share of the class's buckets, with no problem of
+#: the class measured slower than xla (below `VETO_BELOW`; a tie is no
+#: loss): one bucket where a kernel only tied xla does not undo a lead it
+#: showed everywhere else.
+CLASS_RULE_SHARE = 0.9
 #: Classes the class rule does not decide: B's rows at 8-byte units, where
 #: cuBLAS runs near its aligned speed on some shapes and not on others, so
 #: no lead holds for the whole class (experiments/results/nvidia_h200/
@@ -114,12 +120,6 @@ CLASS_RULE_MIN_BUCKETS = 3
 #: stored (n, k) at wide N), not only with the pads that smaller problems
 #: pay.
 NO_CLASS_RULE = ("ub8",)
-CLASS_RULE_MARGIN = 1.10
-#: ... in at least this share of the class's buckets, with no problem of
-#: the class measured slower than xla (below `VETO_BELOW`; a tie is no
-#: loss): one bucket where a kernel only tied xla does not undo a lead it
-#: showed everywhere else.
-CLASS_RULE_SHARE = 0.9
 #: Buckets are this many steps per octave (2: sizes within a factor of
 #: sqrt(2) share a bucket).
 STEPS_PER_OCTAVE = 2
@@ -694,13 +694,14 @@ def _fp8_measured_problems(problem: GemmProblem, records):
 
 
 def _fp8_neighbour_vote(problem, device, records) -> Resolution | None:
-  """The decision of the nearest measured fp8 problems of the layout
-  (`FP8_NEIGHBOURS`, `_fp8_measured_problems`), or None where fewer than
-  `FP8_MIN_NEIGHBOURS` lie in reach. A kernel runs where it beat xla on every one of them and by
+  """The decision of the nearest measured fp8 problems of the layout and
+  scales (`FP8_NEIGHBOURS`, `_fp8_measured_problems`), or None where fewer
+  than `FP8_MIN_NEIGHBOURS` lie in reach. A kernel that can run the
+  problem runs where it beat xla on every one of them and by
   `CLASS_RULE_MARGIN` on their mean (geometric, weighted towards the
-  nearest); otherwise xla. Leave-one-out over the H200's fp8 measurements:
-  experiments/results/nvidia_h200/dispatch/README.md, section "fp8 by the
-  layout's nearest problems"."""
+  nearest); otherwise xla. Leave-one-out over both GPUs' fp8
+  measurements: experiments/results/nvidia_h200/dispatch/README.md,
+  section "fp8 by the layout's nearest problems"."""
   nearest = _fp8_measured_problems(problem, records)[:FP8_NEIGHBOURS]
   if len(nearest) < FP8_MIN_NEIGHBOURS:
     return None

@@ -590,3 +590,16 @@ def test_ragged_cost_fit_refits_the_shipped_terms_and_replays_them(capsys):
   # As shares: the held-out draws grow with each `--kernels_too` table.
   assert int(after) <= int(draws) / 15 and int(wrong) <= int(draws) / 20
   assert float(geo_after) < float(geo_before)
+
+
+def test_fp8_holdout_replays_the_whole_rule_over_committed_measurements(
+    capsys):
+  """Each fp8 problem of a committed measurements file is resolved through
+  dispatch._resolve against the table folded without it and scored."""
+  sys.path.insert(0, str(REPO_ROOT))
+  from experiments.lab import fp8_holdout
+  folder = REPO_ROOT / "experiments" / "results" / "nvidia_h100" / "dispatch"
+  assert fp8_holdout.main([str(folder), "--details"]) == 0
+  out = capsys.readouterr().out
+  assert "fp8 problems, leave-one-out through dispatch._resolve" in out
+  assert "| scored | geomean | min |" in out

@@ -69,8 +69,10 @@ def hopper_device(device_kind: str) -> DeviceInfo:
   return DeviceInfo("gpu", device_kind, (9, 0), 132, 227 * 1024)
 
 
-def hold_out(rows: list[dict], device: DeviceInfo, min_gain: float):
-  """[(row, chosen kernel, its measured ratio to xla, how it was chosen)].
+def hold_out(rows: list[dict], device: DeviceInfo, min_gain: float,
+             decide=dispatch._from_table, keep=lambda row: True):
+  """[(row, chosen kernel, its measured ratio to xla, how it was chosen)]
+  for each row `keep` accepts, chosen by `decide(problem, device, table)`.
 
   Leaving one problem out changes only its own bucket, so the table is
   folded once and, per problem, just that bucket is folded again from its
@@ -84,6 +86,8 @@ def hold_out(rows: list[dict], device: DeviceInfo, min_gain: float):
     members.setdefault(key, []).append(i)
   scored = []
   for i, row in enumerate(rows):
+    if not keep(row):
+      continue
     key = keys[i]
     others = [rows[j] for j in members[key] if j != i]
     table = dict(full)
@@ -92,7 +96,7 @@ def hold_out(rows: list[dict], device: DeviceInfo, min_gain: float):
     else:
       del table[key]
     problem = to_problem(row["spec"])
-    choice = dispatch._from_table(problem, device, table)
+    choice = decide(problem, device, table)
     ms = row["ms"]
     ratio = ms["xla"] / ms[choice.kernel] if choice.kernel in ms else None
     scored.append((row, choice.kernel, ratio, choice.kernel_source))

@@ -16,45 +16,31 @@ GPU's shipped table is read as it ships. Needs no GPU:
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
 from unittest import mock
 
 from pallas_gemm import dispatch
 from pallas_gemm.problem import FP8_DTYPES
 
-from experiments.build_dispatch_table import (fold, read_measurements,
-                                               to_problem)
-from experiments.lab.dispatch_holdout import LOSS, hopper_device
+from experiments.build_dispatch_table import read_measurements, to_problem
+from experiments.lab.dispatch_holdout import (LOSS, hold_out, hopper_device,
+                                              summary)
 
 
-def hold_out(rows: list[dict], device, min_gain: float):
-  """[(problem, resolution, its ratio to xla or None, best ratio)] for
-  each fp8 row, its bucket folded from the other problems in it."""
-  full = fold(rows, min_gain)
-  keys = [dispatch.DispatchKey.for_problem(to_problem(r["spec"])).name
-          for r in rows]
-  scored = []
-  for i, row in enumerate(rows):
-    problem = to_problem(row["spec"])
-    if problem.in_dtype not in FP8_DTYPES:
-      continue
-    others = [r for j, r in enumerate(rows) if keys[j] == keys[i] and j != i]
-    table = dict(full)
-    if others:
-      table.update(fold(others, min_gain))
-    else:
-      del table[keys[i]]
-    with mock.patch.object(dispatch, "dispatch_records",
-                           lambda _device, table=table: table):
-      dispatch.clear_cache()
-      chosen = dispatch._resolve(problem, device, None, None)
+def resolve_with(problem, device, table):
+  """`kernel=None`'s whole rule for `problem` with `table` as the device's
+  own dispatch table (the sibling's as shipped)."""
+  with mock.patch.object(dispatch, "dispatch_records",
+                         lambda _device: table):
     dispatch.clear_cache()
-    ms = row["ms"]
-    ratio = ms["xla"] / ms[chosen.kernel] if chosen.kernel in ms else None
-    best = max(ms["xla"] / t for t in ms.values())
-    scored.append((problem, chosen, ratio, best))
-  return scored
+    try:
+      return dispatch._resolve(problem, device, None, None)
+    finally:
+      dispatch.clear_cache()
+
+
+def is_fp8(row: dict) -> bool:
+  return row["spec"]["in_dtype"] in FP8_DTYPES
 
 
 def main(argv=None) -> int:
@@ -68,30 +54,29 @@ def main(argv=None) -> int:
   for folder in args.dirs:
     rows = read_measurements(folder / "measurements.jsonl")
     device_kind = rows[0]["device"] if rows else folder.parent.name
-    scored = hold_out(rows, hopper_device(device_kind), args.min_gain)
-    ratios = [r for _, _, r, _ in scored if r is not None]
-    if not ratios:
+    scored = hold_out(rows, hopper_device(device_kind), args.min_gain,
+                      decide=resolve_with, keep=is_fp8)
+    if not any(ratio is not None for _, _, ratio, _ in scored):
       print(f"## {device_kind}: no fp8 problem measured")
       continue
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    oracle = math.exp(sum(math.log(b) for *_, b in scored) / len(scored))
-    print(f"## {device_kind}: {len(scored)} fp8 problems, leave-one-out "
+    s = summary(scored)
+    print(f"## {device_kind}: {s['problems']} fp8 problems, leave-one-out "
           "through dispatch._resolve\n")
     print("| scored | geomean | min | below 0.97x | not xla | oracle |")
     print("|---|---|---|---|---|---|")
-    print(f"| {len(ratios)} | {geomean:.3f} | {min(ratios):.3f} | "
-          f"{sum(r < LOSS for r in ratios)} | "
-          f"{sum(c.kernel != 'xla' for _, c, _, _ in scored)} | "
-          f"{oracle:.3f} |\n")
+    print(f"| {sum(r is not None for _, _, r, _ in scored)} | "
+          f"{s['geomean']:.3f} | {s['min']:.3f} | {s['losses']} | "
+          f"{s['not_xla']} | {s['oracle_geomean']:.3f} |\n")
     if args.details:
-      for problem, chosen, ratio, best in scored:
+      for row, kernel, ratio, source in scored:
+        best = max(row["ms"]["xla"] / t for t in row["ms"].values())
         lost = ratio is not None and ratio < LOSS
-        missed = chosen.kernel == "xla" and best > dispatch.CLASS_RULE_MARGIN
+        missed = kernel == "xla" and best > dispatch.CLASS_RULE_MARGIN
         if lost or missed:
-          print(f"- {problem.describe()}: {chosen.kernel} "
-                f"({chosen.kernel_source}) "
-                f"{'-' if ratio is None else f'{ratio:.3f}x'}, best "
-                f"{best:.3f}x {'**loss**' if lost else '(win given up)'}")
+          print(f"- {to_problem(row['spec']).describe()}: {kernel} "
+                f"({source}) {'-' if ratio is None else f'{ratio:.3f}x'}, "
+                f"best {best:.3f}x "
+                f"{'**loss**' if lost else '(win given up)'}")
       print()
   return 0
 

@@ -203,8 +203,7 @@ def training_problems(seed: int = 20261123,
         scales=rng.choice(FP8_TRAINING_SCALINGS))
   # "unaligned"'s sizes with the other stored layouts: B stored (n, k), as
   # weights are kept (an LM head of an odd vocabulary), and A stored
-  # transposed, as weight gradients read it. Until measured, the class
-  # rule has nothing there and the unaligned NT and TN classes run xla.
+  # transposed, as weight gradients read it.
   regime = "unaligned_layouts"
   for _ in range(10):
     add(_log_uniform(rng, 512, 8192, 1), _log_uniform(rng, 512, 16384, 1) | 1,
@@ -217,34 +216,30 @@ def training_problems(seed: int = 20261123,
     m, k = (_log_uniform(rng, 256, 8192, 8) for _ in range(2))
     add(m, _log_uniform(rng, 64, 32768, 1) | 1, k, layout=layout)
   # fp8 of unaligned rows from decode to mid sizes in all three layouts,
-  # where the aligned twin and the order decide until measured and the
-  # order's mosaic/fp8 lost on some shapes of 65-200 rows (measure with
-  # DISPATCH_KERNELS=mosaic/fp8: the default kernels take no fp8).
+  # where mosaic/fp8 with its pads wins or loses by the shape (measure
+  # with DISPATCH_KERNELS=mosaic/fp8: the default kernels take no fp8).
   regime = "unaligned_fp8_rows"
   for layout in ("NN", "TN", "NT") * 4:
     add(_log_uniform(rng, 16, 1024, 1), _log_uniform(rng, 64, 16384, 1) | 1,
         _log_uniform(rng, 256, 8192, 16), dtype="float8_e4m3fn",
         layout=layout, scales=rng.choice(FP8_TRAINING_SCALINGS))
   # B's rows at 8-byte units, A's whole 16-byte units (`dispatch.alignment`'s
-  # "ub8"): XLA runs near its aligned speed there, and the class has no
-  # bucket, so it runs xla.
+  # "ub8"), M and K in 8s ("unaligned_ub8_round" draws them in 256s).
   regime = "unaligned_ub8"
   for layout in ("NN", "TN") * 4:
     m, k = (_log_uniform(rng, 256, 8192, 8) for _ in range(2))
     add(m, _log_uniform(rng, 256, 16384, 8) + 4, k, layout=layout)
   # fp8 with A stored transposed (k, m), as a weight gradient reads the
   # activations, rows aligned: cuBLASLt's fp8 GEMM takes A stored (m, k),
-  # so XLA transposes A first, and no table measured the class (the order
-  # decided at every size). Measure with DISPATCH_KERNELS=mosaic/fp8.
+  # so XLA transposes A first. Measure with DISPATCH_KERNELS=mosaic/fp8.
   regime = "fp8_transposed"
   for _ in range(10):
     add(_log_uniform(rng, 16, 16384, 16),
         *(_log_uniform(rng, 512, 16384, 128) for _ in range(2)),
         dtype="float8_e4m3fn", layout="TN",
         scales=rng.choice(FP8_TRAINING_SCALINGS))
-  # "unaligned_ub8"'s class with M and K in whole 256s, as model widths are:
-  # "unaligned_ub8"'s M and K in 8s put none near such a shape, and the
-  # class rule carried the kernel's lead there from them.
+  # "unaligned_ub8"'s class with M and K in whole 256s, as model widths
+  # are: cuBLAS takes another path there than at M and K in 8s.
   regime = "unaligned_ub8_round"
   for layout in ("NN", "TN") * 4:
     m, k = (_log_uniform(rng, 256, 16384, 256) for _ in range(2))

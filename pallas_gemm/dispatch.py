@@ -711,9 +711,8 @@ def _fp8_neighbour_vote(problem, device, records) -> Resolution | None:
     ratios = [r[kernel] for _, r, _ in nearest]
     mean = math.exp(sum(w * math.log(r) for w, r in zip(weights, ratios))
                     / sum(weights))
-    entry = registry._REGISTRY.get(kernel)
-    if (min(ratios) >= 1.0 and mean >= CLASS_RULE_MARGIN and entry is not None
-        and registry.why_unsupported(entry, problem, device) is None):
+    if (min(ratios) >= 1.0 and mean >= CLASS_RULE_MARGIN
+        and _why_not(kernel, problem, device) is None):
       votes.append((mean, kernel))
   where = (f"the {len(nearest)} nearest measured fp8 {problem.layout} "
            f"problems (within {nearest[-1][0]:.1f} octaves, nearest "
@@ -789,6 +788,14 @@ def _no_bucket_in_reach(problem, device, records) -> Resolution:
       f"{problem.describe()} in the {device.key} dispatch table{below}")
 
 
+def _why_not(kernel: str, problem, device) -> str | None:
+  """Why the table's `kernel` cannot run `problem` here, or None."""
+  entry = registry._REGISTRY.get(kernel)
+  if entry is None:
+    return f"{kernel} is not registered"
+  return registry.why_unsupported(entry, problem, device)
+
+
 def _table_decision(problem, device, records) -> Resolution | None:
   """The decision of the buckets in reach of `problem` (the nearest one);
   out of their reach, for fp8 above STREAMING_ROWS rows, that of the
@@ -810,11 +817,9 @@ def _table_decision(problem, device, records) -> Resolution | None:
     if rule is None:
       return None
     name, count, share = rule
-    entry = registry._REGISTRY.get(name)
-    if entry is None or registry.why_unsupported(entry, problem,
-                                                 device) is not None:
+    if _why_not(name, problem, device) is not None:
       return None
-    chosen, source = _config_for(entry, problem, device)
+    chosen, source = _config_for(registry._REGISTRY[name], problem, device)
     return Resolution(
         name, chosen, "class rule", source,
         f"no bucket within {NEAREST_BUCKET_DISTANCE} octaves, but {name} "
@@ -827,13 +832,12 @@ def _table_decision(problem, device, records) -> Resolution | None:
     return Resolution("xla", None, "dispatch table" if distance == 0
                       else "nearest bucket", "none",
                       f"xla measured fastest in {where}")
-  entry = registry._REGISTRY.get(name)
-  reason = (f"{name} is not registered" if entry is None else
-            registry.why_unsupported(entry, problem, device))
+  reason = _why_not(name, problem, device)
   if reason is not None:
     return Resolution("xla", None, "fallback", "none",
                       f"{where} chose {name}, which cannot run this problem "
                       f"({reason})")
+  entry = registry._REGISTRY[name]
   # A shape of the bucket that was not itself measured is as unmeasured as
   # one half an octave away (a bucket spans half an octave in each dim): a
   # tiled kernel's lead over a few-microsecond cuBLAS call can turn into a
